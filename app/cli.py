@@ -1,0 +1,34 @@
+"""`gguf-chat`: one entry point, a subcommand a module. Each command module has register(subparsers).
+
+Command modules import their heavy dependencies inside their run function, so `gguf-chat run` starts fast.
+"""
+import argparse
+import sys
+
+from app import cmd_info
+from models.errors import UserError
+
+COMMANDS = [cmd_info]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gguf-chat", description="Chat with GGUF models on your own machine.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for cmd in COMMANDS:
+        cmd.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except UserError as e:
+        print(f"gguf-chat: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""A from-scratch GGUF reader: metadata, tensor infos, and zero-copy tensor data through a read-only mmap.
+
+A model file is untrusted input. Every count, length and offset is checked against the bytes the file
+actually has before anything is allocated, so a malformed file fails fast with one GGUFError that names
+the field and the byte offset, never a hang, a huge allocation or a foreign exception.
+
+Layout (little-endian, v2/v3):
+    magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
+    n_kv x (string key | u32 value type | value)
+    n_tensors x (string name | u32 n_dims | n_dims x u64 dim | u32 ggml type | u64 offset)
+    padding to general.alignment | tensor data (offsets relative to here, each aligned)
+"""
+import mmap
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from models.errors import UserError
+from models.ggml_types import TYPES_BY_ID, GGMLType
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+MAX_NAME_BYTES = 64  # ggml's GGML_MAX_NAME, terminator included
+MAX_STRING_BYTES = 1 << 30
+MAX_ARRAY_DEPTH = 8
+MAX_DIMS = 4
+
+# GGUF value types: id -> (name, struct format, numpy dtype); string and array have neither
+VALUE_TYPES: dict[int, tuple[str, str | None, str | None]] = {
+    0: ("uint8", "<B", "<u1"), 1: ("int8", "<b", "<i1"), 2: ("uint16", "<H", "<u2"),
+    3: ("int16", "<h", "<i2"), 4: ("uint32", "<I", "<u4"), 5: ("int32", "<i", "<i4"),
+    6: ("float32", "<f", "<f4"), 7: ("bool", "<B", "<u1"), 8: ("string", None, None),
+    9: ("array", None, None), 10: ("uint64", "<Q", "<u8"), 11: ("int64", "<q", "<i8"),
+    12: ("float64", "<d", "<f8"),
+}
+T_BOOL, T_STRING, T_ARRAY = 7, 8, 9
+
+SPLIT_RE = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+class GGUFError(UserError, ValueError):
+    """A file that is not a valid GGUF model. The message names the field and the byte offset."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # ggml order: shape[0] is the contiguous (row) dimension
+    type: GGMLType
+    offset: int  # absolute byte offset of the data in its file
+    nbytes: int
+    part: int = 0  # which file of a split model holds the data
+
+    @property
+    def n_elems(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over a buffer."""
+
+    def __init__(self, buf, path: str):
+        self.buf, self.pos, self.size, self.path = buf, 0, len(buf), path
+
+    def fail(self, what: str, at: int | None = None) -> GGUFError:
+        return GGUFError(f"{self.path}: {what} (at byte {self.pos if at is None else at})")
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise self.fail(f"{what}: needs {n} bytes but the file ends at byte {self.size}; "
+                            "it is truncated or corrupted")
+
+    def unpack(self, fmt: str, what: str):
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        vals = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return vals[0] if len(vals) == 1 else vals
+
+    def string(self, what: str, limit: int = MAX_STRING_BYTES) -> str:
+        start = self.pos
+        n = self.unpack("<Q", f"{what} length")
+        if n > limit:
+            raise self.fail(f"{what}: length {n} exceeds the limit of {limit} bytes", start)
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        try:
+            s = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what}: not valid UTF-8", start) from None
+        self.pos += n
+        return s
+
+    def array(self, what: str, depth: int = 0):
+        start = self.pos
+        if depth >= MAX_ARRAY_DEPTH:
+            raise self.fail(f"{what}: arrays nested deeper than {MAX_ARRAY_DEPTH}", start)
+        etype, count = self.unpack("<IQ", f"{what} array header")
+        if etype not in VALUE_TYPES:
+            raise self.fail(f"{what}: unknown array element type {etype}", start)
+        dtype = VALUE_TYPES[etype][2]
+        # every element needs at least this many bytes, so a huge count fails before any allocation
+        min_elem = np.dtype(dtype).itemsize if dtype else (8 if etype == T_STRING else 12)
+        if count > (self.size - self.pos) // min_elem:
+            raise self.fail(f"{what}: array of {count} elements does not fit in the file", start)
+        if dtype is not None:
+            n = count * np.dtype(dtype).itemsize
+            arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
+            self.pos += n
+            return arr.astype(bool) if etype == T_BOOL else arr
+        if etype == T_STRING:
+            return [self.string(f"{what}[{i}]") for i in range(count)]
+        return [self.array(f"{what}[{i}]", depth + 1) for i in range(count)]
+
+    def value(self, vtype: int, what: str):
+        if vtype == T_STRING:
+            return self.string(what)
+        if vtype == T_ARRAY:
+            return self.array(what)
+        v = self.unpack(VALUE_TYPES[vtype][1], what)
+        return bool(v) if vtype == T_BOOL else v
+
+
+class GGUFFile:
+    """One .gguf file: parsed header, metadata and tensor infos; tensor data stays in the mmap."""
+
+    def __init__(self, path: str | Path, part: int = 0):
+        self.path = Path(path)
+        try:
+            f = open(self.path, "rb")
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
+        with f:
+            size = self.path.stat().st_size
+            if size < 24:
+                raise GGUFError(f"{self.path}: {size} bytes is too short for a GGUF header (at byte 0)")
+            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.file_size = size
+        self.buf = memoryview(self._mmap)
+        self._parse(part)
+
+    def _parse(self, part: int) -> None:
+        c = _Cursor(self.buf, str(self.path))
+        if bytes(self.buf[:4]) != GGUF_MAGIC:
+            raise c.fail(f"bad magic {bytes(self.buf[:4])!r}, not a GGUF file")
+        c.pos = 4
+        version = c.unpack("<I", "version")
+        if version not in (2, 3):
+            swapped = struct.unpack("<I", struct.pack(">I", version))[0]
+            if swapped in (1, 2, 3):
+                raise c.fail("big-endian GGUF files are not supported", 4)
+            raise c.fail(f"unsupported GGUF version {version} (only 2 and 3 are supported)", 4)
+        self.version = version
+        n_tensors, n_kv = c.unpack("<QQ", "tensor and metadata counts")
+        # a key-value pair takes at least 8 (key length) + 1 (key) + 4 (type) + 1 (value) bytes,
+        # a tensor info at least 8 + 1 + 4 + 8 + 4 + 8
+        if n_kv > (self.file_size - c.pos) // 14:
+            raise c.fail(f"metadata count {n_kv} cannot fit in the file", 16)
+        if n_tensors > (self.file_size - c.pos) // 33:
+            raise c.fail(f"tensor count {n_tensors} cannot fit in the file", 8)
+
+        self.metadata: dict[str, Any] = {}
+        self.value_types: dict[str, int] = {}
+        for i in range(n_kv):
+            start = c.pos
+            key = c.string(f"metadata key #{i}")
+            if not key:
+                raise c.fail(f"metadata key #{i} is empty", start)
+            if key in self.metadata:
+                raise c.fail(f"duplicate metadata key '{key}'", start)
+            vtype = c.unpack("<I", f"type of '{key}'")
+            if vtype not in VALUE_TYPES:
+                raise c.fail(f"unknown value type {vtype} for key '{key}'", c.pos - 4)
+            self.metadata[key] = c.value(vtype, f"value of '{key}'")
+            self.value_types[key] = vtype
+
+        self.alignment = DEFAULT_ALIGNMENT
+        if "general.alignment" in self.metadata:
+            a = self.metadata["general.alignment"]
+            if self.value_types["general.alignment"] != 4 or a == 0 or a & (a - 1):
+                raise c.fail(f"general.alignment {a!r} must be a power of two stored as uint32")
+            self.alignment = a
+
+        infos = []
+        for i in range(n_tensors):
+            start = c.pos
+            name = c.string(f"tensor #{i} name", limit=MAX_NAME_BYTES - 1)
+            n_dims = c.unpack("<I", f"tensor '{name}' n_dims")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise c.fail(f"tensor '{name}' has n_dims {n_dims}, must be 1..{MAX_DIMS}", c.pos - 4)
+            shape = c.unpack(f"<{n_dims}Q", f"tensor '{name}' dims")
+            shape = (shape,) if n_dims == 1 else tuple(shape)
+            type_id, offset = c.unpack("<IQ", f"tensor '{name}' type and offset")
+            if type_id not in TYPES_BY_ID:
+                raise c.fail(f"tensor '{name}' has unknown ggml type {type_id}", c.pos - 12)
+            infos.append((start, name, shape, TYPES_BY_ID[type_id], offset))
+
+        self.data_offset = -(-c.pos // self.alignment) * self.alignment
+        self.tensors: dict[str, TensorInfo] = {}
+        data_size = self.file_size - self.data_offset
+        end_of_previous = 0
+        for start, name, shape, t, offset in infos:
+            if name in self.tensors:
+                raise c.fail(f"duplicate tensor name '{name}'", start)
+            n = 1
+            for d in shape:
+                if d < 1:
+                    raise c.fail(f"tensor '{name}' has a dimension of {d}", start)
+                n *= d  # python ints: no overflow; bounded just below
+                if n >= 1 << 63:
+                    raise c.fail(f"tensor '{name}' shape {shape} has too many elements", start)
+            if shape[0] % t.block_elems:
+                raise c.fail(f"tensor '{name}' row of {shape[0]} is not a multiple of the "
+                             f"{t.name} block size {t.block_elems}", start)
+            nbytes = t.nbytes(n)
+            if offset % self.alignment:
+                raise c.fail(f"tensor '{name}' data offset {offset} is not aligned to {self.alignment}", start)
+            if offset < end_of_previous:
+                raise c.fail(f"tensor '{name}' data at offset {offset} overlaps or precedes the "
+                             f"previous tensor (which ends at {end_of_previous})", start)
+            if offset + nbytes > data_size:
+                raise c.fail(f"tensor '{name}' data is not within the file bounds "
+                             f"(needs bytes {self.data_offset + offset}..{self.data_offset + offset + nbytes}"
+                             f" of a {self.file_size}-byte file); the model is corrupted or incomplete", start)
+            end_of_previous = offset + nbytes
+            self.tensors[name] = TensorInfo(name, shape, t, self.data_offset + offset, nbytes, part)
+
+    def tensor_bytes(self, info: TensorInfo) -> np.ndarray:
+        """The raw blocks of a tensor as a read-only uint8 view into the mmap (no copy)."""
+        return np.frombuffer(self._mmap, dtype=np.uint8, count=info.nbytes, offset=info.offset)
+
+    def close(self) -> None:
+        self.buf.release()
+        try:
+            self._mmap.close()
+        except BufferError:  # numpy views still alive: the map closes when they go
+            pass
+
+
+class GGUFModel:
+    """A model as one object: a single .gguf file or all parts of a split model (name-0000N-of-0000M.gguf)."""
+
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        paths = split_part_paths(path)
+        self.files = [GGUFFile(p, part=i) for i, p in enumerate(paths)]
+        first = self.files[0]
+        self.path, self.version, self.alignment = path, first.version, first.alignment
+        self.metadata = first.metadata
+        self.value_types = first.value_types
+        self.tensors: dict[str, TensorInfo] = {}
+        for f in self.files:
+            for name, info in f.tensors.items():
+                if name in self.tensors:
+                    raise GGUFError(f"{f.path}: tensor '{name}' appears in two parts of the split model "
+                                    f"(at byte {info.offset})")
+                self.tensors[name] = info
+        if len(paths) > 1:
+            expected = first.metadata.get("split.tensors.count")
+            if expected is not None and expected != len(self.tensors):
+                raise GGUFError(f"{path}: split.tensors.count says {expected} tensors but the "
+                                f"{len(paths)} parts hold {len(self.tensors)} (at byte 0)")
+
+    @property
+    def file_size(self) -> int:
+        return sum(f.file_size for f in self.files)
+
+    def tensor_bytes(self, name: str) -> np.ndarray:
+        info = self.tensors[name]
+        return self.files[info.part].tensor_bytes(info)
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def split_part_paths(path: Path) -> list[Path]:
+    """All parts of a split model, given any one of them; [path] for an ordinary file."""
+    m = SPLIT_RE.match(path.name)
+    if not m:
+        return [path]
+    count = int(m["count"])
+    if count < 1 or int(m["no"]) > count:
+        raise GGUFError(f"{path}: split name says part {m['no']} of {m['count']} (at byte 0)")
+    paths = [path.with_name(f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    missing = [p.name for p in paths if not p.exists()]
+    if missing:
+        raise GGUFError(f"{path}: split model is missing {', '.join(missing)} (at byte 0)")
+    return paths
+
+
+def open_gguf(path: str | Path) -> GGUFModel:
+    return GGUFModel(path)
