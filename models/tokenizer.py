@@ -98,8 +98,9 @@ def _string_hashes(tokens: list[str]):
 def spm_merges(tokens: list[str], scores: np.ndarray) -> list[tuple[str, str]]:
     """Every split of a vocab token into two vocab tokens, highest token score first (llama.cpp's SPM order).
 
-    Vectorised with substring hashes: a Python loop over the ~1.8M splits of a 262k vocab takes seconds.
-    Hash hits are checked against the strings, so a collision can only drop a merge, never invent one.
+    Vectorised with 64-bit substring hashes: a Python loop over the ~1.8M splits of a 262k vocab takes
+    seconds. A false hit needs a 64-bit collision (~1e-8 for Gemma's vocab); its merge would name a
+    token that is not in the vocab and the build fails with an error, it cannot go unnoticed.
     """
     starts, lengths, substring_hash = _string_hashes(tokens)
     token_hash = substring_hash(starts[:-1], starts[:-1] + lengths)
@@ -115,12 +116,13 @@ def spm_merges(tokens: list[str], scores: np.ndarray) -> list[tuple[str, str]]:
     first = np.repeat(starts[:-1], n_splits)
     cut = first + 1 + (np.arange(len(token)) - np.repeat(np.cumsum(n_splits) - n_splits, n_splits))
     left = lookup(substring_hash(first, cut))
-    right = lookup(substring_hash(cut, first + np.repeat(lengths, n_splits)))
-    keep = (left >= 0) & (right >= 0)
-    token, left, right = token[keep], left[keep], right[keep]
+    hit = left >= 0  # look up right halves only where the left half is a token
+    token, left, first, cut = token[hit], left[hit], first[hit], cut[hit]
+    right = lookup(substring_hash(cut, first + lengths[token]))
+    hit = right >= 0
+    token, left, right = token[hit], left[hit], right[hit]
     rank = np.lexsort((left, token, -scores[token]))  # best score first; ties by token id, then split point
-    return [(tokens[a], tokens[b]) for a, b, t in zip(left[rank].tolist(), right[rank].tolist(), token[rank].tolist())
-            if tokens[a] + tokens[b] == tokens[t]]
+    return [(tokens[a], tokens[b]) for a, b in zip(left[rank].tolist(), right[rank].tolist())]
 
 
 def _bpe_merges(merges: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
