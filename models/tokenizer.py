@@ -266,6 +266,13 @@ class Tokenizer:
             ids.append(self.eos_id)
         return ids
 
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Ids of a rendered chat prompt: its control tokens parsed, BOS once even when the template wrote
+        it too (llama.cpp strips the template's BOS text when the vocab adds one)."""
+        if self.add_bos and prompt.startswith(self.tokens[self.bos_id]):
+            prompt = prompt[len(self.tokens[self.bos_id]):]
+        return self.encode(prompt, add_special=True, parse_special=True)
+
     def token_to_piece(self, token_id: int, special: bool = False) -> bytes:
         """The bytes one token stands for (llama_token_to_piece); control tokens are empty unless special."""
         key = (token_id, special)

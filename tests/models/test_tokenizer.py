@@ -71,6 +71,13 @@ def test_control_tokens_only_with_parse_special(model):
     assert len(tok.encode(end, add_special=False, parse_special=False)) > 1
 
 
+def test_chat_prompt_gets_one_bos(gemma3):
+    tok = Tokenizer(open_gguf(gemma3).metadata)
+    turn = "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert tok.encode_prompt("<bos>" + turn) == tok.encode_prompt(turn) == tok.encode(turn, True, True)
+    assert tok.encode_prompt(turn)[:2] == [tok.bos_id, tok.vocab["<start_of_turn>"]]
+
+
 def test_every_piece_equals_llama_cpp(model):
     tok, oracle = model
     for special in (False, True):
