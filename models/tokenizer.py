@@ -183,7 +183,10 @@ class Tokenizer:
         self.control = (self.types == CONTROL) | (self.types == UNKNOWN)  # hidden unless decoding special
         self.eog_ids = self._end_of_generation_ids()
         self._check_byte_tokens()
-        self._rust = self._build(metadata)
+        try:
+            self._rust = self._build(metadata)
+        except Exception as e:  # the Rust side names what it could not use
+            raise TokenizerError(f"cannot build the tokenizer from this file: {e}") from None
         self._encode_lock = threading.Lock()  # encode_special_tokens is state on the shared Rust object
         self._pieces: dict[tuple[int, bool], bytes] = {}
 

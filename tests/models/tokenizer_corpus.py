@@ -112,6 +112,7 @@ CONTRACTIONS = [
     "It'S mIxEd CaSe'Ll", "'tis the season", "rock 'n' roll", "y'all'd've", "it’s curly", "l'homme d'affaires",
     "'s", "'", "''", "'''", "can't won't shan't", "the dog's bone, the dogs' bones", "o'clock O'Brien",
     "He said 'hello' and left", "\"quoted\" and 'single'",
+    "Wait . What ? Yes ! No , ok", "it ' s a lone ' quote ' ", "I 'm you 're we 've he 's she 'll they 'd it 't",
 ]
 
 URLS = [
