@@ -99,8 +99,9 @@ def spm_merges(tokens: list[str], scores: np.ndarray) -> list[tuple[str, str]]:
     """Every split of a vocab token into two vocab tokens, highest token score first (llama.cpp's SPM order).
 
     Vectorised with 64-bit substring hashes: a Python loop over the ~1.8M splits of a 262k vocab takes
-    seconds. A false hit needs a 64-bit collision (~1e-8 for Gemma's vocab); its merge would name a
-    token that is not in the vocab and the build fails with an error, it cannot go unnoticed.
+    seconds. A false hit needs a 64-bit collision (odds ~1e-8 for Gemma's vocab, or a vocab crafted for it,
+    which can only spoil its own tokenization); mostly it names a pair that is no token and the build
+    fails with a TokenizerError.
     """
     starts, lengths, substring_hash = _string_hashes(tokens)
     token_hash = substring_hash(starts[:-1], starts[:-1] + lengths)
@@ -121,7 +122,7 @@ def spm_merges(tokens: list[str], scores: np.ndarray) -> list[tuple[str, str]]:
     right = lookup(substring_hash(cut, first + lengths[token]))
     hit = right >= 0
     token, left, right = token[hit], left[hit], right[hit]
-    rank = np.lexsort((left, token, -scores[token]))  # best score first; ties by token id, then split point
+    rank = np.lexsort((left, token, -scores[token]))  # best score first; ties by token id, then left part
     return [(tokens[a], tokens[b]) for a, b in zip(left[rank].tolist(), right[rank].tolist())]
 
 
@@ -150,29 +151,29 @@ class Tokenizer:
         tokens = metadata.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
             raise TokenizerError("tokenizer.ggml.tokens is missing or not a list of strings")
-        tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        n = len(tokens)
+        if not all(tokens):  # llama.cpp names empty tokens so that each text stays unique
+            tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         self.tokens = tokens
         self.types = self._per_token_array(metadata, "tokenizer.ggml.token_type", np.int32, NORMAL)
         self.scores = self._per_token_array(metadata, "tokenizer.ggml.scores", np.float32, 0.0)
         vocab = {t: i for i, t in enumerate(tokens)}
-        if len(vocab) != n:
+        if len(vocab) != len(tokens):
             raise TokenizerError("tokenizer.ggml.tokens holds the same token text twice")
         self.vocab = vocab
 
-        if kind == "gpt2":
+        if kind == "gpt2":  # llama.cpp's defaults for keys the file leaves out
             self.pre = pre_tokenizer_for(metadata.get("tokenizer.ggml.pre"))
-            defaults = {"bos": 11, "eos": 11, "unk": None}
-            self.add_space_prefix, self.clean_spaces, add_bos = False, self.pre.clean_spaces, self.pre.add_bos
+            bos, eos, add_space_prefix, add_bos = 11, 11, False, self.pre.add_bos
+            self.clean_spaces = self.pre.clean_spaces
         else:
             self.pre = None
-            defaults = {"bos": 1, "eos": 2, "unk": 0}
-            self.add_space_prefix, self.clean_spaces, add_bos = True, False, True
-        self.add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", self.add_space_prefix))
+            bos, eos, add_space_prefix, add_bos = 1, 2, True, True
+            self.clean_spaces = False
+        self.add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", add_space_prefix))
         self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos))
         self.add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
-        self.bos_id = self._special_id(metadata, "bos", defaults["bos"])
-        self.eos_id = self._special_id(metadata, "eos", defaults["eos"])
+        self.bos_id = self._special_id(metadata, "bos", bos)
+        self.eos_id = self._special_id(metadata, "eos", eos)
         self.eot_id = self._special_id(metadata, "eot", None)
         self.eom_id = self._special_id(metadata, "eom", None)
         if self.add_bos and self.bos_id is None:
@@ -181,11 +182,13 @@ class Tokenizer:
             raise TokenizerError("the file asks for an EOS token but declares no valid tokenizer.ggml.eos_token_id")
 
         self.control = (self.types == CONTROL) | (self.types == UNKNOWN)  # hidden unless decoding special
-        self.eog_ids = self._end_of_generation_ids()
+        self._mark_end_of_generation()
         self._check_byte_tokens()
         try:
             self._rust = self._build(metadata)
-        except Exception as e:  # the Rust side names what it could not use
+        except BaseException as e:  # tokenizers reports some bad input as a Rust panic, a BaseException
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
             raise TokenizerError(f"cannot build the tokenizer from this file: {e}") from None
         self._encode_lock = threading.Lock()  # encode_special_tokens is state on the shared Rust object
         self._pieces: dict[tuple[int, bool], bytes] = {}
@@ -210,8 +213,8 @@ class Tokenizer:
             return int(value)
         return default if default is not None and default < len(self.tokens) else None
 
-    def _end_of_generation_ids(self) -> frozenset[int]:
-        """Every id llama.cpp stops on; marks those texts as control, as llama.cpp does."""
+    def _mark_end_of_generation(self):
+        """Sets eog_ids, every id llama.cpp stops on, and marks those it knows by text as control, as it does."""
         eog = set()
         for texts in FIM_EOG_TEXTS:
             found = [self.vocab[t] for t in texts if t in self.vocab]
@@ -227,7 +230,7 @@ class Tokenizer:
             eog.discard(self.vocab["<|end|>"])  # gpt-oss / solar-open: <|end|> ends a message, not the reply
         if "</s>" in texts and texts & {"<|tool_response>", "<|plamo:eos|>"}:
             eog.discard(self.vocab["</s>"])
-        return frozenset(eog)
+        self.eog_ids = frozenset(eog)
 
     def _check_byte_tokens(self):
         for i in np.flatnonzero(self.types == BYTE):
@@ -347,8 +350,3 @@ class StreamDecoder:
     def flush(self) -> str:
         """What is left at the end: an unfinished UTF-8 sequence comes out as U+FFFD."""
         return self._utf8.decode(b"", final=True)
-
-
-def load_tokenizer(metadata: dict) -> Tokenizer:
-    """The tokenizer of a GGUF file's metadata (open_gguf(path).metadata)."""
-    return Tokenizer(metadata)
