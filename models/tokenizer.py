@@ -184,6 +184,9 @@ class Tokenizer:
         self.control = (self.types == CONTROL) | (self.types == UNKNOWN)  # hidden unless decoding special
         self._mark_end_of_generation()
         self._check_byte_tokens()
+        # A byte the vocab lacks stays a symbol in llama.cpp's BPE, blocking merges across it, and is dropped at
+        # the end; tokenizers would drop it first. Stand-in ids past the vocab keep it until encode drops them.
+        self._missing_bytes = [c for c in BYTE_OF_CHAR if c not in vocab] if kind == "gpt2" else []
         try:
             self._rust = self._build(metadata)
         except BaseException as e:  # tokenizers reports some bad input as a Rust panic, a BaseException
@@ -244,7 +247,8 @@ class Tokenizer:
             merges = metadata.get("tokenizer.ggml.merges")
             if not isinstance(merges, list):
                 raise TokenizerError("tokenizer.ggml.merges is missing (a gpt2 tokenizer needs it)")
-            model = models.BPE(self.vocab, _bpe_merges(merges, self.vocab), ignore_merges=self.pre.ignore_merges)
+            vocab = {**self.vocab, **{c: len(self.tokens) + k for k, c in enumerate(self._missing_bytes)}}
+            model = models.BPE(vocab, _bpe_merges(merges, self.vocab), ignore_merges=self.pre.ignore_merges)
             rust = RustTokenizer(model)
             rust.pre_tokenizer = pre_tokenizers.Sequence(
                 [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in self.pre.regexes]
@@ -266,6 +270,8 @@ class Tokenizer:
         with self._encode_lock:
             self._rust.encode_special_tokens = not parse_special
             ids = self._rust.encode(text, add_special_tokens=False).ids
+        if self._missing_bytes:
+            ids = [i for i in ids if i < len(self.tokens)]
         if add_special and self.add_bos:
             ids.insert(0, self.bos_id)
         if add_special and self.add_eos:

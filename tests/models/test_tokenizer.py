@@ -11,7 +11,7 @@ from gguf import GGUFValueType, GGUFWriter
 from models.gguf import open_gguf
 from models.pretokenizers import UnknownPreTokenizer
 from models.tokenizer import Tokenizer, TokenizerError
-from tests.models.tokenizer_corpus import CORPUS
+from tests.models.tokenizer_corpus import CORPUS, random_strings
 
 FLAGS = [(add, parse) for add in (True, False) for parse in (True, False)]
 
@@ -48,6 +48,11 @@ def model(request):
     return Tokenizer(open_gguf(path).metadata), Oracle(path)
 
 
+@pytest.fixture(scope="module")
+def gemma_tokenizer(gemma3):
+    return Tokenizer(open_gguf(gemma3).metadata)
+
+
 def mismatches(tok, oracle, texts, flags=FLAGS):
     return [(text, add, parse, tok.encode(text, add, parse), oracle.tokenize(text, add, parse))
             for text in texts for add, parse in flags
@@ -64,6 +69,11 @@ def test_token_ids_equal_llama_cpp(model):
     assert mismatches(tok, oracle, CORPUS) == []
 
 
+def test_random_strings_equal_llama_cpp(model):
+    tok, oracle = model
+    assert mismatches(tok, oracle, random_strings(seed=0, n=1000), flags=[(True, True), (False, False)]) == []
+
+
 def test_control_tokens_only_with_parse_special(model):
     tok, oracle = model
     end = "<|im_end|>" if "<|im_end|>" in tok.vocab else "<end_of_turn>"
@@ -71,8 +81,8 @@ def test_control_tokens_only_with_parse_special(model):
     assert len(tok.encode(end, add_special=False, parse_special=False)) > 1
 
 
-def test_chat_prompt_gets_one_bos(gemma3):
-    tok = Tokenizer(open_gguf(gemma3).metadata)
+def test_chat_prompt_gets_one_bos(gemma_tokenizer):
+    tok = gemma_tokenizer
     turn = "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
     assert tok.encode_prompt("<bos>" + turn) == tok.encode_prompt(turn) == tok.encode(turn, True, True)
     assert tok.encode_prompt(turn)[:2] == [tok.bos_id, tok.vocab["<start_of_turn>"]]
@@ -114,8 +124,8 @@ def test_stream_decoder_never_splits_a_character(model):
         assert all("\ufffd" not in p for p in parts) or "\ufffd" in text
 
 
-def test_stream_decoder_holds_partial_utf8_bytes(gemma3):
-    tok = Tokenizer(open_gguf(gemma3).metadata)
+def test_stream_decoder_holds_partial_utf8_bytes(gemma_tokenizer):
+    tok = gemma_tokenizer
     byte_ids = [tok.vocab[f"<0x{b:02X}>"] for b in "🦙".encode()]  # four byte-fallback tokens
     stream = tok.stream()
     assert [stream.push(i) for i in byte_ids] == ["", "", "", "🦙"]
@@ -169,7 +179,7 @@ def test_pre_tokenizers_equal_llama_cpp(smollm2, tmp_path, pre):
     path = write_vocab_only(smollm2, tmp_path / f"{pre}.gguf", tokenizer__ggml__pre=pre,
                             tokenizer__ggml__add_bos_token=None)
     tok, oracle = Tokenizer(open_gguf(path).metadata), Oracle(path)
-    assert mismatches(tok, oracle, CORPUS, flags=[(True, False), (False, True)]) == []
+    assert mismatches(tok, oracle, CORPUS + random_strings(seed=1, n=300), flags=[(True, False), (False, True)]) == []
     ids = [oracle.tokenize(text, True, True) for text in CORPUS]
     assert [tok.decode_bytes(i) for i in ids] == [oracle.detokenize(i, False) for i in ids]
 
