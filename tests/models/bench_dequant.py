@@ -1,4 +1,4 @@
-"""Speed of our reference dequantizer against gguf-py's on synthetic tensors (best of several runs).
+"""Speed of our reference dequantizer against gguf-py's on synthetic tensors (best CPU time of several runs: steadier than wall time on a shared machine).
 
     python -m tests.models.bench_dequant [TYPE ...]     (default: Q4_K Q6_K)
 """
@@ -19,9 +19,9 @@ ROWS, COLS = 8192, 4096  # a large 7B-sized matrix: 32M weights
 def best_seconds(fn, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.process_time() - start)
     return best
 
 
