@@ -23,6 +23,7 @@ Block layouts, from ggml-common.h (d, dmin, m: fp16 scales; q*: packed quants):
     Q5_K  d | dmin | scales[12] | qh[32] | qs[128]
     Q6_K  ql[128] | qh[64] | scales[16] (int8) | d   16 sub-blocks of 16
 """
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -47,7 +48,7 @@ def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
 
 
 def _fields(packed: np.ndarray, bits: int) -> np.ndarray:
-    """Unpack bit fields: (..., k) uint8 -> (..., 8 // bits, k); field i of a byte is (byte >> i*bits) & mask."""
+    """Unpack bit fields: (..., k) uint8 -> (..., 8 // bits, k); field i is (byte >> i * bits) & mask."""
     shifts = np.arange(0, 8, bits, dtype=np.uint8)[:, None]  # (8 // bits, 1)
     return (packed[..., None, :] >> shifts) & np.uint8((1 << bits) - 1)
 
@@ -196,9 +197,9 @@ def dequantize(raw: np.ndarray, qtype: GGMLType, shape: Sequence[int]) -> np.nda
     if raw.dtype != np.uint8:
         raise TypeError(f"raw tensor data must be uint8 bytes, got {raw.dtype}")
     if not shape or min(shape) < 1 or shape[0] % qtype.block_elems:
-        raise DequantShapeError(f"shape {shape} is not a valid {qtype.name} tensor shape (rows must be "
-                                f"a positive multiple of {qtype.block_elems})")
-    n_elems = int(np.prod(shape, dtype=np.int64))
+        raise DequantShapeError(f"shape {shape} is not a valid {qtype.name} tensor shape (the row length "
+                                f"shape[0] must be a positive multiple of {qtype.block_elems})")
+    n_elems = math.prod(shape)
     if raw.size != qtype.nbytes(n_elems):
         raise DequantShapeError(f"a {qtype.name} tensor of shape {shape} needs {qtype.nbytes(n_elems)} "
                                 f"bytes, got {raw.size}")

@@ -1,4 +1,6 @@
-"""Speed of our reference dequantizer against gguf-py's on synthetic tensors (best CPU time of several runs: steadier than wall time on a shared machine).
+"""Speed of our reference dequantizer against gguf-py's on synthetic tensors.
+
+Best CPU time of several runs: steadier than wall time on a shared machine.
 
     python -m tests.models.bench_dequant [TYPE ...]     (default: Q4_K Q6_K)
 """

@@ -72,6 +72,8 @@ def test_buffer_of_the_wrong_size_is_refused():
         dequantize(raw[:-144], q4_k, (256, 3))
     with pytest.raises(DequantShapeError, match="multiple of 256"):
         dequantize(raw, q4_k, (128, 6))
+    with pytest.raises(TypeError, match="uint8"):
+        dequantize(raw.view(np.int8), q4_k, (256, 3))
 
 
 @pytest.mark.parametrize("model_fixture", ["smollm2", "gemma3"])
