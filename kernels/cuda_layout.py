@@ -34,12 +34,17 @@ def bulk_meta_bytes(qtype: GGMLType) -> tuple[int, int]:
 
 
 def repack(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:
-    """raw uint8 [n_rows, row_bytes] as in the file -> uint8 [n_rows * row_bytes] in the device layout."""
+    """raw uint8 [n_rows, row_bytes] as in the file -> uint8 [n_rows * row_bytes] in the device layout.
+
+    raw may be a numpy or a CuPy array."""
     n_rows, row_bytes = raw.shape
     front, back = META_SPLIT[qtype.name]
     if front == back == 0:
-        return np.ascontiguousarray(raw).reshape(-1)
+        return raw.reshape(-1)
     blocks = raw.reshape(n_rows, row_bytes // qtype.block_bytes, qtype.block_bytes)
     bulk = blocks[:, :, front : qtype.block_bytes - back]
     meta = blocks[:, :, :front] if front else blocks[:, :, qtype.block_bytes - back :]
-    return np.concatenate([bulk.reshape(-1), meta.reshape(-1)])
+    out = raw.reshape(-1).copy()  # array methods only, so a CuPy array repacks on the device too
+    out[: bulk.size] = bulk.reshape(-1)
+    out[bulk.size :] = meta.reshape(-1)
+    return out

@@ -13,6 +13,7 @@ def _module(source: str) -> cp.RawModule:
     return cp.RawModule(code=code, options=("-std=c++17", f"-I{KERNEL_DIR}"), backend="nvrtc")
 
 
+@functools.cache
 def kernel(source: str, name: str) -> cp.RawKernel:
     """The extern "C" kernel `name` of kernels/`source`, compiled on first use."""
     return _module(source).get_function(name)

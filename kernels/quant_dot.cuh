@@ -127,14 +127,20 @@ struct Q5_1 {
     }
 };
 
-// 6-bit scale and min j (0..7) of Q4_K / Q5_K from their 12 packed bytes
-__device__ __forceinline__ void scale_min_k4(const uint8_t* q, int j, int& sc, int& mn) {
+// Q4_K / Q5_K header d(2) dmin(2) scales(12), loaded as one uint4; byte i (0..11) of the scales
+__device__ __forceinline__ int k4_scale_byte(uint4 hdr, int i) {
+    uint32_t w = i < 4 ? hdr.y : (i < 8 ? hdr.z : hdr.w);
+    return (w >> (8 * (i & 3))) & 0xFF;
+}
+
+// 6-bit scale and min j (0..7) of Q4_K / Q5_K
+__device__ __forceinline__ void scale_min_k4(uint4 hdr, int j, int& sc, int& mn) {
     if (j < 4) {
-        sc = q[j] & 63;
-        mn = q[j + 4] & 63;
+        sc = k4_scale_byte(hdr, j) & 63;
+        mn = k4_scale_byte(hdr, j + 4) & 63;
     } else {
-        sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-        mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        sc = (k4_scale_byte(hdr, j + 4) & 0x0F) | ((k4_scale_byte(hdr, j - 4) >> 6) << 4);
+        mn = (k4_scale_byte(hdr, j + 4) >> 4) | ((k4_scale_byte(hdr, j) >> 6) << 4);
     }
 }
 
@@ -143,12 +149,15 @@ __device__ __forceinline__ void scale_min_k4(const uint8_t* q, int j, int& sc, i
 // counted once per sub-block, by the h == 0 item, from the q8_1 block sums.
 __device__ __forceinline__ float k4_combine(const uint8_t* blk, int c, int h, int s_lo, int s_hi,
                                             const float2* xds) {
+    uint4 hdr = load16(blk);
     int sc0, m0, sc1, m1;
-    scale_min_k4(blk + 4, 2 * c, sc0, m0);
-    scale_min_k4(blk + 4, 2 * c + 1, sc1, m1);
+    scale_min_k4(hdr, 2 * c, sc0, m0);
+    scale_min_k4(hdr, 2 * c + 1, sc1, m1);
     float2 ds0 = xds[2 * c], ds1 = xds[2 * c + 1];
-    float r = half_at(blk) * ((float)sc0 * ds0.x * (float)s_lo + (float)sc1 * ds1.x * (float)s_hi);
-    if (h == 0) r -= half_at(blk + 2) * ((float)m0 * ds0.y + (float)m1 * ds1.y);
+    float d = __half2float(__ushort_as_half((unsigned short)(hdr.x & 0xFFFF)));
+    float dmin = __half2float(__ushort_as_half((unsigned short)(hdr.x >> 16)));
+    float r = d * ((float)sc0 * ds0.x * (float)s_lo + (float)sc1 * ds1.x * (float)s_hi);
+    if (h == 0) r -= dmin * ((float)m0 * ds0.y + (float)m1 * ds1.y);
     return r;
 }
 
