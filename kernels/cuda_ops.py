@@ -60,7 +60,7 @@ def embed(table: DeviceWeight, ids: cp.ndarray, out: cp.ndarray, scale: float = 
     name = "embed_" + table.qtype.name.lower()
     args = (table.data, ids, out, np.int32(table.n_rows), np.int32(table.n_cols), np.float32(scale))
     with _stream(stream):
-        kernel("embed.cu", name)((math.ceil(table.n_cols / 256), n_tok), (256,), args)
+        kernel("embed.cu", name)((n_tok, math.ceil(table.n_cols / 256)), (256,), args)
 
 
 # ---- norms, rope, kv cache ----

@@ -4,7 +4,7 @@
 // [n_rows, nb, META]), so a tied output head and the embedding share one copy in VRAM. Each value is
 // formed exactly as models/dequant.py forms it (float32 products of integers and fp16 scales, one rounding
 // at the final add of a min), so the result is bit-identical to that reference.
-// Launch: grid (ceil(n_cols / 256), n_tokens), block 256; thread = one column.
+// Launch: grid (n_tokens, ceil(n_cols / 256)), block 256; thread = one column.
 #include "ops_common.cuh"
 
 // One block as it lay in the file, read through the repacked split: byte o of the original block.
@@ -110,10 +110,10 @@ template <class T>
 __device__ __forceinline__ void embed_q(const uint8_t* __restrict__ w, const int* __restrict__ ids,
                                         float* __restrict__ out, int n_rows, int n_cols, float scale) {
     constexpr int BULK = T::BB - T::FRONT - T::BACK, META = T::FRONT + T::BACK;
-    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    int col = blockIdx.y * blockDim.x + threadIdx.x;
     if (col >= n_cols) return;
-    int row = ids[blockIdx.y];
-    float* o = out + (size_t)blockIdx.y * n_cols + col;
+    int row = ids[blockIdx.x];
+    float* o = out + (size_t)blockIdx.x * n_cols + col;
     if (row < 0 || row >= n_rows) {  // a bad id shows as NaN instead of reading past the table
         *o = QUIET_NAN;
         return;
@@ -152,10 +152,10 @@ __device__ __forceinline__ float float_value(const uint16_t* w, size_t i) {  // 
 template <class E>
 __device__ __forceinline__ void embed_float(const E* __restrict__ w, const int* __restrict__ ids,
                                             float* __restrict__ out, int n_rows, int n_cols, float scale) {
-    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    int col = blockIdx.y * blockDim.x + threadIdx.x;
     if (col >= n_cols) return;
-    int row = ids[blockIdx.y];
-    float* o = out + (size_t)blockIdx.y * n_cols + col;
+    int row = ids[blockIdx.x];
+    float* o = out + (size_t)blockIdx.x * n_cols + col;
     *o = (row < 0 || row >= n_rows) ? QUIET_NAN
                                     : float_value(w, (size_t)row * n_cols + col) * scale;
 }
