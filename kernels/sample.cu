@@ -9,32 +9,34 @@
 // iparams = top_k, seed) so they can change between replays of a graph.
 #include "ops_common.cuh"
 
+typedef unsigned long long u64;  // not uint64_t: NVRTC and glibc may spell that one differently
+
 #define ARGMAX_THREADS 1024
 
 // Larger key = larger logit, ties to the smaller token id; NaN ranks below -inf; key 0 means "none".
-__device__ __forceinline__ uint64_t logit_key(float x, int id) {
+__device__ __forceinline__ u64 logit_key(float x, int id) {
     uint32_t u = __float_as_uint(x);
     u = (x != x) ? 0u : ((u & 0x80000000u) ? ~u : (u | 0x80000000u));
-    return ((uint64_t)u << 32) | (uint32_t)(0x7FFFFFFF - id);
+    return ((u64)u << 32) | (uint32_t)(0x7FFFFFFF - id);
 }
-__device__ __forceinline__ int key_id(uint64_t k) { return 0x7FFFFFFF - (int)(uint32_t)k; }
-__device__ __forceinline__ float key_logit(uint64_t k) {
+__device__ __forceinline__ int key_id(u64 k) { return 0x7FFFFFFF - (int)(uint32_t)k; }
+__device__ __forceinline__ float key_logit(u64 k) {
     uint32_t u = (uint32_t)(k >> 32);
     return __uint_as_float((u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u);
 }
 
-__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
+__device__ __forceinline__ u64 warp_max_u64(u64 v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
+        u64 w = __shfl_xor_sync(0xffffffffu, v, o);
         v = w > v ? w : v;
     }
     return v;
 }
 
 // Largest key of the block (blockDim.x = ARGMAX_THREADS); every thread gets it.
-__device__ __forceinline__ uint64_t block_max_u64(uint64_t v) {
-    __shared__ uint64_t part[32];
+__device__ __forceinline__ u64 block_max_u64(u64 v) {
+    __shared__ u64 part[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     v = warp_max_u64(v);
     if (lane == 0) part[warp] = v;
@@ -53,10 +55,10 @@ __device__ __forceinline__ void emit(int tok, int* token, int* history, int n_hi
 
 // Greedy, pass 1: part [n_blocks] = the largest key of each block's grid-stride share of x [n].
 // Launch: grid n_blocks, block ARGMAX_THREADS.
-extern "C" __global__ void argmax_blocks(const float* __restrict__ x, int n, uint64_t* __restrict__ part) {
-    uint64_t best = 0;
+extern "C" __global__ void argmax_blocks(const float* __restrict__ x, int n, u64* __restrict__ part) {
+    u64 best = 0;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        uint64_t k = logit_key(x[i], i);
+        u64 k = logit_key(x[i], i);
         best = k > best ? k : best;
     }
     best = block_max_u64(best);
@@ -64,9 +66,9 @@ extern "C" __global__ void argmax_blocks(const float* __restrict__ x, int n, uin
 }
 
 // Greedy, pass 2: the largest of part [n_part] is the token. Launch: grid 1, block ARGMAX_THREADS.
-extern "C" __global__ void argmax_final(const uint64_t* __restrict__ part, int n_part, int* token, int* history,
+extern "C" __global__ void argmax_final(const u64* __restrict__ part, int n_part, int* token, int* history,
                                         int n_hist, int* pos) {
-    uint64_t best = 0;
+    u64 best = 0;
     for (int i = threadIdx.x; i < n_part; i += blockDim.x) best = part[i] > best ? part[i] : best;
     best = block_max_u64(best);
     if (threadIdx.x == 0) emit(best ? key_id(best) : 0, token, history, n_hist, pos);
@@ -78,13 +80,13 @@ extern "C" __global__ void argmax_final(const uint64_t* __restrict__ part, int n
 #define SORT_THREADS 1024
 
 // Sort keys [CHUNK] in shared memory, largest first (bitonic); all SORT_THREADS threads call it.
-__device__ __forceinline__ void sort_desc(uint64_t* keys) {
+__device__ __forceinline__ void sort_desc(u64* keys) {
     for (int k = 2; k <= CHUNK; k <<= 1) {
         for (int j = k >> 1; j > 0; j >>= 1) {
             for (int i = threadIdx.x; i < CHUNK; i += SORT_THREADS) {
                 int ixj = i ^ j;
                 if (ixj > i) {
-                    uint64_t a = keys[i], b = keys[ixj];
+                    u64 a = keys[i], b = keys[ixj];
                     if (((i & k) == 0) ? (a < b) : (a > b)) {
                         keys[i] = b;
                         keys[ixj] = a;
@@ -103,8 +105,8 @@ __device__ __forceinline__ float penalize(float x, float penalty) { return x > 0
 // and writes its K_MAX best keys to cand [n_blocks, K_MAX]. Launch: grid ceil(n / CHUNK), block 1024.
 extern "C" __global__ void sample_topk(const float* __restrict__ x, int n, const float* __restrict__ fparams,
                                        const int* __restrict__ history, int n_hist, const int* __restrict__ pos,
-                                       uint64_t* __restrict__ cand) {
-    __shared__ uint64_t keys[CHUNK];
+                                       u64* __restrict__ cand) {
+    __shared__ u64 keys[CHUNK];
     int base = blockIdx.x * CHUNK;
     for (int i = threadIdx.x; i < CHUNK; i += SORT_THREADS) keys[i] = base + i < n ? logit_key(x[base + i], base + i) : 0;
     __syncthreads();
@@ -142,10 +144,10 @@ __device__ __forceinline__ uint32_t philox(uint32_t c0, uint32_t c1, uint32_t k0
 // min_p (on probabilities at temperature 1), then draw from softmax(logit / temperature) with a uniform
 // number from Philox keyed by the seed and counted by the position. temperature <= 0: the best candidate.
 // Launch: grid 1, block 1024.
-extern "C" __global__ void sample_final(const uint64_t* __restrict__ cand, int n_part,
+extern "C" __global__ void sample_final(const u64* __restrict__ cand, int n_part,
                                         const float* __restrict__ fparams, const int* __restrict__ iparams,
                                         int* token, int* history, int n_hist, int* pos) {
-    __shared__ uint64_t keys[CHUNK];
+    __shared__ u64 keys[CHUNK];
     __shared__ float w[K_MAX];
     for (int i = threadIdx.x; i < CHUNK; i += SORT_THREADS) keys[i] = i < n_part * K_MAX ? cand[i] : 0;
     __syncthreads();
