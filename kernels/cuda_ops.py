@@ -87,11 +87,18 @@ def rms_norm(x: cp.ndarray, weight: cp.ndarray, out: cp.ndarray, eps: float, res
         kernel("norm_rope.cu", "rms_norm")((rows,), (threads,), args)
 
 
+def rope_inv_freq(rope_dim: int, base: float, freq_factors: np.ndarray | None = None) -> cp.ndarray:
+    """Turning speed of each pair of dims for rope(): float64 [rope_dim // 2] = base^(-2i / rope_dim), divided
+    by freq_factors [rope_dim // 2] where a model has them (llama3 rope scaling). An upload: before capture."""
+    inv = base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
+    return cp.asarray(inv / freq_factors if freq_factors is not None else inv)
+
+
 def rope(q: cp.ndarray, k: cp.ndarray | None, inv_freq: cp.ndarray, pos: cp.ndarray, neox: bool,
          stream=None) -> None:
     """Rotate q [n_tok, n_head, head_dim] and k [n_tok, n_head_kv, head_dim] in place; token t is at position
-    pos[0] + t and its pair i turns by that times inv_freq [rope_dim // 2] (float64: the base and any
-    frequency factors are the caller's). neox: pairs (i, i + rope_dim/2), else (2i, 2i+1)."""
+    pos[0] + t and its pair i turns by that times inv_freq [rope_dim // 2] (float64, see rope_inv_freq).
+    neox: pairs (i, i + rope_dim/2), else (2i, 2i+1). k may be None."""
     if not isinstance(q, cp.ndarray) or q.ndim != 3:
         raise ValueError("rope: q must be [n_tok, n_head, head_dim]")
     n_tok, n_head, head_dim = q.shape
@@ -149,7 +156,7 @@ def _rows_per_warp(head_dim: int) -> int:
 
 def decode_scratch(n_head: int, n_head_kv: int, head_dim: int) -> cp.ndarray:
     """Scratch for attention_decode: float32 [n_head, n_splits, head_dim + 2], n_splits picked so that a
-    long context gives about two blocks per multiprocessor."""
+    long context gives about two blocks per multiprocessor. One serves every layer (they run in turn)."""
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     row_chunks = math.ceil(n_head // n_head_kv / _rows_per_warp(head_dim))
     n_splits = max(1, min(64, math.ceil(2 * sms / (n_head_kv * row_chunks))))

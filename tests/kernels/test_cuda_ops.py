@@ -144,7 +144,7 @@ def test_rope(cuda, rng, neox, head_dim, rope_dim, n_head, n_head_kv, n_tok, p0)
     q = rng.standard_normal((n_tok, n_head, head_dim)).astype(np.float32)
     k = rng.standard_normal((n_tok, n_head_kv, head_dim)).astype(np.float32)
     q_dev, k_dev = cp.asarray(q), cp.asarray(k)
-    ops.rope(q_dev, k_dev, cp.asarray(inv_freq), device_pos(cp, p0), neox)
+    ops.rope(q_dev, k_dev, ops.rope_inv_freq(rope_dim, 1e6), device_pos(cp, p0), neox)
     positions = p0 + np.arange(n_tok)
     for got, x in ((cp.asnumpy(q_dev), q), (cp.asnumpy(k_dev), k)):
         assert rel_err(got, ref_rope(x, positions, inv_freq, neox)) < 1e-6
