@@ -113,8 +113,8 @@ def rope(q: cp.ndarray, k: cp.ndarray | None, inv_freq: cp.ndarray, pos: cp.ndar
         raise ValueError(f"rope: {n_pairs} pairs do not fit a head of {head_dim}")
     _check_pos(pos)
     grid = (n_tok, math.ceil((n_head + n_head_kv) / 8))  # norm_rope.cu: ROPE_HEADS
-    args = (q, q if k is None else k, inv_freq, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(head_dim), np.int32(n_pairs),
-            np.int32(bool(neox)))
+    args = (q, q if k is None else k, inv_freq, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(head_dim),
+            np.int32(n_pairs), np.int32(bool(neox)))
     with _stream(stream):
         kernel("norm_rope.cu", "rope")(grid, ((n_pairs + 31) // 32 * 32,), args)
 

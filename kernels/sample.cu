@@ -108,7 +108,8 @@ extern "C" __global__ void sample_topk(const float* __restrict__ x, int n, const
                                        u64* __restrict__ cand) {
     __shared__ u64 keys[CHUNK];
     int base = blockIdx.x * CHUNK;
-    for (int i = threadIdx.x; i < CHUNK; i += SORT_THREADS) keys[i] = base + i < n ? logit_key(x[base + i], base + i) : 0;
+    for (int i = threadIdx.x; i < CHUNK; i += SORT_THREADS)
+        keys[i] = base + i < n ? logit_key(x[base + i], base + i) : 0;
     __syncthreads();
     float penalty = fparams[3];
     int p = pos[0], n_recent = min(n_hist, p + 1);
@@ -116,7 +117,8 @@ extern "C" __global__ void sample_topk(const float* __restrict__ x, int n, const
         int age = threadIdx.x, id = history[(p - age) % n_hist];
         bool first = true;  // a token seen several times is penalised once, by its most recent entry
         for (int a = 0; a < age; ++a) first &= history[(p - a) % n_hist] != id;
-        if (first && id >= base && id < base + CHUNK && id < n) keys[id - base] = logit_key(penalize(x[id], penalty), id);
+        if (first && id >= base && id < base + CHUNK && id < n)
+            keys[id - base] = logit_key(penalize(x[id], penalty), id);
     }
     __syncthreads();
     sort_desc(keys);
@@ -156,7 +158,8 @@ extern "C" __global__ void sample_final(const u64* __restrict__ cand, int n_part
     int top_k = iparams[0];
     int k = (top_k <= 0 || top_k > K_MAX) ? K_MAX : top_k;
     float top = key_logit(keys[0]);
-    if (threadIdx.x < K_MAX) w[threadIdx.x] = threadIdx.x < k && keys[threadIdx.x] ? expf(key_logit(keys[threadIdx.x]) - top) : 0.0f;
+    int c = threadIdx.x;  // candidate c's weight relative to the best
+    if (c < K_MAX) w[c] = c < k && keys[c] ? expf(key_logit(keys[c]) - top) : 0.0f;
     __syncthreads();
     if (threadIdx.x != 0) return;
     int n = 0;  // candidates that are real tokens (a vocabulary may be smaller than k)

@@ -126,7 +126,10 @@ def ref_rope(x, positions, inv_freq, neox):
     half = len(inv_freq)
     ang = positions[:, None, None].astype(np.float64) * inv_freq[None, None, :]  # [n, 1, half]
     cos, sin = np.cos(ang), np.sin(ang)
-    i0, i1 = (np.arange(half), np.arange(half) + half) if neox else (np.arange(0, 2 * half, 2), np.arange(1, 2 * half, 2))
+    if neox:
+        i0, i1 = np.arange(half), np.arange(half) + half
+    else:
+        i0, i1 = np.arange(0, 2 * half, 2), np.arange(1, 2 * half, 2)
     x0, x1 = x[..., i0].copy(), x[..., i1].copy()
     x[..., i0] = x0 * cos - x1 * sin
     x[..., i1] = x0 * sin + x1 * cos
