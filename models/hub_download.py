@@ -44,7 +44,8 @@ def download_blob(url: str, headers: dict, f: RepoFile, blob: Path, progress: Pr
             progress(name, done, f.size)
         if done == f.size:
             break
-        request_headers = dict(headers, **{"Range": f"bytes={done}-"} if done else {})
+        # identity: byte offsets must be those of the file; Range: continue where the partial file ends
+        request_headers = dict(headers, **{"Accept-Encoding": "identity"}, **{"Range": f"bytes={done}-"} if done else {})
         try:
             with get_session().stream("GET", url, headers=request_headers,
                                       timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
@@ -52,7 +53,7 @@ def download_blob(url: str, headers: dict, f: RepoFile, blob: Path, progress: Pr
                 if done and response.status_code != 206:  # the server ignored the Range: start over
                     done, digest = 0, hashlib.sha256()
                 with open(partial, "ab" if done else "wb") as out:
-                    for chunk in response.iter_bytes(CHUNK):
+                    for chunk in response.iter_bytes():  # as they arrive: nothing held back if the link drops
                         out.write(chunk)
                         digest.update(chunk)
                         done += len(chunk)
