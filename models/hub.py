@@ -53,15 +53,16 @@ def repo_dir(repo_id: str) -> Path:
 
 
 def find_cached(ref: HubRef) -> LocalModel | None:
-    """The model a reference names if `main` as last pulled has all its files in the cache; no network."""
-    snapshot = _main_snapshot(ref.repo_id)
-    if snapshot is None:
-        return None
-    try:
-        choice = choose(ref, _snapshot_files(snapshot))
-    except HubRefError:
-        return None
-    return _local_model(ref.repo_id, snapshot, choice, gguf_models(_snapshot_files(snapshot)))
+    """The model a reference names, if all its files are in the cache: at `main` as last pulled, else at an
+    older commit kept (newest first). No network."""
+    for snapshot in _snapshots(ref.repo_id):
+        files = _snapshot_files(snapshot)
+        try:
+            choice = choose(ref, files)
+        except HubRefError:
+            continue
+        return _local_model(ref.repo_id, snapshot, choice, gguf_models(files))
+    return None
 
 
 def pull(ref: HubRef, progress: Progress | None = None) -> LocalModel:
@@ -103,9 +104,7 @@ def list_models() -> list[LocalModel]:
     found = {}
     for repo in sorted(cache_dir().glob("models--*--*")):
         repo_id = repo.name[len("models--"):].replace("--", "/", 1)
-        main = _main_snapshot(repo_id)
-        snapshots = sorted((repo / "snapshots").glob("*"), key=lambda s: s != main)
-        for snapshot in snapshots:
+        for snapshot in _snapshots(repo_id):
             models = gguf_models(_snapshot_files(snapshot))
             for choice in models:
                 model = _local_model(repo_id, snapshot, choice, models)
@@ -163,12 +162,14 @@ def _local_model(repo_id: str, snapshot: Path, choice: GGUFChoice, models: list[
                       tuple(snapshot / f.path for f in choice.files))
 
 
-def _main_snapshot(repo_id: str) -> Path | None:
-    ref = repo_dir(repo_id) / "refs" / "main"
-    if not ref.is_file():
-        return None
-    snapshot = repo_dir(repo_id) / "snapshots" / ref.read_text().strip()
-    return snapshot if snapshot.is_dir() else None
+def _snapshots(repo_id: str) -> list[Path]:
+    """The repo's snapshot folders: the one `main` pointed at when last pulled first, then newest first."""
+    folder = repo_dir(repo_id) / "snapshots"
+    if not folder.is_dir():
+        return []
+    main_ref = repo_dir(repo_id) / "refs" / "main"
+    main = folder / main_ref.read_text().strip() if main_ref.is_file() else None
+    return sorted(folder.iterdir(), key=lambda s: (s != main, -s.stat().st_mtime))
 
 
 def _snapshot_files(snapshot: Path) -> list[RepoFile]:

@@ -4,8 +4,9 @@
 - HEAD/GET /{owner}/{repo}/resolve/{rev}/{path}: LFS files answer 302 to a CDN URL on another host name
   (localhost) with X-Repo-Commit, X-Linked-Etag and X-Linked-Size, as the Hub does; small files answer 200.
 - GET /cdn/{sha256}: the bytes, with Range requests (206). Faults on request: drop the connection after n
-  bytes once (`drop_once[path] = n`), or serve a body of the right size with one byte changed (`corrupt`).
-Errors carry the Hub's X-Error-Code headers (RepoNotFound, RevisionNotFound, EntryNotFound).
+  bytes once (`drop_once[path] = n`), answer an HTTP error once (`fail_once[path] = status`), serve a body of
+  the right size with one byte changed (`corrupt`), or ignore Range headers (`ignore_range`).
+Errors carry the Hub's X-Error-Code headers (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo).
 """
 import hashlib
 import json
@@ -60,6 +61,7 @@ def default_repos() -> dict[str, dict[str, bytes]]:
         "tester/split-GGUF": {"README.md": b"# split\n", **split},
         "tester/nogguf": {"README.md": b"# nothing here\n", "model.safetensors": b"\0" * 64},
         "tester/twins-GGUF": {"a/m-Q4_K_M.gguf": make_gguf("a"), "b/m-Q4_K_M.gguf": make_gguf("b")},
+        "tester/gated-GGUF": {"gated-Q4_K_M.gguf": make_gguf("gated")},  # listed, but files refused
     }
 
 
@@ -73,7 +75,10 @@ class FakeHub:
         self.commits = {r: hashlib.sha1(repr(sorted(f.items())).encode()).hexdigest() for r, f in repos.items()}
         self.by_sha256 = {hashlib.sha256(d).hexdigest(): (r, p) for r, fs in repos.items() for p, d in fs.items()}
         self.drop_once: dict[str, int] = {}   # path in repo -> bytes sent before the connection drops (once)
+        self.fail_once: dict[str, int] = {}   # path in repo -> HTTP status answered once
         self.corrupt: set[str] = set()        # paths in repo served with one byte changed
+        self.ignore_range = False
+        self.gated = {"tester/gated-GGUF"}
         self.requests: list[tuple[str, str, dict]] = []  # (method, path, headers)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
@@ -134,6 +139,8 @@ def _handler(hub: FakeHub):
             data = hub.repos[repo].get(file)
             if data is None:
                 return self.error(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": commit})
+            if repo in hub.gated:
+                return self.error(403, "GatedRepo", "Access to model is restricted", {"X-Repo-Commit": commit})
             headers = {"X-Repo-Commit": commit, "Accept-Ranges": "bytes"}
             if not hub.is_lfs(file):
                 return self.send(200, b"" if head else data, dict(headers, ETag=f'"{git_blob_id(data)}"'),
@@ -149,7 +156,9 @@ def _handler(hub: FakeHub):
             if file in hub.corrupt:
                 data = data[:-1] + bytes([data[-1] ^ 0xFF])
             start, status, headers = 0, 200, {"Accept-Ranges": "bytes", "ETag": f'"{hashlib.sha256(data).hexdigest()}"'}
-            if m := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", "")):
+            if file in hub.fail_once:
+                return self.error(hub.fail_once.pop(file), None, "Service unavailable")
+            if (m := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))) and not hub.ignore_range:
                 start, status = int(m[1]), 206
                 headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
             body = data[start:]

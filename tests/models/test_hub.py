@@ -98,6 +98,36 @@ def test_a_server_that_keeps_dropping_gives_a_resumable_error(fake_hub, monkeypa
     assert downloads(fake_hub)[-1][1] == "bytes=50000-"
 
 
+def test_a_server_error_mid_pull_is_retried(fake_hub):
+    fake_hub.fail_once["tiny-Q8_0.gguf"] = 503
+    assert pull("tester/tiny-GGUF:Q8_0").size == 240_192
+    assert len(downloads(fake_hub)) == 2
+
+
+def test_a_server_that_ignores_range_starts_the_file_over(fake_hub):
+    data = fake_hub.repos["tester/tiny-GGUF"]["tiny-Q8_0.gguf"]
+    fake_hub.ignore_range = True
+    fake_hub.drop_once["tiny-Q8_0.gguf"] = 100_000
+    assert pull("tester/tiny-GGUF:Q8_0").path.read_bytes() == data
+    assert len(downloads(fake_hub)) == 2
+
+
+def test_a_gated_model_says_what_to_do(fake_hub):
+    with pytest.raises(DownloadError, match=r"gated-Q4_K_M.gguf: the Hub refused access \(403\); a gated or "
+                                            r"private model needs its terms accepted on the Hub and HF_TOKEN set"):
+        pull("tester/gated-GGUF")
+
+
+def test_a_model_kept_at_an_older_commit_is_still_found(fake_hub):
+    q8 = pull("tester/tiny-GGUF:Q8_0")
+    old_commit = fake_hub.commits["tester/tiny-GGUF"]
+    fake_hub.commits["tester/tiny-GGUF"] = "1" * 40  # the repo moves on; only Q4_K_M is pulled at the new commit
+    q4 = pull("tester/tiny-GGUF:Q4_K_M")
+    assert q4.path.parent.name == "1" * 40 and q8.path.parent.name == old_commit
+    assert hub.find_cached(parse_ref("tester/tiny-GGUF:Q8_0")) == q8
+    assert {m.name for m in hub.list_models()} == {"tester/tiny-GGUF:Q4_K_M", "tester/tiny-GGUF:Q8_0"}
+
+
 @pytest.mark.parametrize("ref, error, message", [
     ("tester/missing", hub.RepoNotFound, r"no model repository tester/missing on http://127\.0\.0\.1:\d+"),
     ("tester/tiny-GGUF:Q5_K_S", QuantNotFound, r"no GGUF file with quant Q5_K_S; available: IQ4_XS \(160 kB\), Q4_K_M \(160 kB\), Q8_0 \(240 kB\)"),
