@@ -82,18 +82,21 @@ def pull(ref: HubRef, progress: Progress | None = None) -> LocalModel:
     repo = repo_dir(ref.repo_id)
     snapshot = repo / "snapshots" / commit
     headers = build_hf_headers()  # carries the token; never printed
-    for f in choice.files:
-        blob_name = f.sha256 or f.blob_id
-        blob = repo / "blobs" / blob_name
-        if not blob.exists():
-            blob.parent.mkdir(parents=True, exist_ok=True)
-            # The lock huggingface_hub takes for the same blob, so two tools never write one file together.
-            with WeakFileLock(cache_dir() / ".locks" / repo.name / f"{blob_name}.lock"):
-                if not blob.exists():
-                    download_blob(_resolve_url(ref.repo_id, commit, f.path), headers, f, blob, progress)
-        _link(blob, snapshot / f.path)
-    (repo / "refs").mkdir(exist_ok=True)
-    (repo / "refs" / "main").write_text(commit)
+    try:
+        for f in choice.files:
+            blob_name = f.sha256 or f.blob_id
+            blob = repo / "blobs" / blob_name
+            if not blob.exists():
+                blob.parent.mkdir(parents=True, exist_ok=True)
+                # The lock huggingface_hub takes for the same blob, so two tools never write one file together.
+                with WeakFileLock(cache_dir() / ".locks" / repo.name / f"{blob_name}.lock"):
+                    if not blob.exists():
+                        download_blob(_resolve_url(ref.repo_id, commit, f.path), headers, f, blob, progress)
+            _link(blob, snapshot / f.path)
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+    except OSError as e:
+        raise HubError(f"cannot write to the Hugging Face cache {cache_dir()}: {e.strerror}") from None
     return _local_model(ref.repo_id, snapshot, choice, models)
 
 
@@ -118,7 +121,7 @@ def remove_model(name: str) -> LocalModel:
     models = [m for m in list_models() if ref is not None and m.repo_id == ref.repo_id]
     if ref is not None and ref.tag is None and len(models) > 1:
         raise NotCached(f"{name} has {len(models)} pulled models: {', '.join(m.name for m in models)}; name one")
-    matches = [m for m in models if ref.tag is None or _names_model(ref.tag, m)]
+    matches = [m for m in models if ref.tag is None or _names_model(ref.tag, m)]  # models is [] without a ref
     if not matches:
         raise NotCached(f"no pulled model named {name}; see gguf-chat list")
     model = matches[0]
@@ -176,7 +179,7 @@ def _snapshot_files(snapshot: Path) -> list[RepoFile]:
     """The complete files of a snapshot (dangling links left out), with sizes; no hashes (they were checked)."""
     files = []
     for root, _, names in os.walk(snapshot):
-        for name in sorted(names):
+        for name in names:
             path = Path(root) / name
             if path.exists():
                 files.append(RepoFile(path.relative_to(snapshot).as_posix(), path.stat().st_size, None, None))
@@ -190,7 +193,7 @@ def _remote_files(repo_id: str) -> tuple[str, list[RepoFile]]:
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
     try:
-        info = HfApi(endpoint=constants.ENDPOINT).model_info(repo_id, files_metadata=True)
+        info = HfApi().model_info(repo_id, files_metadata=True)
     except GatedRepoError:
         raise HubError(f"{repo_id} is gated: accept its terms on the Hub, then set HF_TOKEN") from None
     except RepositoryNotFoundError:

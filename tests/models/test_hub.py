@@ -186,3 +186,10 @@ def test_list_and_rm(fake_hub):
     hub.remove_model("tester/split-GGUF")
     assert not hub.repo_dir("tester/split-GGUF").exists()
     assert [m.name for m in hub.list_models()] == ["tester/tiny-GGUF:Q8_0"]
+
+
+def test_an_unwritable_cache_is_one_line(fake_hub, tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "a-file" / "cache"))
+    with pytest.raises(hub.HubError, match=r"cannot write to the Hugging Face cache .*a-file/cache: Not a directory"):
+        pull("tester/tiny-GGUF")
