@@ -4,7 +4,7 @@ import hashlib
 
 import gguf
 import pytest
-from huggingface_hub import constants, hf_hub_download, try_to_load_from_cache
+from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
 
 from models import hub
 from models.gguf import open_gguf
@@ -22,13 +22,25 @@ def downloads(server) -> list[tuple[str, str | None]]:
     return [(p, h.get("Range")) for m, p, h in server.requests if m == "GET" and p.startswith("/cdn/")]
 
 
+def test_the_fake_hub_answers_huggingface_hub_itself(fake_hub):
+    """huggingface_hub's own HEAD + download work against the fake server, so it speaks the Hub's protocol."""
+    data = fake_hub.repos["tester/tiny-GGUF"]["tiny-IQ4_XS.gguf"]
+    meta = get_hf_file_metadata(hf_hub_url("tester/tiny-GGUF", "tiny-IQ4_XS.gguf"))
+    assert (meta.commit_hash, meta.etag, meta.size) == (fake_hub.commits["tester/tiny-GGUF"],
+                                                       hashlib.sha256(data).hexdigest(), len(data))
+    assert meta.location.startswith(f"http://localhost:{fake_hub.port}/cdn/")
+    with open(hf_hub_download("tester/tiny-GGUF", "tiny-IQ4_XS.gguf"), "rb") as f:
+        assert f.read() == data
+
+
 def test_pull_by_tag_lands_verified_in_the_hf_cache(fake_hub):
     calls = []
     model = pull("tester/tiny-GGUF:q8_0", lambda *a: calls.append(a))
     data = fake_hub.repos["tester/tiny-GGUF"]["tiny-Q8_0.gguf"]
     assert model.name == "tester/tiny-GGUF:Q8_0" and model.size == len(data)
     assert model.path.read_bytes() == data
-    assert model.path.parent.parent.name == "snapshots" and model.path.resolve().name == hashlib.sha256(data).hexdigest()
+    assert model.path.parent.parent.name == "snapshots"
+    assert model.path.resolve().name == hashlib.sha256(data).hexdigest()  # the blob, named as huggingface_hub does
     assert gguf.GGUFReader(model.path).fields["general.name"].contents() == "tiny q8_0"
     assert calls[0] == ("tiny-Q8_0.gguf", 0, len(data)) and calls[-1] == ("tiny-Q8_0.gguf", len(data), len(data))
     # huggingface_hub's own cache lookup sees the file we wrote
@@ -130,7 +142,8 @@ def test_a_model_kept_at_an_older_commit_is_still_found(fake_hub):
 
 @pytest.mark.parametrize("ref, error, message", [
     ("tester/missing", hub.RepoNotFound, r"no model repository tester/missing on http://127\.0\.0\.1:\d+"),
-    ("tester/tiny-GGUF:Q5_K_S", QuantNotFound, r"no GGUF file with quant Q5_K_S; available: IQ4_XS \(160 kB\), Q4_K_M \(160 kB\), Q8_0 \(240 kB\)"),
+    ("tester/tiny-GGUF:Q5_K_S", QuantNotFound,
+     r"no GGUF file with quant Q5_K_S; available: IQ4_XS \(160 kB\), Q4_K_M \(160 kB\), Q8_0 \(240 kB\)"),
     ("tester/unsloth-GGUF:Q4_K_M", QuantNotFound, r"quant Q4_K_M; available: Q8_0 \(160 kB\), UD-Q4_K_M \(160 kB\)"),
     ("tester/nogguf", NoGGUFInRepo, r"tester/nogguf holds no GGUF model file"),
     ("tester/twins-GGUF:Q4_K_M", AmbiguousQuant, r"matches 2 files: a/m-Q4_K_M.gguf \(160 kB\), b/m-Q4_K_M.gguf"),
