@@ -8,6 +8,7 @@
   the right size with one byte changed (`corrupt`), or ignore Range headers (`ignore_range`).
 Errors carry the Hub's X-Error-Code headers (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo).
 """
+import functools
 import hashlib
 import json
 import re
@@ -43,6 +44,7 @@ def make_gguf(name: str, n_floats: int = 40_000, split: tuple[int, int, int] | N
         return path.read_bytes()
 
 
+@functools.cache
 def default_repos() -> dict[str, dict[str, bytes]]:
     split = {f"Big-Q4_K_M-{i + 1:05d}-of-00003.gguf": make_gguf("big", split=(i, 3, 3)) for i in range(3)}
     return {
@@ -193,17 +195,12 @@ def _handler(hub: FakeHub):
     return Handler
 
 
-@pytest.fixture(scope="session")
-def fake_hub_repos() -> dict[str, dict[str, bytes]]:
-    return default_repos()
-
-
 @pytest.fixture
-def hub(fake_hub_repos, tmp_path, monkeypatch):
+def hub(tmp_path, monkeypatch):
     """A running FakeHub with huggingface_hub pointed at it and a fresh cache under tmp_path."""
     from huggingface_hub import constants
 
-    server = FakeHub(fake_hub_repos)
+    server = FakeHub(default_repos())
     monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
                         server.endpoint + "/{repo_id}/resolve/{revision}/{filename}")

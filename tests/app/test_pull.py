@@ -6,7 +6,7 @@ import sys
 
 from app.cli import main
 from app.progress import DownloadBar
-from tests.hub_server import TOKEN, fake_hub_repos, hub as fake_hub  # noqa: F401 (fixtures)
+from tests.hub_server import TOKEN, hub as fake_hub  # noqa: F401 (a fixture)
 
 
 def test_pull_prints_where_it_landed_and_progress_on_stderr(fake_hub, capsys):

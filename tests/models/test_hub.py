@@ -10,7 +10,7 @@ from models import hub
 from models.gguf import open_gguf
 from models.hub_download import CorruptDownload, DownloadError
 from models.hub_files import AmbiguousQuant, NoGGUFInRepo, QuantNotFound, parse_ref
-from tests.hub_server import TOKEN, fake_hub_repos, hub as fake_hub  # noqa: F401 (fixtures)
+from tests.hub_server import TOKEN, hub as fake_hub  # noqa: F401 (a fixture)
 
 
 def pull(ref: str, progress=None) -> hub.LocalModel:

@@ -8,7 +8,7 @@ from huggingface_hub import constants
 from models import hub
 from models.model_ref import ConfigError, ModelNotFound, default_model, resolve_model
 from models.packaged import smollm2_path
-from tests.hub_server import fake_hub_repos, hub as fake_hub  # noqa: F401 (fixtures)
+from tests.hub_server import hub as fake_hub  # noqa: F401 (a fixture)
 
 
 @pytest.fixture
