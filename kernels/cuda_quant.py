@@ -75,13 +75,13 @@ def quantize_q8_1(x: cp.ndarray, xq: Q8Vector, stream: cp.cuda.Stream | None = N
         kernel("matvec.cu", "quantize_q8_1")(((n + 255) // 256,), (256,), (x, xq.qs, xq.ds, np.int32(n)))
 
 
-def default_threads_per_row(n_rows: int) -> int:
-    """Enough warps in flight to cover memory latency on a 132-SM H100, fewest reductions otherwise."""
-    if n_rows >= 8192:
-        return 32
-    if n_rows >= 2048:
-        return 64
-    return 128
+def default_threads_per_row(n_rows: int, row_bytes: int) -> int:
+    """Threads sharing a row: enough warps to cover memory latency (~32 a multiprocessor of an H100), and
+    at least ~64 bytes of weights a thread so the row reduction stays cheap (tuned with bench_cuda.py)."""
+    tpr = 32
+    while tpr < 128 and (row_bytes // (2 * tpr) >= 64 or n_rows * tpr < 32 * 4096):
+        tpr *= 2
+    return tpr
 
 
 def matvec(
@@ -94,7 +94,7 @@ def matvec(
     """out float32 [w.n_rows] = W . x; x is a Q8Vector when w.takes_q8, else float32 [w.n_cols]."""
     if out.dtype != cp.float32 or out.shape != (w.n_rows,) or not out.flags.c_contiguous:
         raise ValueError(f"matvec: out must be contiguous float32 ({w.n_rows},), got {out.dtype} {out.shape}")
-    tpr = threads_per_row or default_threads_per_row(w.n_rows)
+    tpr = threads_per_row or default_threads_per_row(w.n_rows, w.qtype.nbytes(w.n_cols))
     if tpr not in (32, 64, 128):
         raise ValueError(f"threads_per_row must be 32, 64 or 128, got {tpr}")
     grid = ((w.n_rows + THREADS // tpr - 1) // (THREADS // tpr),)
