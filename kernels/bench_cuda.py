@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from kernels.cuda_layout import repack
+from kernels.cuda_layout import ELEMS_PER_ITEM, repack
 from models.ggml_types import TYPES_BY_NAME, GGMLType
 
 ROOFLINE_GBS = 3000.0  # H100 80GB HBM3, device-to-device copy measured in this workplace
@@ -115,7 +115,7 @@ def bench_one(cp, cq, qtype: GGMLType, n_rows: int, n_cols: int) -> dict:
     out = cp.empty(n_rows, dtype=cp.float32)
     gbs = {tpr: nbytes / time_matvecs(cp, cq, weights, x, out, tpr) / 1e9 for tpr in (32, 64, 128)}
     return dict(type=qtype.name, rows=n_rows, cols=n_cols, bytes=nbytes, gbs=gbs,
-                default_tpr=cq.default_threads_per_row(n_rows, qtype.nbytes(n_cols)))
+                default_tpr=cq.default_threads_per_row(n_rows, n_cols // ELEMS_PER_ITEM[qtype.name]))
 
 
 def print_decode_estimates(results: list[dict]) -> None:
