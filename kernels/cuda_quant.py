@@ -107,7 +107,8 @@ def matvec(
     else:
         if (isinstance(x, Q8Vector) or x.dtype != cp.float32 or x.shape != (w.n_cols,)
                 or not x.flags.c_contiguous or x.data.ptr % 16):  # read as float4
-            raise ValueError(f"matvec: {w.qtype.name} weights take a contiguous, 16-byte-aligned float32 x of ({w.n_cols},)")
+            raise ValueError(f"matvec: {w.qtype.name} weights take a contiguous, 16-byte-aligned float32 x "
+                             f"of ({w.n_cols},)")
         args = (w.data, x, out, np.int32(w.n_rows), np.int32(w.n_cols), np.int32(tpr))
     with stream or cp.cuda.get_current_stream():
         kernel("matvec.cu", name)(grid, (THREADS,), args)

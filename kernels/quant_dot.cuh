@@ -240,8 +240,10 @@ struct Q6_K {
         const uint32_t M = 0x0F0F0F0F;
         int s0 = q6k_dot(qa.x & M, qa.y & M, qa.z & M, qa.w & M, qh, 0, xload16(x));
         int s1 = q6k_dot(qb.x & M, qb.y & M, qb.z & M, qb.w & M, qh, 2, xload16(x + 32));
-        int s2 = q6k_dot((qa.x >> 4) & M, (qa.y >> 4) & M, (qa.z >> 4) & M, (qa.w >> 4) & M, qh, 4, xload16(x + 64));
-        int s3 = q6k_dot((qb.x >> 4) & M, (qb.y >> 4) & M, (qb.z >> 4) & M, (qb.w >> 4) & M, qh, 6, xload16(x + 96));
+        int s2 = q6k_dot((qa.x >> 4) & M, (qa.y >> 4) & M, (qa.z >> 4) & M, (qa.w >> 4) & M, qh, 4,
+                         xload16(x + 64));
+        int s3 = q6k_dot((qb.x >> 4) & M, (qb.y >> 4) & M, (qb.z >> 4) & M, (qb.w >> 4) & M, qh, 6,
+                         xload16(x + 96));
         int sh = 8 * (k & 1);  // scale l0/16 + 2g: byte (k&1) of sc.x for g = 0, 2 + (k&1) for g = 1, ...
         const float2* ds = xds + 4 * half;
         float r = (float)(int8_t)(sc.x >> sh) * ds[0].x * (float)s0 +

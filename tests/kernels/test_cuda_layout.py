@@ -41,4 +41,5 @@ def test_repack_moves_every_byte_once(name):
             i = r * n_blocks + b
             assert np.array_equal(out[i * bulk : (i + 1) * bulk], block[front : qtype.block_bytes - back])
             m0 = n_rows * n_blocks * bulk + i * meta
-            assert np.array_equal(out[m0 : m0 + meta], np.concatenate([block[:front], block[qtype.block_bytes - back :]]))
+            block_meta = np.concatenate([block[:front], block[qtype.block_bytes - back :]])
+            assert np.array_equal(out[m0 : m0 + meta], block_meta)

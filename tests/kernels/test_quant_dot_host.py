@@ -56,8 +56,8 @@ def test_dot_matches_reference_dequantize(host_lib, name, shape):
     w = np.ascontiguousarray(repack(raw, qtype))
     out = np.full(n_rows, np.nan, dtype=np.float32)
     ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-    rc = host_lib.matvec_host(name.encode(), ptr(w), ptr(qs), ptr(ds), ptr(out), n_rows, n_cols // qtype.block_elems)
-    assert rc == 0
+    n_blocks = n_cols // qtype.block_elems
+    assert host_lib.matvec_host(name.encode(), ptr(w), ptr(qs), ptr(ds), ptr(out), n_rows, n_blocks) == 0
     x_used = (qs.astype(np.float64).reshape(-1, 32) * ds[:, :1]).reshape(-1)
     ref = dequantize(raw, TYPES_BY_NAME[name], (x_used.size, raw.shape[0])).astype(np.float64) @ x_used
     err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
