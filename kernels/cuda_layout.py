@@ -27,6 +27,14 @@ META_SPLIT: dict[str, tuple[int, int]] = {
 }
 
 
+# Weights one GPU thread handles per step (an "item", see quant_dot.cuh: QK / ITEMS; matvec.cu: 8 floats)
+ELEMS_PER_ITEM: dict[str, int] = {
+    "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 16,
+    "Q2_K": 64, "Q3_K": 64, "Q4_K": 64, "Q5_K": 64, "Q6_K": 64,
+    "F32": 8, "F16": 8, "BF16": 8,
+}
+
+
 def bulk_meta_bytes(qtype: GGMLType) -> tuple[int, int]:
     """Bytes of one block's bulk and meta parts."""
     front, back = META_SPLIT[qtype.name]

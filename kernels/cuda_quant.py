@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import cupy as cp
 import numpy as np
 
-from kernels.cuda_layout import META_SPLIT, repack
+from kernels.cuda_layout import ELEMS_PER_ITEM, META_SPLIT, repack
 from kernels.cuda_module import kernel
 from models.ggml_types import GGMLType
 
@@ -75,13 +75,13 @@ def quantize_q8_1(x: cp.ndarray, xq: Q8Vector, stream: cp.cuda.Stream | None = N
         kernel("matvec.cu", "quantize_q8_1")(((n + 255) // 256,), (256,), (x, xq.qs, xq.ds, np.int32(n)))
 
 
-def default_threads_per_row(n_rows: int) -> int:
-    """Enough warps in flight to cover memory latency on a 132-SM H100, fewest reductions otherwise."""
-    if n_rows >= 8192:
-        return 32
-    if n_rows >= 2048:
-        return 64
-    return 128
+def default_threads_per_row(n_rows: int, n_items: int) -> int:
+    """Threads sharing a row of n_items work items: enough warps to cover memory latency (~32 a multiprocessor
+    of an H100), and at least 4 items a thread. Chosen from bench_cuda.py's sweep on the H100."""
+    tpr = 32
+    while tpr < 128 and (n_items // (2 * tpr) >= 4 or n_rows * tpr < 32 * 4096):
+        tpr *= 2
+    return tpr
 
 
 def matvec(
@@ -94,7 +94,7 @@ def matvec(
     """out float32 [w.n_rows] = W . x; x is a Q8Vector when w.takes_q8, else float32 [w.n_cols]."""
     if out.dtype != cp.float32 or out.shape != (w.n_rows,) or not out.flags.c_contiguous:
         raise ValueError(f"matvec: out must be contiguous float32 ({w.n_rows},), got {out.dtype} {out.shape}")
-    tpr = threads_per_row or default_threads_per_row(w.n_rows)
+    tpr = threads_per_row or default_threads_per_row(w.n_rows, w.n_cols // ELEMS_PER_ITEM[w.qtype.name])
     if tpr not in (32, 64, 128):
         raise ValueError(f"threads_per_row must be 32, 64 or 128, got {tpr}")
     grid = ((w.n_rows + THREADS // tpr - 1) // (THREADS // tpr),)
@@ -107,7 +107,8 @@ def matvec(
     else:
         if (isinstance(x, Q8Vector) or x.dtype != cp.float32 or x.shape != (w.n_cols,)
                 or not x.flags.c_contiguous or x.data.ptr % 16):  # read as float4
-            raise ValueError(f"matvec: {w.qtype.name} weights take a contiguous, 16-byte-aligned float32 x of ({w.n_cols},)")
+            raise ValueError(f"matvec: {w.qtype.name} weights take a contiguous, 16-byte-aligned float32 x "
+                             f"of ({w.n_cols},)")
         args = (w.data, x, out, np.int32(w.n_rows), np.int32(w.n_cols), np.int32(tpr))
     with stream or cp.cuda.get_current_stream():
         kernel("matvec.cu", name)(grid, (THREADS,), args)

@@ -48,25 +48,12 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __
     if ((i & 31) == 0) xds[i / 32] = make_float2(d, d * (float)s);
 }
 
-// w: bulk [n_rows, nb, T::BULK] then meta [n_rows, nb, T::META] (see cuda_layout.py); nb blocks a row.
 template <class T>
 __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
                                          const float2* __restrict__ xds, float* __restrict__ out, int n_rows,
                                          int nb, int tpr) {
     int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
-    int t = threadIdx.x % tpr;
-    float acc = 0.0f;
-    if (row < n_rows) {
-        const uint8_t* bulk = w + (size_t)row * nb * T::BULK;
-        const uint8_t* meta = w + (size_t)n_rows * nb * T::BULK + (size_t)row * nb * T::META;
-        int n_items = nb * T::ITEMS;
-#pragma unroll 4
-        for (int i = t; i < n_items; i += tpr) {
-            int blk = i / T::ITEMS, k = i % T::ITEMS;
-            acc += T::dot(bulk + blk * T::BULK, meta + blk * T::META, k, xq + blk * T::QK,
-                          xds + blk * (T::QK / 32));
-        }
-    }
+    float acc = row < n_rows ? row_dot<T>(w, row, n_rows, nb, threadIdx.x % tpr, tpr, xq, xds) : 0.0f;
     row_store(acc, row, n_rows, tpr, out);
 }
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels.cuda_layout import META_SPLIT, bulk_meta_bytes, repack
+from kernels.cuda_layout import ELEMS_PER_ITEM, META_SPLIT, bulk_meta_bytes, repack
 from models.ggml_types import TYPES_BY_NAME
 
 CUH = (Path(__file__).parents[2] / "kernels" / "quant_dot.cuh").read_text()
@@ -14,12 +14,15 @@ QUANT_TYPES = [n for n in META_SPLIT if n not in ("F32", "F16", "BF16")]
 
 @pytest.mark.parametrize("name", QUANT_TYPES)
 def test_kernel_constants_match_layout(name):
-    m = re.search(rf"struct {name} {{\s*static constexpr int QK = (\d+), BULK = (\d+), META = (\d+)", CUH)
+    m = re.search(rf"struct {name} {{\s*static constexpr int QK = (\d+), BULK = (\d+), META = (\d+), ITEMS = (\d+)",
+                  CUH)
     assert m, f"struct {name} not found in quant_dot.cuh"
     qtype = TYPES_BY_NAME[name]
-    assert int(m.group(1)) == qtype.block_elems
-    assert (int(m.group(2)), int(m.group(3))) == bulk_meta_bytes(qtype)
-    assert int(m.group(2)) % 16 == 0  # 16-byte loads of the bulk
+    qk, bulk, meta, items = (int(g) for g in m.groups())
+    assert qk == qtype.block_elems
+    assert (bulk, meta) == bulk_meta_bytes(qtype)
+    assert bulk % 16 == 0  # 16-byte loads of the bulk
+    assert qk // items == ELEMS_PER_ITEM[name]
 
 
 @pytest.mark.parametrize("name", list(META_SPLIT))
@@ -38,4 +41,5 @@ def test_repack_moves_every_byte_once(name):
             i = r * n_blocks + b
             assert np.array_equal(out[i * bulk : (i + 1) * bulk], block[front : qtype.block_bytes - back])
             m0 = n_rows * n_blocks * bulk + i * meta
-            assert np.array_equal(out[m0 : m0 + meta], np.concatenate([block[:front], block[qtype.block_bytes - back :]]))
+            block_meta = np.concatenate([block[:front], block[qtype.block_bytes - back :]])
+            assert np.array_equal(out[m0 : m0 + meta], block_meta)

@@ -1,4 +1,4 @@
-"""The CUDA matvec kernels against gguf-py's dequantization (an oracle we did not write). Needs a GPU.
+"""The CUDA matvec kernels against models/dequant.py (itself bit-exact with gguf-py). Needs a GPU.
 
 Every type, random valid blocks at real shapes, fresh inputs per case, output poisoned with NaN first.
 Quantized weights multiply the q8_1 activation, so the reference is the dequantized weight times the
@@ -7,10 +7,9 @@ rounding in the kernel (int8 products are exact in int32), bounded here by 1e-5 
 """
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from kernels.bench_cuda import TYPES, random_weight_bytes
+from models.dequant import dequantize
 from models.ggml_types import TYPES_BY_NAME
 
 pytestmark = pytest.mark.gpu
@@ -46,7 +45,7 @@ def run_matvec(cp, cq, raw, qtype, x, threads_per_row=None):
 
 
 def check(out, raw, name, x_used):
-    ref = dequantize(raw, GGMLQuantizationType[name]).astype(np.float64) @ x_used
+    ref = dequantize(raw, TYPES_BY_NAME[name], (x_used.size, raw.shape[0])).astype(np.float64) @ x_used
     assert np.isfinite(out).all(), f"{np.isnan(out).sum()} outputs not written"
     err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
     assert err < REL_TOL, f"{name}: relative error {err:.2e}"
@@ -54,7 +53,7 @@ def check(out, raw, name, x_used):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("name", TYPES)
-def test_matvec_matches_gguf_dequantize(cuda, name, shape):
+def test_matvec_matches_reference_dequantize(cuda, name, shape):
     cp, cq = cuda
     qtype = TYPES_BY_NAME[name]
     seed = int(np.random.SeedSequence().generate_state(1)[0])  # fresh inputs every run
