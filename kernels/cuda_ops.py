@@ -148,6 +148,26 @@ def kv_write(k: cp.ndarray, v: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndar
         kernel("norm_rope.cu", "kv_write")(_blocks(k.size), (256,), args)
 
 
+def rope_kv_write(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, inv_freq: cp.ndarray, pos: cp.ndarray, neox: bool,
+                  k_cache: cp.ndarray, v_cache: cp.ndarray, stream=None) -> None:
+    """rope(q, k, ...) then kv_write(k, v, ...) in one launch (one graph node less a layer), same results."""
+    n_head_kv, max_ctx, head_dim = _check_cache(k_cache, v_cache)
+    n_tok, n_head = (q.shape[0], q.shape[1]) if isinstance(q, cp.ndarray) and q.ndim == 3 else (-1, -1)
+    _check("q", q, cp.float32, (n_tok, n_head, head_dim))
+    _check("k", k, cp.float32, (n_tok, n_head_kv, head_dim))
+    _check("v", v, cp.float32, (n_tok, n_head_kv, head_dim))
+    n_pairs = inv_freq.shape[0] if isinstance(inv_freq, cp.ndarray) and inv_freq.ndim == 1 else -1
+    _check("inv_freq", inv_freq, cp.float64, (n_pairs,))
+    if not 0 < 2 * n_pairs <= head_dim or head_dim % 2:
+        raise ValueError(f"rope_kv_write: {n_pairs} pairs do not fit a head of {head_dim}")
+    _check_pos(pos)
+    grid = (n_tok, math.ceil((n_head + n_head_kv) / 8))  # norm_rope.cu: ROPE_HEADS
+    args = (q, k, v, k_cache, v_cache, inv_freq, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(head_dim),
+            np.int32(n_pairs), np.int32(bool(neox)), np.int32(max_ctx))
+    with _stream(stream):
+        kernel("norm_rope.cu", "rope_kv_write")(grid, (head_dim // 2,), args)
+
+
 # ---- attention ----
 
 def _rows_per_warp(head_dim: int) -> int:

@@ -27,6 +27,14 @@ extern "C" __global__ void rms_norm(float* x, const float* r, const float* __res
     for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
 }
 
+// (x0, x1) turned by the angle whose cosine and sine are c, s; fmaf spelled out so that rope and
+// rope_kv_write round the same way whatever the compiler contracts.
+__device__ __forceinline__ void rotate(float& x0, float& x1, float c, float s) {
+    float r0 = fmaf(x0, c, -(x1 * s)), r1 = fmaf(x0, s, x1 * c);
+    x0 = r0;
+    x1 = r1;
+}
+
 // Rotate q [n_tok, n_head, head_dim] and k [n_tok, n_head_kv, head_dim] in place; token t is at position
 // pos[0] + t. Pair i (< n_pairs = rope_dim / 2) turns by (pos[0] + t) * inv_freq[i]: "normal" style
 // (llama) pairs dims (2i, 2i+1), neox style (qwen2/qwen3/gemma3) pairs (i, i + n_pairs); dims from rope_dim
@@ -50,8 +58,57 @@ extern "C" __global__ void rope(float* __restrict__ q, float* __restrict__ k, co
         float* p = h < n_head ? q + ((size_t)t * n_head + h) * head_dim
                               : k + ((size_t)t * n_head_kv + (h - n_head)) * head_dim;
         float x0 = p[a], x1 = p[b];
-        p[a] = x0 * cf - x1 * sf;
-        p[b] = x0 * sf + x1 * cf;
+        rotate(x0, x1, cf, sf);
+        p[a] = x0;
+        p[b] = x1;
+    }
+}
+
+// rope and kv_write in one launch (a graph node less a layer): q, k rotated in place as rope() does, then
+// the rotated k and v [n_tok, n_head_kv, head_dim] stored as fp16 at positions pos[0] + t of the caches
+// (dropped past max_ctx). Thread i < head_dim / 2 takes pair i when i < n_pairs, else the unrotated dims
+// 2i and 2i+1 (only copied, for k and v).
+// Launch: grid (n_tok, ceil((n_head + n_head_kv) / ROPE_HEADS)), block head_dim / 2.
+extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
+                                         __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+                                         const double* __restrict__ inv_freq, const int* __restrict__ pos,
+                                         int n_head, int n_head_kv, int head_dim, int n_pairs, int neox,
+                                         int max_ctx) {
+    int i = threadIdx.x, t = blockIdx.x, p = pos[0] + t;
+    bool rotated = i < n_pairs;
+    float sf = 0.0f, cf = 1.0f;
+    if (rotated) {
+        double s, c;
+        sincos((double)p * inv_freq[i], &s, &c);
+        sf = (float)s;
+        cf = (float)c;
+    }
+    int a = rotated && neox ? i : 2 * i, b = rotated && neox ? i + n_pairs : 2 * i + 1;
+    int h_end = min(n_head + n_head_kv, (int)(blockIdx.y + 1) * ROPE_HEADS);
+    for (int h = blockIdx.y * ROPE_HEADS; h < h_end; ++h) {
+        if (h < n_head) {
+            if (!rotated) continue;
+            float* x = q + ((size_t)t * n_head + h) * head_dim;
+            float x0 = x[a], x1 = x[b];
+            rotate(x0, x1, cf, sf);
+            x[a] = x0;
+            x[b] = x1;
+            continue;
+        }
+        int hk = h - n_head;
+        size_t row = ((size_t)t * n_head_kv + hk) * head_dim;
+        float x0 = k[row + a], x1 = k[row + b];
+        if (rotated) {
+            rotate(x0, x1, cf, sf);
+            k[row + a] = x0;
+            k[row + b] = x1;
+        }
+        if (p < 0 || p >= max_ctx) continue;
+        size_t at = ((size_t)hk * max_ctx + p) * head_dim;
+        k_cache[at + a] = __float2half_rn(x0);
+        k_cache[at + b] = __float2half_rn(x1);
+        v_cache[at + a] = __float2half_rn(v[row + a]);
+        v_cache[at + b] = __float2half_rn(v[row + b]);
     }
 }
 

@@ -182,6 +182,32 @@ def test_kv_write(cuda, rng, n_tok, p0):
         assert (rest == -7.0).all()
 
 
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+@pytest.mark.parametrize("head_dim, rope_dim", [(128, 128), (128, 64), (256, 256), (64, 32)])
+@pytest.mark.parametrize("n_tok, p0", [(1, 77), (9, 200), (4, 254)])
+def test_rope_kv_write_equals_rope_then_kv_write(cuda, rng, neox, head_dim, rope_dim, n_tok, p0):
+    """The fused op gives bit-identical q, k and caches to the two ops it replaces (same roundings)."""
+    cp, ops = cuda
+    n_head, n_head_kv, max_ctx = 16, 4, 256
+    inv_freq = ops.rope_inv_freq(rope_dim, 1e4)
+    q, k, v = (rng.standard_normal((n_tok, n, head_dim)).astype(np.float32) for n in (n_head, n_head_kv, n_head_kv))
+    pos = device_pos(cp, p0)
+    results = []
+    for fused in (False, True):
+        q_dev, k_dev, v_dev = cp.asarray(q), cp.asarray(k), cp.asarray(v)
+        k_cache = cp.full((n_head_kv, max_ctx, head_dim), -7.0, dtype=cp.float16)
+        v_cache = cp.full((n_head_kv, max_ctx, head_dim), -7.0, dtype=cp.float16)
+        if fused:
+            ops.rope_kv_write(q_dev, k_dev, v_dev, inv_freq, pos, neox, k_cache, v_cache)
+        else:
+            ops.rope(q_dev, k_dev, inv_freq, pos, neox)
+            ops.kv_write(k_dev, v_dev, k_cache, v_cache, pos)
+        results.append([cp.asnumpy(a) for a in (q_dev, k_dev, k_cache, v_cache)])
+    for separate, fused in zip(*results):
+        np.testing.assert_array_equal(fused, separate)
+    assert rel_err(results[1][0], ref_rope(q, p0 + np.arange(n_tok), cp.asnumpy(inv_freq), neox)) < 1e-6
+
+
 # ---- attention ----
 
 def random_cache(cp, rng, n_head_kv, max_ctx, head_dim):
