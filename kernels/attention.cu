@@ -129,7 +129,7 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
                                              int max_ctx, int window, float scale, int n_splits) {
     constexpr int E = HD / 32, G = Rows<HD>::MAXG;
     __shared__ float s_m[WARPS][G], s_l[WARPS][G], s_acc[WARPS][G][HD];
-    int p = pos[0];
+    int p = min(pos[0], max_ctx - 1);  // past the cache is the caller's bug: wrong output, not a fault
     Splits sp(p, window, n_splits);
     int s = blockIdx.y;
     if (s >= sp.active) return;
@@ -189,8 +189,8 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
 // Launch: grid n_head, block HD.
 extern "C" __global__ void attn_decode_combine(const float* __restrict__ part, float* __restrict__ out,
                                                const int* __restrict__ pos, int head_dim, int window,
-                                               int n_splits) {
-    Splits sp(pos[0], window, n_splits);
+                                               int n_splits, int max_ctx) {
+    Splits sp(min(pos[0], max_ctx - 1), window, n_splits);
     const float* ph = part + (size_t)blockIdx.x * n_splits * (head_dim + 2);
     int d = threadIdx.x;
     float mx = NEG_INF;
@@ -239,7 +239,8 @@ __device__ __forceinline__ void prefill(const float* __restrict__ q, const __hal
     }
     // keys any row of the block sees, and those this warp's rows see
     int t_first = r_block / group, t_last = min(n_rows - 1, r_block + WARPS * G - 1) / group;
-    int k_lo = window > 0 ? max(0, p0 + t_first - window + 1) : 0, k_end = p0 + t_last + 1;
+    int k_lo = window > 0 ? max(0, p0 + t_first - window + 1) : 0;
+    int k_end = min(max_ctx, p0 + t_last + 1);  // past the cache is the caller's bug: wrong output, not a fault
     int w_first = p0 + r_warp / group, w_last = p0 + (r_warp + max(ng, 1) - 1) / group;
     int w_lo = window > 0 ? w_first - window + 1 : 0;
 

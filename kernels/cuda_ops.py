@@ -213,7 +213,8 @@ def attention_decode(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ou
             (q, k_cache, v_cache, scratch, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(max_ctx),
              np.int32(window), np.float32(scale), np.int32(n_splits)))
         kernel("attention.cu", "attn_decode_combine")(
-            (n_head,), (head_dim,), (scratch, out, pos, np.int32(head_dim), np.int32(window), np.int32(n_splits)))
+            (n_head,), (head_dim,),
+            (scratch, out, pos, np.int32(head_dim), np.int32(window), np.int32(n_splits), np.int32(max_ctx)))
 
 
 def attention_prefill(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, out: cp.ndarray, pos: cp.ndarray,
