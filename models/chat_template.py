@@ -213,7 +213,8 @@ def _token_text(metadata: dict, key: str) -> str:
 def load_chat_template(metadata: dict, name: str | None = None) -> ChatTemplate | None:
     """The template to chat with: the built-in `name` if given (e.g. from --chat-template), else the file's
     tokenizer.chat_template, else None: the model is used for plain completion."""
-    bos, eos = _token_text(metadata, "tokenizer.ggml.bos_token_id"), _token_text(metadata, "tokenizer.ggml.eos_token_id")
+    bos = _token_text(metadata, "tokenizer.ggml.bos_token_id")
+    eos = _token_text(metadata, "tokenizer.ggml.eos_token_id")
     if name is not None:
         if name not in BUILTIN_TEMPLATES:
             raise ChatTemplateError(f"unknown chat template '{name}'; built-in: {', '.join(BUILTIN_TEMPLATES)}")
