@@ -246,8 +246,8 @@ class Tokenizer:
     def _build(self, metadata) -> RustTokenizer:
         if self.kind == "gpt2":
             merges = metadata.get("tokenizer.ggml.merges")
-            if not isinstance(merges, list):
-                raise TokenizerError("tokenizer.ggml.merges is missing (a gpt2 tokenizer needs it)")
+            if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+                raise TokenizerError("tokenizer.ggml.merges is missing or not a list of strings (gpt2 needs it)")
             vocab = {**self.vocab, **{c: len(self.tokens) + k for k, c in enumerate(self._missing_bytes)}}
             model = models.BPE(vocab, _bpe_merges(merges, self.vocab), ignore_merges=self.pre.ignore_merges)
             rust = RustTokenizer(model)

@@ -210,6 +210,8 @@ def smollm_metadata(smollm2, **overrides):
     ({"tokenizer__ggml__model": "t5"}, "unsupported tokenizer model 't5'"),
     ({"tokenizer__ggml__tokens": None}, "tokenizer.ggml.tokens is missing"),
     ({"tokenizer__ggml__merges": None}, "tokenizer.ggml.merges is missing"),
+    ({"tokenizer__ggml__merges": [1, 2]}, "not a list of strings"),
+    ({"tokenizer__ggml__scores": ["x"] * 49152}, "tokenizer.ggml.scores must be"),
     ({"tokenizer__ggml__token_type": np.ones(5, dtype=np.int32)}, "tokenizer.ggml.token_type must be"),
 ])
 def test_bad_tokenizer_metadata_is_a_clear_error(smollm2, overrides, message):
