@@ -20,9 +20,9 @@ import numpy as np
 from kernels.cuda_module import kernel
 from kernels.cuda_quant import DeviceWeight, Q8Vector, quantize_q8_1
 
-DEQUANT_THREADS = 256  # a block of dequant_*; each thread makes 32 weights
+DEQUANT_THREADS = 256  # a block of dequant_* (THREADS in dequant.cu); each thread makes 32 weights
 NT = 8  # tokens per pass of matmul_q8 (matmul_q8.cu)
-SMALL_BATCH = 16  # matmul() takes the q8 path up to this many tokens (bench_prefill.py on the H100)
+SMALL_BATCH = 8  # matmul() takes the q8 path up to this many tokens: one pass (bench_prefill.py, H100)
 CUDA_R_16F, CUDA_R_32F = 2, 0  # cudaDataType_t values (library_types.h), for cublasGemmEx
 _ONE, _ZERO = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)  # gemm alpha, beta (host pointers)
 
