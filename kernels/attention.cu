@@ -11,7 +11,7 @@
 
 #define WARPS 4        // a block is 128 threads
 #define TK 4           // keys a warp takes per step: their loads are in flight together
-#define MIN_SPLIT_KEYS 64  // decode: fewest keys worth a split of their own
+#define MIN_SPLIT_KEYS 32  // decode: fewest keys worth a split of their own
 
 template <int HD> struct Rows { static constexpr int MAXG = HD == 256 ? 4 : 8; };  // registers: no spills
 
@@ -117,6 +117,27 @@ struct Splits {
     }
 };
 
+// Copy 16 bytes global -> shared without holding registers (cp.async); ok false: write zeros instead.
+__device__ __forceinline__ void copy16(void* dst, const void* src, bool ok) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void copy_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Decode streams K and V through shared memory in tiles of DT keys, DSTAGES tiles deep (cp.async), so
+// that many bytes are in flight however few registers are free. A sub-warp of HD/8 lanes takes one key:
+// each lane holds 8 dims (one 16-byte load of k and of v), so a score is a sum over HD/8 lanes only.
+#define DSTAGES 4
+template <int HD> struct Dec {
+    static constexpr int LK = HD / 8;            // lanes a key
+    static constexpr int SUBS = 32 / LK;         // keys a warp takes at once
+    static constexpr int DT = 2 * WARPS * SUBS;  // keys a tile: two per sub-warp (4 KB of k)
+    static constexpr int G = Rows<HD>::MAXG;
+    static constexpr int STAGE = 2 * DT * HD;    // halves a stage: k then v
+};
+
 // Decode, pass 1. q [n_head, HD] float32 at position pos[0] (its k and v already in the cache).
 // Block (kv head h = blockIdx.x, split s = blockIdx.y, row chunk c = blockIdx.z): q heads h*G + c*MAXG ..,
 // keys lo + s*chunk .. (at most chunk). Writes part [n_head, n_splits, HD + 2] = (sum p*v, max, sum p),
@@ -127,8 +148,10 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
                                              const __half* __restrict__ v_cache, float* __restrict__ part,
                                              const int* __restrict__ pos, int n_head, int n_head_kv,
                                              int max_ctx, int window, float scale, int n_splits) {
-    constexpr int E = HD / 32, G = Rows<HD>::MAXG;
-    __shared__ float s_m[WARPS][G], s_l[WARPS][G], s_acc[WARPS][G][HD];
+    using D = Dec<HD>;
+    constexpr int G = D::G, LK = D::LK, DT = D::DT;
+    __shared__ __align__(16) __half smem[DSTAGES * D::STAGE];  // the tiles, then the warps' merge
+    __shared__ float s_m[WARPS][G], s_l[WARPS][G];
     int p = min(pos[0], max_ctx - 1);  // past the cache is the caller's bug: wrong output, not a fault
     Splits sp(p, window, n_splits);
     int s = blockIdx.y;
@@ -136,51 +159,121 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
     int h = blockIdx.x, group = n_head / n_head_kv, g0 = blockIdx.z * G;
     int ng = min(G, group - g0);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int sub = lane / LK, dim0 = (lane % LK) * 8;  // this lane's key of the sub-warp's pair, its dims
+    int unit = warp * D::SUBS + sub;              // sub-warp index in the block
     int kb = sp.lo + s * sp.chunk, ke = min(p + 1, kb + sp.chunk);
+    int n_tiles = (ke - kb + DT - 1) / DT;
 
-    State<HD> st;
-    st.init();
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        st.qpos[g] = p;
-        if (g < ng) {
-#pragma unroll
-            for (int e = 0; e < E; ++e) st.q[g][e] = q[(size_t)(h * group + g0 + g) * HD + lane * E + e] * scale;
-        }
-    }
     const __half* kh = k_cache + (size_t)h * max_ctx * HD;
     const __half* vh = v_cache + (size_t)h * max_ctx * HD;
-    for (int j0 = kb + warp * TK; j0 < ke; j0 += WARPS * TK)
-        st.attend(kh + (size_t)j0 * HD, vh + (size_t)j0 * HD, j0, min(TK, ke - j0), ng, window);
+    auto load_tile = [&](int t) {  // tile t -> stage t % DSTAGES; keys past ke read as zeros
+        __half* st = smem + (t % DSTAGES) * D::STAGE;
+        constexpr int CH = DT * HD / 8;  // 16-byte chunks of k (and of v) a tile
+        for (int c = threadIdx.x; c < 2 * CH; c += 32 * WARPS) {
+            int kv = c / CH, cc = c % CH, j = kb + t * DT + cc / (HD / 8);
+            size_t at = (size_t)min(j, ke - 1) * HD + (cc % (HD / 8)) * 8;
+            copy16(st + kv * DT * HD + cc * 8, (kv ? vh : kh) + at, j < ke);
+        }
+    };
+#pragma unroll
+    for (int t = 0; t < DSTAGES - 1; ++t) {
+        if (t < n_tiles) load_tile(t);
+        copy_commit();
+    }
 
-    // merge the warps' states
+    float qr[G][8], acc[G][8], m[G], l[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        m[g] = NEG_INF;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            acc[g][e] = 0.0f;
+            qr[g][e] = g < ng ? q[(size_t)(h * group + g0 + g) * HD + dim0 + e] * scale : 0.0f;
+        }
+    }
+
+    for (int t = 0; t < n_tiles; ++t) {
+        copy_wait<DSTAGES - 2>();  // this thread's copies of tile t have landed
+        __syncthreads();           // everyone's have, and nobody still reads the stage refilled next
+        if (t + DSTAGES - 1 < n_tiles) load_tile(t + DSTAGES - 1);
+        copy_commit();
+        const __half* st = smem + (t % DSTAGES) * D::STAGE;
+        float kf[2][8], vf[2][8], sc[2][G];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            int key = i * WARPS * D::SUBS + unit;
+            load_halves<8>(st + key * HD + dim0, kf[i]);
+            load_halves<8>(st + DT * HD + key * HD + dim0, vf[i]);
+            bool seen = kb + t * DT + key < ke;
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) dot += qr[g][e] * kf[i][e];
+#pragma unroll
+                for (int o = LK / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                sc[i][g] = seen ? dot : NEG_INF;
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            float mt = fmaxf(m[g], fmaxf(sc[0][g], sc[1][g]));
+            if (mt == NEG_INF) continue;  // nothing seen yet: keep the empty state (avoids inf - inf)
+            float alpha = __expf(m[g] - mt), p0 = __expf(sc[0][g] - mt), p1 = __expf(sc[1][g] - mt);
+            l[g] = l[g] * alpha + p0 + p1;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] = acc[g][e] * alpha + p0 * vf[0][e] + p1 * vf[1][e];
+            m[g] = mt;
+        }
+    }
+    copy_wait<0>();
+    __syncthreads();  // the tiles are no longer read: smem becomes the merge buffer
+
+    // merge the sub-warps of each warp (lanes LK, 2LK.. apart), then the warps through shared memory
+#pragma unroll
+    for (int o = LK; o < 32; o <<= 1) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            float m2 = __shfl_xor_sync(0xffffffffu, m[g], o), l2 = __shfl_xor_sync(0xffffffffu, l[g], o);
+            float mx = fmaxf(m[g], m2);
+            float fa = l[g] > 0.0f ? __expf(m[g] - mx) : 0.0f, fb = l2 > 0.0f ? __expf(m2 - mx) : 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] = acc[g][e] * fa + __shfl_xor_sync(0xffffffffu, acc[g][e], o) * fb;
+            l[g] = l[g] * fa + l2 * fb;
+            m[g] = mx;
+        }
+    }
+    float* s_acc = reinterpret_cast<float*>(smem);  // [WARPS][G][HD]
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         if (lane == 0) {
-            s_m[warp][g] = st.m[g];
-            s_l[warp][g] = st.l[g];
+            s_m[warp][g] = m[g];
+            s_l[warp][g] = l[g];
         }
+        if (lane < LK) {
 #pragma unroll
-        for (int e = 0; e < E; ++e) s_acc[warp][g][lane * E + e] = st.acc[g][e];
+            for (int e = 0; e < 8; ++e) s_acc[(warp * G + g) * HD + dim0 + e] = acc[g][e];
+        }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < ng * HD; i += blockDim.x) {
         int g = i / HD, d = i % HD;
         float mx = NEG_INF;
         for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, s_m[w][g]);
-        float a = 0.0f, l = 0.0f;
+        float a = 0.0f, lsum = 0.0f;
         if (mx != NEG_INF) {
             for (int w = 0; w < WARPS; ++w) {
                 float f = s_l[w][g] > 0.0f ? __expf(s_m[w][g] - mx) : 0.0f;
-                a += s_acc[w][g][d] * f;
-                l += s_l[w][g] * f;
+                a += s_acc[(w * G + g) * HD + d] * f;
+                lsum += s_l[w][g] * f;
             }
         }
         float* out = part + ((size_t)(h * group + g0 + g) * n_splits + s) * (HD + 2);
         out[d] = a;
         if (d == 0) {
             out[HD] = mx;
-            out[HD + 1] = l;
+            out[HD + 1] = lsum;
         }
     }
 }

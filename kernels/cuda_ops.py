@@ -24,7 +24,7 @@ HEAD_DIMS = (64, 128, 256)  # attention kernels are built for these
 ATTN_WARPS = 4  # attention.cu: WARPS
 ARGMAX_THREADS = 1024
 ARGMAX_BLOCKS = 128
-SAMPLE_CHUNK = 4096  # sample.cu: CHUNK, logits a block sorts
+SAMPLE_CHUNK = 4096  # sample.cu: CHUNK, logits a block selects from
 SAMPLE_K_MAX = 64  # sample.cu: K_MAX, candidates kept (top_k is capped here)
 MAX_HISTORY = 1024  # the penalty takes one thread per history entry
 
