@@ -30,17 +30,16 @@ MAX_STRING_BYTES = 1 << 30
 MAX_ARRAY_DEPTH = 8
 MAX_DIMS = 4
 
-# GGUF value types: id -> (name, numpy dtype); string and array have none
-VALUE_TYPES: dict[int, tuple[str, np.dtype | None]] = {
-    0: ("uint8", np.dtype("<u1")), 1: ("int8", np.dtype("<i1")), 2: ("uint16", np.dtype("<u2")),
-    3: ("int16", np.dtype("<i2")), 4: ("uint32", np.dtype("<u4")), 5: ("int32", np.dtype("<i4")),
-    6: ("float32", np.dtype("<f4")), 7: ("bool", np.dtype("<u1")), 8: ("string", None),
-    9: ("array", None), 10: ("uint64", np.dtype("<u8")), 11: ("int64", np.dtype("<i8")),
-    12: ("float64", np.dtype("<f8")),
+# GGUF value types: id -> (name, struct format); string and array have none
+VALUE_TYPES: dict[int, tuple[str, str | None]] = {
+    0: ("uint8", "<B"), 1: ("int8", "<b"), 2: ("uint16", "<H"), 3: ("int16", "<h"), 4: ("uint32", "<I"),
+    5: ("int32", "<i"), 6: ("float32", "<f"), 7: ("bool", "<B"), 8: ("string", None), 9: ("array", None),
+    10: ("uint64", "<Q"), 11: ("int64", "<q"), 12: ("float64", "<d"),
 }
 T_UINT32, T_BOOL, T_STRING, T_ARRAY = 4, 7, 8, 9
 INTEGER_TYPES = {0, 1, 2, 3, 4, 5, 10, 11}
-SCALARS = {t: struct.Struct("<" + dt.char) for t, (_, dt) in VALUE_TYPES.items() if dt is not None}
+SCALARS = {t: struct.Struct(fmt) for t, (_, fmt) in VALUE_TYPES.items() if fmt is not None}
+DTYPES = {t: np.dtype(fmt) for t, (_, fmt) in VALUE_TYPES.items() if fmt is not None}  # array elements
 U32, U64, ARRAY_HEADER, TENSOR_TAIL = (struct.Struct(f) for f in ("<I", "<Q", "<IQ", "<IQ"))
 HEADER_COUNTS = struct.Struct("<QQ")
 DIMS = [struct.Struct(f"<{n}Q") for n in range(MAX_DIMS + 1)]
@@ -135,7 +134,7 @@ class _Cursor:
         etype, count = self.unpack(ARRAY_HEADER, f"{what} array header")
         if etype not in VALUE_TYPES:
             raise self.fail(f"{what}: unknown array element type {etype}", start)
-        dtype = VALUE_TYPES[etype][1]
+        dtype = DTYPES.get(etype)
         # every element needs at least this many bytes, so a huge count fails before any allocation
         min_elem = dtype.itemsize if dtype else (8 if etype == T_STRING else 12)
         if count > (self.size - self.pos) // min_elem:
