@@ -46,7 +46,7 @@ def corpus() -> dict[str, tuple[bytes, str]]:
         "huge n_kv": (gguf([NAME], n_kv=big - 1), "metadata count"),
         "huge n_tensors": (gguf([NAME], n_tensors=big - 1), "tensor count"),
         "n_kv past the pairs": (gguf([NAME], n_kv=2), "metadata key #1"),
-        "huge key length": (gguf([U64(big - 1) + b"k" + U32(4) + U32(1)]), "metadata key #0 length"),
+        "huge key length": (gguf([U64(big - 1) + b"k" + U32(4) + U32(1)]), "metadata key #0: length"),
         "1 GiB string": (gguf([kv("s", 8, U64((1 << 30) + 1) + b"x")]), "exceeds the limit"),
         "string past the end": (gguf([kv("s", 8, U64(1000) + b"x")]), "value of 's'"),
         "empty key": (gguf([kv("", 4, U32(1))]), "is empty"),

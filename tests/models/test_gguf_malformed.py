@@ -1,0 +1,60 @@
+"""Malformed files: each is rejected with one GGUFError naming the field and byte offset, fast."""
+import re
+import time
+
+import pytest
+
+from models.gguf import GGUFError, open_gguf
+from tests.models.malformed.build import F32_4, NAME, corpus, gguf, valid_file
+
+CASES = corpus()
+
+
+def assert_rejected(path, fragment: str = "") -> GGUFError:
+    start = time.perf_counter()
+    with pytest.raises(GGUFError) as e:
+        open_gguf(path)
+    assert time.perf_counter() - start < 0.5
+    message = str(e.value)
+    assert fragment in message
+    assert "\n" not in message and re.search(r"\(at byte \d+\)$", message), message
+    return e.value
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_malformed_file_is_rejected(case, tmp_path):
+    raw, fragment = CASES[case]
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(raw)
+    assert_rejected(path, fragment)
+
+
+def test_corpus_base_is_valid(tmp_path):
+    """The corpus changes one field of this file, so the file itself must open."""
+    path = tmp_path / "ok.gguf"
+    path.write_bytes(gguf([NAME], [F32_4], b"\0" * 32))
+    with open_gguf(path) as m:
+        assert m.tensors["a"].nbytes == 16 and m.metadata["general.name"] == "tiny"
+
+
+def test_truncated_anywhere(tmp_path):
+    """Cut a gguf-py file at every byte of its header and at points in its data: always our error."""
+    full = tmp_path / "full.gguf"
+    valid_file(full)
+    raw = full.read_bytes()
+    with open_gguf(full) as m:
+        data_offset = m.files[0].data_offset
+        data_end = max(t.offset + t.nbytes for t in m.tensors.values())  # gguf-py pads after it
+    cut = tmp_path / "cut.gguf"
+    for n in [*range(data_offset + 1), data_offset + 16, data_end - 1]:
+        cut.write_bytes(raw[:n])
+        assert_rejected(cut)
+
+
+def test_truncated_download_names_the_tensor(gemma3, tmp_path):
+    """The most common bad file: a download cut short inside the tensor data."""
+    cut = tmp_path / "gemma.gguf"
+    with open(gemma3, "rb") as src:
+        cut.write_bytes(src.read(100_000_000))
+    error = assert_rejected(cut, "data is not within the file bounds")
+    assert re.search(r"tensor '[^']+' data", str(error)) and "corrupted or incomplete" in str(error)
