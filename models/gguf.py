@@ -343,9 +343,10 @@ class GGUFModel:
         self.close()
 
 
-def _int_key(f: GGUFFile, key: str) -> int | None:
-    """An integer metadata value, or None when the key is absent or holds another type."""
-    return f.metadata[key] if f.value_types.get(key) in INTEGER_TYPES else None
+def _int_key(f: GGUFFile, key: str) -> int:
+    if f.value_types.get(key) not in INTEGER_TYPES:
+        raise GGUFError(f"{f.path}: part of a split model without an integer {key} (at byte 0)")
+    return f.metadata[key]
 
 
 def split_part_paths(path: Path) -> list[Path]:

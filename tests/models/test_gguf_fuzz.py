@@ -1,0 +1,58 @@
+"""Random mutations of a gguf-py file: the reader either opens it or raises GGUFError, quickly."""
+import struct
+import time
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from models.gguf import GGUFError, open_gguf
+from tests.models.malformed.build import valid_file
+
+INTERESTING = [0, 1, 2, 4, 5, 31, 32, 63, 64, 255, 2**16 - 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32,
+               2**62, 2**63 - 1, 2**63, 2**64 - 1]
+
+# one mutation: (kind, position fraction, value)
+mutation = st.tuples(st.sampled_from(["byte", "u32", "u64", "truncate", "delete", "repeat"]),
+                     st.floats(0, 1), st.integers(0, len(INTERESTING) * 256))
+
+
+def mutate(raw: bytes, mutations) -> bytes:
+    buf = bytearray(raw)
+    for kind, where, value in mutations:
+        pos = int(where * max(len(buf) - 1, 0))
+        big = INTERESTING[value % len(INTERESTING)]
+        if kind == "byte" and buf:
+            buf[pos] = value % 256
+        elif kind == "u32":
+            buf[pos:pos + 4] = struct.pack("<I", big % 2**32)
+        elif kind == "u64":
+            buf[pos:pos + 8] = struct.pack("<Q", big)
+        elif kind == "truncate":
+            del buf[pos:]
+        elif kind == "delete":
+            del buf[pos:pos + 1 + value % 16]
+        elif kind == "repeat":
+            buf[pos:pos] = buf[pos:pos + 1 + value % 64]
+    return bytes(buf)
+
+
+def test_random_mutations_raise_only_gguf_error(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fuzz")
+    valid_file(folder / "seed.gguf")
+    seed = (folder / "seed.gguf").read_bytes()
+    path = folder / "mutant.gguf"
+
+    @settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(mutation, min_size=1, max_size=4))
+    def check(mutations):
+        path.write_bytes(mutate(seed, mutations))
+        start = time.perf_counter()
+        try:
+            with open_gguf(path) as m:
+                for name in m.tensors:
+                    m.tensor_bytes(name).sum()
+        except GGUFError as e:
+            assert "\n" not in str(e)
+        assert time.perf_counter() - start < 0.5
+
+    check()
