@@ -212,11 +212,11 @@ class GGUFFile:
             if not key:
                 raise c.fail(f"metadata key #{i} is empty", start)
             if key in self.metadata:
-                raise c.fail(f"duplicate metadata key '{key}'", start)
-            vtype = c.unpack(U32, f"type of '{key}'")
+                raise c.fail(f"duplicate metadata key {key!r}", start)
+            vtype = c.unpack(U32, f"type of {key!r}")
             if vtype not in VALUE_TYPES:
-                raise c.fail(f"unknown value type {vtype} for key '{key}'", c.pos - 4)
-            self.metadata[key] = c.value(vtype, f"value of '{key}'")
+                raise c.fail(f"unknown value type {vtype} for key {key!r}", c.pos - 4)
+            self.metadata[key] = c.value(vtype, f"value of {key!r}")
             self.value_types[key] = vtype
 
         self.alignment = DEFAULT_ALIGNMENT
@@ -230,14 +230,14 @@ class GGUFFile:
         for i in range(n_tensors):
             start = c.pos
             name = c.string(f"tensor #{i} name", limit=MAX_NAME_BYTES - 1)
-            n_dims = c.unpack(U32, f"tensor '{name}' n_dims")
+            n_dims = c.unpack(U32, f"tensor {name!r} n_dims")
             if not 1 <= n_dims <= MAX_DIMS:
-                raise c.fail(f"tensor '{name}' has n_dims {n_dims}, must be 1..{MAX_DIMS}", c.pos - 4)
-            shape = c.unpack(DIMS[n_dims], f"tensor '{name}' dims")
+                raise c.fail(f"tensor {name!r} has n_dims {n_dims}, must be 1..{MAX_DIMS}", c.pos - 4)
+            shape = c.unpack(DIMS[n_dims], f"tensor {name!r} dims")
             shape = (shape,) if n_dims == 1 else shape
-            type_id, offset = c.unpack(TENSOR_TAIL, f"tensor '{name}' type and offset")
+            type_id, offset = c.unpack(TENSOR_TAIL, f"tensor {name!r} type and offset")
             if type_id not in TYPES_BY_ID:
-                raise c.fail(f"tensor '{name}' has unknown ggml type {type_id}", c.pos - 12)
+                raise c.fail(f"tensor {name!r} has unknown ggml type {type_id}", c.pos - 12)
             infos.append((start, name, shape, TYPES_BY_ID[type_id], offset))
 
         self.data_offset = -(-c.pos // self.alignment) * self.alignment
@@ -246,25 +246,25 @@ class GGUFFile:
         end_of_previous = 0
         for start, name, shape, t, offset in infos:
             if name in self.tensors:
-                raise c.fail(f"duplicate tensor name '{name}'", start)
+                raise c.fail(f"duplicate tensor name {name!r}", start)
             n = 1
             for d in shape:
                 if d < 1:
-                    raise c.fail(f"tensor '{name}' has a dimension of {d}", start)
+                    raise c.fail(f"tensor {name!r} has a dimension of {d}", start)
                 n *= d  # python ints: no overflow; bounded just below
                 if n >= 1 << 63:
-                    raise c.fail(f"tensor '{name}' shape {shape} has too many elements", start)
+                    raise c.fail(f"tensor {name!r} shape {shape} has too many elements", start)
             if shape[0] % t.block_elems:
-                raise c.fail(f"tensor '{name}' row of {shape[0]} is not a multiple of the "
+                raise c.fail(f"tensor {name!r} row of {shape[0]} is not a multiple of the "
                              f"{t.name} block size {t.block_elems}", start)
             nbytes = t.nbytes(n)
             if offset % self.alignment:
-                raise c.fail(f"tensor '{name}' data offset {offset} is not aligned to {self.alignment}", start)
+                raise c.fail(f"tensor {name!r} data offset {offset} is not aligned to {self.alignment}", start)
             if offset < end_of_previous:
-                raise c.fail(f"tensor '{name}' data at offset {offset} overlaps or precedes the "
+                raise c.fail(f"tensor {name!r} data at offset {offset} overlaps or precedes the "
                              f"previous tensor (which ends at {end_of_previous})", start)
             if offset + nbytes > data_size:
-                raise c.fail(f"tensor '{name}' data is not within the file bounds "
+                raise c.fail(f"tensor {name!r} data is not within the file bounds "
                              f"(needs bytes {self.data_offset + offset}..{self.data_offset + offset + nbytes}"
                              f" of a {self.file_size}-byte file); the model is corrupted or incomplete", start)
             end_of_previous = offset + nbytes
@@ -309,7 +309,7 @@ class GGUFModel:
         for f in self.files:
             for name, info in f.tensors.items():
                 if name in self.tensors:
-                    raise GGUFError(f"{f.path}: tensor '{name}' appears in two parts of the split model "
+                    raise GGUFError(f"{f.path}: tensor {name!r} appears in two parts of the split model "
                                     f"(at byte {info.offset})")
                 self.tensors[name] = info
         if len(self.files) == 1:

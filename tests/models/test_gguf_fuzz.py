@@ -1,4 +1,6 @@
-"""Random mutations of a gguf-py file: the reader either opens it or raises GGUFError, quickly."""
+"""Random mutations of a gguf-py file: the reader either opens it or raises GGUFError, quickly; a file it
+opens can be summarized for `gguf-chat info`."""
+import json
 import struct
 import time
 
@@ -6,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from models.gguf import GGUFError, open_gguf
+from models.model_info import summarize
 from tests.models.malformed.build import valid_file
 
 INTERESTING = [0, 1, 2, 4, 5, 31, 32, 63, 64, 255, 2**16 - 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32,
@@ -51,6 +54,7 @@ def test_random_mutations_raise_only_gguf_error(tmp_path_factory):
             with open_gguf(path) as m:
                 for name in m.tensors:
                     m.tensor_bytes(name).sum()
+                json.dumps(summarize(m).to_dict())
         except GGUFError as e:
             assert "\n" not in str(e)
         assert time.perf_counter() - start < 0.5
