@@ -123,9 +123,7 @@ class _Cursor:
             else:
                 self.pos = pos
                 return strings
-        for i in range(count):
-            self.string(f"{what}[{i}]")
-        raise AssertionError("unreachable: the fast path failed where the checked path did not")
+        return [self.string(f"{what}[{i}]") for i in range(count)]
 
     def array(self, what: str, depth: int = 0):
         start = self.pos

@@ -1,6 +1,7 @@
 """Malformed files: each is rejected with one GGUFError naming the field and byte offset, fast."""
 import re
 import time
+import tracemalloc
 
 import pytest
 
@@ -11,6 +12,7 @@ CASES = corpus()
 
 
 def assert_rejected(path, fragment: str = "") -> GGUFError:
+    """Rejected with our one-line error, in well under a second."""
     start = time.perf_counter()
     with pytest.raises(GGUFError) as e:
         open_gguf(path)
@@ -27,6 +29,12 @@ def test_malformed_file_is_rejected(case, tmp_path):
     path = tmp_path / "bad.gguf"
     path.write_bytes(raw)
     assert_rejected(path, fragment)
+    tracemalloc.start()  # whatever count or length it claims, a bad file costs little memory
+    with pytest.raises(GGUFError):
+        open_gguf(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 20
 
 
 def test_corpus_base_is_valid(tmp_path):
