@@ -214,15 +214,16 @@ class GGUFFile:
             vtype = c.unpack(U32, f"type of {key!r}")
             if vtype not in VALUE_TYPES:
                 raise c.fail(f"unknown value type {vtype} for key {key!r}", c.pos - 4)
+            value_at = c.pos
             self.metadata[key] = c.value(vtype, f"value of {key!r}")
             self.value_types[key] = vtype
-
-        self.alignment = DEFAULT_ALIGNMENT
-        if "general.alignment" in self.metadata:
-            a = self.metadata["general.alignment"]
-            if self.value_types["general.alignment"] != T_UINT32 or a == 0 or a & (a - 1):
-                raise c.fail(f"general.alignment {a!r} must be a power of two stored as uint32")
-            self.alignment = a
+            if key == "general.alignment":
+                a = self.metadata[key]
+                if vtype != T_UINT32:
+                    raise c.fail(f"general.alignment must be a uint32, not a {VALUE_TYPES[vtype][0]}", value_at)
+                if a == 0 or a & (a - 1):
+                    raise c.fail(f"general.alignment {a} is not a power of two", value_at)
+        self.alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
 
         infos = []
         for i in range(n_tensors):

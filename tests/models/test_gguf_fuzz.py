@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from models.gguf import GGUFError, open_gguf
 from models.model_info import summarize
-from tests.models.malformed.build import valid_file
+from tests.models.malformed.build import gguf, kv, tensor_info, valid_file
 
 INTERESTING = [0, 1, 2, 4, 5, 31, 32, 63, 64, 255, 2**16 - 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32,
                2**62, 2**63 - 1, 2**63, 2**64 - 1]
@@ -49,6 +49,41 @@ def test_random_mutations_raise_only_gguf_error(tmp_path_factory):
     @given(st.lists(mutation, min_size=1, max_size=4))
     def check(mutations):
         path.write_bytes(mutate(seed, mutations))
+        start = time.perf_counter()
+        try:
+            with open_gguf(path) as m:
+                for name in m.tensors:
+                    m.tensor_bytes(name).sum()
+                json.dumps(summarize(m).to_dict())
+        except GGUFError as e:
+            assert "\n" not in str(e)
+        assert time.perf_counter() - start < 0.5
+
+    check()
+
+
+small = st.sampled_from(INTERESTING) | st.integers(0, 300)
+raw_kv = st.builds(kv, st.binary(max_size=8), st.integers(0, 14), st.binary(max_size=40))
+array_kv = st.builds(lambda key, etype, count, body: kv(key, 9, struct.pack("<IQ", etype, count) + body),
+                     st.sampled_from(["a", "b", "general.alignment"]), st.integers(0, 14), small,
+                     st.binary(max_size=64))
+scalar_kv = st.builds(lambda key, vtype, value: kv(key, vtype, struct.pack("<Q", value)),
+                      st.sampled_from(["general.alignment", "llama.block_count", "tokenizer.ggml.tokens"]),
+                      st.integers(0, 12), small)
+info = st.builds(lambda name, dims, t, off: tensor_info(name, dims, t, off), st.text(max_size=6),
+                 st.lists(small, max_size=6), st.integers(0, 40), small)
+
+
+def test_random_structures_raise_only_gguf_error(tmp_path_factory):
+    """Files assembled from random fields reach deeper than byte mutations: past the header into every
+    metadata type and tensor-info check."""
+    path = tmp_path_factory.mktemp("fuzz") / "random.gguf"
+
+    @settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(raw_kv | array_kv | scalar_kv, max_size=4), st.lists(info, max_size=4),
+           st.integers(0, 600), st.sampled_from([2, 3]))
+    def check(kvs, infos, data_len, version):
+        path.write_bytes(gguf(kvs, infos, b"\1" * data_len, version=version))
         start = time.perf_counter()
         try:
             with open_gguf(path) as m:

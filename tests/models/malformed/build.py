@@ -64,7 +64,7 @@ def corpus() -> dict[str, tuple[bytes, str]]:
         "arrays nested without end": (gguf([kv("k", 9, (U32(9) + U64(1)) * 4000)]), "nested deeper"),
         "alignment not a power of two": (gguf([kv("general.alignment", 4, U32(48))]), "power of two"),
         "alignment zero": (gguf([kv("general.alignment", 4, U32(0))]), "power of two"),
-        "alignment as u64": (gguf([kv("general.alignment", 10, U64(32))]), "stored as uint32"),
+        "alignment as u64": (gguf([kv("general.alignment", 10, U64(32))]), "must be a uint32, not a uint64"),
         "n_dims 0": (gguf([NAME], [tensor_info("a", [], 0, 0)], b"\0" * 32), "n_dims 0"),
         "n_dims 5": (gguf([NAME], [tensor_info("a", [1] * 5, 0, 0)], b"\0" * 32), "n_dims 5"),
         "dimension 0": (gguf([NAME], [tensor_info("a", [4, 0], 0, 0)], b"\0" * 32), "dimension of 0"),
