@@ -1,7 +1,7 @@
 """The reader against gguf-py (an oracle we did not write): real models, and files gguf-py's writer made."""
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGUFEndian, GGUFReader, GGUFValueType, GGUFWriter
 
 from models.gguf import GGUFError, open_gguf
 from tests.models.malformed.build import EVERY_VALUE_TYPE, valid_file
@@ -103,3 +103,15 @@ def test_missing_file_is_a_clear_error(tmp_path):
         open_gguf(tmp_path / "nope.gguf")
     with pytest.raises(GGUFError, match="not a regular file"):
         open_gguf(tmp_path)
+
+
+def test_big_endian_file_from_gguf_py_is_refused(tmp_path):
+    path = tmp_path / "be.gguf"
+    w = GGUFWriter(path, "llama", endianess=GGUFEndian.BIG)
+    w.add_tensor("a", np.ones(8, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFError, match=r"big-endian GGUF files are not supported \(at byte 4\)"):
+        open_gguf(path)
