@@ -359,7 +359,8 @@ def split_part_paths(path: Path) -> list[Path]:
     paths = [path.with_name(f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
     missing = [p.name for p in paths if not p.exists()]
     if missing:
-        raise GGUFError(f"{path}: this split model has {count} parts; missing {', '.join(missing)}")
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise GGUFError(f"{path}: this split model has {count} parts; missing {missing[0]}{more}")
     return paths
 
 

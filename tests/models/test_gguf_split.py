@@ -102,6 +102,12 @@ def test_split_keys_of_the_wrong_type_are_rejected(tmp_path):
         open_gguf(tmp_path / "m-00002-of-00002.gguf")
 
 
+def test_many_missing_parts_make_one_short_line(tmp_path):
+    (tmp_path / "m-00001-of-99999.gguf").write_bytes(gguf([NAME]))
+    with pytest.raises(GGUFError, match=r"has 99999 parts; missing m-00002-of-99999.gguf and 99997 more$"):
+        open_gguf(tmp_path / "m-00001-of-99999.gguf")
+
+
 def test_split_names_that_cannot_be(tmp_path):
     (tmp_path / "m-00000-of-00002.gguf").write_bytes(gguf([NAME]))
     with pytest.raises(GGUFError, match="part 00000 of 00002"):
