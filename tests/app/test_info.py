@@ -5,8 +5,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFWriter
 
 from tests.models.malformed.build import corpus
 
@@ -83,3 +84,22 @@ def test_bad_files_fail_in_one_line(tmp_path):
         assert done.stdout == ""
         assert "Traceback" not in done.stderr
         assert done.stderr.startswith("gguf-chat: error: ") and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_split_model_is_one_model(tmp_path):
+    w = GGUFWriter(tmp_path / "tiny.gguf", "llama", split_max_tensors=1)
+    w.add_context_length(64)
+    w.add_tensor("a", np.ones((2, 32), dtype=np.float32))
+    w.add_tensor("b", np.ones(32, dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    done = info(tmp_path / "tiny-00002-of-00002.gguf", "--json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert (got["parts"], got["parameters"], got["context_length"]) == (2, 96, 64)
+    assert got["quant_mix"] == [{"type": "F32", "tensors": 1, "bytes": 256},
+                                {"type": "F16", "tensors": 1, "bytes": 64}]
+    human = info(tmp_path / "tiny-00001-of-00002.gguf").stdout
+    assert "GGUF v3, 2 parts)" in human.splitlines()[0]
