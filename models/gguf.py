@@ -196,8 +196,8 @@ class GGUFFile:
         self.version = version
         n_tensors, n_kv = c.unpack(HEADER_COUNTS, "tensor and metadata counts")
         # a key-value pair takes at least 8 (key length) + 1 (key) + 4 (type) + 1 (value) bytes,
-        # a tensor info at least 8 + 1 + 4 + 8 + 4 + 8
-        if n_tensors > (self.file_size - c.pos) // 33:
+        # a tensor info at least 8 (name length) + 4 (n_dims) + 8 (one dim) + 4 (type) + 8 (offset)
+        if n_tensors > (self.file_size - c.pos) // 32:
             raise c.fail(f"tensor count {n_tensors} cannot fit in the file", 8)
         if n_kv > (self.file_size - c.pos) // 14:
             raise c.fail(f"metadata count {n_kv} cannot fit in the file", 16)
