@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from models.gguf import GGUFError, open_gguf
 from models.model_info import summarize
 from tests.models.malformed.build import gguf, kv, tensor_info, valid_file
+from tests.models.malformed.ggml_reader import ggml_accepts
 
 INTERESTING = [0, 1, 2, 4, 5, 31, 32, 63, 64, 255, 2**16 - 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32,
                2**62, 2**63 - 1, 2**63, 2**64 - 1]
@@ -93,5 +94,44 @@ def test_random_structures_raise_only_gguf_error(tmp_path_factory):
         except GGUFError as e:
             assert "\n" not in str(e)
         assert time.perf_counter() - start < 0.5
+
+    check()
+
+
+# the messages of the checks where we are stricter than llama.cpp's reader on purpose (see test_gguf_malformed)
+STRICTER_MESSAGES = ["not valid UTF-8", "has n_dims 0", "has a dimension of 0", "not within the file bounds"]
+
+
+def packed(m) -> bool:
+    """Whether tensor data offsets are the running padded sum llama.cpp requires (we only require order)."""
+    expected = 0
+    for t in sorted(m.tensors.values(), key=lambda t: t.offset):
+        if t.offset - m.files[0].data_offset != expected:
+            return False
+        expected = -(-(expected + t.nbytes) // m.alignment) * m.alignment
+    return True
+
+
+def test_what_llama_cpp_reads_we_read(tmp_path_factory):
+    """Differential against llama.cpp's reader: a mutant it accepts we accept too, or reject only for a
+    check where we are stricter on purpose; a mutant we accept it accepts, unless its data has gaps."""
+    folder = tmp_path_factory.mktemp("diff")
+    valid_file(folder / "seed.gguf", nested=False)
+    seed = (folder / "seed.gguf").read_bytes()
+    path = folder / "mutant.gguf"
+    assert ggml_accepts(folder / "seed.gguf")
+
+    @settings(max_examples=800, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(mutation, min_size=1, max_size=3))
+    def check(mutations):
+        path.write_bytes(mutate(seed, mutations))
+        try:
+            with open_gguf(path) as m:
+                gapless = packed(m)
+        except GGUFError as e:
+            if ggml_accepts(path):
+                assert any(m in str(e) for m in STRICTER_MESSAGES), str(e)
+        else:
+            assert ggml_accepts(path) or not gapless
 
     check()

@@ -7,8 +7,13 @@ import pytest
 
 from models.gguf import GGUFError, open_gguf
 from tests.models.malformed.build import F32_4, NAME, corpus, gguf, valid_file
+from tests.models.malformed.ggml_reader import ggml_accepts
 
 CASES = corpus()
+# Where we are stricter than llama.cpp's header reader on purpose: strings must be UTF-8 (python str),
+# dims >= 1 (a zero dimension divides by zero downstream); data ranges llama.cpp checks in its loader.
+STRICTER_THAN_GGML = {"key not UTF-8", "value not UTF-8", "string array not UTF-8", "n_dims 0", "dimension 0",
+                      "data truncated"}
 
 
 def assert_rejected(path, fragment: str = "") -> GGUFError:
@@ -38,11 +43,24 @@ def test_malformed_file_is_rejected(case, tmp_path):
 
 
 def test_corpus_base_is_valid(tmp_path):
-    """The corpus changes one field of this file, so the file itself must open."""
+    """The corpus changes one field of this file, so the file itself must open, in llama.cpp too."""
     path = tmp_path / "ok.gguf"
     path.write_bytes(gguf([NAME], [F32_4], b"\0" * 32))
     with open_gguf(path) as m:
         assert m.tensors["a"].nbytes == 16 and m.metadata["general.name"] == "tiny"
+    assert ggml_accepts(path)
+
+
+def test_llama_cpp_rejects_the_corpus_too(tmp_path):
+    """Each malformed file is malformed to llama.cpp's own reader as well, except where we chose to be
+    stricter (named above)."""
+    path = tmp_path / "bad.gguf"
+    accepted = set()
+    for case, (raw, _) in CASES.items():
+        path.write_bytes(raw)
+        if ggml_accepts(path):
+            accepted.add(case)
+    assert accepted == STRICTER_THAN_GGML
 
 
 def test_truncated_anywhere(tmp_path):

@@ -94,12 +94,18 @@ def corpus() -> dict[str, tuple[bytes, str]]:
     }
 
 
-def valid_file(path, alignment: int | None = None) -> None:
-    """A small file written by gguf-py: every value type and tensors of three types."""
+def valid_file(path, alignment: int | None = None, nested: bool = True) -> None:
+    """A small file written by gguf-py: every value type and tensors of three types. llama.cpp's reader
+    refuses arrays of arrays, so nested=False writes a file both readers accept."""
     w = GGUFWriter(path, "llama")
     if alignment is not None:
         w.add_custom_alignment(alignment)
-    add_every_value_type(w)
+    for key, (value, vtype) in EVERY_VALUE_TYPE.items():
+        if isinstance(value, list):  # arrays: vtype is the element type
+            if nested or vtype != GGUFValueType.ARRAY:
+                w.add_key_value(key, value, GGUFValueType.ARRAY, sub_type=vtype)
+        else:
+            w.add_key_value(key, value, vtype)
     w.add_tensor("f32", np.arange(8, dtype=np.float32).reshape(2, 4))
     w.add_tensor("q8", np.arange(2 * 34, dtype=np.uint8).reshape(2, 34), raw_dtype=GGMLQuantizationType.Q8_0)
     w.add_tensor("q4k", np.arange(144, dtype=np.uint8).reshape(1, 144), raw_dtype=GGMLQuantizationType.Q4_K)
@@ -126,10 +132,3 @@ EVERY_VALUE_TYPE = {
     "t.arr_nested_str": ([["a", "b"], ["c"]], GGUFValueType.ARRAY),
 }
 
-
-def add_every_value_type(w: GGUFWriter) -> None:
-    for key, (value, vtype) in EVERY_VALUE_TYPE.items():
-        if isinstance(value, list):  # arrays: vtype is the element type
-            w.add_key_value(key, value, GGUFValueType.ARRAY, sub_type=vtype)
-        else:
-            w.add_key_value(key, value, vtype)
