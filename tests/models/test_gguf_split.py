@@ -2,6 +2,7 @@
 import shutil
 import struct
 
+import llama_cpp
 import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
@@ -53,6 +54,14 @@ def test_split_model_opens_as_one(smollm2, smollm2_split):
             assert (s.shape, s.type, s.nbytes) == (t.shape, t.type, t.nbytes)
             assert np.array_equal(split.tensor_bytes(name), whole.tensor_bytes(name)), name
         assert split.file_size == sum((smollm2_split / p).stat().st_size for p in parts)
+
+
+def test_llama_cpp_loads_the_same_split(smollm2_split):
+    """The parts are a split as llama.cpp understands it: it loads them as one model of the same size."""
+    first = smollm2_split / "smollm2-00001-of-00003.gguf"
+    llm = llama_cpp.Llama(model_path=str(first), n_ctx=64, verbose=False)
+    with open_gguf(first) as split:
+        assert llama_cpp.llama_model_n_params(llm.model) == sum(t.n_elems for t in split.tensors.values())
 
 
 def test_missing_part_is_named(smollm2_split, tmp_path):
