@@ -71,8 +71,7 @@ array_kv = st.builds(lambda key, etype, count, body: kv(key, 9, struct.pack("<IQ
 scalar_kv = st.builds(lambda key, vtype, value: kv(key, vtype, struct.pack("<Q", value)),
                       st.sampled_from(["general.alignment", "llama.block_count", "tokenizer.ggml.tokens"]),
                       st.integers(0, 12), small)
-info = st.builds(lambda name, dims, t, off: tensor_info(name, dims, t, off), st.text(max_size=6),
-                 st.lists(small, max_size=6), st.integers(0, 40), small)
+info = st.builds(tensor_info, st.text(max_size=6), st.lists(small, max_size=6), st.integers(0, 40), small)
 
 
 def test_random_structures_raise_only_gguf_error(tmp_path_factory):
