@@ -4,6 +4,7 @@ import json
 import struct
 import time
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -111,6 +112,9 @@ def packed(m) -> bool:
     return True
 
 
+# once llama_cpp is imported, its log callback decodes llama.cpp's messages as strict UTF-8, and a
+# message quoting a mutated key is not: it raises inside the callback, which ctypes reports and ignores
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_what_llama_cpp_reads_we_read(tmp_path_factory):
     """Differential against llama.cpp's reader: a mutant it accepts we accept too, or reject only for a
     check where we are stricter on purpose; a mutant we accept it accepts, unless its data has gaps."""
