@@ -4,16 +4,18 @@ import json
 
 def register(sub) -> None:
     p = sub.add_parser("info", help="show a model's architecture, size, quant mix and tokenizer")
-    p.add_argument("model", help="path to a .gguf file (any part of a split model)")
+    p.add_argument("model", help="a .gguf path (any part of a split model), owner/repo[:QUANT] or a pulled name")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from app.progress import DownloadBar
     from models.gguf import open_gguf
     from models.model_info import summarize
+    from models.model_ref import resolve_model
 
-    with open_gguf(args.model) as model:
+    with open_gguf(resolve_model(args.model, progress=DownloadBar())) as model:
         info = summarize(model)
     print(json.dumps(info.to_dict()) if args.json else format_info(info))
     return 0
