@@ -155,8 +155,9 @@ def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int,
     if need(1) > budget:
         raise VramBudgetError(
             f"VRAM budget {_gib(budget)} is too small for the GPU: the output head ({_gib(head)}), one layer "
-            f"({_gib(layers[-1])} + {_gib(kv)} KV cache at ctx {n_ctx}), scratch ({_gib(scratch)}) and the CUDA "
-            f"reserve ({_gib(reserve)}) need {_gib(need(1))}; use --gpu-layers 0 (CPU), a smaller --ctx or model")
+            f"({_gib(layers[-1])} weights + {_gib(kv)} KV cache at ctx {n_ctx}), scratch ({_gib(scratch)}) and "
+            f"the CUDA reserve ({_gib(reserve)}) need {_gib(need(1))}; use --gpu-layers 0 (CPU), a smaller --ctx "
+            "or model")
     fits = max(k for k in range(1, n + 1) if need(k) <= budget)
     if gpu_layers == "auto":
         k, reason = fits, "VRAM budget exhausted"
@@ -169,6 +170,15 @@ def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int,
     return Placement(("cpu",) * (n - k) + ("gpu",) * k, "gpu", on_gpu,
                      head + sum(layers[n - k:]) + (embd if k == n else 0), k * kv, scratch, reserve, budget, n_ctx,
                      reason if k < n else "")
+
+
+def parse_gpu_layers(text: str) -> int | str:
+    """'auto' or a layer count, as --gpu-layers takes it (the range is checked against the model by plan_placement)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    if not text.strip().isdigit():
+        raise GpuLayersError(f"--gpu-layers takes 'auto' or a number of layers, got '{text}'")
+    return int(text)
 
 
 def parse_vram_budget(text: str) -> int:
