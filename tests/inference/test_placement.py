@@ -4,8 +4,8 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from inference.placement import (CUDA_CONTEXT_BYTES, GiB, MiB, RUNTIME_RESERVE_BYTES, GpuLayersError,
-                                 VramBudgetError, free_vram, kv_bytes_per_layer, parse_gpu_layers, parse_vram_budget,
-                                 plan_placement)
+                                 PREFILL_CHUNK, VramBudgetError, free_vram, kv_bytes_per_layer, parse_gpu_layers,
+                                 parse_vram_budget, plan_placement, scratch_bytes)
 from models.config import ModelConfig, config_from_metadata
 from models.ggml_types import TYPES_BY_NAME
 from models.gguf import TensorInfo, open_gguf
@@ -293,3 +293,23 @@ def test_free_vram_on_a_gpu():
     import cupy
     free, total = cupy.cuda.runtime.memGetInfo()
     assert 0 < free_vram() <= total
+
+
+@pytest.mark.gpu
+def test_counts_cover_what_the_kernels_allocate(llama3):
+    """KV cache and the kernels' own scratch (prefill Scratch, attention splits, sampler) within the counts."""
+    import cupy as cp
+
+    from kernels import cuda_ops
+    from kernels.cuda_prefill import Scratch
+    tensors, cfg = llama3
+    k, v = cuda_ops.kv_cache(cfg.n_kv_heads, 8192, cfg.head_dim)
+    assert k.nbytes + v.nbytes == kv_bytes_per_layer(cfg, 8192)
+    largest = max(t.n_elems for name, t in tensors.items() if name.startswith("blk.") and len(t.shape) == 2)
+    max_cols = max(cfg.n_embd, cfg.n_ff, cfg.n_heads * cfg.v_head_dim)
+    pool = cp.get_default_memory_pool()
+    before = pool.used_bytes()
+    buffers = (Scratch.empty(PREFILL_CHUNK, max_cols, largest), cuda_ops.argmax_scratch(),
+               cuda_ops.decode_scratch(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim), cuda_ops.sample_scratch(cfg.n_vocab))
+    kernel_bytes = pool.used_bytes() - before
+    assert buffers and 2 * largest < kernel_bytes <= scratch_bytes(tensors, cfg)
