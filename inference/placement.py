@@ -147,10 +147,12 @@ def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int,
                                                        "output_norm.weight", "rope_freqs.weight") if name in tensors)
     embd = 0 if tied else _vram_bytes(tensors["token_embd.weight"])  # only when every layer is on the GPU
     scratch = scratch_bytes(tensors, cfg)
-    fixed = head + scratch + reserve
 
-    def need(k: int) -> int:  # VRAM for the last k layers on the GPU
-        return fixed + sum(layers[n - k:]) + k * kv + (embd if k == n else 0)
+    def weights(k: int) -> int:  # the head and the last k layers (and token_embd with all of them)
+        return head + sum(layers[n - k:]) + (embd if k == n else 0)
+
+    def need(k: int) -> int:
+        return weights(k) + k * kv + scratch + reserve
 
     if need(1) > budget:
         raise VramBudgetError(
@@ -166,10 +168,8 @@ def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int,
                               f"the budget is {_gib(budget)}: at most {fits} layers fit")
     else:
         k, reason = gpu_layers, f"--gpu-layers {gpu_layers}"
-    on_gpu = "gpu" if k == n else "cpu"
-    return Placement(("cpu",) * (n - k) + ("gpu",) * k, "gpu", on_gpu,
-                     head + sum(layers[n - k:]) + (embd if k == n else 0), k * kv, scratch, reserve, budget, n_ctx,
-                     reason if k < n else "")
+    return Placement(("cpu",) * (n - k) + ("gpu",) * k, "gpu", "gpu" if k == n else "cpu", weights(k), k * kv,
+                     scratch, reserve, budget, n_ctx, reason if k < n else "")
 
 
 def parse_gpu_layers(text: str) -> int | str:
