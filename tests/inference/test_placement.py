@@ -56,7 +56,6 @@ def test_llama3_size_matches_the_published_file(llama3):
 def test_llama3_at_6_gb(llama3):
     tensors, cfg = llama3
     p = plan_placement(tensors, cfg, 8192, H100_FREE, vram_budget=6 * GiB)
-    print(p.summary())
     assert 0 < p.n_gpu_layers < 32 and p.layers[-1] == "gpu" and p.layers[0] == "cpu"
     assert p.output == "gpu" and p.embedding == "cpu"
     assert p.kv_bytes == p.n_gpu_layers * 2 * 8 * 8192 * 256  # 32 MiB a layer at 8192
