@@ -188,15 +188,12 @@ def decode_q6_k(row, y, f16, n16):  # ql[128] | qh[64] | scales int8[16] | d f16
     for i in range(row.size // 210):
         o, yo = 210 * i, 256 * i
         d = half(row, o + 208, f16)
-        for n in range(2):  # 128 values: 4 groups of 32 sharing 32 qh bytes
-            for h in range(2):  # each group of 32 has two scales of 16
-                so = o + 192 + 8 * n + h
-                d1, d2 = d * np.float32(scales[so]), d * np.float32(scales[so + 2])
-                d3, d4 = d * np.float32(scales[so + 4]), d * np.float32(scales[so + 6])
-                lo, ho, yy = o + 64 * n + 16 * h, o + 128 + 32 * n + 16 * h, yo + 128 * n + 16 * h
-                for l in range(n16):
-                    ql0, ql1, qh = np.int64(row[lo + l]), np.int64(row[lo + 32 + l]), np.int64(row[ho + l])
-                    y[yy + l] = d1 * np.float32(((ql0 & 0xF) | ((qh & 3) << 4)) - 32)
-                    y[yy + 32 + l] = d2 * np.float32(((ql1 & 0xF) | (((qh >> 2) & 3) << 4)) - 32)
-                    y[yy + 64 + l] = d3 * np.float32(((ql0 >> 4) | (((qh >> 4) & 3) << 4)) - 32)
-                    y[yy + 96 + l] = d4 * np.float32(((ql1 >> 4) | (((qh >> 6) & 3) << 4)) - 32)
+        for n in range(2):  # 128 values: 4 runs of 32 sharing 32 qh bytes, a scale per 16 values
+            lo, ho, so, yy = o + 64 * n, o + 128 + 32 * n, o + 192 + 8 * n, yo + 128 * n
+            for l in range(2 * n16):
+                ql0, ql1, qh = np.int64(row[lo + l]), np.int64(row[lo + 32 + l]), np.int64(row[ho + l])
+                sc = so + (l >> 4)
+                y[yy + l] = d * np.float32(scales[sc]) * np.float32(((ql0 & 0xF) | ((qh & 3) << 4)) - 32)
+                y[yy + 32 + l] = d * np.float32(scales[sc + 2]) * np.float32(((ql1 & 0xF) | (((qh >> 2) & 3) << 4)) - 32)
+                y[yy + 64 + l] = d * np.float32(scales[sc + 4]) * np.float32(((ql0 >> 4) | (((qh >> 4) & 3) << 4)) - 32)
+                y[yy + 96 + l] = d * np.float32(scales[sc + 6]) * np.float32(((ql1 >> 4) | (((qh >> 6) & 3) << 4)) - 32)

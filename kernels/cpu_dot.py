@@ -5,7 +5,8 @@ each block's scale is applied once to its partial sum. Block minimums (Q4_1, Q4_
 xsum, the sums of x over each run of 32 values: sum(q*d + m)*x = d*sum(q*x) + m*sum(x).
 
 row: uint8 [row_bytes], x: float32 [n_cols], xsum: float32 [n_cols // 32]; f16 and n16 as in cpu_decode
-(n16 = 16 at run time keeps the element loops the ones LLVM vectorizes).
+(n16 = 16 at run time keeps the element loops the ones LLVM vectorizes). Integer results pass through
+np.int32 before np.float32: numba computes in int64, and the narrowing lets LLVM use 16 lanes, not 8.
 """
 import numba as nb
 import numpy as np
@@ -37,8 +38,8 @@ def dot_q5_0(row, x, xsum, f16, n16):
         s = np.float32(0)
         for l in range(n16):
             q = np.int64(row[o + 6 + l])
-            s += (np.float32(((q & 0xF) | (((qh >> l) & 1) << 4)) - 16) * x[xo + l]
-                  + np.float32(((q >> 4) | (((qh >> (l + 16)) & 1) << 4)) - 16) * x[xo + 16 + l])
+            s += (np.float32(np.int32(((q & 0xF) | (((qh >> l) & 1) << 4)) - 16)) * x[xo + l]
+                  + np.float32(np.int32(((q >> 4) | (((qh >> (l + 16)) & 1) << 4)) - 16)) * x[xo + 16 + l])
         acc += half(row, o, f16) * s
     return acc
 
@@ -80,26 +81,23 @@ def dot_q4_k(row, x, xsum, f16, n16):
 
 @fast
 def dot_q6_k(row, x, xsum, f16, n16):
+    # one loop of 32 picking each lane's scale (l >> 4) ran 3x faster than two loops of 16 with fixed scales
     scales = row.view(np.int8)
     acc = np.float32(0)
     for i in range(row.size // 210):
         o = 210 * i
         blk = np.float32(0)
         for n in range(2):
-            for h in range(2):
-                lo, ho, xo = o + 64 * n + 16 * h, o + 128 + 32 * n + 16 * h, 256 * i + 128 * n + 16 * h
-                s1 = np.float32(0)
-                s2 = np.float32(0)
-                s3 = np.float32(0)
-                s4 = np.float32(0)
-                for l in range(n16):
-                    ql0, ql1, qh = np.int64(row[lo + l]), np.int64(row[lo + 32 + l]), np.int64(row[ho + l])
-                    s1 += np.float32(((ql0 & 0xF) | ((qh & 3) << 4)) - 32) * x[xo + l]
-                    s2 += np.float32(((ql1 & 0xF) | (((qh >> 2) & 3) << 4)) - 32) * x[xo + 32 + l]
-                    s3 += np.float32(((ql0 >> 4) | (((qh >> 4) & 3) << 4)) - 32) * x[xo + 64 + l]
-                    s4 += np.float32(((ql1 >> 4) | (((qh >> 6) & 3) << 4)) - 32) * x[xo + 96 + l]
-                so = o + 192 + 8 * n + h
-                blk += (np.float32(scales[so]) * s1 + np.float32(scales[so + 2]) * s2
-                        + np.float32(scales[so + 4]) * s3 + np.float32(scales[so + 6]) * s4)
+            lo, ho, so, xo = o + 64 * n, o + 128 + 32 * n, o + 192 + 8 * n, 256 * i + 128 * n
+            for l in range(2 * n16):
+                ql0, ql1, qh = np.int64(row[lo + l]), np.int64(row[lo + 32 + l]), np.int64(row[ho + l])
+                sc = so + (l >> 4)
+                blk += (np.float32(scales[sc]) * np.float32(np.int32(((ql0 & 0xF) | ((qh & 3) << 4)) - 32)) * x[xo + l]
+                        + np.float32(scales[sc + 2]) * np.float32(np.int32(((ql1 & 0xF) | (((qh >> 2) & 3) << 4)) - 32))
+                        * x[xo + 32 + l]
+                        + np.float32(scales[sc + 4]) * np.float32(np.int32(((ql0 >> 4) | (((qh >> 4) & 3) << 4)) - 32))
+                        * x[xo + 64 + l]
+                        + np.float32(scales[sc + 6]) * np.float32(np.int32(((ql1 >> 4) | (((qh >> 6) & 3) << 4)) - 32))
+                        * x[xo + 96 + l])
         acc += half(row, o + 208, f16) * blk
     return acc
