@@ -23,6 +23,7 @@ FUSED_IDS = (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)  # types with a fused dot in cpu_dot
 MATVEC_MAX_TOKENS = 4  # up to this many tokens the matvec kernel beats dequantize + BLAS
 TILE_BYTES = 1 << 23  # float32 bytes of one dequantized tile of rows in the prompt path (few, big BLAS calls)
 N16 = 16  # passed at run time, see cpu_decode
+MATVEC_CHUNKS = 64  # row chunks of a matvec shared out to the threads: several per thread evens out their finish
 
 
 @dec.jit
@@ -78,27 +79,45 @@ def _dequantize_rows(tid, w, rows, out, f16, n16):
         _decode_row(tid, w[rows[i]], out[i], f16, n16)
 
 
-@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def _matvec(tid, fused, w, x, xsum, out, f16, n16, n_chunks):
-    """out[t, r] = x[t] . row r of W, the rows in n_chunks parallel chunks.
+@dot.fast
+def _block_sums(x):
+    """xsum: float32 [n_tokens, n_cols // 32], the sums of x [n_tokens, n_cols] over runs of 32."""
+    n_tokens, n_cols = x.shape
+    xsum = np.zeros((n_tokens, n_cols // 32), np.float32)
+    for t in range(n_tokens):
+        for k in range(n_cols // 32 * 32):
+            xsum[t, k // 32] += x[t, k]
+    return xsum
 
-    w: uint8 [n_rows, row_bytes], x: float32 [n_tokens, n_cols], xsum: float32 [n_tokens, n_cols // 32]
-    (sums of x over runs of 32), out: float32 [n_tokens, n_rows]."""
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def _matvec_fused(tid, w, x, out, f16, n16, n_chunks):
+    """out[t, r] = x[t] . row r of W for the FUSED_IDS types, the rows in n_chunks parallel chunks.
+
+    w: uint8 [n_rows, row_bytes], x: float32 [n_tokens, n_cols], out: float32 [n_tokens, n_rows]."""
+    n_rows = w.shape[0]
+    n_tokens = x.shape[0]
+    xsum = _block_sums(x)
+    for c in nb.prange(n_chunks):
+        for r in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
+            for t in range(n_tokens):
+                out[t, r] = _dot_row(tid, w[r], x[t], xsum[t], f16, n16)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def _matvec_decoded(tid, w, x, out, f16, n16, n_chunks):
+    """As _matvec_fused for the other types: each row is dequantized to float32, then dotted."""
     n_rows = w.shape[0]
     n_tokens, n_cols = x.shape
     for c in nb.prange(n_chunks):
-        y = np.empty(n_cols, np.float32)  # one dequantized row, for the types without a fused dot
+        y = np.empty(n_cols, np.float32)  # one dequantized row
         for r in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
-            if fused:
-                for t in range(n_tokens):
-                    out[t, r] = _dot_row(tid, w[r], x[t], xsum[t], f16, n16)
-            else:
-                _decode_row(tid, w[r], y, f16, n16)
-                for t in range(n_tokens):
-                    acc = np.float32(0)
-                    for k in range(n_cols):
-                        acc += y[k] * x[t, k]
-                    out[t, r] = acc
+            _decode_row(tid, w[r], y, f16, n16)
+            for t in range(n_tokens):
+                acc = np.float32(0)
+                for k in range(n_cols):
+                    acc += y[k] * x[t, k]
+                out[t, r] = acc
 
 
 def _check(w: np.ndarray, qtype: GGMLType) -> None:
@@ -147,9 +166,8 @@ def quantized_matmul(w: np.ndarray, qtype: GGMLType, x: np.ndarray, out: np.ndar
     if qtype.id == F32:
         np.matmul(x, w.view(np.float32).T, out=out)
     elif n_tokens <= MATVEC_MAX_TOKENS:
-        xsum = x.reshape(n_tokens, -1, 32).sum(axis=2) if n_cols % 32 == 0 else np.zeros((n_tokens, 0), np.float32)
-        n_chunks = min(n_rows, 16 * nb.get_num_threads())
-        _matvec(qtype.id, qtype.id in FUSED_IDS, w, x, xsum, out, dec.F16_TO_F32, N16, n_chunks)
+        kernel = _matvec_fused if qtype.id in FUSED_IDS else _matvec_decoded
+        kernel(qtype.id, w, x, out, dec.F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
     else:
         tile_rows = max(1, TILE_BYTES // (4 * n_cols))
         tile = np.empty((min(tile_rows, n_rows), n_cols), np.float32)  # dequantized rows r0:r1
