@@ -61,3 +61,27 @@ def test_bad_shapes_are_refused():
         dequantize_rows(w, TYPES_BY_NAME["IQ2_XXS"], np.array([0]))
     with pytest.raises(IndexError):
         dequantize_rows(w, TYPES_BY_NAME["Q4_K"], np.array([4]))
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_real_tensors_of_every_type_in_the_packaged_models(model, request):
+    from models.gguf import open_gguf
+
+    m = open_gguf(request.getfixturevalue(model))
+    seen = set()
+    for t in m.tensors.values():
+        if len(t.shape) != 2 or t.type.name in seen:
+            continue
+        seen.add(t.type.name)
+        n_cols, n_rows = t.shape
+        w = m.tensor_bytes(t.name).reshape(n_rows, -1)[:96]  # 96 rows keep gguf-py quick
+        W = reference(w, t.type.name)
+        rows = np.array([0, 95, 3])
+        np.testing.assert_array_equal(dequantize_rows(w, t.type, rows), W[rows])
+        for n_tokens in (1, 9):
+            x = np.random.default_rng(n_tokens).standard_normal((n_tokens, n_cols), np.float32)
+            want = x.astype(np.float64) @ W.astype(np.float64).T
+            bound = 1e-5 * (np.abs(x).astype(np.float64) @ np.abs(W.astype(np.float64)).T)
+            assert np.all(np.abs(quantized_matmul(w, t.type, x) - want) <= bound), (t.name, n_tokens)
+    m.close()
+    assert seen >= ({"Q4_1", "Q8_0"} if model == "smollm2" else {"Q4_K", "Q5_0", "Q6_K", "Q8_0"})
