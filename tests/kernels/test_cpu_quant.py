@@ -1,4 +1,4 @@
-"""The CPU kernels against gguf-py's reference dequantization, for every type we compute with."""
+"""The CPU kernels against gguf-py's reference dequantization (and ours, models/dequant.py), every type."""
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType
@@ -7,6 +7,7 @@ from gguf.quants import dequantize
 from kernels import cpu_quant
 from kernels.cpu_bench import F16_FIELDS, random_weight
 from kernels.cpu_quant import dequantize_rows, quantized_matmul
+from models import dequant
 from models.ggml_types import TYPES_BY_NAME
 
 TYPES = ["F32", "F16", "BF16", *F16_FIELDS]
@@ -24,6 +25,7 @@ def test_dequantize_rows_is_exact(name):
     got = dequantize_rows(w, TYPES_BY_NAME[name], rows)
     assert got.dtype == np.float32 and got.shape == (5, 512)
     np.testing.assert_array_equal(got, reference(w, name)[rows])
+    np.testing.assert_array_equal(got, dequant.dequantize(w, TYPES_BY_NAME[name], (512, 40))[rows])
 
 
 @pytest.mark.parametrize("n_tokens", [1, 3, 7, 64])
