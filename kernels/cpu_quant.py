@@ -7,11 +7,14 @@ shape (n_cols, n_rows)). Nothing here dequantizes a whole matrix:
   decode the row to float32 first.
 - many tokens (prompt): tiles of rows are dequantized to float32 and multiplied with numpy BLAS.
 Activations stay float32 (no int8 quantization), so results match x @ dequantize(W).T to float32 rounding.
+
+Kernels compile once per argument layout and are cached on disk (numba cache=True); w is meant to be a
+read-only view of the file's mmap: a writable w is a second signature, compiled (and cached) apart.
 """
 import numba as nb
 import numpy as np
 
-from models.ggml_types import GGMLType
+from models.ggml_types import GGMLType, UnsupportedTypeError
 
 # One file on purpose: numba's cache (cache=True) invalidates a kernel only when its own file changes, so
 # a kernel that inlined a decoder from another file would keep running the old decoder after an edit.
@@ -472,7 +475,7 @@ def _matvec_decoded(tid, w, x, out, f16, n16, n_chunks):
 
 def _check(w: np.ndarray, qtype: GGMLType) -> None:
     if qtype.id not in DECODED_IDS and qtype.id != F32:
-        raise ValueError(f"no CPU kernel for ggml type {qtype.name}")
+        raise UnsupportedTypeError(f"no CPU kernel for ggml type {qtype.name}")
     if w.dtype != np.uint8 or w.ndim != 2 or w.shape[1] % qtype.block_bytes:
         raise ValueError(f"{qtype.name} weight must be uint8 [n_rows, k * {qtype.block_bytes}], got "
                          f"{w.dtype} {w.shape}")
