@@ -45,12 +45,14 @@ def test_matmul_matches_dequantized_reference(name, n_tokens, monkeypatch):
     assert np.all(np.abs(got - want) <= bound)
 
 
-def test_matmul_writes_into_out():
+@pytest.mark.parametrize("n_tokens", [1, 16])
+def test_matmul_writes_into_out_and_takes_strided_x(n_tokens):
     w = random_weight("Q8_0", 20, 256)
-    x = np.ones((1, 256), np.float32)
-    out = np.full((1, 20), np.nan, np.float32)
+    x = np.random.default_rng(0).standard_normal((n_tokens, 512), np.float32)[:, ::2]  # not contiguous
+    out = np.full((n_tokens, 20), np.nan, np.float32)
     assert quantized_matmul(w, TYPES_BY_NAME["Q8_0"], x, out=out) is out
-    assert np.all(np.isfinite(out))
+    want = x.astype(np.float64) @ reference(w, "Q8_0").astype(np.float64).T
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
 
 
 def test_bad_shapes_are_refused():
