@@ -11,8 +11,16 @@ Activations stay float32 (no int8 quantization), so results match x @ dequantize
 Kernels compile once per argument layout and are cached on disk (numba cache=True); w is meant to be a
 read-only view of the file's mmap: a writable w is a second signature, compiled (and cached) apart.
 """
-import numba as nb
-import numpy as np
+import os
+
+# numba's OpenMP threads otherwise spin ~300k iterations after every parallel region; on a busy machine a
+# spinning thread holds a core that the next region's other thread needs, and 2-thread matvecs ran 15x
+# slower than 1 thread (SmolLM2 layers: 405 ms vs 26 ms a token). Sleeping threads cost a wake-up each
+# region instead. Read when libgomp loads, i.e. at numba's first parallel launch; a user's setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numba as nb  # noqa: E402
+import numpy as np  # noqa: E402
 
 from models.ggml_types import GGMLType, UnsupportedTypeError
 
