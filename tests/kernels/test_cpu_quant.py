@@ -33,7 +33,7 @@ def test_dequantize_rows_is_exact(name):
 def test_matmul_matches_dequantized_reference(name, n_tokens, monkeypatch):
     # a small tile so the prompt path runs several tiles and a partial last one
     monkeypatch.setattr(cpu_quant, "TILE_BYTES", 4 * 512 * 16)
-    n_rows, n_cols = 45, 512
+    n_rows, n_cols = 201, 512  # 64 chunks of 3 or 4 rows: row pairs and an odd row left over
     w = random_weight(name, n_rows, n_cols, seed=n_tokens)
     x = np.random.default_rng(1).standard_normal((n_tokens, n_cols), np.float32)
     W = reference(w, name).astype(np.float64)
