@@ -14,6 +14,7 @@ from inference.weights import load_weights
 from models.config import ModelConfig, config_from_metadata
 from models.errors import UserError
 from models.gguf import open_gguf
+from models.tokenizer import load_tokenizer
 
 PREFILL_CHUNK = 256  # prompt tokens per forward: bounds the attention scores to [heads, 256, ctx]
 
@@ -95,9 +96,12 @@ class Engine:
     def prompt_ids(self, prompt, chat_template: str | None = None) -> list[int]:
         """Token ids of a plain-text prompt, or of messages rendered with the chat template."""
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_bos=True)
-        text = self.tokenizer.render_chat(prompt, chat_template)
-        return self.tokenizer.encode(text, add_bos=True)
+            return self.tokenizer.encode(prompt)
+        from models.chat_template import render_chat  # noqa: PLC0415  TODO(engine): top-level once merged
+        text = render_chat(self._gguf.metadata, prompt, chat_template)
+        ids = self.tokenizer.encode(text, parse_special=True)
+        bos = self.tokenizer.bos_id
+        return ids[1:] if len(ids) > 1 and ids[0] == ids[1] == bos else ids  # the template wrote BOS too
 
     def generate(self, prompt, max_tokens: int = 512, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
@@ -112,7 +116,7 @@ class Engine:
         logits = self._prefill(ids, all_logits=False)[0]
         t1 = time.perf_counter()
         history = list(ids)
-        detok = self.tokenizer.detokenizer()
+        detok = self.tokenizer.stream()
         text = StopScanner(stop)
         generated = 0
         finish = "length"
@@ -123,7 +127,7 @@ class Engine:
                 finish = "stop"
                 break
             history.append(token)
-            piece, stopped = text.feed(detok.add(token))
+            piece, stopped = text.feed(detok.push(token))
             if piece:
                 yield piece
             if stopped:
@@ -195,7 +199,6 @@ def resolve_model(model) -> Path:
 
 def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None) -> Engine:
     """Open a GGUF model ready to generate. device "cpu" (or "auto", which is the CPU for now)."""
-    from models.tokenizer import load_tokenizer  # noqa: PLC0415 (placeholder until the tokenizer lands)
     if device not in ("auto", "cpu"):
         raise DeviceError(f"device '{device}' is not available (use cpu)")
     path = resolve_model(model)
