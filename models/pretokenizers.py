@@ -49,6 +49,10 @@ DEEPSEEK_LLM_WORDS = (  # letters of many scripts, written as escapes to survive
 DEEPSEEK_V3_WORDS = ("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
                      "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
 BLOOM = r" ?[^(\s|.,!?…。，、।۔،)]+"
+# llama.cpp runs the deepseek patterns through std::regex after turning every non-ASCII space into \v, so
+# their literal ranges (U+0800-U+4E00 holds U+2028 and U+3000) never match a space: `&&[^\s]` says so here.
+DEEPSEEK_CJK = "[一-龥ࠀ-一가-퟿&&[^\\s]]+"
+DEEPSEEK_LLM_PUNCT = "\\s?[!-/:-~！-／：-～‘-‟　-。&&[^\\s]]+"
 
 DEFAULT = PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]"))
 LLAMA3_PRE = PreTokenizer((LLAMA3,), ignore_merges=True, add_bos=True)
@@ -62,9 +66,9 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
                     LLAMA3_PRE),
     "dbrx": PreTokenizer((LLAMA3,)),
     "smaug-bpe": PreTokenizer((LLAMA3,)),
-    "deepseek-llm": PreTokenizer(("[\r\n]", DEEPSEEK_LLM_WORDS, r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
-                                  r"\s+$", "[一-龥ࠀ-一가-퟿]+", r"\p{N}+"), clean_spaces=False),
-    "deepseek-coder": PreTokenizer(("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[一-龥ࠀ-一가-퟿]+", r"\p{N}"),
+    "deepseek-llm": PreTokenizer(("[\r\n]", DEEPSEEK_LLM_WORDS, DEEPSEEK_LLM_PUNCT,
+                                  r"\s+$", DEEPSEEK_CJK, r"\p{N}+"), clean_spaces=False),
+    "deepseek-coder": PreTokenizer(("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", DEEPSEEK_CJK, r"\p{N}"),
                                    clean_spaces=False),
     "deepseek-v3": PreTokenizer((r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DEEPSEEK_V3_WORDS), clean_spaces=False),
     "falcon": PreTokenizer((r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]")),

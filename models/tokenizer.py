@@ -98,8 +98,10 @@ def _string_hashes(tokens: list[str]):
 def spm_merges(tokens: list[str], scores: np.ndarray) -> list[tuple[str, str]]:
     """Every split of a vocab token into two vocab tokens, highest token score first (llama.cpp's SPM order).
 
-    Vectorised with substring hashes: a Python loop over the ~1.8M splits of a 262k vocab takes seconds.
-    Hash hits are checked against the strings, so a collision can only drop a merge, never invent one.
+    Vectorised with 64-bit substring hashes: a Python loop over the ~1.8M splits of a 262k vocab takes
+    seconds. A false hit needs a 64-bit collision (odds ~1e-8 for Gemma's vocab, or a vocab crafted for it,
+    which can only spoil its own tokenization); mostly it names a pair that is no token and the build
+    fails with a TokenizerError.
     """
     starts, lengths, substring_hash = _string_hashes(tokens)
     token_hash = substring_hash(starts[:-1], starts[:-1] + lengths)
@@ -115,12 +117,13 @@ def spm_merges(tokens: list[str], scores: np.ndarray) -> list[tuple[str, str]]:
     first = np.repeat(starts[:-1], n_splits)
     cut = first + 1 + (np.arange(len(token)) - np.repeat(np.cumsum(n_splits) - n_splits, n_splits))
     left = lookup(substring_hash(first, cut))
-    right = lookup(substring_hash(cut, first + np.repeat(lengths, n_splits)))
-    keep = (left >= 0) & (right >= 0)
-    token, left, right = token[keep], left[keep], right[keep]
-    rank = np.lexsort((left, token, -scores[token]))  # best score first; ties by token id, then split point
-    return [(tokens[a], tokens[b]) for a, b, t in zip(left[rank].tolist(), right[rank].tolist(), token[rank].tolist())
-            if tokens[a] + tokens[b] == tokens[t]]
+    hit = left >= 0  # look up right halves only where the left half is a token
+    token, left, first, cut = token[hit], left[hit], first[hit], cut[hit]
+    right = lookup(substring_hash(cut, first + lengths[token]))
+    hit = right >= 0
+    token, left, right = token[hit], left[hit], right[hit]
+    rank = np.lexsort((left, token, -scores[token]))  # best score first; ties by token id, then left part
+    return [(tokens[a], tokens[b]) for a, b in zip(left[rank].tolist(), right[rank].tolist())]
 
 
 def _bpe_merges(merges: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
@@ -148,29 +151,29 @@ class Tokenizer:
         tokens = metadata.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
             raise TokenizerError("tokenizer.ggml.tokens is missing or not a list of strings")
-        tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        n = len(tokens)
+        if not all(tokens):  # llama.cpp names empty tokens so that each text stays unique
+            tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         self.tokens = tokens
         self.types = self._per_token_array(metadata, "tokenizer.ggml.token_type", np.int32, NORMAL)
         self.scores = self._per_token_array(metadata, "tokenizer.ggml.scores", np.float32, 0.0)
         vocab = {t: i for i, t in enumerate(tokens)}
-        if len(vocab) != n:
+        if len(vocab) != len(tokens):
             raise TokenizerError("tokenizer.ggml.tokens holds the same token text twice")
         self.vocab = vocab
 
-        if kind == "gpt2":
+        if kind == "gpt2":  # llama.cpp's defaults for keys the file leaves out
             self.pre = pre_tokenizer_for(metadata.get("tokenizer.ggml.pre"))
-            defaults = {"bos": 11, "eos": 11, "unk": None}
-            self.add_space_prefix, self.clean_spaces, add_bos = False, self.pre.clean_spaces, self.pre.add_bos
+            bos, eos, add_space_prefix, add_bos = 11, 11, False, self.pre.add_bos
+            self.clean_spaces = self.pre.clean_spaces
         else:
             self.pre = None
-            defaults = {"bos": 1, "eos": 2, "unk": 0}
-            self.add_space_prefix, self.clean_spaces, add_bos = True, False, True
-        self.add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", self.add_space_prefix))
+            bos, eos, add_space_prefix, add_bos = 1, 2, True, True
+            self.clean_spaces = False
+        self.add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", add_space_prefix))
         self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos))
         self.add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
-        self.bos_id = self._special_id(metadata, "bos", defaults["bos"])
-        self.eos_id = self._special_id(metadata, "eos", defaults["eos"])
+        self.bos_id = self._special_id(metadata, "bos", bos)
+        self.eos_id = self._special_id(metadata, "eos", eos)
         self.eot_id = self._special_id(metadata, "eot", None)
         self.eom_id = self._special_id(metadata, "eom", None)
         if self.add_bos and self.bos_id is None:
@@ -179,9 +182,17 @@ class Tokenizer:
             raise TokenizerError("the file asks for an EOS token but declares no valid tokenizer.ggml.eos_token_id")
 
         self.control = (self.types == CONTROL) | (self.types == UNKNOWN)  # hidden unless decoding special
-        self.eog_ids = self._end_of_generation_ids()
+        self._mark_end_of_generation()
         self._check_byte_tokens()
-        self._rust = self._build(metadata)
+        # A byte the vocab lacks stays a symbol in llama.cpp's BPE, blocking merges across it, and is dropped at
+        # the end; tokenizers would drop it first. Stand-in ids past the vocab keep it until encode drops them.
+        self._missing_bytes = [c for c in BYTE_OF_CHAR if c not in vocab] if kind == "gpt2" else []
+        try:
+            self._rust = self._build(metadata)
+        except BaseException as e:  # tokenizers reports some bad input as a Rust panic, a BaseException
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise TokenizerError(f"cannot build the tokenizer from this file: {e}") from None
         self._encode_lock = threading.Lock()  # encode_special_tokens is state on the shared Rust object
         self._pieces: dict[tuple[int, bool], bytes] = {}
 
@@ -205,8 +216,8 @@ class Tokenizer:
             return int(value)
         return default if default is not None and default < len(self.tokens) else None
 
-    def _end_of_generation_ids(self) -> frozenset[int]:
-        """Every id llama.cpp stops on; marks those texts as control, as llama.cpp does."""
+    def _mark_end_of_generation(self):
+        """Sets eog_ids, every id llama.cpp stops on, and marks those it knows by text as control, as it does."""
         eog = set()
         for texts in FIM_EOG_TEXTS:
             found = [self.vocab[t] for t in texts if t in self.vocab]
@@ -222,7 +233,7 @@ class Tokenizer:
             eog.discard(self.vocab["<|end|>"])  # gpt-oss / solar-open: <|end|> ends a message, not the reply
         if "</s>" in texts and texts & {"<|tool_response>", "<|plamo:eos|>"}:
             eog.discard(self.vocab["</s>"])
-        return frozenset(eog)
+        self.eog_ids = frozenset(eog)
 
     def _check_byte_tokens(self):
         for i in np.flatnonzero(self.types == BYTE):
@@ -236,7 +247,8 @@ class Tokenizer:
             merges = metadata.get("tokenizer.ggml.merges")
             if not isinstance(merges, list):
                 raise TokenizerError("tokenizer.ggml.merges is missing (a gpt2 tokenizer needs it)")
-            model = models.BPE(self.vocab, _bpe_merges(merges, self.vocab), ignore_merges=self.pre.ignore_merges)
+            vocab = {**self.vocab, **{c: len(self.tokens) + k for k, c in enumerate(self._missing_bytes)}}
+            model = models.BPE(vocab, _bpe_merges(merges, self.vocab), ignore_merges=self.pre.ignore_merges)
             rust = RustTokenizer(model)
             rust.pre_tokenizer = pre_tokenizers.Sequence(
                 [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in self.pre.regexes]
@@ -258,11 +270,20 @@ class Tokenizer:
         with self._encode_lock:
             self._rust.encode_special_tokens = not parse_special
             ids = self._rust.encode(text, add_special_tokens=False).ids
+        if self._missing_bytes:
+            ids = [i for i in ids if i < len(self.tokens)]
         if add_special and self.add_bos:
             ids.insert(0, self.bos_id)
         if add_special and self.add_eos:
             ids.append(self.eos_id)
         return ids
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Ids of a rendered chat prompt: its control tokens parsed, BOS once even when the template wrote
+        it too (llama.cpp strips the template's BOS text when the vocab adds one)."""
+        if self.add_bos and prompt.startswith(self.tokens[self.bos_id]):
+            prompt = prompt[len(self.tokens[self.bos_id]):]
+        return self.encode(prompt, add_special=True, parse_special=True)
 
     def token_to_piece(self, token_id: int, special: bool = False) -> bytes:
         """The bytes one token stands for (llama_token_to_piece); control tokens are empty unless special."""
@@ -335,8 +356,3 @@ class StreamDecoder:
     def flush(self) -> str:
         """What is left at the end: an unfinished UTF-8 sequence comes out as U+FFFD."""
         return self._utf8.decode(b"", final=True)
-
-
-def load_tokenizer(metadata: dict) -> Tokenizer:
-    """The tokenizer of a GGUF file's metadata (open_gguf(path).metadata)."""
-    return Tokenizer(metadata)

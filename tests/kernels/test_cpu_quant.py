@@ -5,35 +5,11 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from kernels import cpu_quant
+from kernels.cpu_bench import F16_FIELDS, random_weight
 from kernels.cpu_quant import dequantize_rows, quantized_matmul
 from models.ggml_types import TYPES_BY_NAME
 
-# where each block type keeps its f16 scales: random bytes there could be inf/nan, so they get finite values
-F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
-              "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
 TYPES = ["F32", "F16", "BF16", *F16_FIELDS]
-
-
-def random_weight(name: str, n_rows: int, n_cols: int, seed: int = 0) -> np.ndarray:
-    """Random valid bytes of a [n_rows, n_cols] weight: uint8 [n_rows, row_bytes], read-only like a mmap."""
-    rng = np.random.default_rng(seed)
-    qt = TYPES_BY_NAME[name]
-    if name == "F32":
-        w = rng.standard_normal((n_rows, n_cols), np.float32).view(np.uint8)
-    elif name == "F16":
-        w = rng.standard_normal((n_rows, n_cols)).astype(np.float16).view(np.uint8)
-    elif name == "BF16":
-        w = (rng.standard_normal((n_rows, n_cols), np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-    else:
-        n_blocks = n_rows * n_cols // qt.block_elems
-        blocks = rng.integers(0, 256, (n_blocks, qt.block_bytes), dtype=np.uint8)
-        for off in F16_FIELDS[name]:
-            scale = (rng.uniform(-0.05, 0.05, n_blocks)).astype(np.float16)
-            blocks[:, off:off + 2] = scale.view(np.uint8).reshape(n_blocks, 2)
-        w = blocks.reshape(n_rows, -1)
-    w = np.ascontiguousarray(w)
-    w.flags.writeable = False
-    return w
 
 
 def reference(w: np.ndarray, name: str) -> np.ndarray:
