@@ -11,15 +11,20 @@ from inference.backend_cpu import CPUBackend
 from inference.forward import forward
 from inference.sampling import Sampler, SamplingParams
 from inference.weights import load_weights
+from models.chat_template import load_chat_template
 from models.config import ModelConfig, config_from_metadata
 from models.errors import UserError
 from models.gguf import open_gguf
-from models.tokenizer import load_tokenizer
+from models.tokenizer import Tokenizer
 
 PREFILL_CHUNK = 256  # prompt tokens per forward: bounds the attention scores to [heads, 256, ctx]
 
 
 class PromptTooLongError(UserError, ValueError):
+    pass
+
+
+class NoChatTemplateError(UserError, ValueError):
     pass
 
 
@@ -57,6 +62,7 @@ class Engine:
         self._weights = weights
         self._be = backend
         self._gguf = gguf  # keeps the memory map the weights view alive
+        self.chat_template = load_chat_template(gguf.metadata)  # None: the file has none
         self._cached: list[int] = []  # tokens whose keys and values are in the cache, from position 0
 
     def logits(self, ids) -> np.ndarray:
@@ -97,11 +103,11 @@ class Engine:
         """Token ids of a plain-text prompt, or of messages rendered with the chat template."""
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
-        from models.chat_template import render_chat  # noqa: PLC0415  TODO(engine): top-level once merged
-        text = render_chat(self._gguf.metadata, prompt, chat_template)
-        ids = self.tokenizer.encode(text, parse_special=True)
-        bos = self.tokenizer.bos_id
-        return ids[1:] if len(ids) > 1 and ids[0] == ids[1] == bos else ids  # the template wrote BOS too
+        template = load_chat_template(self._gguf.metadata, chat_template) if chat_template else self.chat_template
+        if template is None:
+            raise NoChatTemplateError("this model has no chat template: use plain completion (--raw) "
+                                      "or name one with --chat-template")
+        return self.tokenizer.encode_prompt(template.render(prompt))
 
     def generate(self, prompt, max_tokens: int = 512, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
@@ -205,7 +211,7 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None)
     gguf = open_gguf(path)
     config = config_from_metadata(gguf.metadata)
     weights = load_weights(gguf, config)
-    tokenizer = load_tokenizer(gguf.metadata)
+    tokenizer = Tokenizer(gguf.metadata)
     n_ctx = ctx if ctx is not None else _default_ctx(config, gguf.file_size)
     if n_ctx < 1:
         raise DeviceError(f"the context size must be at least 1 (got {n_ctx})")

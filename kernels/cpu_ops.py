@@ -1,11 +1,35 @@
-"""The non-matmul ops of a transformer on the CPU, over plain float32 numpy arrays (no model knowledge)."""
+"""The non-matmul ops of a transformer on the CPU, over float32 numpy arrays (no model knowledge).
+
+Small fused numba loops: during generation each op works on a few hundred numbers, where numpy's
+per-call overhead (a dozen temporaries per op) would cost more than the arithmetic. Prompt-sized
+attention goes through numpy BLAS instead.
+"""
+import math
+
+import numba as nb
 import numpy as np
+
+_jit = nb.njit(cache=True, nogil=True)
+ATTENTION_LOOP_MAX_TOKENS = 4  # up to this many queries the loop kernel beats BLAS
+
+
+@_jit
+def _rms_norm(x, weight, eps, out):  # x, out [rows, d]
+    for r in range(x.shape[0]):
+        ss = 0.0
+        for j in range(x.shape[1]):
+            ss += x[r, j] * x[r, j]
+        scale = np.float32(1.0 / math.sqrt(ss / x.shape[1] + eps))
+        for j in range(x.shape[1]):
+            out[r, j] = x[r, j] * scale * weight[j]
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x [..., d] normalised over its last axis, times weight [d]."""
-    ms = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
-    return x * (1.0 / np.sqrt(ms + eps)) * weight
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    _rms_norm(x.reshape(-1, x.shape[-1]), weight, eps, out.reshape(-1, x.shape[-1]))
+    return out
 
 
 def rope_inv_freq(rope_dim: int, base: float, freq_factors: np.ndarray | None = None) -> np.ndarray:
@@ -14,25 +38,59 @@ def rope_inv_freq(rope_dim: int, base: float, freq_factors: np.ndarray | None = 
     return inv / freq_factors if freq_factors is not None else inv
 
 
+@_jit
+def _rope(x, positions, inv_freq, neox, out):  # x, out [n, heads, head_dim]
+    half = inv_freq.shape[0]
+    for t in range(x.shape[0]):
+        for i in range(half):
+            theta = positions[t] * inv_freq[i]
+            c, s = np.float32(math.cos(theta)), np.float32(math.sin(theta))
+            a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
+            for h in range(x.shape[1]):
+                x0, x1 = x[t, h, a], x[t, h, b]
+                out[t, h, a] = x0 * c - x1 * s
+                out[t, h, b] = x0 * s + x1 * c
+
+
 def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, style: str) -> np.ndarray:
     """Rotate x [n, heads, head_dim] by position. style "normal": pairs (2i, 2i+1); "neox": (i, i + half).
 
     Only the first 2 * len(inv_freq) dims of each head rotate; the rest pass through.
     """
-    half = len(inv_freq)
-    angles = positions[:, None].astype(np.float64) * inv_freq[None, :]  # [n, half]
-    cos = np.cos(angles).astype(np.float32)[:, None, :]  # [n, 1, half]
-    sin = np.sin(angles).astype(np.float32)[:, None, :]
+    x = np.ascontiguousarray(x, np.float32)
     out = x.copy()
-    if style == "normal":
-        x0, x1 = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
-        out[..., 0:2 * half:2] = x0 * cos - x1 * sin
-        out[..., 1:2 * half:2] = x0 * sin + x1 * cos
-    else:
-        x0, x1 = x[..., :half], x[..., half:2 * half]
-        out[..., :half] = x0 * cos - x1 * sin
-        out[..., half:2 * half] = x0 * sin + x1 * cos
+    _rope(x, np.asarray(positions, np.int64), inv_freq, style == "neox", out)
     return out
+
+
+@_jit
+def _attention_loop(q, k, v, pos0, start, window, scale, out):  # q [n, H, hd], out [n, H, vd]
+    n, n_heads = q.shape[0], q.shape[1]
+    group = n_heads // k.shape[0]
+    for hh in range(n * n_heads):  # serial: a few heads of a few hundred keys
+        i, h = hh // n_heads, hh % n_heads
+        kv = h // group
+        p = pos0 + i
+        lo = max(start, p - window + 1) if window > 0 else start
+        scores = np.empty(p + 1 - lo, np.float32)
+        best = -np.inf
+        for j in range(lo, p + 1):
+            s = np.float32(0.0)
+            for d in range(q.shape[2]):
+                s += q[i, h, d] * k[kv, j, d]
+            s *= scale
+            scores[j - lo] = s
+            best = max(best, s)
+        total = np.float32(0.0)
+        for j in range(scores.shape[0]):
+            scores[j] = math.exp(scores[j] - best)
+            total += scores[j]
+        for d in range(out.shape[2]):
+            out[i, h, d] = 0.0
+        for j in range(scores.shape[0]):
+            w = scores[j] / total
+            for d in range(out.shape[2]):
+                out[i, h, d] += w * v[kv, lo + j, d]
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, window: int, scale: float) -> np.ndarray:
@@ -43,11 +101,15 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, window: in
     """
     n, n_heads, hd = q.shape
     n_kv, T, vd = v.shape
-    group = n_heads // n_kv
     start = max(0, pos0 + 1 - window) if window > 0 else 0  # keys no query of this batch can see
+    if n <= ATTENTION_LOOP_MAX_TOKENS:
+        out = np.empty((n, n_heads, vd), np.float32)
+        _attention_loop(np.ascontiguousarray(q, np.float32), k, v, pos0, start, window, np.float32(scale), out)
+        return out.reshape(n, n_heads * vd)
+    group = n_heads // n_kv
     k, v = k[:, start:T], v[:, start:T]
     qg = q.reshape(n, n_kv, group, hd).transpose(1, 2, 0, 3).reshape(n_kv, group * n, hd)
-    scores = (qg @ k.transpose(0, 2, 1)) * scale  # [n_kv, group * n, T - start]
+    scores = (qg @ k.transpose(0, 2, 1)) * np.float32(scale)  # [n_kv, group * n, T - start]
     qpos = pos0 + np.arange(n)[:, None]
     kpos = start + np.arange(T - start)[None, :]
     masked = kpos > qpos
@@ -62,15 +124,21 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, window: in
     return out.reshape(n_kv, group, n, vd).transpose(2, 0, 1, 3).reshape(n, n_heads * vd)
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):  # exp(-x) = inf for x << 0 gives the right limit, 0
-        return x / (1.0 + np.exp(-x))
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(np.float32(np.sqrt(2.0 / np.pi)) * (x + np.float32(0.044715) * x * x * x)))
+@_jit
+def _glu(gate, up, gelu, out):  # all [size], flat
+    k = np.float32(math.sqrt(2.0 / math.pi))
+    for j in range(gate.shape[0]):
+        g = gate[j]
+        if gelu:
+            a = np.float32(0.5) * g * (np.float32(1.0) + np.float32(math.tanh(k * (g + np.float32(0.044715) * g * g * g))))
+        else:
+            a = g / (np.float32(1.0) + np.float32(math.exp(-g))) if g > -80.0 else np.float32(0.0)
+        out[j] = a * up[j]
 
 
 def glu(gate: np.ndarray, up: np.ndarray, activation: str) -> np.ndarray:
-    """activation(gate) * up, both [n, n_ff]."""
-    return (silu(gate) if activation == "silu" else gelu_tanh(gate)) * up
+    """activation(gate) * up, both [n, n_ff]; activation "silu" or "gelu" (tanh approximation)."""
+    gate = np.ascontiguousarray(gate, np.float32)
+    out = np.empty_like(gate)
+    _glu(gate.reshape(-1), np.ascontiguousarray(up, np.float32).reshape(-1), activation == "gelu", out.reshape(-1))
+    return out
