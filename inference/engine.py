@@ -100,7 +100,9 @@ class Engine:
         return logits
 
     def prompt_ids(self, prompt, chat_template: str | None = None) -> list[int]:
-        """Token ids of a plain-text prompt, or of messages rendered with the chat template."""
+        """Token ids of a plain-text prompt, of messages rendered with the chat template, or ids as given."""
+        if isinstance(prompt, np.ndarray) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
+            return [int(t) for t in prompt]
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
         template = load_chat_template(self._gguf.metadata, chat_template) if chat_template else self.chat_template
