@@ -19,7 +19,7 @@ class BenchError(UserError):
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="measure prompt and generation speed (tok/s)")
-    p.add_argument("model", help="path to a .gguf file")
+    p.add_argument("model", help="a .gguf path, owner/repo[:QUANT] or a pulled name")
     p.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens of the pp test (default 128)")
     p.add_argument("-n", "--n-gen", type=int, default=64, help="generated tokens of the tg test (default 64)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="runs of each test (default 3)")
@@ -82,11 +82,12 @@ def _row(model: str, engine: str, test: str, rates: list[float]) -> str:
 
 
 def run(args) -> int:
+    from app.progress import DownloadBar  # noqa: PLC0415
     from inference import load  # noqa: PLC0415
     if args.n_prompt < 1 or args.n_gen < 1 or args.repetitions < 1:
         raise BenchError("-p, -n and -r must be at least 1")
-    engine = load(args.model, device=args.device, ctx=args.n_prompt + args.n_gen + 8)
-    name = f"{Path(args.model).name}"
+    engine = load(args.model, device=args.device, ctx=args.n_prompt + args.n_gen + 8, progress=DownloadBar())
+    name = engine.path.name
     print("| model | engine | test | t/s |")
     print("| --- | --- | --- | ---: |")
     for test, rates in bench_ours(engine, args.n_prompt, args.n_gen, args.repetitions).items():

@@ -15,6 +15,7 @@ from models.chat_template import load_chat_template
 from models.config import ModelConfig, config_from_metadata
 from models.errors import UserError
 from models.gguf import open_gguf
+from models.model_ref import resolve_model
 from models.tokenizer import Tokenizer
 
 PREFILL_CHUNK = 256  # prompt tokens per forward: bounds the attention scores to [heads, 256, ctx]
@@ -25,10 +26,6 @@ class PromptTooLongError(UserError, ValueError):
 
 
 class NoChatTemplateError(UserError, ValueError):
-    pass
-
-
-class ModelNotFoundError(UserError, FileNotFoundError):
     pass
 
 
@@ -197,19 +194,12 @@ def _default_ctx(cfg: ModelConfig, file_size: int) -> int:
     return int(min(cfg.n_ctx_train, fits))
 
 
-def resolve_model(model) -> Path:
-    """The one place a model reference becomes a file path (Hub references and pulled names plug in here)."""
-    path = Path(model).expanduser()
-    if not path.is_file():
-        raise ModelNotFoundError(f"no model file at {model}")
-    return path
-
-
-def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None) -> Engine:
-    """Open a GGUF model ready to generate. device "cpu" (or "auto", which is the CPU for now)."""
+def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None, progress=None) -> Engine:
+    """Open a GGUF model ready to generate: model is a path, owner/repo[:QUANT] or a pulled name (None: the
+    default model); progress reports a download. device "cpu" (or "auto", which is the CPU for now)."""
     if device not in ("auto", "cpu"):
         raise DeviceError(f"device '{device}' is not available (use cpu)")
-    path = resolve_model(model)
+    path = resolve_model(None if model is None else str(model), progress)  # resolve_model takes str only
     gguf = open_gguf(path)
     config = config_from_metadata(gguf.metadata)
     weights = load_weights(gguf, config)

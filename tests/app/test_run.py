@@ -43,7 +43,7 @@ def test_streamed_text_equals_the_json_text_and_verbose_goes_to_stderr(smollm2):
 
 
 def test_user_errors_are_one_line(smollm2, gemma3, tmp_path):
-    assert_one_line_error(gguf_chat("run", tmp_path / "missing.gguf", "-p", "hi"), "no model file")
+    assert_one_line_error(gguf_chat("run", tmp_path / "missing.gguf", "-p", "hi"), "no such file")
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a model at all" * 10)
     assert_one_line_error(gguf_chat("run", bad, "-p", "hi"))

@@ -74,7 +74,7 @@ def test_full_context_ends_with_context_full(smollm2):
 def test_unknown_device_and_missing_file_are_user_errors(smollm2, tmp_path):
     with pytest.raises(UserError, match="device 'tpu'"):
         load(smollm2, device="tpu")
-    with pytest.raises(UserError, match="no model file"):
+    with pytest.raises(UserError, match="no such file"):
         load(tmp_path / "missing.gguf")
 
 
