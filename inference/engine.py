@@ -25,6 +25,10 @@ class PromptTooLongError(UserError, ValueError):
     pass
 
 
+class EmptyPromptError(UserError, ValueError):
+    pass
+
+
 class NoChatTemplateError(UserError, ValueError):
     pass
 
@@ -70,6 +74,8 @@ class Engine:
         return self._prefill(ids, all_logits=True)
 
     def _check_fits(self, n: int) -> None:
+        if n == 0:
+            raise EmptyPromptError("the prompt is empty")
         if n > self.n_ctx:
             raise PromptTooLongError(f"the prompt is {n} tokens but the context holds {self.n_ctx} (raise it with --ctx)")
 

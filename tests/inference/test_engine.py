@@ -69,6 +69,8 @@ def test_full_context_ends_with_context_full(smollm2):
     with pytest.raises(PromptTooLongError, match="the context holds 12") as e:
         run(engine, PROMPT * 5, max_tokens=4)
     assert isinstance(e.value, UserError)
+    with pytest.raises(UserError, match="empty"):
+        run(engine, "", max_tokens=4)  # SmolLM2 adds no BOS: no token at all
 
 
 def test_unknown_device_and_missing_file_are_user_errors(smollm2, tmp_path):
