@@ -21,7 +21,8 @@ def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
     An anonymous mmap rather than np.zeros: numpy asks for huge pages on large arrays, and faulting in a
     2 MiB page per head on the first write cost ~70 ms per layer on our test machine.
     """
-    return np.frombuffer(mmap.mmap(-1, max(1, int(np.prod(shape))) * 4), np.float32)[:int(np.prod(shape))].reshape(shape)
+    n = int(np.prod(shape))
+    return np.frombuffer(mmap.mmap(-1, max(1, n) * 4), np.float32)[:n].reshape(shape)
 
 
 class CPUBackend:

@@ -80,6 +80,13 @@ def test_unknown_device_and_missing_file_are_user_errors(smollm2, tmp_path):
         load(tmp_path / "missing.gguf")
 
 
+def test_stop_string_ends_the_reply_before_it(smollm2_engine):
+    full, _ = run(smollm2_engine, "Monday, Tuesday,", max_tokens=12, temperature=0)
+    assert "Thursday" in full
+    text, stats = run(smollm2_engine, "Monday, Tuesday,", max_tokens=12, temperature=0, stop=("Thurs",))
+    assert text == full.split("Thurs")[0] and stats.finish_reason == "stop"
+
+
 def test_stop_scanner_holds_back_a_possible_stop_string():
     s = StopScanner(["lo W"])
     assert s.feed("Hel") == ("He", False)  # "l" may begin "lo W"
