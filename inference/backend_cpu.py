@@ -1,18 +1,12 @@
 """The op set of the forward pass on the CPU: numpy arrays, quantized matmuls from kernels/cpu_quant."""
 import mmap
-import os
 
-# Idle OpenMP threads (numba's parallel kernels) sleep instead of spinning: with more busy threads than cores,
-# spinning made each small matvec wait ~20 ms for a descheduled thread (10x slower generation under load).
-# Read when the OpenMP runtime loads, at the first parallel kernel call: it must be set before that.
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from inference.weights import ModelWeights, QuantMatrix  # noqa: E402
-from kernels import cpu_ops  # noqa: E402
-from kernels.cpu_quant import dequantize_rows, quantized_matmul  # noqa: E402
-from models.config import ModelConfig  # noqa: E402
+from inference.weights import ModelWeights, QuantMatrix
+from kernels import cpu_ops
+from kernels.cpu_quant import dequantize_rows, quantized_matmul
+from models.config import ModelConfig
 
 
 def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
