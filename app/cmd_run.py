@@ -20,7 +20,9 @@ def add_sampling_args(p) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 to disable (default 1.0)")
     p.add_argument("--seed", type=int, default=None, help="makes sampling repeatable")
     p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's, capped to memory)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu"], help="where to run (default auto)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where to run (default auto: cuda when CuPy sees a GPU)")
+    p.add_argument("--no-graph", action="store_true", help="GPU: run each decode step eagerly, not as a CUDA graph")
 
 
 def register(sub) -> None:
@@ -51,7 +53,7 @@ def run(args) -> int:
     if args.raw and (args.system or args.chat_template):
         raise NoPromptError("--raw is plain completion: it takes no --system or --chat-template")
     t0 = time.perf_counter()
-    engine = load(args.model, device=args.device, ctx=args.ctx)
+    engine = load(args.model, device=args.device, ctx=args.ctx, cuda_graph=not args.no_graph)
     load_seconds = time.perf_counter() - t0
     if args.raw:
         request = prompt

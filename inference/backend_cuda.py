@@ -84,7 +84,8 @@ class CUDABackend:
             self.token.set(tokens, stream=self.stream)
             self.begin_step()
         else:
-            self.ids = cp.empty(len(tokens), dtype=cp.int32)
+            with self.stream:
+                self.ids = cp.empty(len(tokens), dtype=cp.int32)
             self.ids.set(tokens, stream=self.stream)
             self.n = len(tokens)
             self._q8_of = None

@@ -47,6 +47,10 @@ class DecodeStep:
             assert logits.data.ptr == self.logits.data.ptr, "the captured step must reuse the warm-up's buffers"
             self.graphs[greedy] = graph
 
+    def wait(self) -> None:
+        """Until the device has done everything asked of it."""
+        self.be.stream.synchronize()
+
     def tokens(self, logits, params: SamplingParams, seed: int | None, history: list[int]) -> Iterator[int]:
         """The tokens after history, sampled on the device from logits [1, n_vocab] (the last forward's, of
         history's last token). Each next() after the first runs one step on the token before it."""

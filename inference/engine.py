@@ -127,6 +127,8 @@ class Engine:
         t0 = time.perf_counter()
         n_reused = min(len(ids) - 1, _common_prefix(ids, self._cached))
         logits = self._prefill(ids, all_logits=False)
+        if self._decode:
+            self._decode.wait()  # the GPU works asynchronously: count the prompt's time in its stats
         t1 = time.perf_counter()
         tokens = (self._decode.tokens if self._decode else self._host_tokens)(logits, params, seed, ids)
         detok = self.tokenizer.stream()
