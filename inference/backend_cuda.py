@@ -16,6 +16,8 @@ from kernels.cuda_quant import DeviceWeight, Q8Vector, matvec, quantize_q8_1, to
 from models.config import ModelConfig
 
 ALIGN = 256  # bytes: arena arrays start where CUDA allocations would (16-byte loads, coalescing)
+PREFILL_CHUNK = 1024  # prompt tokens a forward: each op costs ~30 us of Python and launch per chunk, so
+# long chunks amortize it (and dequantize each weight tile once per chunk), at 4 * n_ff bytes a token
 
 
 class Arena:
@@ -48,6 +50,8 @@ def _step_arena_bytes(cfg: ModelConfig) -> int:
 
 class CUDABackend:
     """Weights in VRAM, the fp16 KV cache, the input and sampler buffers, and the op set of forward()."""
+
+    prefill_chunk = PREFILL_CHUNK
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int):
         self.cfg = cfg

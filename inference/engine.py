@@ -85,8 +85,9 @@ class Engine:
             keep += 1
         keep = min(keep, len(ids) - 1)  # the last token always runs: its logits pick the next one
         out = []
-        for start in range(keep, len(ids), PREFILL_CHUNK):
-            chunk = ids[start:start + PREFILL_CHUNK]
+        size = getattr(self._be, "prefill_chunk", PREFILL_CHUNK)  # the GPU backend takes longer chunks
+        for start in range(keep, len(ids), size):
+            chunk = ids[start:start + size]
             self._be.set_input(np.array(chunk, np.int32), start)
             logits = forward(self._be, self.config, self._weights, all_logits=all_logits)
             out.append(self._be.to_host(logits) if all_logits else logits)
