@@ -27,7 +27,7 @@ def add_sampling_args(p) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="answer one prompt, streaming the reply to stdout")
-    p.add_argument("model", help="path to a .gguf file")
+    p.add_argument("model", help="a .gguf path, owner/repo[:QUANT] or a pulled name")
     p.add_argument("-p", "--prompt", help="the prompt; '-' or omitted with piped input: read stdin")
     p.add_argument("--raw", action="store_true", help="plain completion: no chat template")
     p.add_argument("--system", help="a system prompt (chat mode)")
@@ -48,12 +48,13 @@ def read_prompt(args) -> str:
 
 
 def run(args) -> int:
+    from app.progress import DownloadBar  # noqa: PLC0415
     from inference import load  # noqa: PLC0415  (heavy: numba, the model)
     prompt = read_prompt(args)
     if args.raw and (args.system or args.chat_template):
         raise NoPromptError("--raw is plain completion: it takes no --system or --chat-template")
     t0 = time.perf_counter()
-    engine = load(args.model, device=args.device, ctx=args.ctx, cuda_graph=not args.no_graph)
+    engine = load(args.model, device=args.device, ctx=args.ctx, progress=DownloadBar(), cuda_graph=not args.no_graph)
     load_seconds = time.perf_counter() - t0
     if args.raw:
         request = prompt

@@ -1,10 +1,27 @@
 """The op set of the forward pass on the CPU: numpy arrays, quantized matmuls from kernels/cpu_quant."""
-import numpy as np
+import mmap
+import os
 
-from inference.weights import ModelWeights, QuantMatrix
-from kernels import cpu_ops
-from kernels.cpu_quant import dequantize_rows, quantized_matmul
-from models.config import ModelConfig
+# Idle OpenMP threads (numba's parallel kernels) sleep instead of spinning: with more busy threads than cores,
+# spinning made each small matvec wait ~20 ms for a descheduled thread (10x slower generation under load).
+# Read when the OpenMP runtime loads, at the first parallel kernel call: it must be set before that.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import numpy as np  # noqa: E402
+
+from inference.weights import ModelWeights, QuantMatrix  # noqa: E402
+from kernels import cpu_ops  # noqa: E402
+from kernels.cpu_quant import dequantize_rows, quantized_matmul  # noqa: E402
+from models.config import ModelConfig  # noqa: E402
+
+
+def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """float32 zeros whose pages are mapped on first touch, so the cache costs memory only as the context fills.
+
+    An anonymous mmap rather than np.zeros: numpy asks for huge pages on large arrays, and faulting in a
+    2 MiB page per head on the first write cost ~70 ms per layer on our test machine.
+    """
+    return np.frombuffer(mmap.mmap(-1, max(1, int(np.prod(shape))) * 4), np.float32)[:int(np.prod(shape))].reshape(shape)
 
 
 class CPUBackend:
@@ -13,9 +30,8 @@ class CPUBackend:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int):
         self.cfg = cfg
         self.n_ctx = n_ctx
-        # np.zeros maps untouched pages lazily: the cache costs memory only as the context fills
-        self.k_cache = [np.zeros((cfg.n_kv_heads, n_ctx, cfg.head_dim), np.float32) for _ in range(cfg.n_layers)]
-        self.v_cache = [np.zeros((cfg.n_kv_heads, n_ctx, cfg.v_head_dim), np.float32) for _ in range(cfg.n_layers)]
+        self.k_cache = [lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.head_dim)) for _ in range(cfg.n_layers)]
+        self.v_cache = [lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.v_head_dim)) for _ in range(cfg.n_layers)]
         self.tokens = np.zeros(0, np.int32)  # [n] the tokens of this step
         self.pos = 0  # position of tokens[0]
         self._inv_freq = {}  # (base, scale) -> [rope_dim // 2]

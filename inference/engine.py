@@ -15,6 +15,7 @@ from models.chat_template import load_chat_template
 from models.config import ModelConfig, config_from_metadata
 from models.errors import UserError
 from models.gguf import open_gguf
+from models.model_ref import resolve_model
 from models.tokenizer import Tokenizer
 
 PREFILL_CHUNK = 256  # prompt tokens per forward: bounds the attention scores to [heads, 256, ctx]
@@ -24,11 +25,11 @@ class PromptTooLongError(UserError, ValueError):
     pass
 
 
-class NoChatTemplateError(UserError, ValueError):
+class EmptyPromptError(UserError, ValueError):
     pass
 
 
-class ModelNotFoundError(UserError, FileNotFoundError):
+class NoChatTemplateError(UserError, ValueError):
     pass
 
 
@@ -74,6 +75,8 @@ class Engine:
         return self._prefill(ids, all_logits=True)
 
     def _check_fits(self, n: int) -> None:
+        if n == 0:
+            raise EmptyPromptError("the prompt is empty")
         if n > self.n_ctx:
             raise PromptTooLongError(f"the prompt is {n} tokens but the context holds {self.n_ctx} (raise it with --ctx)")
 
@@ -108,7 +111,9 @@ class Engine:
             logits = forward(self._be, self.config, self._weights)
 
     def prompt_ids(self, prompt, chat_template: str | None = None) -> list[int]:
-        """Token ids of a plain-text prompt, or of messages rendered with the chat template."""
+        """Token ids of a plain-text prompt, of messages rendered with the chat template, or ids as given."""
+        if isinstance(prompt, np.ndarray) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
+            return [int(t) for t in prompt]
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
         template = load_chat_template(self._gguf.metadata, chat_template) if chat_template else self.chat_template
@@ -204,14 +209,6 @@ def _default_ctx(cfg: ModelConfig, file_size: int) -> int:
     return int(min(cfg.n_ctx_train, fits))
 
 
-def resolve_model(model) -> Path:
-    """The one place a model reference becomes a file path (Hub references and pulled names plug in here)."""
-    path = Path(model).expanduser()
-    if not path.is_file():
-        raise ModelNotFoundError(f"no model file at {model}")
-    return path
-
-
 def cuda_available() -> bool:
     """CuPy imports and sees a GPU (CuPy is optional: the CPU engine needs none)."""
     try:
@@ -221,8 +218,10 @@ def cuda_available() -> bool:
         return False
 
 
-def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None, cuda_graph: bool = True) -> Engine:
-    """Open a GGUF model ready to generate. device "cuda", "cpu" or "auto" (CUDA when CuPy sees a GPU).
+def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None, progress=None,
+         cuda_graph: bool = True) -> Engine:
+    """Open a GGUF model ready to generate: model is a path, owner/repo[:QUANT] or a pulled name (None: the
+    default model); progress reports a download. device "cuda", "cpu" or "auto" (CUDA when CuPy sees a GPU).
     cuda_graph=False runs the GPU decode step eagerly instead of replaying its captured graph."""
     if device not in ("auto", "cpu", "cuda"):
         raise DeviceError(f"device '{device}' is not available (use auto, cpu or cuda)")
@@ -230,7 +229,7 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
         device = "cuda" if cuda_available() else "cpu"
     elif device == "cuda" and not cuda_available():
         raise DeviceError("device 'cuda' needs CuPy and an NVIDIA GPU, and none was found (use --device cpu)")
-    path = resolve_model(model)
+    path = resolve_model(None if model is None else str(model), progress)  # resolve_model takes str only
     gguf = open_gguf(path)
     config = config_from_metadata(gguf.metadata)
     weights = load_weights(gguf, config)

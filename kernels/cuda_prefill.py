@@ -20,9 +20,9 @@ import numpy as np
 from kernels.cuda_module import kernel
 from kernels.cuda_quant import DeviceWeight, Q8Vector, quantize_q8_1
 
-DEQUANT_THREADS = 256  # a block of dequant_*; each thread makes 32 weights
+DEQUANT_THREADS = 256  # a block of dequant_* (THREADS in dequant.cu); each thread makes 32 weights
 NT = 8  # tokens per pass of matmul_q8 (matmul_q8.cu)
-SMALL_BATCH = 16  # matmul() takes the q8 path up to this many tokens (bench_prefill.py on the H100)
+SMALL_BATCH = 8  # matmul() takes the q8 path up to this many tokens: one pass (bench_prefill.py, H100)
 CUDA_R_16F, CUDA_R_32F = 2, 0  # cudaDataType_t values (library_types.h), for cublasGemmEx
 _ONE, _ZERO = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)  # gemm alpha, beta (host pointers)
 
@@ -72,7 +72,7 @@ def matmul(w: DeviceWeight, x: cp.ndarray, out: cp.ndarray, scratch: Scratch,
 
 def matmul_q8(w: DeviceWeight, xq: Q8Vector, n_tokens: int, out: cp.ndarray) -> None:
     """out float32 [n_tokens, w.n_rows] = x @ W.T, x the first n_tokens rows of xq ([>= round_up(n_tokens,
-    NT), w.n_cols] q8_1; the rows past n_tokens up to a multiple of NT are read but not used)."""
+    NT), w.n_cols] q8_1; the rows past n_tokens up to a multiple of NT are read but not used). Current stream."""
     _check_out(w, out, n_tokens)
     if not w.takes_q8:
         raise ValueError(f"matmul_q8: {w.qtype.name} weights take the fp16 path")
@@ -85,7 +85,8 @@ def matmul_q8(w: DeviceWeight, xq: Q8Vector, n_tokens: int, out: cp.ndarray) -> 
 
 
 def matmul_f16(w: DeviceWeight, x16: cp.ndarray, out: cp.ndarray, scratch: Scratch) -> None:
-    """out float32 [n_tokens, w.n_rows] = x16 float16 [n_tokens, w.n_cols] @ W.T, by tiles of scratch.w16."""
+    """out float32 [n_tokens, w.n_rows] = x16 float16 [n_tokens, w.n_cols] @ W.T, by tiles of scratch.w16, on
+    the current stream. Share one x16 among the weights that read the same activation (q, k, v; gate, up)."""
     n_tokens = x16.shape[0]
     if x16.dtype != cp.float16 or x16.shape != (n_tokens, w.n_cols) or not x16.flags.c_contiguous:
         raise ValueError(f"matmul_f16: x16 must be contiguous float16 [n_tokens, {w.n_cols}], "

@@ -7,32 +7,50 @@
 // stores.
 #include "dequant_chunk.cuh"
 
-// out[r, :] (fp16, row-major [n_tile, nb * QK]) = W[row0 + r, :] for r < n_tile; one thread a chunk.
+constexpr int THREADS = 256;
+
+// out[r, :] (fp16, row-major [n_tile, nb * QK]) = W[row0 + r, :] for r < n_tile; one thread a chunk. A
+// warp's 32 chunks are 2 KB of consecutive output: staged in shared memory and stored as 16-byte pieces
+// that are consecutive across the warp (each thread storing its own 64 bytes left every store instruction
+// half-filling 32 sectors: 1.7 TB/s instead of the ~3 of a copy).
 template <class T>
 __device__ __forceinline__ void dequant_rows(const uint8_t* __restrict__ w, __half* __restrict__ out,
                                              int n_rows, int nb, int row0, int n_tile) {
     constexpr int CPB = T::QK / 32;  // chunks a block
+    __shared__ uint4 stage[THREADS * 4];
     int cpr = nb * CPB;
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)n_tile * cpr) return;
-    int r = (int)(i / cpr), c = (int)(i % cpr);
-    size_t blk = (size_t)(row0 + r) * nb + c / CPB;
-    const uint8_t* bulk = w + blk * T::BULK;
-    const uint8_t* meta = w + (size_t)n_rows * nb * T::BULK + blk * T::META;
-    float v[32];
-    chunk(T{}, bulk, meta, c % CPB, v);
-    uint4* o = reinterpret_cast<uint4*>(out + i * 32);  // chunk i of the tile is values 32i .. 32i + 31
+    size_t n_chunks = (size_t)n_tile * cpr;
+    size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    uint4* my = stage + 4 * threadIdx.x;
+    if (i < n_chunks) {
+        int r = (int)(i / cpr), c = (int)(i % cpr);
+        size_t blk = (size_t)(row0 + r) * nb + c / CPB;
+        const uint8_t* bulk = w + blk * T::BULK;
+        const uint8_t* meta = w + (size_t)n_rows * nb * T::BULK + blk * T::META;
+        float v[32];
+        chunk(T{}, bulk, meta, c % CPB, v);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            __half2 h[4];
+#pragma unroll
+            for (int p = 0; p < 4; ++p) h[p] = __floats2half2_rn(v[8 * k + 2 * p], v[8 * k + 2 * p + 1]);
+            my[k] = *reinterpret_cast<uint4*>(h);
+        }
+    }
+    __syncwarp();
+    // the warp's output: chunks i - lane .. i - lane + 31 = 128 uint4 from uint4 index 4 * (i - lane)
+    size_t base = 4 * (i - lane), end = 4 * n_chunks;
+    uint4* o = reinterpret_cast<uint4*>(out);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        __half2 h[4];
-#pragma unroll
-        for (int p = 0; p < 4; ++p) h[p] = __floats2half2_rn(v[8 * k + 2 * p], v[8 * k + 2 * p + 1]);
-        o[k] = *reinterpret_cast<uint4*>(h);
+        size_t j = base + 32 * k + lane;
+        if (j < end) o[j] = stage[128 * warp + 32 * k + lane];
     }
 }
 
 #define DEQUANT(NAME, T)                                                                              \
-    extern "C" __global__ void __launch_bounds__(256)                                                 \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                 \
         NAME(const uint8_t* w, __half* out, int n_rows, int nb, int row0, int n_tile) {               \
         dequant_rows<T>(w, out, n_rows, nb, row0, n_tile);                                            \
     }

@@ -8,8 +8,9 @@ stops escapes, not work:
   stopped. A thread or process we could kill would also work, but a tracer needs no second interpreter
   and costs a few milliseconds on real templates.
 - size: output is generated in chunks and stopped past MAX_OUTPUT_CHARS.
-- memory in one step: `*` and `**` and integer arguments of calls and filters (`'x' * 10**10`,
-  `'x'.center(10**10)`, `x|indent(10**9)`) are refused above MAX_INT_ARGUMENT before they run in C.
+- work in one C call, which no tracer can stop: sequence repetition past the output limit, powers past
+  MAX_POWER_BITS, and integer arguments of calls and filters above MAX_INT_ARGUMENT (`'x'.center(10**10)`,
+  `x|indent(10**9)`) are refused before they run.
 """
 import functools
 import json
@@ -27,6 +28,7 @@ from models.errors import UserError
 MAX_RENDER_SECONDS = 2.0
 MAX_OUTPUT_CHARS = 4_000_000  # ~1M tokens: more than any context
 MAX_INT_ARGUMENT = 100_000    # jinja's sandbox caps range() at the same size
+MAX_POWER_BITS = 1_000_000
 
 
 class ChatTemplateError(UserError, ValueError):
@@ -98,9 +100,12 @@ def _check_ints(values):
 
 
 def _bounded_filter(f):
+    """f with its arguments (not the filtered value) held to MAX_INT_ARGUMENT."""
+    first_argument = 2 if hasattr(f, "jinja_pass_arg") else 1  # after the context/environment and the value
+
     @functools.wraps(f)  # keeps jinja's pass_context/pass_environment marks
     def bounded(*args, **kwargs):
-        _check_ints(args)
+        _check_ints(args[first_argument:])
         _check_ints(kwargs.values())
         return f(*args, **kwargs)
     return bounded
@@ -134,10 +139,14 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         raise SecurityError(f"access to attribute '{attribute}' of a '{type(obj).__name__}' object is unsafe")
 
     def call_binop(self, context, operator, left, right):
-        _check_ints([left, right])
-        if operator == "*" and isinstance(left, (str, list, tuple)) and isinstance(right, int) \
-                and len(left) * right > MAX_OUTPUT_CHARS:
-            raise RenderLimit(f"a repetition would pass the output limit of {MAX_OUTPUT_CHARS:,} characters")
+        if operator == "*":
+            sequence, count = (left, right) if isinstance(right, int) else (right, left)
+            if isinstance(sequence, (str, list, tuple)) and isinstance(count, int) \
+                    and len(sequence) * count > MAX_OUTPUT_CHARS:
+                raise RenderLimit(f"a repetition would pass the output limit of {MAX_OUTPUT_CHARS:,} characters")
+        if operator == "**" and isinstance(left, int) and isinstance(right, int) \
+                and abs(left).bit_length() * right > MAX_POWER_BITS:
+            raise RenderLimit(f"a power would have more than {MAX_POWER_BITS:,} bits")
         return super().call_binop(context, operator, left, right)
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's signature)
@@ -204,7 +213,8 @@ def _token_text(metadata: dict, key: str) -> str:
 def load_chat_template(metadata: dict, name: str | None = None) -> ChatTemplate | None:
     """The template to chat with: the built-in `name` if given (e.g. from --chat-template), else the file's
     tokenizer.chat_template, else None: the model is used for plain completion."""
-    bos, eos = _token_text(metadata, "tokenizer.ggml.bos_token_id"), _token_text(metadata, "tokenizer.ggml.eos_token_id")
+    bos = _token_text(metadata, "tokenizer.ggml.bos_token_id")
+    eos = _token_text(metadata, "tokenizer.ggml.eos_token_id")
     if name is not None:
         if name not in BUILTIN_TEMPLATES:
             raise ChatTemplateError(f"unknown chat template '{name}'; built-in: {', '.join(BUILTIN_TEMPLATES)}")

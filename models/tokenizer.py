@@ -123,7 +123,8 @@ def spm_merges(tokens: list[str], scores: np.ndarray) -> list[tuple[str, str]]:
     hit = right >= 0
     token, left, right = token[hit], left[hit], right[hit]
     rank = np.lexsort((left, token, -scores[token]))  # best score first; ties by token id, then left part
-    return [(tokens[a], tokens[b]) for a, b in zip(left[rank].tolist(), right[rank].tolist())]
+    texts = np.array(tokens, dtype=object)
+    return list(zip(texts[left[rank]].tolist(), texts[right[rank]].tolist()))
 
 
 def _bpe_merges(merges: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
@@ -156,7 +157,7 @@ class Tokenizer:
         self.tokens = tokens
         self.types = self._per_token_array(metadata, "tokenizer.ggml.token_type", np.int32, NORMAL)
         self.scores = self._per_token_array(metadata, "tokenizer.ggml.scores", np.float32, 0.0)
-        vocab = {t: i for i, t in enumerate(tokens)}
+        vocab = dict(zip(tokens, range(len(tokens))))
         if len(vocab) != len(tokens):
             raise TokenizerError("tokenizer.ggml.tokens holds the same token text twice")
         self.vocab = vocab
@@ -245,8 +246,8 @@ class Tokenizer:
     def _build(self, metadata) -> RustTokenizer:
         if self.kind == "gpt2":
             merges = metadata.get("tokenizer.ggml.merges")
-            if not isinstance(merges, list):
-                raise TokenizerError("tokenizer.ggml.merges is missing (a gpt2 tokenizer needs it)")
+            if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+                raise TokenizerError("tokenizer.ggml.merges is missing or not a list of strings (gpt2 needs it)")
             vocab = {**self.vocab, **{c: len(self.tokens) + k for k, c in enumerate(self._missing_bytes)}}
             model = models.BPE(vocab, _bpe_merges(merges, self.vocab), ignore_merges=self.pre.ignore_merges)
             rust = RustTokenizer(model)

@@ -101,3 +101,12 @@ def test_bar_in_a_log_counts_speed_from_where_it_resumed():
     bar("m.gguf", 1_700_000_000, 1_700_000_000)
     assert out.getvalue() == ("pulling m.gguf (1.7 GB, resuming at 1.0 GB)\n"
                               "pulled m.gguf (1.7 GB in 10.0s, 70.0 MB/s)\n")
+
+
+def test_info_takes_a_hub_reference_and_a_pulled_name(fake_hub, capsys):
+    assert main(["info", "tester/tiny-GGUF:Q8_0", "--json"]) == 0  # pulled first, progress on stderr
+    out, err = capsys.readouterr()
+    assert '"architecture"' in out and "pulling tiny-Q8_0.gguf" in err
+    assert main(["info", "tester/tiny-GGUF:Q8_0"]) == 0  # now cached: no download
+    out, err = capsys.readouterr()
+    assert "architecture" in out and "pulling" not in err

@@ -69,12 +69,14 @@ def test_full_context_ends_with_context_full(smollm2):
     with pytest.raises(PromptTooLongError, match="the context holds 12") as e:
         run(engine, PROMPT * 5, max_tokens=4)
     assert isinstance(e.value, UserError)
+    with pytest.raises(UserError, match="empty"):
+        run(engine, "", max_tokens=4)  # SmolLM2 adds no BOS: no token at all
 
 
 def test_unknown_device_and_missing_file_are_user_errors(smollm2, tmp_path):
     with pytest.raises(UserError, match="device 'tpu'"):
         load(smollm2, device="tpu")
-    with pytest.raises(UserError, match="no model file"):
+    with pytest.raises(UserError, match="no such file"):
         load(tmp_path / "missing.gguf")
 
 

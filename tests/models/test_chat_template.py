@@ -54,7 +54,8 @@ def test_model_without_template_is_plain_completion_unless_a_builtin_is_named(ge
     assert load_chat_template(metadata) is None
     gemma = load_chat_template(metadata, name="gemma")
     assert gemma.bos_token == "<bos>" and gemma.eos_token == "<eos>"
-    assert gemma.render([{"role": "user", "content": "Hi"}]) == "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert gemma.render([{"role": "user", "content": "Hi"}]) == \
+        "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
     with pytest.raises(ChatTemplateError, match="unknown chat template 'vicuna'; built-in: chatml, llama3, gemma"):
         load_chat_template(metadata, name="vicuna")
 
@@ -85,9 +86,12 @@ def test_escape_attempts_are_refused(source):
 
 @pytest.mark.parametrize("source, message", [
     ("{% set r = range(100000) %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}", "ran longer than"),
-    ("{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}", "ran longer than|wrote more"),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}",
+     "ran longer than|wrote more"),
     ("{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}", "wrote more than"),
-    ("{{ 'x' * 10**10 }}", "above the limit"),
+    ("{{ 'x' * 10**10 }}", "output limit"),
+    ("{{ 10 ** 100000000 }}", "bits"),
+    ("{{ (10 ** 100000) ** 100000 }}", "bits"),
     ("{{ 'x'.center(10**10) }}", "above the limit"),
     ("{{ 'x' | center(1000000000) }}", "above the limit"),
     ("{{ ('x' * 90000) * 90000 }}", "output limit"),
@@ -99,6 +103,11 @@ def test_runaway_templates_are_stopped_quickly(monkeypatch, source, message):
     with pytest.raises(ChatTemplateError, match=message):
         ChatTemplate(source).render(CONVERSATIONS[0])
     assert time.monotonic() - start < 3
+
+
+def test_ordinary_big_numbers_still_render():
+    assert ChatTemplate("{{ 1000000 | abs }} {{ 123456 * 1000 }} {{ 2 ** 64 }}").render([]) == \
+        "1000000 123456000 18446744073709551616"
 
 
 def test_broken_templates_are_clear_errors():

@@ -194,6 +194,13 @@ def test_sentencepiece_space_prefix_equals_llama_cpp(gemma3, tmp_path):
     assert "".join(stream.push(i) for i in tok.encode("Hello world", add_special=False)) == "Hello world"
 
 
+def test_special_id_past_the_vocab_falls_back_like_llama_cpp(smollm2, tmp_path):
+    path = write_vocab_only(smollm2, tmp_path / "bad_bos.gguf", tokenizer__ggml__bos_token_id=10**6,
+                            tokenizer__ggml__add_bos_token=True)
+    tok, oracle = Tokenizer(open_gguf(path).metadata), Oracle(path)
+    assert tok.encode("Hi there") == oracle.tokenize("Hi there", True, False) == [11, 26843, 665]
+
+
 def smollm_metadata(smollm2, **overrides):
     return {**open_gguf(smollm2).metadata, **{k.replace("__", "."): v for k, v in overrides.items()}}
 
@@ -203,6 +210,8 @@ def smollm_metadata(smollm2, **overrides):
     ({"tokenizer__ggml__model": "t5"}, "unsupported tokenizer model 't5'"),
     ({"tokenizer__ggml__tokens": None}, "tokenizer.ggml.tokens is missing"),
     ({"tokenizer__ggml__merges": None}, "tokenizer.ggml.merges is missing"),
+    ({"tokenizer__ggml__merges": [1, 2]}, "not a list of strings"),
+    ({"tokenizer__ggml__scores": ["x"] * 49152}, "tokenizer.ggml.scores must be"),
     ({"tokenizer__ggml__token_type": np.ones(5, dtype=np.int32)}, "tokenizer.ggml.token_type must be"),
 ])
 def test_bad_tokenizer_metadata_is_a_clear_error(smollm2, overrides, message):

@@ -148,11 +148,13 @@ CORPUS: list[str] = SCRIPTS + EMOJI + CODE + WHITESPACE + NUMBERS + CONTRACTIONS
 
 # Pieces for seeded random strings: scripts, marks, emoji parts, every kind of space, digits of other
 # scripts, unassigned code points (U+65827, U+1AB5F), a private-use one, special-token texts and fragments.
-RANDOM_PIECES = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789      \n\n\t\r.,;:!?'\"-_()[]{}<>|/\\@#$%^&*+=~`") + [
-    "é", "ß", "ü", "ñ", "É", "Ω", "中", "文", "の", "ア", "한", "ا", "ה", "я", "Я", "ω", "क", "्", "\u0301", "😀", "👍🏽", "\u200d",
-    "❤️", "🇫🇷", "▁", "\u00a0", "\u3000", "\u2028", "\x85", "\x0b", "\x1c", "\u2003", "\u200b", "\ufeff", "'s", "'S", "'ll", "'LL",
-    "'re", "the", " the", "ing", "http://", "123", "12345", "\r\n", "  ", "\t\t", "١٢", "½", "²", "Ⅻ", "ǅ", "ʰ", "\U00065827",
-    "\U0001ab5f", "\ue000", "<|im_end|>", "<|im_start|>", "<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "im_", "<unused",
+RANDOM_PIECES = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789      \n\n\t\r") + list(
+    ".,;:!?'\"-_()[]{}<>|/\\@#$%^&*+=~`") + [
+    "é", "ß", "ü", "ñ", "É", "Ω", "中", "文", "の", "ア", "한", "ا", "ה", "я", "Я", "ω", "क", "्", "\u0301",
+    "😀", "👍🏽", "\u200d", "❤️", "🇫🇷", "▁", "\u00a0", "\u3000", "\u2028", "\x85", "\x0b", "\x1c", "\u2003",
+    "\u200b", "\ufeff", "'s", "'S", "'ll", "'LL", "'re", "the", " the", "ing", "http://", "123", "12345", "\r\n",
+    "  ", "\t\t", "١٢", "½", "²", "Ⅻ", "ǅ", "ʰ", "\U00065827", "\U0001ab5f", "\ue000", "<|im_end|>", "<|im_start|>",
+    "<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "im_", "<unused",
 ]
 
 
