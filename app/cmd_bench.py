@@ -23,7 +23,8 @@ def register(sub) -> None:
     p.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens of the pp test (default 128)")
     p.add_argument("-n", "--n-gen", type=int, default=64, help="generated tokens of the tg test (default 64)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="runs of each test (default 3)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--no-graph", action="store_true", help="GPU: run each decode step eagerly, not as a CUDA graph")
     p.add_argument("--compare-llamacpp", action="store_true", help="also run llama.cpp (llama-cpp-python) on the CPU")
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
     p.set_defaults(func=run)
@@ -85,7 +86,8 @@ def run(args) -> int:
     from inference import load  # noqa: PLC0415
     if args.n_prompt < 1 or args.n_gen < 1 or args.repetitions < 1:
         raise BenchError("-p, -n and -r must be at least 1")
-    engine = load(args.model, device=args.device, ctx=args.n_prompt + args.n_gen + 8, progress=DownloadBar())
+    engine = load(args.model, device=args.device, ctx=args.n_prompt + args.n_gen + 8, progress=DownloadBar(),
+                  cuda_graph=not args.no_graph)
     name = engine.path.name
     print("| model | engine | test | t/s |")
     print("| --- | --- | --- | ---: |")

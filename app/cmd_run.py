@@ -19,20 +19,20 @@ def add_sampling_args(p) -> None:
     p.add_argument("--min-p", type=float, default=0.05, help="0 to disable (default 0.05)")
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 to disable (default 1.0)")
     p.add_argument("--seed", type=int, default=None, help="makes sampling repeatable")
-    p.add_argument("--ctx", type=int, default=None,
-                   help="context size in tokens (default: the model's, capped to memory)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu"], help="where to run (default auto)")
+    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's, capped to memory)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where to run (default auto: cuda when CuPy sees a GPU)")
+    p.add_argument("--no-graph", action="store_true", help="GPU: run each decode step eagerly, not as a CUDA graph")
 
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="answer one prompt, streaming the reply to stdout")
-    p.add_argument("model", help="a .gguf path, owner/repo[:QUANT] or a pulled name")
+    p.add_argument("model", nargs="?", help="a .gguf path, owner/repo[:QUANT] or a pulled name (default: the configured default model)")
     p.add_argument("-p", "--prompt", help="the prompt; '-' or omitted with piped input: read stdin")
     p.add_argument("--raw", action="store_true", help="plain completion: no chat template")
     p.add_argument("--system", help="a system prompt (chat mode)")
     p.add_argument("--chat-template", metavar="NAME", help="a built-in chat template instead of the model's")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="stop when the reply contains TEXT (repeatable)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the reply contains TEXT (repeatable)")
     add_sampling_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (text, stats) instead of streaming")
     p.add_argument("--verbose", action="store_true", help="print load time and speeds to stderr")
@@ -54,7 +54,7 @@ def run(args) -> int:
     if args.raw and (args.system or args.chat_template):
         raise NoPromptError("--raw is plain completion: it takes no --system or --chat-template")
     t0 = time.perf_counter()
-    engine = load(args.model, device=args.device, ctx=args.ctx, progress=DownloadBar())
+    engine = load(args.model, device=args.device, ctx=args.ctx, progress=DownloadBar(), cuda_graph=not args.no_graph)
     load_seconds = time.perf_counter() - t0
     if args.raw:
         request = prompt

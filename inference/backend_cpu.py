@@ -36,6 +36,9 @@ class CPUBackend:
         self.tokens = np.asarray(tokens, np.int32)
         self.pos = pos
 
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        return x
+
     def embed(self, table: QuantMatrix, scale: float) -> np.ndarray:
         x = dequantize_rows(table.data, table.qtype, self.tokens)  # [n, n_embd]
         return x * np.float32(scale) if scale != 1.0 else x

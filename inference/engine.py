@@ -55,13 +55,14 @@ class GenerationStats:
 
 
 class Engine:
-    def __init__(self, path: Path, config: ModelConfig, weights, tokenizer, backend, gguf):
+    def __init__(self, path: Path, config: ModelConfig, weights, tokenizer, backend, gguf, decode=None):
         self.path = path
         self.config = config
         self.tokenizer = tokenizer
         self.n_ctx = backend.n_ctx
         self._weights = weights
         self._be = backend
+        self._decode = decode  # cuda_graph.DecodeStep: tokens sampled on the GPU; None: on the host
         self._gguf = gguf  # keeps the memory map the weights view alive
         self.chat_template = load_chat_template(gguf.metadata)  # None: the file has none
         self._cached: list[int] = []  # tokens whose keys and values are in the cache, from position 0
@@ -80,26 +81,33 @@ class Engine:
             raise PromptTooLongError(f"the prompt is {n} tokens but the context holds {self.n_ctx} "
                                      "(raise it with --ctx)")
 
-    def _prefill(self, ids: list[int], all_logits: bool) -> np.ndarray:
-        """Process ids after the longest prefix already cached; logits of every new token or of the last."""
+    def _prefill(self, ids: list[int], all_logits: bool):
+        """Process ids after the longest prefix already cached. all_logits: numpy [n_new, n_vocab] of every new
+        token; else the last token's logits [1, n_vocab], left on the backend's device."""
         # the last token always runs: its logits pick the next one
         keep = min(_common_prefix(ids, self._cached), len(ids) - 1)
         out = []
-        for start in range(keep, len(ids), PREFILL_CHUNK):
-            chunk = ids[start:start + PREFILL_CHUNK]
+        size = getattr(self._be, "prefill_chunk", PREFILL_CHUNK)  # the GPU backend takes longer chunks
+        for start in range(keep, len(ids), size):
+            chunk = ids[start:start + size]
             self._be.set_input(np.array(chunk, np.int32), start)
-            last = start + len(chunk) == len(ids)
-            out.append(forward(self._be, self.config, self._weights, all_logits=all_logits or not last))
+            logits = forward(self._be, self.config, self._weights, all_logits=all_logits)
+            out.append(self._be.to_host(logits) if all_logits else logits)
             self._cached = ids[:start + len(chunk)]
-        logits = np.concatenate(out) if all_logits else out[-1]
-        return logits.astype(np.float32, copy=False)
+        return np.concatenate(out).astype(np.float32, copy=False) if all_logits else out[-1]
 
-    def _step(self, token: int) -> np.ndarray:
-        """Append one token at the end of the cache; its logits [n_vocab]."""
-        self._be.set_input(np.array([token], np.int32), len(self._cached))
-        logits = forward(self._be, self.config, self._weights)[0]
-        self._cached.append(token)
-        return logits
+    def _host_tokens(self, logits: np.ndarray, params: SamplingParams, seed: int | None,
+                     history: list[int]) -> Iterator[int]:
+        """The tokens after history, sampled on the host from logits [1, n_vocab] (of history's last token).
+        Each next() after the first runs the model on the token before it (the caller caches it first)."""
+        sampler = Sampler(params, seed)
+        history = list(history)
+        while True:
+            token = sampler(logits[0], history)
+            yield token
+            history.append(token)
+            self._be.set_input(np.array([token], np.int32), len(self._cached) - 1)
+            logits = forward(self._be, self.config, self._weights)
 
     def prompt_ids(self, prompt, chat_template: str | None = None) -> list[int]:
         """Token ids of a plain-text prompt, of messages rendered with the chat template, or ids as given."""
@@ -119,25 +127,26 @@ class Engine:
         """Yield the reply as text pieces, then one GenerationStats. Closing the generator stops it."""
         ids = self.prompt_ids(prompt, chat_template)
         self._check_fits(len(ids))
-        sampler = Sampler(SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty), seed)
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty)
         eog = self.tokenizer.eog_ids
         t0 = time.perf_counter()
         n_reused = min(len(ids) - 1, _common_prefix(ids, self._cached))
-        logits = self._prefill(ids, all_logits=False)[0]
+        logits = self._prefill(ids, all_logits=False)
+        if self._decode:
+            self._decode.wait()  # the GPU works asynchronously: count the prompt's time in its stats
         t1 = time.perf_counter()
-        history = list(ids)
+        tokens = (self._decode.tokens if self._decode else self._host_tokens)(logits, params, seed, ids)
         detok = self.tokenizer.stream()
         text = StopScanner(stop)
         generated = 0
         finish = "length"
         stopped = False  # by a stop string: what follows it is dropped
         while generated < max_tokens:
-            token = sampler(logits, history)
+            token = next(tokens)
             generated += 1
             if token in eog:
                 finish = "stop"
                 break
-            history.append(token)
             piece, stopped = text.feed(detok.push(token))
             if piece:
                 yield piece
@@ -149,7 +158,7 @@ class Engine:
             if len(self._cached) >= self.n_ctx:
                 finish = "context full"
                 break
-            logits = self._step(token)
+            self._cached.append(token)  # the next next(tokens) runs it through the model
         if not stopped:
             tail, _ = text.feed(detok.flush(), final=True)
             if tail:
@@ -200,11 +209,26 @@ def _default_ctx(cfg: ModelConfig, file_size: int) -> int:
     return int(min(cfg.n_ctx_train, fits))
 
 
-def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None, progress=None) -> Engine:
+def cuda_available() -> bool:
+    """CuPy imports and sees a GPU (CuPy is optional: the CPU engine needs none)."""
+    try:
+        import cupy  # noqa: PLC0415
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver, no device: all mean the CPU
+        return False
+
+
+def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None, progress=None,
+         cuda_graph: bool = True) -> Engine:
     """Open a GGUF model ready to generate: model is a path, owner/repo[:QUANT] or a pulled name (None: the
-    default model); progress reports a download. device "cpu" (or "auto", which is the CPU for now)."""
-    if device not in ("auto", "cpu"):
-        raise DeviceError(f"device '{device}' is not available (use cpu)")
+    default model); progress reports a download. device "cuda", "cpu" or "auto" (CUDA when CuPy sees a GPU).
+    cuda_graph=False runs the GPU decode step eagerly instead of replaying its captured graph."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise DeviceError(f"device '{device}' is not available (use auto, cpu or cuda)")
+    if device == "auto":
+        device = "cuda" if cuda_available() else "cpu"
+    elif device == "cuda" and not cuda_available():
+        raise DeviceError("device 'cuda' needs CuPy and an NVIDIA GPU, and none was found (use --device cpu)")
     path = resolve_model(None if model is None else str(model), progress)  # resolve_model takes str only
     gguf = open_gguf(path)
     config = config_from_metadata(gguf.metadata)
@@ -213,4 +237,9 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
     n_ctx = ctx if ctx is not None else _default_ctx(config, gguf.file_size)
     if n_ctx < 1:
         raise DeviceError(f"the context size must be at least 1 (got {n_ctx})")
-    return Engine(path, config, weights, tokenizer, CPUBackend(config, weights, n_ctx), gguf)
+    if device == "cpu":
+        return Engine(path, config, weights, tokenizer, CPUBackend(config, weights, n_ctx), gguf)
+    from inference.backend_cuda import CUDABackend  # noqa: PLC0415  (CuPy only on this path)
+    from inference.cuda_graph import DecodeStep  # noqa: PLC0415
+    backend = CUDABackend(config, weights, n_ctx)
+    return Engine(path, config, weights, tokenizer, backend, gguf, DecodeStep(backend, config, weights, cuda_graph))

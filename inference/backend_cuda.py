@@ -1,0 +1,237 @@
+"""The op set of the forward pass on the GPU: CuPy arrays, weights uploaded once, kernels from kernels/cuda_*.
+
+All work runs on one non-blocking stream (cuBLAS included), so the eager prompt chunks, the eager decode
+step and the captured one are ordered without host syncs; the host waits only when it reads a result.
+Every intermediate of a one-token step comes from a bump arena that set_input / begin_step reset: the same
+sequence of ops gets the same addresses in the warm-up, under capture and at every replay, and nothing asks
+CuPy's memory pool for memory during a capture. Prompt chunks (many tokens, eager) draw from the pool.
+"""
+import cupy as cp
+import numpy as np
+
+from inference.sampling import REPEAT_LAST_N, SamplingParams
+from inference.weights import ModelWeights, QuantMatrix
+from kernels import cuda_ops, cuda_prefill
+from kernels.cuda_quant import DeviceWeight, Q8Vector, matvec, quantize_q8_1, to_device
+from models.config import ModelConfig
+
+ALIGN = 256  # bytes: arena arrays start where CUDA allocations would (16-byte loads, coalescing)
+PREFILL_CHUNK = 1024  # prompt tokens a forward: each op costs ~30 us of Python and launch per chunk, so
+# long chunks amortize it (and dequantize each weight tile once per chunk), at 4 * n_ff bytes a token
+
+
+class Arena:
+    """One device buffer handed out front to back; reset() makes every address free again."""
+
+    def __init__(self, nbytes: int):
+        self.buf = cp.empty(nbytes, dtype=cp.uint8)
+        self.top = 0
+
+    def reset(self) -> None:
+        self.top = 0
+
+    def take(self, shape: tuple, dtype) -> cp.ndarray:
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if self.top + nbytes > self.buf.size:
+            raise MemoryError(f"decode arena of {self.buf.size} bytes is full")
+        a = self.buf[self.top:self.top + nbytes].view(dtype).reshape(shape)
+        self.top += -(-nbytes // ALIGN) * ALIGN
+        return a
+
+
+def _step_arena_bytes(cfg: ModelConfig) -> int:
+    """An upper bound on what one token's forward and sampling take from the arena."""
+    e, f = cfg.n_embd, cfg.n_ff
+    q, kv = cfg.n_heads * max(cfg.head_dim, cfg.v_head_dim), cfg.n_kv_heads * max(cfg.head_dim, cfg.v_head_dim)
+    floats = 12 * e + 3 * q + 3 * kv + 4 * f  # activations of a layer, q8_1 copies counted as floats
+    per_layer = 4 * floats + 32 * ALIGN
+    return cfg.n_layers * per_layer + 4 * (4 * e + cfg.n_vocab) + 16 * ALIGN + (1 << 20)
+
+
+class CUDABackend:
+    """Weights in VRAM, the fp16 KV cache, the input and sampler buffers, and the op set of forward()."""
+
+    prefill_chunk = PREFILL_CHUNK
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int):
+        self.cfg = cfg
+        self.n_ctx = n_ctx
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        with self.stream:
+            self._dev: dict[int, object] = {}  # id of a host weight -> its device copy
+            for m in _host_tensors(weights):
+                if id(m) not in self._dev:
+                    self._dev[id(m)] = to_device(m.data, m.qtype) if isinstance(m, QuantMatrix) else cp.asarray(m)
+            self._rope_freqs = weights.rope_freqs
+            self.caches = [cuda_ops.kv_cache(cfg.n_kv_heads, n_ctx, cfg.head_dim) for _ in range(cfg.n_layers)]
+            self.token = cp.zeros(1, dtype=cp.int32)  # the decode step's input; the sampler writes the next
+            self.pos = cp.zeros(1, dtype=cp.int32)  # position of tokens[0]
+            self.history = cp.zeros(REPEAT_LAST_N, dtype=cp.int32)  # ring: history[p % n] = token at p
+            self.fparams, self.iparams = cuda_ops.sampling_params()
+            self._attn_scratch = cuda_ops.decode_scratch(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+            self._argmax_scratch = cuda_ops.argmax_scratch()
+            self._sample_scratch = cuda_ops.sample_scratch(cfg.n_vocab)
+            self._arena = Arena(_step_arena_bytes(cfg))
+        self._inv_freq = {}  # (base, scale) -> float64 [rope_dim // 2]
+        self._prefill_scratch = None  # cuda_prefill.Scratch, grown to the largest chunk seen
+        self.ids = self.token  # [n] int32 the tokens of this forward
+        self.n = 1
+        self._q8_of = None  # (address of x, its Q8Vector): q, k and v (gate and up) share one quantization
+        self.stream.synchronize()
+
+    # ---- inputs ----
+
+    def set_input(self, tokens: np.ndarray, pos: int) -> None:
+        """The next forward runs tokens [n] at positions pos..pos+n-1 (eagerly)."""
+        tokens = np.asarray(tokens, np.int32)
+        if len(tokens) == 1:
+            self.token.set(tokens, stream=self.stream)
+            self.begin_step()
+        else:
+            with self.stream:
+                self.ids = cp.empty(len(tokens), dtype=cp.int32)
+            self.ids.set(tokens, stream=self.stream)
+            self.n = len(tokens)
+            self._q8_of = None
+        self.pos.set(np.array([pos], np.int32), stream=self.stream)
+
+    def begin_step(self) -> None:
+        """The next forward runs token[0] at pos[0], whatever the device buffers hold (the graph's input)."""
+        self._arena.reset()
+        self.ids = self.token
+        self.n = 1
+        self._q8_of = None
+
+    def _empty(self, shape: tuple, dtype=cp.float32) -> cp.ndarray:
+        if self.n == 1:
+            return self._arena.take(shape, dtype)
+        with self.stream:
+            return cp.empty(shape, dtype=dtype)
+
+    def to_host(self, x: cp.ndarray) -> np.ndarray:
+        return x.get(stream=self.stream)
+
+    # ---- the op set of forward() ----
+
+    def embed(self, table: QuantMatrix, scale: float) -> cp.ndarray:
+        w = self._dev[id(table)]
+        out = self._empty((self.n, w.n_cols))
+        cuda_ops.embed(w, self.ids, out, scale, stream=self.stream)
+        return out
+
+    def rms_norm(self, x: cp.ndarray, weight: np.ndarray) -> cp.ndarray:
+        out = self._empty(x.shape)
+        cuda_ops.rms_norm(x, self._dev[id(weight)], out, self.cfg.rms_eps, stream=self.stream)
+        return out
+
+    def matmul(self, w: QuantMatrix, x: cp.ndarray, bias: np.ndarray | None = None) -> cp.ndarray:
+        dw: DeviceWeight = self._dev[id(w)]
+        out = self._empty((x.shape[0], dw.n_rows))
+        if x.shape[0] == 1:
+            matvec(dw, self._q8(x) if dw.takes_q8 else x.reshape(-1), out.reshape(-1), stream=self.stream)
+        else:
+            self._set_cublas_stream()
+            cuda_prefill.matmul(dw, x, out, self._scratch(dw.n_cols), stream=self.stream)
+        if bias is not None:
+            cuda_ops.add_bias(out, self._dev[id(bias)], stream=self.stream)
+        return out
+
+    def rope(self, x: cp.ndarray, base: float, scale: float) -> cp.ndarray:
+        """x [n, heads, head_dim] rotated in place for positions pos..pos+n-1."""
+        key = (base, scale)
+        if key not in self._inv_freq:
+            with self.stream:
+                self._inv_freq[key] = cuda_ops.rope_inv_freq(self.cfg.rope_dim, base, self._rope_freqs) * scale
+        cuda_ops.rope(x, None, self._inv_freq[key], self.pos, self.cfg.rope_style == "neox", stream=self.stream)
+        return x
+
+    def kv_write(self, layer: int, k: cp.ndarray, v: cp.ndarray) -> None:
+        cuda_ops.kv_write(k, v, *self.caches[layer], self.pos, stream=self.stream)
+
+    def attention(self, layer: int, q: cp.ndarray, window: int, scale: float) -> cp.ndarray:
+        n, heads, head_dim = q.shape
+        out = self._empty((n, heads, head_dim))
+        k_cache, v_cache = self.caches[layer]
+        if n == 1:
+            cuda_ops.attention_decode(q[0], k_cache, v_cache, out[0], self.pos, self._attn_scratch, scale, window,
+                                      stream=self.stream)
+        else:
+            cuda_ops.attention_prefill(q, k_cache, v_cache, out, self.pos, scale, window, stream=self.stream)
+        return out.reshape(n, heads * head_dim)
+
+    def glu(self, gate: cp.ndarray, up: cp.ndarray) -> cp.ndarray:
+        out = self._empty(gate.shape)
+        cuda_ops.glu(gate, up, out, self.cfg.activation, stream=self.stream)
+        return out
+
+    def add(self, x: cp.ndarray, y: cp.ndarray) -> cp.ndarray:
+        out = self._empty(x.shape)
+        cuda_ops.add(x, y, out, stream=self.stream)
+        return out
+
+    def logits(self, w: QuantMatrix, x: cp.ndarray) -> cp.ndarray:
+        y = self.matmul(w, x)  # [n, n_vocab]
+        if self.cfg.final_softcap > 0:
+            cuda_ops.softcap(y, self.cfg.final_softcap, stream=self.stream)
+        return y
+
+    # ---- choosing the next token on the device ----
+
+    def start_sampling(self, params: SamplingParams, seed: int | None, history: list[int]) -> None:
+        """Before sampling the token after history (whose last token's logits are the last forward's)."""
+        seed = int(np.random.default_rng(seed).integers(1 << 32))
+        cuda_ops.set_sampling_params(self.fparams, self.iparams, temperature=params.temperature, top_k=params.top_k,
+                                     top_p=params.top_p, min_p=params.min_p, repeat_penalty=params.repeat_penalty,
+                                     seed=seed, stream=self.stream)
+        ring = np.zeros(REPEAT_LAST_N, np.int32)
+        for p in range(max(0, len(history) - REPEAT_LAST_N), len(history)):
+            ring[p % REPEAT_LAST_N] = history[p]
+        self.history.set(ring, stream=self.stream)
+        self.pos.set(np.array([len(history) - 1], np.int32), stream=self.stream)
+
+    def sample(self, logits: cp.ndarray, greedy: bool) -> None:
+        """logits [n_vocab] of the token at pos[0] -> token[0], the history ring, pos[0] + 1."""
+        if greedy:
+            cuda_ops.argmax(logits, self._argmax_scratch, self.token, self.history, self.pos, stream=self.stream)
+        else:
+            cuda_ops.sample(logits, self._sample_scratch, self.fparams, self.iparams, self.token, self.history,
+                            self.pos, stream=self.stream)
+
+    def read_token(self) -> int:
+        return int(self.token.get(stream=self.stream)[0])
+
+    # ---- helpers ----
+
+    def _q8(self, x: cp.ndarray) -> Q8Vector:
+        """x [1, n] quantized to q8_1, once a step however many matrices read it (arena addresses are unique
+        within a step; pool addresses come back, so outside a step every call quantizes)."""
+        if self.n > 1 or self._q8_of is None or self._q8_of[0] != x.data.ptr:
+            xq = Q8Vector(self._empty((x.size,), cp.int8), self._empty((x.size // 32, 2)))
+            quantize_q8_1(x.reshape(-1), xq, stream=self.stream)
+            self._q8_of = (x.data.ptr, xq)
+        return self._q8_of[1]
+
+    def _scratch(self, n_cols: int) -> cuda_prefill.Scratch:
+        s = self._prefill_scratch
+        if s is None or s.x16.size < self.n * n_cols:
+            cfg = self.cfg
+            max_cols = max(cfg.n_embd, cfg.n_ff, cfg.n_heads * cfg.v_head_dim)
+            largest = max(cfg.n_ff * cfg.n_embd, cfg.n_heads * cfg.head_dim * cfg.n_embd)  # a tile of any weight
+            with self.stream:
+                s = self._prefill_scratch = cuda_prefill.Scratch.empty(self.n, max_cols, largest)
+        return s
+
+    def _set_cublas_stream(self) -> None:
+        cp.cuda.cublas.setStream(cp.cuda.device.get_cublas_handle(), self.stream.ptr)
+
+
+def _host_tensors(w: ModelWeights):
+    """Every weight forward() hands to an op: matrices and norm / bias vectors."""
+    yield w.token_embd
+    yield w.output
+    yield w.output_norm
+    for lw in w.layers:
+        for name in lw.__dataclass_fields__:
+            t = getattr(lw, name)
+            if t is not None:
+                yield t

@@ -1,0 +1,236 @@
+"""The GPU engine against the CPU engine (teacher-forced logits, decode-step logits), and the captured decode
+graph against the same step run eagerly (greedy and sampled tokens, logits).
+
+Models: the packaged SmolLM2 and Gemma 3, and synthetic llama files with real shapes (random weights) written
+by shared/bench/synth_gguf.py (path in $SYNTH_GGUF) for machines without the model packages.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from inference.sampling import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+SYNTH_GGUF = os.environ.get("SYNTH_GGUF", "/work/shared/bench/synth_gguf.py")
+CTX = 512
+
+
+@pytest.fixture(scope="module")
+def synth_tiny(tmp_path_factory):
+    return _synth(tmp_path_factory, "tiny", "q4_k_m")
+
+
+@pytest.fixture(scope="module")
+def synth_1b(tmp_path_factory):
+    return _synth(tmp_path_factory, "llama-1b", "q4_k_m")
+
+
+@pytest.fixture(scope="module")
+def synth_gemma3(tmp_path_factory, synth_tiny):
+    path = tmp_path_factory.mktemp("synth") / "gemma3.gguf"
+    _write_small(path, "gemma3", vocab_from=synth_tiny)
+    return path
+
+
+@pytest.fixture(scope="module")
+def synth_qwen2(tmp_path_factory, synth_tiny):
+    path = tmp_path_factory.mktemp("synth") / "qwen2.gguf"
+    _write_small(path, "qwen2", vocab_from=synth_tiny)
+    return path
+
+
+def _synth(factory, preset: str, ftype: str):
+    path = factory.mktemp("synth") / f"{preset}.gguf"
+    subprocess.run([sys.executable, SYNTH_GGUF, str(path), "--preset", preset, "--ftype", ftype], check=True)
+    return path
+
+
+def _write_small(path, arch: str, vocab_from) -> None:
+    """A small random model with vocab_from's SentencePiece vocabulary. gemma3: 6 layers, five of them with a
+    16-token sliding window, head_dim 256, q/k and sandwich norms, gelu, scaled and tied embeddings. qwen2:
+    qkv biases, neox rope, its own output matrix. Matrices Q8_0, Q5_0, Q4_1 and F16, so that the GPU runs
+    several matvec and prefill types."""
+    from gguf import GGMLQuantizationType as T, GGUFWriter  # noqa: PLC0415
+    from gguf.quants import quantize  # noqa: PLC0415
+
+    from models.gguf import open_gguf  # noqa: PLC0415
+    rng = np.random.default_rng(0)
+    src = open_gguf(vocab_from).metadata
+    n_vocab = len(src["tokenizer.ggml.tokens"])
+    gemma = arch == "gemma3"
+    L, d, ff, nh, nkv, hd = (6, 256, 512, 2, 1, 256) if gemma else (2, 256, 512, 4, 2, 64)
+    w = GGUFWriter(str(path), arch)
+    w.add_context_length(2048)
+    w.add_embedding_length(d)
+    w.add_block_count(L)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1e6)
+    if gemma:
+        w.add_sliding_window(16)
+    w.add_tokenizer_model(src["tokenizer.ggml.model"])
+    w.add_token_list(src["tokenizer.ggml.tokens"])
+    w.add_token_scores(list(map(float, src["tokenizer.ggml.scores"])))
+    w.add_token_types(list(map(int, src["tokenizer.ggml.token_type"])))
+    w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
+    w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
+
+    def mat(name, rows, cols, std, qtype):
+        a = (rng.standard_normal((rows, cols)) * std).astype(np.float32)
+        if qtype == T.F16:
+            w.add_tensor(name, a.astype(np.float16))
+        else:
+            w.add_tensor(name, quantize(a, qtype), raw_dtype=qtype)
+
+    def vec(name, n, mean=1.0, std=0.1):
+        w.add_tensor(name, (mean + rng.standard_normal(n) * std).astype(np.float32))
+
+    mat("token_embd.weight", n_vocab, d, 0.5, T.Q8_0)
+    for i in range(L):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", d)
+        mat(p + "attn_q.weight", nh * hd, d, 2 / np.sqrt(d), T.Q8_0)
+        mat(p + "attn_k.weight", nkv * hd, d, 2 / np.sqrt(d), T.Q8_0)
+        mat(p + "attn_v.weight", nkv * hd, d, 1 / np.sqrt(d), T.Q5_0)
+        mat(p + "attn_output.weight", d, nh * hd, 1 / np.sqrt(nh * hd), T.Q8_0)
+        if gemma:
+            for name, n in (("attn_q_norm", hd), ("attn_k_norm", hd), ("post_attention_norm", d),
+                            ("post_ffw_norm", d)):
+                vec(p + name + ".weight", n)
+        else:
+            for t, n in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+                vec(p + f"attn_{t}.bias", n, 0.0, 0.5)
+        vec(p + "ffn_norm.weight", d)
+        mat(p + "ffn_gate.weight", ff, d, 1 / np.sqrt(d), T.F16 if gemma else T.Q4_1)
+        mat(p + "ffn_up.weight", ff, d, 1 / np.sqrt(d), T.F16 if gemma else T.Q4_1)
+        mat(p + "ffn_down.weight", d, ff, 1 / np.sqrt(ff), T.Q5_0)
+    vec("output_norm.weight", d)
+    if not gemma:
+        mat("output.weight", n_vocab, d, 0.5, T.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# CPU parity: the real models and the small synthetic ones. Not synth_1b: its random 16 layers amplify the
+# q8_1 rounding of activations (which the GPU matvecs do, as llama.cpp's do) until a row's logits flip sign;
+# the CPU engine does the same once its activations are rounded alike.
+PARITY_MODELS = ["smollm2", "gemma3", "synth_tiny", "synth_gemma3", "synth_qwen2"]
+MODELS = PARITY_MODELS + ["synth_1b"]
+
+
+@pytest.fixture(scope="module")
+def engines(request):
+    """(cpu, gpu with the graph, gpu eager) engines of one model."""
+    from inference import load
+    path = request.getfixturevalue(request.param)
+    return (load(path, device="cpu", ctx=CTX), load(path, device="cuda", ctx=CTX),
+            load(path, device="cuda", ctx=CTX, cuda_graph=False))
+
+
+def _prompt(engine, n: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(3, engine.config.n_vocab, n).tolist()
+
+
+def assert_close_logits(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
+    """Rows of logits [n, n_vocab]: mean correlation >= 0.999, and the same top-1 wherever ref's best leads
+    its second by more than 0.5."""
+    corr = np.array([np.corrcoef(a, b)[0, 1] for a, b in zip(ours.astype(np.float64), ref.astype(np.float64))])
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 0.5
+    same = ours.argmax(1) == ref.argmax(1)
+    err = np.abs(ours - ref).max()
+    print(f"{what}: mean corr {corr.mean():.6f} (min {corr.min():.6f}), max |err| {err:.4f}, "
+          f"top-1 {same.mean():.3f} ({clear.sum()} clear rows, {same[clear].mean() if clear.any() else 1:.3f})")
+    assert corr.mean() >= 0.999, f"{what}: mean correlation {corr.mean()}"
+    assert same[clear].all(), f"{what}: top-1 differs at rows {np.flatnonzero(clear & ~same)}"
+
+
+@pytest.mark.parametrize("engines", PARITY_MODELS, indirect=True)
+def test_teacher_forced_logits_match_cpu(engines):
+    cpu, gpu, _ = engines
+    for n in (1, 9, 70, 300):  # decode path, the few-token q8 matmul, the fp16 cuBLAS one, two prompt chunks
+        ids = _prompt(cpu, n, seed=n)
+        ours = gpu.logits(ids)
+        assert ours.shape == (n, cpu.config.n_vocab) and ours.dtype == np.float32
+        assert_close_logits(ours, cpu.logits(ids), f"{cpu.path.name} logits of {n} tokens")
+
+
+def _greedy_steps(engine, ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
+    """n greedy tokens after ids on the device, and the logits [n - 1, n_vocab] of each decode step."""
+    engine._cached = []
+    decode = engine._decode
+    tokens = decode.tokens(engine._prefill(ids, all_logits=False), SamplingParams(temperature=0), None, ids)
+    out, logits = [next(tokens)], []
+    for _ in range(n - 1):
+        out.append(next(tokens))
+        logits.append(engine._be.to_host(decode.logits)[0])
+    engine._cached = []
+    return out, np.array(logits)
+
+
+@pytest.mark.parametrize("engines", MODELS, indirect=True)
+def test_graph_replay_equals_eager(engines):
+    _, graph, eager = engines
+    ids = _prompt(graph, 12)
+    g_tokens, g_logits = _greedy_steps(graph, ids, 40)
+    e_tokens, e_logits = _greedy_steps(eager, ids, 40)
+    assert graph._decode.graphs and not eager._decode.graphs
+    assert g_tokens == e_tokens
+    assert np.array_equal(g_logits, e_logits)
+
+
+@pytest.mark.parametrize("engines", PARITY_MODELS, indirect=True)
+def test_decode_steps_match_cpu(engines):
+    """The logits of each greedy decode step against the CPU engine's, teacher-forced on the same tokens."""
+    cpu, graph, _ = engines
+    ids = _prompt(cpu, 12)
+    tokens, logits = _greedy_steps(graph, ids, 40)
+    assert_close_logits(logits, cpu.logits(ids + tokens[:-1])[len(ids):], f"{cpu.path.name} decode steps")
+
+
+def _fresh_generate(engine, prompt: str, **kw) -> list:
+    engine._cached = []  # no reuse of an earlier prompt's cache: the same computation every time
+    return list(engine.generate(prompt, **kw))
+
+
+@pytest.mark.parametrize("engines", MODELS, indirect=True)
+def test_sampled_generation_equal_graph_and_eager(engines):
+    _, graph, eager = engines
+    kw = dict(max_tokens=50, temperature=0.9, top_k=40, top_p=0.95, min_p=0.0, repeat_penalty=1.1, seed=7)
+    g = _fresh_generate(graph, "Once upon a time", **kw)
+    assert g[:-1] == _fresh_generate(eager, "Once upon a time", **kw)[:-1]
+    assert _fresh_generate(graph, "Once upon a time", **kw)[:-1] == g[:-1]  # the seed repeats the draw
+
+
+@pytest.mark.parametrize("engines", MODELS, indirect=True)
+def test_greedy_generation_of_200_tokens_equal_graph_and_eager(engines):
+    _, graph, eager = engines
+    kw = dict(max_tokens=200, temperature=0.0, stop=())
+    g = _fresh_generate(graph, "The history of the city", **kw)
+    e = _fresh_generate(eager, "The history of the city", **kw)
+    assert "".join(g[:-1]) == "".join(e[:-1])
+    assert g[-1].generated_tokens == e[-1].generated_tokens
+    assert g[-1].finish_reason == e[-1].finish_reason
+
+
+@pytest.mark.parametrize("engines", MODELS, indirect=True)
+def test_multi_turn_reuses_the_cache_on_the_gpu(engines):
+    """A prompt extending the last one reprocesses only its new tokens, then greedy decoding goes on as from
+    a fresh context (the same first token)."""
+    _, gpu, _ = engines
+    list(gpu.generate("Hello there", max_tokens=5, temperature=0))
+    text = "Hello there, and then some more words"
+    again = list(gpu.generate(text, max_tokens=1, temperature=0))
+    assert again[-1].prompt_tokens < len(gpu.tokenizer.encode(text))
+    gpu._cached = []
+    assert list(gpu.generate(text, max_tokens=1, temperature=0))[:-1] == again[:-1]
