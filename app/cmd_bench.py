@@ -3,8 +3,8 @@
 With --compare-llamacpp the same tests run on llama.cpp's CPU build (llama-cpp-python) in the same process,
 so the two rows are measured under the same load.
 """
+import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -23,6 +23,8 @@ def register(sub) -> None:
     p.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens of the pp test (default 128)")
     p.add_argument("-n", "--n-gen", type=int, default=64, help="generated tokens of the tg test (default 64)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="runs of each test (default 3)")
+    p.add_argument("-d", "--depth", type=int, default=0, help="tokens already in the context (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--no-graph", action="store_true", help="GPU: run each decode step eagerly, not as a CUDA graph")
     p.add_argument("--compare-llamacpp", action="store_true", help="also run llama.cpp (llama-cpp-python) on the CPU")
@@ -36,18 +38,24 @@ def _random_prompts(n_vocab: int, n: int, count: int, seed: int = 0) -> list[lis
     return [rng.integers(100, min(n_vocab, 30000), n).tolist() for _ in range(count)]
 
 
-def bench_ours(engine, n_prompt: int, n_gen: int, reps: int) -> dict[str, list[float]]:
+def bench_ours(engine, n_prompt: int, n_gen: int, reps: int, depth: int = 0) -> dict[str, list[float]]:
+    """pp: n_prompt new tokens after depth cached ones; tg: n_gen decode steps after depth (+4) tokens."""
     pp, tg = [], []
-    prompts = _random_prompts(engine.config.n_vocab, n_prompt, reps + 1)
-    list(engine.generate(prompts[-1][:8], max_tokens=2))  # warm up: JIT caches load, pages fault in
-    for ids in prompts[:reps]:
-        stats = list(engine.generate(ids, max_tokens=1, temperature=0))[-1]
+    vocab = engine.config.n_vocab
+    list(engine.generate(_random_prompts(vocab, 8, 1, seed=9)[0], max_tokens=2))  # warm up: JIT, graph capture
+    for i, (context, ids) in enumerate(zip(_random_prompts(vocab, depth, reps, seed=2),
+                                           _random_prompts(vocab, n_prompt, reps))):
+        if depth:
+            list(engine.generate(context, max_tokens=1, temperature=0))  # cached, so only ids are timed
+        stats = list(engine.generate(context + ids, max_tokens=1, temperature=0))[-1]
         pp.append(stats.prompt_tok_s)
-    for i, ids in enumerate(_random_prompts(engine.config.n_vocab, 4, reps, seed=1)):
-        # sampled, not greedy, so a random prompt rarely ends at once; the rate counts what was generated
+    for i, ids in enumerate(_random_prompts(vocab, depth + 4, reps, seed=1)):
+        # sampled, not greedy, so a random prompt rarely ends at once; the first token comes from the
+        # prompt's logits, so n tokens are n - 1 decode steps, which is what is counted
         stats = list(engine.generate(ids, max_tokens=n_gen + 1, temperature=1.0, seed=i))[-1]
-        tg.append(stats.generation_tok_s)
-    return {f"pp{n_prompt}": pp, f"tg{n_gen}": tg}
+        tg.append((stats.generated_tokens - 1) / stats.generation_seconds)
+    at = f" @ d{depth}" if depth else ""
+    return {f"pp{n_prompt}{at}": pp, f"tg{n_gen}{at}": tg}
 
 
 def bench_llamacpp(path: Path, n_vocab: int, n_prompt: int, n_gen: int, reps: int, threads: int) -> dict:
@@ -84,19 +92,27 @@ def _row(model: str, engine: str, test: str, rates: list[float]) -> str:
 def run(args) -> int:
     from app.progress import DownloadBar  # noqa: PLC0415
     from inference import load  # noqa: PLC0415
-    if args.n_prompt < 1 or args.n_gen < 1 or args.repetitions < 1:
-        raise BenchError("-p, -n and -r must be at least 1")
-    engine = load(args.model, device=args.device, ctx=args.n_prompt + args.n_gen + 8, progress=DownloadBar(),
-                  cuda_graph=not args.no_graph)
+    if args.n_prompt < 1 or args.n_gen < 1 or args.repetitions < 1 or args.depth < 0:
+        raise BenchError("-p, -n and -r must be at least 1, and -d at least 0")
+    if args.compare_llamacpp and args.depth:
+        raise BenchError("--compare-llamacpp measures without --depth")
+    engine = load(args.model, device=args.device, ctx=args.depth + max(args.n_prompt, 4) + args.n_gen + 8,
+                  progress=DownloadBar(), cuda_graph=not args.no_graph)
     name = engine.path.name
+    ours = f"gguf-chat {engine.device}" + (" no-graph" if args.no_graph and engine.device == "cuda" else "")
+    results = [(ours, test, rates) for test, rates in
+               bench_ours(engine, args.n_prompt, args.n_gen, args.repetitions, args.depth).items()]
+    if args.compare_llamacpp:
+        results += [(f"llama.cpp cpu {args.threads}t", test, rates) for test, rates in
+                    bench_llamacpp(engine.path, engine.config.n_vocab, args.n_prompt, args.n_gen,
+                                   args.repetitions, args.threads).items()]
+    if args.json:
+        print(json.dumps({"model": name, "results": [
+            {"engine": who, "test": test, "tok_s": statistics.mean(rates), "runs": rates}
+            for who, test, rates in results]}))
+        return 0
     print("| model | engine | test | t/s |")
     print("| --- | --- | --- | ---: |")
-    for test, rates in bench_ours(engine, args.n_prompt, args.n_gen, args.repetitions).items():
-        print(_row(name, f"gguf-chat {args.device}", test, rates), flush=True)
-    if args.compare_llamacpp:
-        results = bench_llamacpp(engine.path, engine.config.n_vocab, args.n_prompt, args.n_gen, args.repetitions,
-                                 args.threads)
-        for test, rates in results.items():
-            print(_row(name, f"llama.cpp cpu {args.threads}t", test, rates), flush=True)
-    sys.stdout.flush()
+    for who, test, rates in results:
+        print(_row(name, who, test, rates))
     return 0

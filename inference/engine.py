@@ -63,6 +63,7 @@ class Engine:
         self._weights = weights
         self._be = backend
         self._decode = decode  # cuda_graph.DecodeStep: tokens sampled on the GPU; None: on the host
+        self.device = "cpu" if decode is None else "cuda"
         self._gguf = gguf  # keeps the memory map the weights view alive
         self.chat_template = load_chat_template(gguf.metadata)  # None: the file has none
         self._cached: list[int] = []  # tokens whose keys and values are in the cache, from position 0
