@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Ours vs llama.cpp on the GPU machine, in one run, on the synthetic files of ../shared/bench/ANCHORS.md.
+# Carry .carry/ (llamacpp_peer.sh, llamacpp.tar.xz, synth_gguf.py: see llamacpp_peer.sh prepare); start the peer
+# build early in the lease (`setsid bash .carry/llamacpp_peer.sh build .carry &`), then:
+#   bash tests/device_bench.sh synth    # writes the files (a few minutes)
+#   bash tests/device_bench.sh run      # gguf-chat bench and llama-bench, results under $OUT
+set -uo pipefail
+OUT=${OUT:-/tmp/device_bench}
+files=/tmp/synth
+mkdir -p "$OUT" $files
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+models="llama-1b:q4_k_m llama3-8b:q4_k_m llama3-8b:q8_0"
+case ${1:-} in
+synth)
+  for m in $models; do
+    f=$files/${m/:/-}.gguf
+    [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset "${m%:*}" --ftype "${m#*:}"
+  done ;;
+run)
+  peer=/tmp/peer/build/bin/llama-bench
+  for m in $models; do
+    f=$files/${m/:/-}.gguf
+    echo "== $m"
+    python3 -m app.cli bench "$f" --device cuda -p 512 -n 128 -r 3 | tee -a "$OUT/ours.md"
+    case $m in *q4_k_m)
+      python3 -m app.cli bench "$f" --device cuda -p 512 -n 128 -r 3 -d 4096 | tail -n 2 | tee -a "$OUT/ours.md"
+      python3 -m app.cli bench "$f" --device cuda -p 512 -n 128 -r 3 --no-graph | tail -n 2 | tee -a "$OUT/ours.md" ;;
+    esac
+    if [ -x $peer ]; then
+      $peer -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>/dev/null | tee -a "$OUT/llamacpp.md"
+      case $m in *q4_k_m) $peer -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -d 4096 -r 3 2>/dev/null | tail -n 3 | tee -a "$OUT/llamacpp.md" ;; esac
+    else
+      echo "llama-bench not built (see /tmp/peer/build.log)"
+    fi
+  done ;;
+*) echo "usage: device_bench.sh synth | run" >&2; exit 2 ;;
+esac
