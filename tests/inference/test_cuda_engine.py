@@ -2,11 +2,12 @@
 graph against the same step run eagerly (greedy and sampled tokens, logits).
 
 Models: the packaged SmolLM2 and Gemma 3, and synthetic llama files with real shapes (random weights) written
-by shared/bench/synth_gguf.py (path in $SYNTH_GGUF) for machines without the model packages.
+by shared/bench/synth_gguf.py (beside the checkout, or at $SYNTH_GGUF: the device machine has it in .carry/).
 """
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from inference.sampling import SamplingParams
 
 pytestmark = pytest.mark.gpu
 
-SYNTH_GGUF = os.environ.get("SYNTH_GGUF", "/work/shared/bench/synth_gguf.py")
+SYNTH_GGUF = os.environ.get("SYNTH_GGUF") or str(Path(__file__).parents[3] / "shared" / "bench" / "synth_gguf.py")
 CTX = 512
 
 
