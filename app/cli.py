@@ -5,10 +5,10 @@ Command modules import their heavy dependencies inside their run function, so `g
 import argparse
 import sys
 
-from app import cmd_info
+from app import cmd_chat, cmd_info
 from models.errors import UserError
 
-COMMANDS = [cmd_info]
+COMMANDS = [cmd_info, cmd_chat]
 
 
 def build_parser() -> argparse.ArgumentParser:
