@@ -13,7 +13,7 @@ from pathlib import Path
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- ids never reused after a delete
     title TEXT NOT NULL,
     model TEXT NOT NULL DEFAULT '',          -- path or name of the model the chat uses; '' = the default
     system_prompt TEXT NOT NULL DEFAULT '',
@@ -22,7 +22,7 @@ CREATE TABLE IF NOT EXISTS chats (
     updated REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- ids never reused after a delete
     chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
     role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
     content TEXT NOT NULL,

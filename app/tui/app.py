@@ -120,8 +120,8 @@ class ChatApp(App):
         if model in (self.engine_model, self.loading_model):
             self.show_model_status()
             return
-        if self.reply is not None:
-            return  # loaded once the reply in progress ends
+        if self.reply is not None and not self.reply_waits_for_model:
+            return  # the engine is writing a reply: load once it ends
         self.loading_model = model
         self.engine = None
         self.engine_model = ""
@@ -221,7 +221,7 @@ class ChatApp(App):
         if event.stats:
             status = self.query_one(StatusBar)
             status.tok_s = event.stats["generation_tok_s"]
-            status.ctx_used = event.stats["prompt_tokens"] + event.stats["generated_tokens"]
+            status.ctx_used = min(event.stats["context_tokens"], status.n_ctx)
             if event.stats["finish_reason"] == "context full":
                 self.notify("The context is full: start a new chat (Ctrl+N) or raise --ctx",
                             severity="warning", timeout=10)

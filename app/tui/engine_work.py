@@ -38,8 +38,11 @@ def chat_history(chat: Chat, messages: list[Message]) -> list[dict]:
     return history + [{"role": m.role, "content": m.content} for m in messages if m.content]
 
 
-def stats_dict(stats) -> dict:
-    return asdict(stats) | {"prompt_tok_s": stats.prompt_tok_s, "generation_tok_s": stats.generation_tok_s}
+def stats_dict(stats, prompt_length: int) -> dict:
+    """The reply's GenerationStats, its rates, and the context it fills (prompt_tokens counts only the
+    tokens not reused from the cache, so the prompt's full length comes apart)."""
+    return asdict(stats) | {"prompt_tok_s": stats.prompt_tok_s, "generation_tok_s": stats.generation_tok_s,
+                            "context_tokens": prompt_length + stats.generated_tokens}
 
 
 def generate_reply(engine, history: list[dict], sampling: Sampling, stop: threading.Event, post) -> None:
@@ -60,4 +63,7 @@ def generate_reply(engine, history: list[dict], sampling: Sampling, stop: thread
     except Exception as e:  # noqa: BLE001 - context full, out of memory...: shown, never a crash
         post(ReplyFailed(error_text(e)))
         return
-    post(ReplyFinished(stats_dict(stats) if stats else None, stopped=stats is None))
+    if stats is None:
+        post(ReplyFinished(None, stopped=True))
+    else:
+        post(ReplyFinished(stats_dict(stats, len(engine.prompt_ids(history))), stopped=False))
