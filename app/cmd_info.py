@@ -1,12 +1,64 @@
 """`gguf-chat info MODEL [--json]`: what a model file is, without reading its weights."""
+import json
 
 
 def register(sub) -> None:
     p = sub.add_parser("info", help="show a model's architecture, size, quant mix and tokenizer")
-    p.add_argument("model", help="path to a .gguf file")
+    p.add_argument("model", help="a .gguf path (any part of a split model), owner/repo[:QUANT] or a pulled name")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    raise NotImplementedError  # written in issue 2
+    from app.progress import DownloadBar
+    from models.gguf import open_gguf
+    from models.model_info import summarize
+    from models.model_ref import resolve_model
+
+    with open_gguf(resolve_model(args.model, progress=DownloadBar())) as model:
+        info = summarize(model)
+    print(json.dumps(info.to_dict()) if args.json else format_info(info))
+    return 0
+
+
+def format_info(i) -> str:
+    """A models.model_info.ModelInfo as aligned lines, like llama.cpp's load log but compact."""
+    def opt(v) -> str:
+        return "?" if v is None else str(v)
+
+    heads = opt(i.head_count) + ("" if i.head_count_kv is None else f" (kv {i.head_count_kv})")
+    if i.head_dim is not None:
+        heads += f", head dim {i.head_dim}"
+    tokenizer = "?" if i.tokenizer_model is None else f"{i.tokenizer_kind} ({i.tokenizer_model}"
+    if i.tokenizer_model is not None:
+        tokenizer += f", pre {i.tokenizer_pre})" if i.tokenizer_pre else ")"
+    parts = "" if i.parts == 1 else f", {i.parts} parts"
+    rows = [
+        ("file", f"{i.path} ({mib(i.file_size)}, GGUF v{i.gguf_version}{parts})"),
+        ("architecture", opt(i.architecture) + (f" ({i.name})" if i.name else "")),
+        ("parameters", f"{count(i.parameters)} ({i.bits_per_weight} bits per weight)"),
+        ("context", opt(i.context_length)),
+        ("layers", opt(i.block_count)),
+        ("heads", heads),
+        ("embedding", opt(i.embedding_length)),
+        ("feed-forward", opt(i.feed_forward_length)),
+        ("tokenizer", tokenizer),
+        ("vocabulary", opt(i.vocab_size)),
+        ("chat template", "yes" if i.chat_template else "none"),
+        ("tensors", str(i.tensor_count)),
+    ]
+    width = max(len(label) for label, _ in rows)
+    lines = [f"{label:<{width}}  {value}" for label, value in rows]
+    for n, q in enumerate(i.quant_mix):
+        label = "quant mix" if n == 0 else ""
+        tensors = f"{q.tensors} tensor" + ("" if q.tensors == 1 else "s")
+        lines.append(f"{label:<{width}}  {q.type:<7} {tensors:>12}  {mib(q.bytes):>11}")
+    return "\n".join(lines)
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"

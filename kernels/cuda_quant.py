@@ -1,0 +1,114 @@
+"""Launchers for the batch-1 matrix-vector kernels of kernels/matvec.cu.
+
+Rows x cols: a weight of ggml shape (n_cols, n_rows) (ne0 = the contiguous row) is W[n_rows, n_cols];
+matvec computes out[n_rows] = W . x[n_cols] in float32.
+
+Quantized weights multiply activations quantized to q8_1 (int8 + one float scale per 32 values, as
+llama.cpp does): the int8 dot products run on dp4a, four multiply-adds an instruction, which keeps the
+kernels memory-bound. Quantize an activation once with quantize_q8_1 and reuse it for every weight that
+reads it (q, k and v; gate and up). F32 / F16 / BF16 weights take the float32 activation itself.
+
+Nothing here allocates or syncs after setup (to_device, Q8Vector.empty): matvec and quantize_q8_1 only
+launch on the given stream, so they can be captured into a CUDA graph.
+"""
+from dataclasses import dataclass
+
+import cupy as cp
+import numpy as np
+
+from kernels.cuda_layout import ELEMS_PER_ITEM, META_SPLIT, repack
+from kernels.cuda_module import kernel
+from models.ggml_types import GGMLType
+
+FLOAT_TYPES = ("F32", "F16", "BF16")
+THREADS = 128  # a block; threads_per_row of them share a row
+
+
+@dataclass(frozen=True)
+class DeviceWeight:
+    data: cp.ndarray  # uint8 [n_rows * row_bytes], the layout of cuda_layout.repack
+    qtype: GGMLType
+    n_rows: int
+    n_cols: int
+
+    @property
+    def takes_q8(self) -> bool:
+        """True: matvec wants a Q8Vector; False: a float32 activation."""
+        return self.qtype.name not in FLOAT_TYPES
+
+
+@dataclass(frozen=True)
+class Q8Vector:
+    """An activation quantized to q8_1: qs int8 [n], ds float32 [n // 32, 2] = (d, d * sum of 32 qs)."""
+
+    qs: cp.ndarray
+    ds: cp.ndarray
+
+    @classmethod
+    def empty(cls, n: int) -> "Q8Vector":
+        if n % 32:
+            raise ValueError(f"q8_1 needs a multiple of 32 values, got {n}")
+        return cls(cp.empty(n, dtype=cp.int8), cp.empty((n // 32, 2), dtype=cp.float32))
+
+
+def to_device(raw: np.ndarray, qtype: GGMLType) -> DeviceWeight:
+    """raw uint8 [n_rows, row_bytes] (a tensor's bytes from the file) -> a weight in VRAM, repacked."""
+    if raw.dtype != np.uint8 or raw.ndim != 2:
+        raise ValueError(f"expected uint8 [n_rows, row_bytes], got {raw.dtype} {raw.shape}")
+    n_rows, row_bytes = raw.shape
+    if row_bytes % qtype.block_bytes:
+        raise ValueError(f"{qtype.name}: row of {row_bytes} bytes is not whole blocks")
+    n_cols = row_bytes // qtype.block_bytes * qtype.block_elems
+    if n_cols % 32:
+        raise ValueError(f"{qtype.name}: the kernels need a multiple of 32 columns, got {n_cols}")
+    if qtype.name not in META_SPLIT:
+        raise ValueError(f"no CUDA matvec kernel for {qtype.name}")
+    return DeviceWeight(cp.asarray(repack(raw, qtype)), qtype, n_rows, n_cols)
+
+
+def quantize_q8_1(x: cp.ndarray, xq: Q8Vector, stream: cp.cuda.Stream | None = None) -> None:
+    """x float32 [n] -> xq."""
+    n = x.shape[0]
+    if x.dtype != cp.float32 or x.shape != xq.qs.shape or not x.flags.c_contiguous:
+        raise ValueError(f"quantize_q8_1: x must be contiguous float32 {xq.qs.shape}, got {x.dtype} {x.shape}")
+    with stream or cp.cuda.get_current_stream():
+        kernel("matvec.cu", "quantize_q8_1")(((n + 255) // 256,), (256,), (x, xq.qs, xq.ds, np.int32(n)))
+
+
+def default_threads_per_row(n_rows: int, n_items: int) -> int:
+    """Threads sharing a row of n_items work items: enough warps to cover memory latency (~32 a multiprocessor
+    of an H100), and at least 4 items a thread. Chosen from bench_cuda.py's sweep on the H100."""
+    tpr = 32
+    while tpr < 128 and (n_items // (2 * tpr) >= 4 or n_rows * tpr < 32 * 4096):
+        tpr *= 2
+    return tpr
+
+
+def matvec(
+    w: DeviceWeight,
+    x: "cp.ndarray | Q8Vector",
+    out: cp.ndarray,
+    stream: cp.cuda.Stream | None = None,
+    threads_per_row: int | None = None,
+) -> None:
+    """out float32 [w.n_rows] = W . x; x is a Q8Vector when w.takes_q8, else float32 [w.n_cols]."""
+    if out.dtype != cp.float32 or out.shape != (w.n_rows,) or not out.flags.c_contiguous:
+        raise ValueError(f"matvec: out must be contiguous float32 ({w.n_rows},), got {out.dtype} {out.shape}")
+    tpr = threads_per_row or default_threads_per_row(w.n_rows, w.n_cols // ELEMS_PER_ITEM[w.qtype.name])
+    if tpr not in (32, 64, 128):
+        raise ValueError(f"threads_per_row must be 32, 64 or 128, got {tpr}")
+    grid = ((w.n_rows + THREADS // tpr - 1) // (THREADS // tpr),)
+    name = "matvec_" + w.qtype.name.lower()
+    if w.takes_q8:
+        if not isinstance(x, Q8Vector) or x.qs.shape != (w.n_cols,):
+            raise ValueError(f"matvec: {w.qtype.name} weights take a Q8Vector of {w.n_cols} (see quantize_q8_1)")
+        nb = w.n_cols // w.qtype.block_elems
+        args = (w.data, x.qs, x.ds, out, np.int32(w.n_rows), np.int32(nb), np.int32(tpr))
+    else:
+        if (isinstance(x, Q8Vector) or x.dtype != cp.float32 or x.shape != (w.n_cols,)
+                or not x.flags.c_contiguous or x.data.ptr % 16):  # read as float4
+            raise ValueError(f"matvec: {w.qtype.name} weights take a contiguous, 16-byte-aligned float32 x "
+                             f"of ({w.n_cols},)")
+        args = (w.data, x, out, np.int32(w.n_rows), np.int32(w.n_cols), np.int32(tpr))
+    with stream or cp.cuda.get_current_stream():
+        kernel("matvec.cu", name)(grid, (THREADS,), args)

@@ -1,0 +1,141 @@
+// Matrix-vector products for batch-1 decode: out[n_rows] = W[n_rows, n_cols] . x[n_cols].
+//
+// Quantized W: x is first quantized to q8_1 (quantize_q8_1), then each weight item is dotted with dp4a
+// (quant_dot.cuh). Float W (F32, F16, BF16): x stays float32.
+// Launch: blockDim.x = 128; `tpr` threads (32, 64 or 128) work on one row, so a block does 128/tpr rows.
+#include "quant_dot.cuh"
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum acc over the tpr threads of each row and store it.
+__device__ __forceinline__ void row_store(float acc, int row, int n_rows, int tpr, float* __restrict__ out) {
+    __shared__ float warp_part[4];
+    acc = warp_sum(acc);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (tpr == 32) {
+        if (lane == 0 && row < n_rows) out[row] = acc;
+        return;
+    }
+    if (lane == 0) warp_part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x % tpr == 0 && row < n_rows) {
+        float s = 0.0f;
+        for (int w = warp; w < warp + tpr / 32; ++w) s += warp_part[w];
+        out[row] = s;
+    }
+}
+
+// x: float32 [n] -> xq int8 [n], xds float2 [n/32] = (d, d*sum(q)), d = max|x|/127 per 32 values.
+// One warp per 32 values.
+extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __restrict__ xq,
+                                         float2* __restrict__ xds, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;  // n is a multiple of 32: whole warps leave together
+    float v = x[i];
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float d = amax / 127.0f;
+    int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
+    xq[i] = (int8_t)q;
+    int s = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((i & 31) == 0) xds[i / 32] = make_float2(d, d * (float)s);
+}
+
+template <class T>
+__device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
+                                         const float2* __restrict__ xds, float* __restrict__ out, int n_rows,
+                                         int nb, int tpr) {
+    int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
+    float acc = row < n_rows ? row_dot<T>(w, row, n_rows, nb, threadIdx.x % tpr, tpr, xq, xds) : 0.0f;
+    row_store(acc, row, n_rows, tpr, out);
+}
+
+#define MATVEC_Q(NAME, T)                                                                               \
+    extern "C" __global__ void __launch_bounds__(128)                                                   \
+        NAME(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb,    \
+             int tpr) {                                                                                 \
+        matvec_q<T>(w, xq, xds, out, n_rows, nb, tpr);                                                  \
+    }
+
+MATVEC_Q(matvec_q4_0, Q4_0)
+MATVEC_Q(matvec_q4_1, Q4_1)
+MATVEC_Q(matvec_q5_0, Q5_0)
+MATVEC_Q(matvec_q5_1, Q5_1)
+MATVEC_Q(matvec_q8_0, Q8_0)
+MATVEC_Q(matvec_q2_k, Q2_K)
+MATVEC_Q(matvec_q3_k, Q3_K)
+MATVEC_Q(matvec_q4_k, Q4_K)
+MATVEC_Q(matvec_q5_k, Q5_K)
+MATVEC_Q(matvec_q6_k, Q6_K)
+
+// Float weights, 8 values a 16- or 32-byte item; x float32. n_cols is a multiple of 8.
+struct F32W {
+    static __device__ __forceinline__ void load8(const uint8_t* p, float* v) {
+        float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    }
+    static constexpr int BYTES = 4;
+};
+struct F16W {
+    static __device__ __forceinline__ void load8(const uint8_t* p, float* v) {
+        uint4 q = load16(p);
+        const __half2* h = reinterpret_cast<const __half2*>(&q);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float2 f = __half22float2(h[j]);
+            v[2 * j] = f.x; v[2 * j + 1] = f.y;
+        }
+    }
+    static constexpr int BYTES = 2;
+};
+struct BF16W {
+    static __device__ __forceinline__ void load8(const uint8_t* p, float* v) {
+        uint4 q = load16(p);
+        uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            v[2 * j] = __uint_as_float(u[j] << 16);
+            v[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
+        }
+    }
+    static constexpr int BYTES = 2;
+};
+
+template <class T>
+__device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const float* __restrict__ x,
+                                         float* __restrict__ out, int n_rows, int n_cols, int tpr) {
+    int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
+    int t = threadIdx.x % tpr;
+    float acc = 0.0f;
+    if (row < n_rows) {
+        const uint8_t* wr = w + (size_t)row * n_cols * T::BYTES;
+        int n_items = n_cols / 8;
+#pragma unroll 4
+        for (int i = t; i < n_items; i += tpr) {
+            float v[8];
+            T::load8(wr + (size_t)i * 8 * T::BYTES, v);
+            float4 xa = __ldg(reinterpret_cast<const float4*>(x + 8 * i));
+            float4 xb = __ldg(reinterpret_cast<const float4*>(x + 8 * i) + 1);
+            acc += v[0] * xa.x + v[1] * xa.y + v[2] * xa.z + v[3] * xa.w + v[4] * xb.x + v[5] * xb.y +
+                   v[6] * xb.z + v[7] * xb.w;
+        }
+    }
+    row_store(acc, row, n_rows, tpr, out);
+}
+
+#define MATVEC_F(NAME, T)                                                                                \
+    extern "C" __global__ void __launch_bounds__(128)                                                    \
+        NAME(const uint8_t* w, const float* x, float* out, int n_rows, int n_cols, int tpr) {            \
+        matvec_f<T>(w, x, out, n_rows, n_cols, tpr);                                                     \
+    }
+
+MATVEC_F(matvec_f32, F32W)
+MATVEC_F(matvec_f16, F16W)
+MATVEC_F(matvec_bf16, BF16W)

@@ -1,0 +1,131 @@
+// RMS norm (plain, fused with the residual add, per head), rotary embedding and the KV-cache write.
+// Kernels that depend on the position read it from pos[0] (device memory), so a captured graph stays valid
+// for every step.
+#include "ops_common.cuh"
+
+// out[row] = x[row] / sqrt(mean(x[row]^2) + eps) * w over rows of d values; one block a row.
+// add_residual: first x[row] += r[row] (written back to x: the residual stream), then normalise the sum.
+// Per-head norm (q/k norms) is the same with rows = tokens * heads and d = head_dim.
+// out may be x (in place): each thread reads only the elements it writes.
+// Launch: grid n_rows, block a multiple of 32 (<= 1024).
+extern "C" __global__ void rms_norm(float* x, const float* r, const float* __restrict__ w, float* out, int d,
+                                    float eps, int add_residual) {
+    float* xr = x + (size_t)blockIdx.x * d;
+    float* o = out + (size_t)blockIdx.x * d;
+    float ss = 0.0f;
+    if (add_residual) {
+        const float* rr = r + (size_t)blockIdx.x * d;
+        for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            float v = xr[i] + rr[i];
+            xr[i] = v;
+            ss += v * v;
+        }
+    } else {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+    }
+    float inv = rsqrtf(block_sum_f(ss) / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+}
+
+// (x0, x1) turned by the angle whose cosine and sine are c, s; fmaf spelled out so that rope and
+// rope_kv_write round the same way whatever the compiler contracts.
+__device__ __forceinline__ void rotate(float& x0, float& x1, float c, float s) {
+    float r0 = fmaf(x0, c, -(x1 * s)), r1 = fmaf(x0, s, x1 * c);
+    x0 = r0;
+    x1 = r1;
+}
+
+// Rotate q [n_tok, n_head, head_dim] and k [n_tok, n_head_kv, head_dim] in place; token t is at position
+// pos[0] + t. Pair i (< n_pairs = rope_dim / 2) turns by (pos[0] + t) * inv_freq[i]: "normal" style
+// (llama) pairs dims (2i, 2i+1), neox style (qwen2/qwen3/gemma3) pairs (i, i + n_pairs); dims from rope_dim
+// on are left alone. The angle and its sine and cosine are computed in float64: at position 1e5 a float32
+// angle would be off by ~1e-2 radian.
+// n_head_kv may be 0 (k is then not read). CuPy passes None as an invalid pointer, not NULL: hence counts
+// and flags here, never null pointers.
+// Launch: grid (n_tok, ceil((n_head + n_head_kv) / ROPE_HEADS)), block n_pairs rounded up to 32.
+#define ROPE_HEADS 8
+extern "C" __global__ void rope(float* __restrict__ q, float* __restrict__ k, const double* __restrict__ inv_freq,
+                                const int* __restrict__ pos, int n_head, int n_head_kv, int head_dim,
+                                int n_pairs, int neox) {
+    int i = threadIdx.x, t = blockIdx.x;
+    if (i >= n_pairs) return;
+    double s, c;
+    sincos((double)(pos[0] + t) * inv_freq[i], &s, &c);
+    float sf = (float)s, cf = (float)c;
+    int a = neox ? i : 2 * i, b = neox ? i + n_pairs : 2 * i + 1;
+    int h_end = min(n_head + n_head_kv, (int)(blockIdx.y + 1) * ROPE_HEADS);
+    for (int h = blockIdx.y * ROPE_HEADS; h < h_end; ++h) {
+        float* p = h < n_head ? q + ((size_t)t * n_head + h) * head_dim
+                              : k + ((size_t)t * n_head_kv + (h - n_head)) * head_dim;
+        float x0 = p[a], x1 = p[b];
+        rotate(x0, x1, cf, sf);
+        p[a] = x0;
+        p[b] = x1;
+    }
+}
+
+// rope and kv_write in one launch (a graph node less a layer): q, k rotated in place as rope() does, then
+// the rotated k and v [n_tok, n_head_kv, head_dim] stored as fp16 at positions pos[0] + t of the caches
+// (dropped past max_ctx). Thread i < head_dim / 2 takes pair i when i < n_pairs, else the unrotated dims
+// 2i and 2i+1 (only copied, for k and v).
+// Launch: grid (n_tok, ceil((n_head + n_head_kv) / ROPE_HEADS)), block head_dim / 2.
+extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
+                                         __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+                                         const double* __restrict__ inv_freq, const int* __restrict__ pos,
+                                         int n_head, int n_head_kv, int head_dim, int n_pairs, int neox,
+                                         int max_ctx) {
+    int i = threadIdx.x, t = blockIdx.x, p = pos[0] + t;
+    bool rotated = i < n_pairs;
+    float sf = 0.0f, cf = 1.0f;
+    if (rotated) {
+        double s, c;
+        sincos((double)p * inv_freq[i], &s, &c);
+        sf = (float)s;
+        cf = (float)c;
+    }
+    int a = rotated && neox ? i : 2 * i, b = rotated && neox ? i + n_pairs : 2 * i + 1;
+    int h_end = min(n_head + n_head_kv, (int)(blockIdx.y + 1) * ROPE_HEADS);
+    for (int h = blockIdx.y * ROPE_HEADS; h < h_end; ++h) {
+        if (h < n_head) {
+            if (!rotated) continue;
+            float* x = q + ((size_t)t * n_head + h) * head_dim;
+            float x0 = x[a], x1 = x[b];
+            rotate(x0, x1, cf, sf);
+            x[a] = x0;
+            x[b] = x1;
+            continue;
+        }
+        int hk = h - n_head;
+        size_t row = ((size_t)t * n_head_kv + hk) * head_dim;
+        float x0 = k[row + a], x1 = k[row + b];
+        if (rotated) {
+            rotate(x0, x1, cf, sf);
+            k[row + a] = x0;
+            k[row + b] = x1;
+        }
+        if (p < 0 || p >= max_ctx) continue;
+        size_t at = ((size_t)hk * max_ctx + p) * head_dim;
+        k_cache[at + a] = __float2half_rn(x0);
+        k_cache[at + b] = __float2half_rn(x1);
+        v_cache[at + a] = __float2half_rn(v[row + a]);
+        v_cache[at + b] = __float2half_rn(v[row + b]);
+    }
+}
+
+// k, v [n_tok, n_head_kv, head_dim] float32 -> caches [n_head_kv, max_ctx, head_dim] fp16 at positions
+// pos[0] + t. Positions past max_ctx are dropped (the caller keeps the context within the cache).
+// Launch: grid ceil(n_tok * n_head_kv * head_dim / 256), block 256.
+extern "C" __global__ void kv_write(const float* __restrict__ k, const float* __restrict__ v,
+                                    __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+                                    const int* __restrict__ pos, int n_tok, int n_head_kv, int head_dim,
+                                    int max_ctx) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    int per_tok = n_head_kv * head_dim;
+    if (i >= n_tok * per_tok) return;
+    int t = i / per_tok, h = (i / head_dim) % n_head_kv, d = i % head_dim;
+    int p = pos[0] + t;
+    if (p < 0 || p >= max_ctx) return;
+    size_t at = ((size_t)h * max_ctx + p) * head_dim + d;
+    k_cache[at] = __float2half_rn(k[i]);
+    v_cache[at] = __float2half_rn(v[i]);
+}

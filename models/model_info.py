@@ -1,0 +1,101 @@
+"""What a model is, from its GGUF header alone: the facts `gguf-chat info` shows.
+
+Metadata of a valid file can still hold odd types (a string where a count belongs); such a value is
+reported as absent rather than trusted, so a summary never fails on a file the reader accepted.
+"""
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from models.gguf import GGUFModel
+
+# tokenizer.ggml.model -> the algorithm it names
+TOKENIZER_KINDS = {"llama": "SentencePiece", "gpt2": "BPE", "bert": "WordPiece", "t5": "Unigram",
+                   "rwkv": "RWKV", "plamo2": "PLaMo-2", "none": "none"}
+
+
+@dataclass(frozen=True)
+class QuantShare:
+    type: str
+    tensors: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    file_size: int
+    parts: int
+    gguf_version: int
+    architecture: str | None
+    name: str | None
+    parameters: int  # sum of tensor elements, as llama.cpp's "model params"
+    bits_per_weight: float
+    context_length: int | None
+    block_count: int | None
+    embedding_length: int | None
+    feed_forward_length: int | None
+    head_count: int | list[int] | None  # a few architectures store one value per layer
+    head_count_kv: int | list[int] | None
+    head_dim: int | None
+    tokenizer_model: str | None
+    tokenizer_kind: str | None
+    tokenizer_pre: str | None
+    vocab_size: int | None
+    chat_template: bool
+    tensor_count: int
+    quant_mix: list[QuantShare]  # largest share first
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(model: GGUFModel) -> ModelInfo:
+    meta = model.metadata
+    arch = _str(meta.get("general.architecture"))
+
+    def arch_int(key: str):
+        return _int(meta.get(f"{arch}.{key}")) if arch else None
+
+    params = sum(t.n_elems for t in model.tensors.values())
+    tensor_bytes = sum(t.nbytes for t in model.tensors.values())
+    shares: dict[str, list[int]] = {}
+    for t in model.tensors.values():
+        count_bytes = shares.setdefault(t.type.name, [0, 0])
+        count_bytes[0] += 1
+        count_bytes[1] += t.nbytes
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = len(tokens) if isinstance(tokens, list) else arch_int("vocab_size")
+    tok_model = _str(meta.get("tokenizer.ggml.model"))
+    heads = _int_or_ints(meta.get(f"{arch}.attention.head_count"))
+    embd = arch_int("embedding_length")
+    head_dim = arch_int("attention.key_length")
+    if head_dim is None and isinstance(heads, int) and heads and embd:
+        head_dim = embd // heads
+    return ModelInfo(
+        path=str(model.path), file_size=model.file_size, parts=len(model.files), gguf_version=model.version,
+        architecture=arch, name=_str(meta.get("general.name")), parameters=params,
+        bits_per_weight=round(tensor_bytes * 8 / params, 2) if params else 0.0,
+        context_length=arch_int("context_length"), block_count=arch_int("block_count"),
+        embedding_length=embd, feed_forward_length=arch_int("feed_forward_length"),
+        head_count=heads, head_count_kv=_int_or_ints(meta.get(f"{arch}.attention.head_count_kv")),
+        head_dim=head_dim, tokenizer_model=tok_model, tokenizer_kind=TOKENIZER_KINDS.get(tok_model, tok_model),
+        tokenizer_pre=_str(meta.get("tokenizer.ggml.pre")), vocab_size=vocab,
+        chat_template=isinstance(meta.get("tokenizer.chat_template"), str), tensor_count=len(model.tensors),
+        quant_mix=[QuantShare(name, n, b) for name, (n, b) in
+                   sorted(shares.items(), key=lambda item: -item[1][1])],
+    )
+
+
+def _str(v) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _int(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _int_or_ints(v) -> int | list[int] | None:
+    if isinstance(v, np.ndarray) and v.dtype.kind in "iu":
+        return v.tolist()
+    return _int(v)

@@ -1,0 +1,45 @@
+"""The device layout of weights (kernels/cuda_layout.py) and its agreement with quant_dot.cuh; no GPU."""
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernels.cuda_layout import ELEMS_PER_ITEM, META_SPLIT, bulk_meta_bytes, repack
+from models.ggml_types import TYPES_BY_NAME
+
+CUH = (Path(__file__).parents[2] / "kernels" / "quant_dot.cuh").read_text()
+QUANT_TYPES = [n for n in META_SPLIT if n not in ("F32", "F16", "BF16")]
+
+
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_kernel_constants_match_layout(name):
+    m = re.search(rf"struct {name} {{\s*static constexpr int QK = (\d+), BULK = (\d+), META = (\d+), ITEMS = (\d+)",
+                  CUH)
+    assert m, f"struct {name} not found in quant_dot.cuh"
+    qtype = TYPES_BY_NAME[name]
+    qk, bulk, meta, items = (int(g) for g in m.groups())
+    assert qk == qtype.block_elems
+    assert (bulk, meta) == bulk_meta_bytes(qtype)
+    assert bulk % 16 == 0  # 16-byte loads of the bulk
+    assert qk // items == ELEMS_PER_ITEM[name]
+
+
+@pytest.mark.parametrize("name", list(META_SPLIT))
+def test_repack_moves_every_byte_once(name):
+    qtype = TYPES_BY_NAME[name]
+    rng = np.random.default_rng(0)
+    n_rows, n_blocks = 3, 8 if qtype.block_elems > 1 else 64
+    raw = rng.integers(0, 256, size=(n_rows, n_blocks * qtype.block_bytes), dtype=np.uint8)
+    out = repack(raw, qtype)
+    assert out.shape == (raw.size,) and out.dtype == np.uint8
+    front, back = META_SPLIT[name]
+    bulk, meta = bulk_meta_bytes(qtype)
+    for r in range(n_rows):
+        for b in range(n_blocks):
+            block = raw[r, b * qtype.block_bytes : (b + 1) * qtype.block_bytes]
+            i = r * n_blocks + b
+            assert np.array_equal(out[i * bulk : (i + 1) * bulk], block[front : qtype.block_bytes - back])
+            m0 = n_rows * n_blocks * bulk + i * meta
+            block_meta = np.concatenate([block[:front], block[qtype.block_bytes - back :]])
+            assert np.array_equal(out[m0 : m0 + meta], block_meta)

@@ -1,0 +1,132 @@
+"""The CUDA matvec kernels against models/dequant.py (itself bit-exact with gguf-py). Needs a GPU.
+
+Every type, random valid blocks at real shapes, fresh inputs per case, output poisoned with NaN first.
+Quantized weights multiply the q8_1 activation, so the reference is the dequantized weight times the
+dequantized q8_1 activation the kernel read back from the device, in float64: what remains is float32
+rounding in the kernel (int8 products are exact in int32), bounded here by 1e-5 of the output's norm.
+"""
+import numpy as np
+import pytest
+
+from kernels.bench_cuda import TYPES, random_weight_bytes
+from models.dequant import dequantize
+from models.ggml_types import TYPES_BY_NAME
+
+pytestmark = pytest.mark.gpu
+
+REL_TOL = 1e-5
+SHAPES = [(1024, 4096), (2048, 8192), (3, 256)]  # rows x cols: llama3-8b wk, llama-1b ffn_down, a ragged grid
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    import cupy as cp
+
+    import kernels.cuda_quant as cq
+
+    return cp, cq
+
+
+def run_matvec(cp, cq, raw, qtype, x, threads_per_row=None):
+    """(out, x actually used) for weight bytes raw [n_rows, row_bytes] and float32 x, on the device."""
+    w = cq.to_device(raw, qtype)
+    x_dev = cp.asarray(x)
+    out = cp.full(w.n_rows, cp.nan, dtype=cp.float32)
+    if w.takes_q8:
+        xq = cq.Q8Vector.empty(w.n_cols)
+        cq.quantize_q8_1(x_dev, xq)
+        cq.matvec(w, xq, out, threads_per_row=threads_per_row)
+        ds = cp.asnumpy(xq.ds)
+        x_used = (cp.asnumpy(xq.qs).astype(np.float64).reshape(-1, 32) * ds[:, :1]).reshape(-1)
+    else:
+        cq.matvec(w, x_dev, out, threads_per_row=threads_per_row)
+        x_used = x.astype(np.float64)
+    return cp.asnumpy(out), x_used
+
+
+def check(out, raw, name, x_used):
+    ref = dequantize(raw, TYPES_BY_NAME[name], (x_used.size, raw.shape[0])).astype(np.float64) @ x_used
+    assert np.isfinite(out).all(), f"{np.isnan(out).sum()} outputs not written"
+    err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+    assert err < REL_TOL, f"{name}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("name", TYPES)
+def test_matvec_matches_reference_dequantize(cuda, name, shape):
+    cp, cq = cuda
+    qtype = TYPES_BY_NAME[name]
+    seed = int(np.random.SeedSequence().generate_state(1)[0])  # fresh inputs every run
+    raw = random_weight_bytes(qtype, *shape, seed=seed)
+    x = np.random.default_rng(seed).standard_normal(shape[1]).astype(np.float32)
+    out, x_used = run_matvec(cp, cq, raw, qtype, x)
+    check(out, raw, name, x_used)
+
+
+@pytest.mark.parametrize("threads_per_row", [32, 64, 128])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "F16"])
+def test_every_threads_per_row_is_right(cuda, name, threads_per_row):
+    cp, cq = cuda
+    qtype = TYPES_BY_NAME[name]
+    raw = random_weight_bytes(qtype, 77, 4096, seed=threads_per_row)
+    x = np.random.default_rng(threads_per_row).standard_normal(4096).astype(np.float32)
+    out, x_used = run_matvec(cp, cq, raw, qtype, x, threads_per_row)
+    check(out, raw, name, x_used)
+
+
+def test_quantize_q8_1_matches_numpy(cuda):
+    cp, cq = cuda
+    x = np.random.default_rng().standard_normal(14336).astype(np.float32) * 3
+    x[:32] = 0.0  # an all-zero block must give d = 0, not NaN
+    xq = cq.Q8Vector.empty(x.size)
+    cq.quantize_q8_1(cp.asarray(x), xq)
+    qs, ds = cp.asnumpy(xq.qs), cp.asnumpy(xq.ds)
+    d = np.abs(x.reshape(-1, 32)).max(axis=1) / np.float32(127)
+    np.testing.assert_allclose(ds[:, 0], d, rtol=1e-6)
+    ref = np.round(x.reshape(-1, 32) / np.where(d == 0, 1, d)[:, None]).reshape(-1)
+    assert np.abs(qs - ref).max() <= 1 and (qs == ref).mean() > 0.999  # division rounding at ties only
+    np.testing.assert_allclose(ds[:, 1], ds[:, 0] * qs.reshape(-1, 32).sum(axis=1), rtol=1e-6)
+
+
+def test_graph_capture_replays_with_new_inputs(cuda):
+    """quantize + matvec captured once, replayed on new x: no allocation or sync inside."""
+    cp, cq = cuda
+    qtype = TYPES_BY_NAME["Q4_K"]
+    raw = random_weight_bytes(qtype, 1024, 4096, seed=5)
+    w = cq.to_device(raw, qtype)
+    x = cp.empty(4096, dtype=cp.float32)
+    xq = cq.Q8Vector.empty(4096)
+    out = cp.empty(1024, dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        x[...] = 1.0
+        cq.quantize_q8_1(x, xq, stream)  # compile outside capture
+        cq.matvec(w, xq, out, stream)
+        stream.synchronize()
+        stream.begin_capture()
+        cq.quantize_q8_1(x, xq, stream)
+        cq.matvec(w, xq, out, stream)
+        graph = stream.end_capture()
+        for seed in (1, 2):
+            x_host = np.random.default_rng(seed).standard_normal(4096).astype(np.float32)
+            x.set(x_host, stream=stream)
+            out.fill(cp.nan)
+            graph.launch(stream)
+            stream.synchronize()
+            ds = cp.asnumpy(xq.ds)
+            x_used = (cp.asnumpy(xq.qs).astype(np.float64).reshape(-1, 32) * ds[:, :1]).reshape(-1)
+            check(cp.asnumpy(out), raw, "Q4_K", x_used)
+            assert np.abs(x_used - x_host).max() <= np.abs(x_host).max() / 127  # it read the new x
+
+
+def test_bad_inputs_raise(cuda):
+    cp, cq = cuda
+    qtype = TYPES_BY_NAME["Q4_K"]
+    w = cq.to_device(random_weight_bytes(qtype, 8, 256), qtype)
+    out = cp.empty(8, dtype=cp.float32)
+    with pytest.raises(ValueError, match="Q8Vector"):
+        cq.matvec(w, cp.zeros(256, dtype=cp.float32), out)
+    with pytest.raises(ValueError, match="out must be"):
+        cq.matvec(w, cq.Q8Vector.empty(256), cp.empty(9, dtype=cp.float32))
+    with pytest.raises(ValueError, match="no CUDA matvec kernel"):
+        cq.to_device(np.zeros((1, 66), dtype=np.uint8), TYPES_BY_NAME["IQ2_XXS"])

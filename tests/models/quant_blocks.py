@@ -1,0 +1,45 @@
+"""Random tensor bytes for testing dequantizers: random quants with finite, modest scales."""
+import numpy as np
+
+from models.ggml_types import GGMLType
+
+# byte offsets of the fp16 scale fields (d, dmin, m) inside one block, from ggml-common.h
+FP16_FIELDS = {
+    "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
+    "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+}
+
+
+SPECIALS = np.array([np.nan, np.inf, -np.inf], dtype=np.float32)
+
+
+def random_bytes(rng: np.random.Generator, qtype: GGMLType, n_blocks: int) -> np.ndarray:
+    """Uniformly random bytes (scales may be huge, tiny, NaN or inf), with NaN, +inf and -inf planted in
+    the first float field (the scale d) of the first three blocks, so those cases are always there."""
+    blocks = rng.integers(0, 256, (n_blocks, qtype.block_bytes), dtype=np.uint8)
+    if qtype.name == "F32":
+        blocks[:3] = SPECIALS.view(np.uint8).reshape(3, 4)
+    elif qtype.name == "F16":
+        blocks[:3] = SPECIALS.astype(np.float16).view(np.uint8).reshape(3, 2)
+    elif qtype.name == "BF16":
+        blocks[:3] = (SPECIALS.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(3, 2)
+    else:
+        at = FP16_FIELDS[qtype.name][0]
+        blocks[:3, at:at + 2] = SPECIALS.astype(np.float16).view(np.uint8).reshape(3, 2)
+    return blocks.reshape(-1)
+
+
+def random_blocks(rng: np.random.Generator, qtype: GGMLType, n_blocks: int) -> np.ndarray:
+    """n_blocks random blocks whose float fields are finite and modest (|x| < 2), as uint8 bytes (1-D)."""
+    if qtype.name in ("F32", "F16", "BF16"):
+        values = rng.uniform(-2, 2, n_blocks).astype(np.float32)
+        if qtype.name == "F16":
+            return values.astype(np.float16).view(np.uint8)
+        if qtype.name == "BF16":
+            return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        return values.view(np.uint8)
+    blocks = random_bytes(rng, qtype, n_blocks).reshape(n_blocks, qtype.block_bytes)
+    for at in FP16_FIELDS[qtype.name]:
+        scale = rng.uniform(-0.05, 0.05, (n_blocks, 1)).astype(np.float16)
+        blocks[:, at:at + 2] = scale.view(np.uint8)
+    return blocks.reshape(-1)

@@ -1,0 +1,117 @@
+"""Chat templates against llama-cpp-python's Jinja2 formatter and llama.cpp's built-in formats, and the
+sandbox and bounds that keep a hostile template from escaping or running forever."""
+import ctypes
+import time
+
+import llama_cpp
+import pytest
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+import models.chat_template as chat_template
+from models.chat_template import BUILTIN_TEMPLATES, ChatTemplate, ChatTemplateError, load_chat_template
+from models.gguf import open_gguf
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hi!"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
+     {"role": "assistant", "content": "Hello! How can I help?"}, {"role": "user", "content": "What is 2+2?"}],
+    [{"role": "user", "content": "  padded\n"}, {"role": "assistant", "content": " 4 \n"},
+     {"role": "user", "content": "Ünïcödé 你好 👩‍👩‍👧 <|im_end|> {{ not jinja }}"}],
+]
+
+
+def llama_cpp_builtin(name: str, messages: list[dict], add_assistant: bool) -> str:
+    chat = (llama_cpp.llama_chat_message * len(messages))(
+        *[llama_cpp.llama_chat_message(role=m["role"].encode(), content=m["content"].encode()) for m in messages])
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = llama_cpp.llama_chat_apply_template(name.encode(), chat, len(messages), add_assistant, buf, len(buf))
+    assert 0 <= n <= len(buf)
+    return buf.raw[:n].decode()
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_smollm2_prompt_equals_llama_cpp_python(smollm2, messages, add_generation_prompt):
+    metadata = open_gguf(smollm2).metadata
+    template = load_chat_template(metadata)
+    reference = Jinja2ChatFormatter(metadata["tokenizer.chat_template"], eos_token="<|im_end|>",
+                                    bos_token="<|im_start|>", add_generation_prompt=add_generation_prompt)
+    assert template.render(messages, add_generation_prompt) == reference(messages=messages).prompt
+    assert template.render(messages).endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("name, llama_cpp_name", [("chatml", "chatml"), ("llama3", "llama3"), ("gemma", "gemma"),
+                                                   ("mistral", "mistral-v3")])
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_builtin_templates_equal_llama_cpp(name, llama_cpp_name, messages, add_generation_prompt):
+    rendered = ChatTemplate(BUILTIN_TEMPLATES[name]).render(messages, add_generation_prompt)
+    assert rendered == llama_cpp_builtin(llama_cpp_name, messages, add_generation_prompt)
+
+
+def test_model_without_template_is_plain_completion_unless_a_builtin_is_named(gemma3):
+    metadata = open_gguf(gemma3).metadata
+    assert load_chat_template(metadata) is None
+    gemma = load_chat_template(metadata, name="gemma")
+    assert gemma.bos_token == "<bos>" and gemma.eos_token == "<eos>"
+    assert gemma.render([{"role": "user", "content": "Hi"}]) == \
+        "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    with pytest.raises(ChatTemplateError, match="unknown chat template 'vicuna'; built-in: chatml, llama3, gemma"):
+        load_chat_template(metadata, name="vicuna")
+
+
+def test_what_real_templates_use():
+    source = ("{{ bos_token }}{% for m in messages %}{% if loop.index0 > 1 %}{% break %}{% endif %}"
+              "{% if m['role'] == 'system' %}{% continue %}{% endif %}[{{ m['role'] }}|{{ m['content'] | tojson }}]"
+              "{% endfor %}{{ strftime_now('%Y') | length }}{{ eos_token }}{% if add_generation_prompt %}>{% endif %}"
+              "{% generation %}kept{% endgeneration %}")
+    out = ChatTemplate(source, "<s>", "</s>").render(CONVERSATIONS[1] + CONVERSATIONS[2])
+    assert out == '<s>[user|"Hi!"]4</s>>kept'
+    with pytest.raises(ChatTemplateError, match="refused the conversation: roles must alternate"):
+        ChatTemplate("{{ raise_exception('roles must alternate') }}").render(CONVERSATIONS[0])
+
+
+@pytest.mark.parametrize("source", [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ ''.__class__ }}",
+    "{{ cycler.__init__.__globals__.os.system('echo pwned') }}",
+    "{{ messages.append({'role': 'user'}) }}",
+    "{{ (messages|first).update(role='x') }}",
+    "{{ self._TemplateReference__context }}",
+])
+def test_escape_attempts_are_refused(source):
+    with pytest.raises(ChatTemplateError, match="tried to leave the sandbox"):
+        ChatTemplate(source).render(CONVERSATIONS[0])
+
+
+@pytest.mark.parametrize("source, message", [
+    ("{% set r = range(100000) %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}", "ran longer than"),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}",
+     "ran longer than|wrote more"),
+    ("{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}", "wrote more than"),
+    ("{{ 'x' * 10**10 }}", "output limit"),
+    ("{{ 10 ** 100000000 }}", "bits"),
+    ("{{ (10 ** 100000) ** 100000 }}", "bits"),
+    ("{{ 'x'.center(10**10) }}", "above the limit"),
+    ("{{ 'x' | center(1000000000) }}", "above the limit"),
+    ("{{ ('x' * 90000) * 90000 }}", "output limit"),
+    ("{{ range(10**9) | list }}", "above the limit"),
+])
+def test_runaway_templates_are_stopped_quickly(monkeypatch, source, message):
+    monkeypatch.setattr(chat_template, "MAX_RENDER_SECONDS", 0.3)
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match=message):
+        ChatTemplate(source).render(CONVERSATIONS[0])
+    assert time.monotonic() - start < 3
+
+
+def test_ordinary_big_numbers_still_render():
+    assert ChatTemplate("{{ 1000000 | abs }} {{ 123456 * 1000 }} {{ 2 ** 64 }}").render([]) == \
+        "1000000 123456000 18446744073709551616"
+
+
+def test_broken_templates_are_clear_errors():
+    with pytest.raises(ChatTemplateError, match="is not valid Jinja"):
+        ChatTemplate("{% for %}")
+    with pytest.raises(ChatTemplateError, match="failed: UndefinedError"):
+        ChatTemplate("{{ nothing.here }}").render(CONVERSATIONS[0])

@@ -1,0 +1,233 @@
+"""The tokenizer against llama.cpp (llama-cpp-python, vocab only) on both packaged models and on
+vocab-only GGUF files that give the SmolLM2 vocab other pre-tokenizers (and Gemma's a space prefix)."""
+import ctypes
+import time
+
+import llama_cpp
+import numpy as np
+import pytest
+from gguf import GGUFValueType, GGUFWriter
+
+from models.gguf import open_gguf
+from models.pretokenizers import UnknownPreTokenizer
+from models.tokenizer import Tokenizer, TokenizerError
+from tests.models.tokenizer_corpus import CORPUS, random_strings
+
+FLAGS = [(add, parse) for add in (True, False) for parse in (True, False)]
+
+
+class Oracle:
+    """llama.cpp's vocab for one file."""
+
+    def __init__(self, path):
+        self.llama = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        self.vocab = self.llama._model.vocab
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        return self.llama.tokenize(text.encode(), add_bos=add_special, special=parse_special)
+
+    def piece(self, token_id: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(1024)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token_id, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, ids: list[int], special: bool) -> bytes:
+        arr = (llama_cpp.llama_token * len(ids))(*ids)
+        buf = ctypes.create_string_buffer(64 * len(ids) + 64)
+        n = llama_cpp.llama_detokenize(self.vocab, arr, len(ids), buf, len(buf), False, special)
+        assert n >= 0
+        return buf.raw[:n]
+
+    def is_eog(self, token_id: int) -> bool:
+        return llama_cpp.llama_vocab_is_eog(self.vocab, token_id)
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def model(request):
+    path = request.getfixturevalue(request.param)
+    return Tokenizer(open_gguf(path).metadata), Oracle(path)
+
+
+@pytest.fixture(scope="module")
+def gemma_tokenizer(gemma3):
+    return Tokenizer(open_gguf(gemma3).metadata)
+
+
+def mismatches(tok, oracle, texts, flags=FLAGS):
+    return [(text, add, parse, tok.encode(text, add, parse), oracle.tokenize(text, add, parse))
+            for text in texts for add, parse in flags
+            if tok.encode(text, add, parse) != oracle.tokenize(text, add, parse)]
+
+
+def test_corpus_is_broad():
+    assert len(CORPUS) >= 200
+    assert "" in CORPUS and any("\u200d" in s for s in CORPUS) and any("\r\n" in s for s in CORPUS)
+
+
+def test_token_ids_equal_llama_cpp(model):
+    tok, oracle = model
+    assert mismatches(tok, oracle, CORPUS) == []
+
+
+def test_random_strings_equal_llama_cpp(model):
+    tok, oracle = model
+    assert mismatches(tok, oracle, random_strings(seed=0, n=1000), flags=[(True, True), (False, False)]) == []
+
+
+def test_control_tokens_only_with_parse_special(model):
+    tok, oracle = model
+    end = "<|im_end|>" if "<|im_end|>" in tok.vocab else "<end_of_turn>"
+    assert tok.encode(end, add_special=False, parse_special=True) == [tok.vocab[end]]
+    assert len(tok.encode(end, add_special=False, parse_special=False)) > 1
+
+
+def test_chat_prompt_gets_one_bos(gemma_tokenizer):
+    tok = gemma_tokenizer
+    turn = "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert tok.encode_prompt("<bos>" + turn) == tok.encode_prompt(turn) == tok.encode(turn, True, True)
+    assert tok.encode_prompt(turn)[:2] == [tok.bos_id, tok.vocab["<start_of_turn>"]]
+
+
+def test_every_piece_equals_llama_cpp(model):
+    tok, oracle = model
+    for special in (False, True):
+        bad = [i for i in range(tok.vocab_size) if tok.token_to_piece(i, special) != oracle.piece(i, special)]
+        assert bad == []
+
+
+def test_decode_equals_llama_detokenize(model):
+    tok, oracle = model
+    for text in CORPUS:
+        ids = oracle.tokenize(text, True, True)
+        for special in (False, True):
+            assert tok.decode_bytes(ids, special) == oracle.detokenize(ids, special), text
+
+
+def test_round_trip_wherever_llama_cpp_round_trips(model):
+    tok, oracle = model
+    round_trips = 0
+    for text in CORPUS:
+        ids = tok.encode(text, add_special=False)
+        if oracle.detokenize(oracle.tokenize(text, False, False), False) == text.encode():
+            assert tok.decode(ids) == text
+            round_trips += 1
+    assert round_trips >= 0.9 * len(CORPUS)
+
+
+def test_stream_decoder_never_splits_a_character(model):
+    tok, _ = model
+    for text in CORPUS:
+        ids = tok.encode(text, add_special=False)
+        stream = tok.stream()
+        parts = [stream.push(i) for i in ids] + [stream.flush()]
+        assert "".join(parts) == tok.decode(ids)
+        assert all("\ufffd" not in p for p in parts) or "\ufffd" in text
+
+
+def test_stream_decoder_holds_partial_utf8_bytes(gemma_tokenizer):
+    tok = gemma_tokenizer
+    byte_ids = [tok.vocab[f"<0x{b:02X}>"] for b in "🦙".encode()]  # four byte-fallback tokens
+    stream = tok.stream()
+    assert [stream.push(i) for i in byte_ids] == ["", "", "", "🦙"]
+    stream.push(byte_ids[0])
+    assert stream.flush() == "\ufffd"
+
+
+def test_end_of_generation_ids_equal_llama_cpp(model):
+    tok, oracle = model
+    assert tok.eog_ids == {i for i in range(tok.vocab_size) if oracle.is_eog(i)}
+    ends = {"<|im_end|>", "<|endoftext|>"} if "<|im_end|>" in tok.vocab else {"<eos>", "<end_of_turn>"}
+    assert {tok.vocab[t] for t in ends} <= tok.eog_ids
+
+
+def test_encodes_100kB_under_half_a_second(model):
+    tok, _ = model
+    text = ("\n".join(CORPUS) * 40).encode()[:100_000].decode(errors="ignore")
+    tok.encode(text[:1000])
+    start = time.perf_counter()
+    tok.encode(text)
+    assert time.perf_counter() - start < 0.5
+
+
+ARRAY_TYPES = {np.dtype(np.int32): GGUFValueType.INT32, np.dtype(np.float32): GGUFValueType.FLOAT32}
+
+
+def write_vocab_only(source, path, **overrides):
+    """A GGUF file with source's metadata (overrides applied, None drops a key) and no tensors."""
+    model = open_gguf(source)
+    metadata = {**model.metadata, **{k.replace("__", "."): v for k, v in overrides.items()}}
+    writer = GGUFWriter(path, metadata["general.architecture"])
+    for key, value in metadata.items():
+        if key == "general.architecture" or value is None:
+            continue
+        if isinstance(value, np.ndarray):
+            writer.add_key_value(key, value.tolist(), GGUFValueType.ARRAY, sub_type=ARRAY_TYPES[value.dtype])
+        elif isinstance(value, list):
+            writer.add_key_value(key, value, GGUFValueType.ARRAY, sub_type=GGUFValueType.STRING)
+        else:
+            vtype = model.value_types.get(key, GGUFValueType.BOOL if isinstance(value, bool) else GGUFValueType.STRING)
+            writer.add_key_value(key, value, GGUFValueType(vtype))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("pre", ["default", "llama-bpe", "qwen2", "deepseek-llm", "deepseek-v3", "deepseek-coder",
+                                 "gpt-4o", "tekken", "gpt-2", "starcoder", "falcon", "bloom", "viking"])
+def test_pre_tokenizers_equal_llama_cpp(smollm2, tmp_path, pre):
+    path = write_vocab_only(smollm2, tmp_path / f"{pre}.gguf", tokenizer__ggml__pre=pre,
+                            tokenizer__ggml__add_bos_token=None)
+    tok, oracle = Tokenizer(open_gguf(path).metadata), Oracle(path)
+    assert mismatches(tok, oracle, CORPUS + random_strings(seed=1, n=300), flags=[(True, False), (False, True)]) == []
+    ids = [oracle.tokenize(text, True, True) for text in CORPUS]
+    assert [tok.decode_bytes(i) for i in ids] == [oracle.detokenize(i, False) for i in ids]
+
+
+def test_sentencepiece_space_prefix_equals_llama_cpp(gemma3, tmp_path):
+    path = write_vocab_only(gemma3, tmp_path / "prefixed.gguf", tokenizer__ggml__add_space_prefix=True)
+    tok, oracle = Tokenizer(open_gguf(path).metadata), Oracle(path)
+    assert mismatches(tok, oracle, CORPUS) == []
+    ids = [oracle.tokenize(text, True, True) for text in CORPUS]
+    assert [tok.decode_bytes(i) for i in ids] == [oracle.detokenize(i, False) for i in ids]
+    stream = tok.stream()
+    assert "".join(stream.push(i) for i in tok.encode("Hello world", add_special=False)) == "Hello world"
+
+
+def test_special_id_past_the_vocab_falls_back_like_llama_cpp(smollm2, tmp_path):
+    path = write_vocab_only(smollm2, tmp_path / "bad_bos.gguf", tokenizer__ggml__bos_token_id=10**6,
+                            tokenizer__ggml__add_bos_token=True)
+    tok, oracle = Tokenizer(open_gguf(path).metadata), Oracle(path)
+    assert tok.encode("Hi there") == oracle.tokenize("Hi there", True, False) == [11, 26843, 665]
+
+
+def smollm_metadata(smollm2, **overrides):
+    return {**open_gguf(smollm2).metadata, **{k.replace("__", "."): v for k, v in overrides.items()}}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"tokenizer__ggml__pre": "no-such-pre"}, "unknown pre-tokenizer 'no-such-pre'"),
+    ({"tokenizer__ggml__model": "t5"}, "unsupported tokenizer model 't5'"),
+    ({"tokenizer__ggml__tokens": None}, "tokenizer.ggml.tokens is missing"),
+    ({"tokenizer__ggml__merges": None}, "tokenizer.ggml.merges is missing"),
+    ({"tokenizer__ggml__merges": [1, 2]}, "not a list of strings"),
+    ({"tokenizer__ggml__scores": ["x"] * 49152}, "tokenizer.ggml.scores must be"),
+    ({"tokenizer__ggml__token_type": np.ones(5, dtype=np.int32)}, "tokenizer.ggml.token_type must be"),
+])
+def test_bad_tokenizer_metadata_is_a_clear_error(smollm2, overrides, message):
+    with pytest.raises((TokenizerError, UnknownPreTokenizer), match=message.replace(".", r"\.")):
+        Tokenizer({k: v for k, v in smollm_metadata(smollm2, **overrides).items() if v is not None})
+
+
+def test_bad_byte_token_is_a_clear_error(gemma3):
+    metadata = open_gguf(gemma3).metadata
+    tokens = list(metadata["tokenizer.ggml.tokens"])
+    tokens[tokens.index("<0x41>")] = "<0x-1>"
+    with pytest.raises(TokenizerError, match="byte token"):
+        Tokenizer({**metadata, "tokenizer.ggml.tokens": tokens})
+
+
+def test_decode_rejects_ids_outside_the_vocab(smollm2):
+    tok = Tokenizer(open_gguf(smollm2).metadata)
+    with pytest.raises(TokenizerError, match="outside the vocabulary"):
+        tok.decode([tok.vocab_size])
