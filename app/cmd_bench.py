@@ -1,0 +1,101 @@
+"""`gguf-chat bench MODEL -p 128 -n 64`: prompt and generation speed, like llama-bench.
+
+With --compare-llamacpp the same tests run on llama.cpp's CPU build (llama-cpp-python) in the same process,
+so the two rows are measured under the same load.
+"""
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from models.errors import UserError
+
+
+class BenchError(UserError):
+    pass
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="measure prompt and generation speed (tok/s)")
+    p.add_argument("model", help="a .gguf path, owner/repo[:QUANT] or a pulled name")
+    p.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens of the pp test (default 128)")
+    p.add_argument("-n", "--n-gen", type=int, default=64, help="generated tokens of the tg test (default 64)")
+    p.add_argument("-r", "--repetitions", type=int, default=3, help="runs of each test (default 3)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu"])
+    p.add_argument("--compare-llamacpp", action="store_true", help="also run llama.cpp (llama-cpp-python) on the CPU")
+    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
+    p.set_defaults(func=run)
+
+
+def _random_prompts(n_vocab: int, n: int, count: int, seed: int = 0) -> list[list[int]]:
+    """Distinct random token sequences, so no run reuses another's cache."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(100, min(n_vocab, 30000), n).tolist() for _ in range(count)]
+
+
+def bench_ours(engine, n_prompt: int, n_gen: int, reps: int) -> dict[str, list[float]]:
+    pp, tg = [], []
+    prompts = _random_prompts(engine.config.n_vocab, n_prompt, reps + 1)
+    list(engine.generate(prompts[-1][:8], max_tokens=2))  # warm up: JIT caches load, pages fault in
+    for ids in prompts[:reps]:
+        stats = list(engine.generate(ids, max_tokens=1, temperature=0))[-1]
+        pp.append(stats.prompt_tok_s)
+    for i, ids in enumerate(_random_prompts(engine.config.n_vocab, 4, reps, seed=1)):
+        # sampled, not greedy, so a random prompt rarely ends at once; the rate counts what was generated
+        stats = list(engine.generate(ids, max_tokens=n_gen + 1, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                                     seed=i))[-1]
+        tg.append(stats.generation_tok_s)
+    return {f"pp{n_prompt}": pp, f"tg{n_gen}": tg}
+
+
+def bench_llamacpp(path: Path, n_vocab: int, n_prompt: int, n_gen: int, reps: int, threads: int) -> dict:
+    try:
+        import llama_cpp  # noqa: PLC0415
+    except ImportError:
+        raise BenchError("--compare-llamacpp needs llama-cpp-python: pip install llama-cpp-python") from None
+    llm = llama_cpp.Llama(str(path), n_ctx=n_prompt + n_gen + 8, n_batch=max(n_prompt, 8), n_threads=threads,
+                          n_threads_batch=threads, verbose=False)
+    pp, tg = [], []
+    prompts = _random_prompts(n_vocab, n_prompt, reps + 1)
+    llm.eval(prompts[-1][:8])  # warm up
+    for ids in prompts[:reps]:
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(ids)
+        pp.append(n_prompt / (time.perf_counter() - t))
+    for ids in _random_prompts(n_vocab, n_gen + 1, reps, seed=1):
+        llm.reset()
+        llm.eval(ids[:1])
+        t = time.perf_counter()
+        for token in ids[1:]:  # one decode step per token, as llama-bench's tg test
+            llm.eval([token])
+        tg.append(n_gen / (time.perf_counter() - t))
+    llm.close()
+    return {f"pp{n_prompt}": pp, f"tg{n_gen}": tg}
+
+
+def _row(model: str, engine: str, test: str, rates: list[float]) -> str:
+    spread = statistics.stdev(rates) if len(rates) > 1 else 0.0
+    return f"| {model} | {engine} | {test} | {statistics.mean(rates):.2f} ± {spread:.2f} |"
+
+
+def run(args) -> int:
+    from app.progress import DownloadBar  # noqa: PLC0415
+    from inference import load  # noqa: PLC0415
+    if args.n_prompt < 1 or args.n_gen < 1 or args.repetitions < 1:
+        raise BenchError("-p, -n and -r must be at least 1")
+    engine = load(args.model, device=args.device, ctx=args.n_prompt + args.n_gen + 8, progress=DownloadBar())
+    name = engine.path.name
+    print("| model | engine | test | t/s |")
+    print("| --- | --- | --- | ---: |")
+    for test, rates in bench_ours(engine, args.n_prompt, args.n_gen, args.repetitions).items():
+        print(_row(name, f"gguf-chat {args.device}", test, rates), flush=True)
+    if args.compare_llamacpp:
+        results = bench_llamacpp(engine.path, engine.config.n_vocab, args.n_prompt, args.n_gen, args.repetitions,
+                                 args.threads)
+        for test, rates in results.items():
+            print(_row(name, f"llama.cpp cpu {args.threads}t", test, rates), flush=True)
+    sys.stdout.flush()
+    return 0

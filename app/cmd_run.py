@@ -1,0 +1,96 @@
+"""`gguf-chat run MODEL -p PROMPT`: one reply streamed to stdout, nothing else there (stats on request)."""
+import json
+import sys
+import time
+
+from models.errors import UserError
+
+
+class NoPromptError(UserError):
+    pass
+
+
+def add_sampling_args(p) -> None:
+    """The sampling and context flags `run` and `chat` share."""
+    p.add_argument("-n", "--max-tokens", type=int, default=512, help="most tokens to generate (default 512)")
+    p.add_argument("--temperature", "--temp", type=float, default=0.8, help="0 for greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="0 to disable (default 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="1 to disable (default 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05, help="0 to disable (default 0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 to disable (default 1.0)")
+    p.add_argument("--seed", type=int, default=None, help="makes sampling repeatable")
+    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's, capped to memory)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu"], help="where to run (default auto)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="answer one prompt, streaming the reply to stdout")
+    p.add_argument("model", help="a .gguf path, owner/repo[:QUANT] or a pulled name")
+    p.add_argument("-p", "--prompt", help="the prompt; '-' or omitted with piped input: read stdin")
+    p.add_argument("--raw", action="store_true", help="plain completion: no chat template")
+    p.add_argument("--system", help="a system prompt (chat mode)")
+    p.add_argument("--chat-template", metavar="NAME", help="a built-in chat template instead of the model's")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the reply contains TEXT (repeatable)")
+    add_sampling_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, stats) instead of streaming")
+    p.add_argument("--verbose", action="store_true", help="print load time and speeds to stderr")
+    p.set_defaults(func=run)
+
+
+def read_prompt(args) -> str:
+    if args.prompt is not None and args.prompt != "-":
+        return args.prompt
+    if args.prompt == "-" or not sys.stdin.isatty():
+        return sys.stdin.read()
+    raise NoPromptError("no prompt: give one with -p PROMPT or pipe it on stdin")
+
+
+def run(args) -> int:
+    from app.progress import DownloadBar  # noqa: PLC0415
+    from inference import load  # noqa: PLC0415  (heavy: numba, the model)
+    prompt = read_prompt(args)
+    if args.raw and (args.system or args.chat_template):
+        raise NoPromptError("--raw is plain completion: it takes no --system or --chat-template")
+    t0 = time.perf_counter()
+    engine = load(args.model, device=args.device, ctx=args.ctx, progress=DownloadBar())
+    load_seconds = time.perf_counter() - t0
+    if args.raw:
+        request = prompt
+    else:
+        request = ([{"role": "system", "content": args.system}] if args.system else []) + \
+                  [{"role": "user", "content": prompt}]
+    pieces = engine.generate(request, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                             top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
+                             seed=args.seed, stop=tuple(args.stop), chat_template=args.chat_template)
+    text, stats = [], None
+    try:
+        for piece in pieces:
+            if isinstance(piece, str):
+                text.append(piece)
+                if not args.json:
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+            else:
+                stats = piece
+    except KeyboardInterrupt:
+        pieces.close()  # Ctrl-C: what was generated stays printed, then a clean exit
+    if args.json:
+        out = {"text": "".join(text), "stats": _stats_dict(stats) if stats else {"finish_reason": "interrupted"}}
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    if args.verbose:
+        print(f"load: {load_seconds:.2f} s", file=sys.stderr)
+        if stats:
+            print(f"prompt: {stats.prompt_tokens} tokens, {stats.prompt_tok_s:.1f} tok/s | generation: "
+                  f"{stats.generated_tokens} tokens, {stats.generation_tok_s:.1f} tok/s | {stats.finish_reason}",
+                  file=sys.stderr)
+    return 0 if stats else 130
+
+
+def _stats_dict(stats) -> dict:
+    return dict(prompt_tokens=stats.prompt_tokens, prompt_seconds=round(stats.prompt_seconds, 4),
+                prompt_tok_s=round(stats.prompt_tok_s, 2), generated_tokens=stats.generated_tokens,
+                generation_seconds=round(stats.generation_seconds, 4),
+                generation_tok_s=round(stats.generation_tok_s, 2), finish_reason=stats.finish_reason)

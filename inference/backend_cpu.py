@@ -1,0 +1,77 @@
+"""The op set of the forward pass on the CPU: numpy arrays, quantized matmuls from kernels/cpu_quant."""
+import mmap
+
+import numpy as np
+
+from inference.weights import ModelWeights, QuantMatrix
+from kernels import cpu_ops
+from kernels.cpu_quant import dequantize_rows, quantized_matmul
+from models.config import ModelConfig
+
+
+def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """float32 zeros whose pages are mapped on first touch, so the cache costs memory only as the context fills.
+
+    An anonymous mmap rather than np.zeros: numpy asks for huge pages on large arrays, and faulting in a
+    2 MiB page per head on the first write cost ~70 ms per layer on our test machine.
+    """
+    return np.frombuffer(mmap.mmap(-1, max(1, int(np.prod(shape))) * 4), np.float32)[:int(np.prod(shape))].reshape(shape)
+
+
+class CPUBackend:
+    """Holds the KV cache and the input buffers (tokens, start position) the forward pass reads."""
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int):
+        self.cfg = cfg
+        self.n_ctx = n_ctx
+        self.k_cache = [lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.head_dim)) for _ in range(cfg.n_layers)]
+        self.v_cache = [lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.v_head_dim)) for _ in range(cfg.n_layers)]
+        self.tokens = np.zeros(0, np.int32)  # [n] the tokens of this step
+        self.pos = 0  # position of tokens[0]
+        self._inv_freq = {}  # (base, scale) -> [rope_dim // 2]
+        self._rope_freqs = weights.rope_freqs
+
+    def set_input(self, tokens: np.ndarray, pos: int) -> None:
+        self.tokens = np.asarray(tokens, np.int32)
+        self.pos = pos
+
+    def embed(self, table: QuantMatrix, scale: float) -> np.ndarray:
+        x = dequantize_rows(table.data, table.qtype, self.tokens)  # [n, n_embd]
+        return x * np.float32(scale) if scale != 1.0 else x
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        return cpu_ops.rms_norm(x, weight, self.cfg.rms_eps)
+
+    def matmul(self, w: QuantMatrix, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        y = quantized_matmul(w.data, w.qtype, x)  # [n, n_rows]
+        return y + bias if bias is not None else y
+
+    def rope(self, x: np.ndarray, base: float, scale: float) -> np.ndarray:
+        """x [n, heads, head_dim] rotated for positions pos..pos+n-1."""
+        key = (base, scale)
+        if key not in self._inv_freq:
+            self._inv_freq[key] = cpu_ops.rope_inv_freq(self.cfg.rope_dim, base, self._rope_freqs) * scale
+        positions = np.arange(self.pos, self.pos + len(x))
+        return cpu_ops.rope(x, positions, self._inv_freq[key], self.cfg.rope_style)
+
+    def kv_write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        """k [n, n_kv, hd], v [n, n_kv, vd] stored at positions pos..pos+n-1."""
+        n = len(k)
+        self.k_cache[layer][:, self.pos:self.pos + n] = k.transpose(1, 0, 2)
+        self.v_cache[layer][:, self.pos:self.pos + n] = v.transpose(1, 0, 2)
+
+    def attention(self, layer: int, q: np.ndarray, window: int, scale: float) -> np.ndarray:
+        end = self.pos + len(q)
+        return cpu_ops.attention(q, self.k_cache[layer][:, :end], self.v_cache[layer][:, :end],
+                                 self.pos, window, scale)
+
+    def glu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return cpu_ops.glu(gate, up, self.cfg.activation)
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return x + y
+
+    def logits(self, w: QuantMatrix, x: np.ndarray) -> np.ndarray:
+        y = quantized_matmul(w.data, w.qtype, x)  # [n, n_vocab]
+        c = self.cfg.final_softcap
+        return c * np.tanh(y / c) if c > 0 else y

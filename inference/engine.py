@@ -1,0 +1,210 @@
+"""Engine: a loaded model with its KV cache; logits for tests and streaming generation for people."""
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from inference.backend_cpu import CPUBackend
+from inference.forward import forward
+from inference.sampling import Sampler, SamplingParams
+from inference.weights import load_weights
+from models.chat_template import load_chat_template
+from models.config import ModelConfig, config_from_metadata
+from models.errors import UserError
+from models.gguf import open_gguf
+from models.model_ref import resolve_model
+from models.tokenizer import Tokenizer
+
+PREFILL_CHUNK = 256  # prompt tokens per forward: bounds the attention scores to [heads, 256, ctx]
+
+
+class PromptTooLongError(UserError, ValueError):
+    pass
+
+
+class NoChatTemplateError(UserError, ValueError):
+    pass
+
+
+class DeviceError(UserError, ValueError):
+    pass
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int  # tokens processed for this prompt (those reused from the cache not counted)
+    prompt_seconds: float
+    generated_tokens: int
+    generation_seconds: float
+    finish_reason: str  # "stop", "length" or "context full"
+
+    @property
+    def prompt_tok_s(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def generation_tok_s(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
+
+
+class Engine:
+    def __init__(self, path: Path, config: ModelConfig, weights, tokenizer, backend, gguf):
+        self.path = path
+        self.config = config
+        self.tokenizer = tokenizer
+        self.n_ctx = backend.n_ctx
+        self._weights = weights
+        self._be = backend
+        self._gguf = gguf  # keeps the memory map the weights view alive
+        self.chat_template = load_chat_template(gguf.metadata)  # None: the file has none
+        self._cached: list[int] = []  # tokens whose keys and values are in the cache, from position 0
+
+    def logits(self, ids) -> np.ndarray:
+        """Teacher-forced logits [len(ids), n_vocab] float32 of a fresh context."""
+        ids = list(ids)
+        self._check_fits(len(ids))
+        self._cached = []
+        return self._prefill(ids, all_logits=True)
+
+    def _check_fits(self, n: int) -> None:
+        if n > self.n_ctx:
+            raise PromptTooLongError(f"the prompt is {n} tokens but the context holds {self.n_ctx} (raise it with --ctx)")
+
+    def _prefill(self, ids: list[int], all_logits: bool) -> np.ndarray:
+        """Process ids after the longest prefix already cached; logits of every new token or of the last."""
+        keep = 0
+        while keep < min(len(ids), len(self._cached)) and ids[keep] == self._cached[keep]:
+            keep += 1
+        keep = min(keep, len(ids) - 1)  # the last token always runs: its logits pick the next one
+        out = []
+        for start in range(keep, len(ids), PREFILL_CHUNK):
+            chunk = ids[start:start + PREFILL_CHUNK]
+            self._be.set_input(np.array(chunk, np.int32), start)
+            last = start + len(chunk) == len(ids)
+            out.append(forward(self._be, self.config, self._weights, all_logits=all_logits or not last))
+            self._cached = ids[:start + len(chunk)]
+        logits = np.concatenate(out) if all_logits else out[-1]
+        return logits.astype(np.float32, copy=False)
+
+    def _step(self, token: int) -> np.ndarray:
+        """Append one token at the end of the cache; its logits [n_vocab]."""
+        self._be.set_input(np.array([token], np.int32), len(self._cached))
+        logits = forward(self._be, self.config, self._weights)[0]
+        self._cached.append(token)
+        return logits
+
+    def prompt_ids(self, prompt, chat_template: str | None = None) -> list[int]:
+        """Token ids of a plain-text prompt, of messages rendered with the chat template, or ids as given."""
+        if isinstance(prompt, np.ndarray) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
+            return [int(t) for t in prompt]
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        template = load_chat_template(self._gguf.metadata, chat_template) if chat_template else self.chat_template
+        if template is None:
+            raise NoChatTemplateError("this model has no chat template: use plain completion (--raw) "
+                                      "or name one with --chat-template")
+        return self.tokenizer.encode_prompt(template.render(prompt))
+
+    def generate(self, prompt, max_tokens: int = 512, temperature: float = 0.8, top_k: int = 40,
+                 top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
+                 stop=(), chat_template: str | None = None) -> Iterator:
+        """Yield the reply as text pieces, then one GenerationStats. Closing the generator stops it."""
+        ids = self.prompt_ids(prompt, chat_template)
+        self._check_fits(len(ids))
+        sampler = Sampler(SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty), seed)
+        eog = self.tokenizer.eog_ids
+        t0 = time.perf_counter()
+        n_reused = min(len(ids) - 1, _common_prefix(ids, self._cached))
+        logits = self._prefill(ids, all_logits=False)[0]
+        t1 = time.perf_counter()
+        history = list(ids)
+        detok = self.tokenizer.stream()
+        text = StopScanner(stop)
+        generated = 0
+        finish = "length"
+        while generated < max_tokens:
+            token = sampler(logits, history)
+            generated += 1
+            if token in eog:
+                finish = "stop"
+                break
+            history.append(token)
+            piece, stopped = text.feed(detok.push(token))
+            if piece:
+                yield piece
+            if stopped:
+                finish = "stop"
+                break
+            if generated == max_tokens:
+                break
+            if len(self._cached) >= self.n_ctx:
+                finish = "context full"
+                break
+            logits = self._step(token)
+        if finish != "stop":
+            tail, _ = text.feed(detok.flush(), final=True)
+            if tail:
+                yield tail
+        t2 = time.perf_counter()
+        yield GenerationStats(len(ids) - n_reused, t1 - t0, generated, t2 - t1, finish)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+class StopScanner:
+    """Streams text through, holding back what might be the start of a stop string until it is decided."""
+
+    def __init__(self, stop):
+        self.stop = [s for s in stop if s]
+        self.held = ""
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, bool]:
+        """(text safe to show, whether a stop string was found)."""
+        self.held += text
+        for s in self.stop:
+            at = self.held.find(s)
+            if at >= 0:
+                return self.held[:at], True
+        keep = 0 if final else max((_suffix_prefix(self.held, s) for s in self.stop), default=0)
+        out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        return out, False
+
+
+def _suffix_prefix(text: str, s: str) -> int:
+    """Length of the longest end of text that is a beginning of s."""
+    for n in range(min(len(text), len(s) - 1), 0, -1):
+        if s.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def _default_ctx(cfg: ModelConfig, file_size: int) -> int:
+    """The model's context, capped so the KV cache fits in half the memory left after the weights."""
+    per_token = cfg.n_layers * cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * 4
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    fits = max(256, (memory // 2 - file_size) // per_token)
+    return int(min(cfg.n_ctx_train, fits))
+
+
+def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None, progress=None) -> Engine:
+    """Open a GGUF model ready to generate: model is a path, owner/repo[:QUANT] or a pulled name (None: the
+    default model); progress reports a download. device "cpu" (or "auto", which is the CPU for now)."""
+    if device not in ("auto", "cpu"):
+        raise DeviceError(f"device '{device}' is not available (use cpu)")
+    path = resolve_model(None if model is None else str(model), progress)  # resolve_model takes str only
+    gguf = open_gguf(path)
+    config = config_from_metadata(gguf.metadata)
+    weights = load_weights(gguf, config)
+    tokenizer = Tokenizer(gguf.metadata)
+    n_ctx = ctx if ctx is not None else _default_ctx(config, gguf.file_size)
+    if n_ctx < 1:
+        raise DeviceError(f"the context size must be at least 1 (got {n_ctx})")
+    return Engine(path, config, weights, tokenizer, CPUBackend(config, weights, n_ctx), gguf)

@@ -1,0 +1,37 @@
+"""The transformer forward pass, written once over the backend's op set; ModelConfig says what differs."""
+from models.config import ModelConfig
+from inference.weights import ModelWeights
+
+
+def forward(be, cfg: ModelConfig, w: ModelWeights, all_logits: bool = False):
+    """Run be.tokens at positions be.pos.. through the model, filling the KV cache.
+
+    Returns logits [n, n_vocab] for every token when all_logits, else [1, n_vocab] for the last one.
+    """
+    x = be.embed(w.token_embd, cfg.embed_scale)  # [n, n_embd]
+    n = len(x)
+    for i, lw in enumerate(w.layers):
+        h = be.rms_norm(x, lw.attn_norm)
+        q = be.matmul(lw.attn_q, h, lw.attn_q_bias).reshape(n, cfg.n_heads, cfg.head_dim)
+        k = be.matmul(lw.attn_k, h, lw.attn_k_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
+        v = be.matmul(lw.attn_v, h, lw.attn_v_bias).reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
+        if cfg.qk_norm:
+            q = be.rms_norm(q, lw.attn_q_norm)
+            k = be.rms_norm(k, lw.attn_k_norm)
+        q = be.rope(q, cfg.layer_rope_base(i), cfg.layer_rope_scale(i))
+        k = be.rope(k, cfg.layer_rope_base(i), cfg.layer_rope_scale(i))
+        be.kv_write(i, k, v)
+        a = be.attention(i, q, cfg.layer_window(i), cfg.softmax_scale)  # [n, n_heads * v_head_dim]
+        o = be.matmul(lw.attn_output, a)
+        if cfg.sandwich_norm:
+            o = be.rms_norm(o, lw.post_attention_norm)
+        x = be.add(x, o)
+
+        h = be.rms_norm(x, lw.ffn_norm)
+        f = be.matmul(lw.ffn_down, be.glu(be.matmul(lw.ffn_gate, h), be.matmul(lw.ffn_up, h)))
+        if cfg.sandwich_norm:
+            f = be.rms_norm(f, lw.post_ffw_norm)
+        x = be.add(x, f)
+    if not all_logits:
+        x = x[-1:]
+    return be.logits(w.output, be.rms_norm(x, w.output_norm))

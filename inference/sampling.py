@@ -1,0 +1,81 @@
+"""Choosing the next token: small pure functions over logits, behind a seeded sampler.
+
+The order follows llama.cpp: repetition penalty, top-k, top-p, min-p, temperature, then a draw.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+REPEAT_LAST_N = 64  # tokens the repetition penalty looks back over (llama.cpp's default)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8  # <= 0: greedy
+    top_k: int = 40  # <= 0: off
+    top_p: float = 0.95  # >= 1: off
+    min_p: float = 0.05  # <= 0: off
+    repeat_penalty: float = 1.0  # 1: off
+
+
+def apply_repeat_penalty(logits: np.ndarray, recent: np.ndarray, penalty: float) -> np.ndarray:
+    """Make the recent tokens less likely: positive logits divided by penalty, negative ones multiplied."""
+    if penalty == 1.0 or len(recent) == 0:
+        return logits
+    out = logits.copy()
+    ids = np.unique(recent)
+    out[ids] = np.where(out[ids] > 0, out[ids] / penalty, out[ids] * penalty)
+    return out
+
+
+def top_k_candidates(logits: np.ndarray, k: int) -> np.ndarray:
+    """Token ids of the k largest logits, largest first (all ids when k <= 0)."""
+    if 0 < k < len(logits):
+        ids = np.argpartition(-logits, k - 1)[:k]
+    else:
+        ids = np.arange(len(logits))
+    return ids[np.argsort(-logits[ids], kind="stable")]
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def top_p_keep(probs: np.ndarray, p: float) -> int:
+    """How many of probs (sorted descending) make up the smallest set whose mass reaches p."""
+    if p >= 1.0:
+        return len(probs)
+    return min(int(np.searchsorted(np.cumsum(probs), p)) + 1, len(probs))
+
+
+def min_p_keep(probs: np.ndarray, min_p: float) -> int:
+    """How many of probs (sorted descending) are at least min_p times the largest."""
+    if min_p <= 0.0:
+        return len(probs)
+    return max(1, int(np.count_nonzero(probs >= min_p * probs[0])))
+
+
+def sample(logits: np.ndarray, params: SamplingParams, recent: np.ndarray, rng: np.random.Generator) -> int:
+    """One token id from logits [n_vocab]."""
+    logits = apply_repeat_penalty(logits.astype(np.float32, copy=False), recent, params.repeat_penalty)
+    if params.temperature <= 0:
+        return int(np.argmax(logits))
+    ids = top_k_candidates(logits, params.top_k)
+    scores = logits[ids].astype(np.float64)
+    ids = ids[:top_p_keep(softmax(scores), params.top_p)]
+    scores = scores[:len(ids)]
+    ids = ids[:min_p_keep(softmax(scores), params.min_p)]
+    probs = softmax(scores[:len(ids)] / params.temperature)
+    return int(ids[rng.choice(len(ids), p=probs)])
+
+
+class Sampler:
+    """A seeded sampler: the same seed and logits give the same tokens."""
+
+    def __init__(self, params: SamplingParams, seed: int | None = None):
+        self.params = params
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, logits: np.ndarray, history: list[int]) -> int:
+        return sample(logits, self.params, np.asarray(history[-REPEAT_LAST_N:], np.int64), self.rng)

@@ -1,0 +1,113 @@
+"""The model's tensors as the forward pass uses them: quantized matrices stay zero-copy views of the file."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.config import ModelConfig
+from models.errors import UserError
+from models.ggml_types import GGMLType, require_supported
+from models.gguf import GGUFModel
+
+
+class MissingTensorError(UserError, KeyError):
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class TensorShapeError(UserError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class QuantMatrix:
+    """A weight matrix [n_rows, n_cols] kept in its file's blocks: data is uint8 [n_rows, row_bytes]."""
+    data: np.ndarray
+    qtype: GGMLType
+    n_rows: int
+    n_cols: int
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    attn_norm: np.ndarray  # [n_embd]
+    attn_q: QuantMatrix  # [n_heads * head_dim, n_embd]
+    attn_k: QuantMatrix  # [n_kv_heads * head_dim, n_embd]
+    attn_v: QuantMatrix  # [n_kv_heads * v_head_dim, n_embd]
+    attn_output: QuantMatrix  # [n_embd, n_heads * v_head_dim]
+    ffn_norm: np.ndarray  # [n_embd]
+    ffn_gate: QuantMatrix  # [n_ff, n_embd]
+    ffn_up: QuantMatrix  # [n_ff, n_embd]
+    ffn_down: QuantMatrix  # [n_embd, n_ff]
+    attn_q_bias: np.ndarray | None = None  # [n_heads * head_dim] (qwen2)
+    attn_k_bias: np.ndarray | None = None  # [n_kv_heads * head_dim]
+    attn_v_bias: np.ndarray | None = None  # [n_kv_heads * v_head_dim]
+    attn_q_norm: np.ndarray | None = None  # [head_dim] (qwen3, gemma3)
+    attn_k_norm: np.ndarray | None = None  # [head_dim]
+    post_attention_norm: np.ndarray | None = None  # [n_embd] (gemma3)
+    post_ffw_norm: np.ndarray | None = None  # [n_embd]
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    token_embd: QuantMatrix  # [n_vocab, n_embd]
+    layers: list[LayerWeights]
+    output_norm: np.ndarray  # [n_embd]
+    output: QuantMatrix  # [n_vocab, n_embd]; token_embd itself when the file ties them
+    rope_freqs: np.ndarray | None  # [rope_dim // 2] divisors of the rope frequencies (llama 3.1+)
+
+
+def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
+    def tensor(name: str, optional: bool = False):
+        info = model.tensors.get(name)
+        if info is None:
+            if optional:
+                return None
+            raise MissingTensorError(f"the model file has no tensor '{name}' ({cfg.arch} needs it)")
+        require_supported(info.type, name)
+        raw = model.tensor_bytes(name)
+        if len(info.shape) == 1:
+            if info.type.name != "F32":
+                raise TensorShapeError(f"tensor '{name}' is {info.type.name}; a vector must be F32")
+            return raw.view(np.float32)
+        n_cols = info.shape[0]
+        n_rows = info.n_elems // n_cols
+        return QuantMatrix(raw.reshape(n_rows, -1), info.type, n_rows, n_cols)
+
+    def matrix(name: str, n_rows: int, n_cols: int) -> QuantMatrix:
+        m = tensor(name)
+        if not isinstance(m, QuantMatrix) or (m.n_rows, m.n_cols) != (n_rows, n_cols):
+            raise TensorShapeError(f"tensor '{name}' has the wrong shape for {cfg.arch} (want {n_rows} x {n_cols})")
+        return m
+
+    q_dim, kv_dim, v_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_kv_heads * cfg.v_head_dim
+    layers = []
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        opt = lambda n: tensor(p + n, optional=True)  # noqa: E731
+        layers.append(LayerWeights(
+            attn_norm=tensor(p + "attn_norm.weight"),
+            attn_q=matrix(p + "attn_q.weight", q_dim, cfg.n_embd),
+            attn_k=matrix(p + "attn_k.weight", kv_dim, cfg.n_embd),
+            attn_v=matrix(p + "attn_v.weight", v_dim, cfg.n_embd),
+            attn_output=matrix(p + "attn_output.weight", cfg.n_embd, cfg.n_heads * cfg.v_head_dim),
+            ffn_norm=tensor(p + "ffn_norm.weight"),
+            ffn_gate=matrix(p + "ffn_gate.weight", cfg.n_ff, cfg.n_embd),
+            ffn_up=matrix(p + "ffn_up.weight", cfg.n_ff, cfg.n_embd),
+            ffn_down=matrix(p + "ffn_down.weight", cfg.n_embd, cfg.n_ff),
+            attn_q_bias=tensor(p + "attn_q.bias") if cfg.qkv_bias else opt("attn_q.bias"),
+            attn_k_bias=tensor(p + "attn_k.bias") if cfg.qkv_bias else opt("attn_k.bias"),
+            attn_v_bias=tensor(p + "attn_v.bias") if cfg.qkv_bias else opt("attn_v.bias"),
+            attn_q_norm=tensor(p + "attn_q_norm.weight") if cfg.qk_norm else None,
+            attn_k_norm=tensor(p + "attn_k_norm.weight") if cfg.qk_norm else None,
+            post_attention_norm=tensor(p + "post_attention_norm.weight") if cfg.sandwich_norm else None,
+            post_ffw_norm=tensor(p + "post_ffw_norm.weight") if cfg.sandwich_norm else None,
+        ))
+    token_embd = matrix("token_embd.weight", cfg.n_vocab, cfg.n_embd)
+    output = tensor("output.weight", optional=True)  # absent: tied to the embeddings (SmolLM2, Gemma)
+    return ModelWeights(
+        token_embd=token_embd,
+        layers=layers,
+        output_norm=tensor("output_norm.weight"),
+        output=matrix("output.weight", cfg.n_vocab, cfg.n_embd) if output is not None else token_embd,
+        rope_freqs=tensor("rope_freqs.weight", optional=True),
+    )

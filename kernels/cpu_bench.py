@@ -1,0 +1,93 @@
+"""Speed of the CPU kernels at real model shapes: GB/s of weight bytes read per second.
+
+    python -m kernels.cpu_bench            # matvec (1 token) and prompt (n tokens) for the hot types
+    python -m kernels.cpu_bench Q8_0 Q4_K  # only these types
+
+Weights are random valid blocks (speed does not depend on values, as long as the scales are normal
+floats: subnormal ones make BLAS crawl). Times are the best of several runs, since the machine may be
+shared: the best run is the one least disturbed by others.
+"""
+import sys
+import time
+
+import numba as nb
+import numpy as np
+
+from kernels.cpu_quant import quantized_matmul
+from models.ggml_types import TYPES_BY_NAME
+
+# (type, n_cols, n_rows) as in SmolLM2-135M Q4_1 and Gemma-3-270M Q4_K_M
+SHAPES = [
+    ("Q4_1", 576, 1536), ("Q4_1", 1536, 576), ("Q8_0", 576, 49152),
+    ("Q5_0", 640, 2048), ("Q4_K", 2048, 640), ("Q6_K", 2048, 640), ("Q8_0", 640, 262144),
+    ("Q4_0", 2048, 2048), ("Q5_1", 2048, 2048), ("Q2_K", 2048, 2048), ("Q3_K", 2048, 2048),
+    ("Q5_K", 2048, 2048), ("F16", 2048, 2048), ("BF16", 2048, 2048), ("F32", 2048, 2048),
+]
+PROMPT_TOKENS = 128
+
+# where each block type keeps its f16 scales (random bytes there could be inf, nan or subnormal)
+F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
+              "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+def random_weight(name: str, n_rows: int, n_cols: int, seed: int = 0) -> np.ndarray:
+    """Random valid bytes of a [n_rows, n_cols] weight: uint8 [n_rows, row_bytes], read-only like a mmap."""
+    rng = np.random.default_rng(seed)
+    qt = TYPES_BY_NAME[name]
+    if name == "F32":
+        w = rng.standard_normal((n_rows, n_cols), np.float32).view(np.uint8)
+    elif name == "F16":
+        w = rng.standard_normal((n_rows, n_cols)).astype(np.float16).view(np.uint8)
+    elif name == "BF16":
+        w = (rng.standard_normal((n_rows, n_cols), np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    else:
+        n_blocks = n_rows * n_cols // qt.block_elems
+        blocks = rng.integers(0, 256, (n_blocks, qt.block_bytes), dtype=np.uint8)
+        for off in F16_FIELDS[name]:
+            scale = rng.uniform(-0.05, 0.05, n_blocks).astype(np.float16)
+            blocks[:, off:off + 2] = scale.view(np.uint8).reshape(n_blocks, 2)
+        w = blocks.reshape(n_rows, -1)
+    w = np.ascontiguousarray(w)
+    w.flags.writeable = False
+    return w
+
+
+def best_seconds(fn, min_total: float = 0.5, min_runs: int = 5) -> float:
+    fn()  # compile / warm caches
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_runs or time.perf_counter() - start < min_total:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def bench(name: str, n_cols: int, n_rows: int) -> tuple[float, float]:
+    """(matvec GB/s, prompt tokens/s) of one weight shape."""
+    qt = TYPES_BY_NAME[name]
+    rng = np.random.default_rng(0)
+    w = random_weight(name, n_rows, n_cols)
+    x1 = rng.standard_normal((1, n_cols), np.float32)
+    xp = rng.standard_normal((PROMPT_TOKENS, n_cols), np.float32)
+    out1 = np.empty((1, n_rows), np.float32)
+    t1 = best_seconds(lambda: quantized_matmul(w, qt, x1, out=out1))
+    tp = best_seconds(lambda: quantized_matmul(w, qt, xp), min_runs=2)
+    return w.nbytes / t1 / 1e9, PROMPT_TOKENS / tp
+
+
+def main(types: list[str]) -> None:
+    print(f"{nb.get_num_threads()} threads; matvec = 1 token, prompt = {PROMPT_TOKENS} tokens")
+    print(f"{'type':6} {'n_cols x n_rows':>16} {'MB':>7} {'matvec GB/s':>12} {'matvec ms':>10} {'prompt GFLOP/s':>15}")
+    for name, n_cols, n_rows in SHAPES:
+        if types and name not in types:
+            continue
+        gbs, tps = bench(name, n_cols, n_rows)
+        mb = TYPES_BY_NAME[name].nbytes(n_cols) * n_rows / 1e6
+        gflops = 2 * n_cols * n_rows * tps / 1e9
+        print(f"{name:6} {f'{n_cols} x {n_rows}':>16} {mb:7.1f} {gbs:12.2f} {mb / gbs / 1e3 * 1e3:10.3f} {gflops:15.1f}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

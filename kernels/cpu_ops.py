@@ -1,0 +1,144 @@
+"""The non-matmul ops of a transformer on the CPU, over float32 numpy arrays (no model knowledge).
+
+Small fused numba loops: during generation each op works on a few hundred numbers, where numpy's
+per-call overhead (a dozen temporaries per op) would cost more than the arithmetic. Prompt-sized
+attention goes through numpy BLAS instead.
+"""
+import math
+
+import numba as nb
+import numpy as np
+
+_jit = nb.njit(cache=True, nogil=True)
+ATTENTION_LOOP_MAX_TOKENS = 4  # up to this many queries the loop kernel beats BLAS
+
+
+@_jit
+def _rms_norm(x, weight, eps, out):  # x, out [rows, d]
+    for r in range(x.shape[0]):
+        ss = 0.0
+        for j in range(x.shape[1]):
+            ss += x[r, j] * x[r, j]
+        scale = np.float32(1.0 / math.sqrt(ss / x.shape[1] + eps))
+        for j in range(x.shape[1]):
+            out[r, j] = x[r, j] * scale * weight[j]
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x [..., d] normalised over its last axis, times weight [d]."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    _rms_norm(x.reshape(-1, x.shape[-1]), weight, eps, out.reshape(-1, x.shape[-1]))
+    return out
+
+
+def rope_inv_freq(rope_dim: int, base: float, freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """The rotation speed of each pair of dims: [rope_dim // 2] float64."""
+    inv = base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
+    return inv / freq_factors if freq_factors is not None else inv
+
+
+@_jit
+def _rope(x, positions, inv_freq, neox, out):  # x, out [n, heads, head_dim]
+    half = inv_freq.shape[0]
+    for t in range(x.shape[0]):
+        for i in range(half):
+            theta = positions[t] * inv_freq[i]
+            c, s = np.float32(math.cos(theta)), np.float32(math.sin(theta))
+            a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
+            for h in range(x.shape[1]):
+                x0, x1 = x[t, h, a], x[t, h, b]
+                out[t, h, a] = x0 * c - x1 * s
+                out[t, h, b] = x0 * s + x1 * c
+
+
+def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, style: str) -> np.ndarray:
+    """Rotate x [n, heads, head_dim] by position. style "normal": pairs (2i, 2i+1); "neox": (i, i + half).
+
+    Only the first 2 * len(inv_freq) dims of each head rotate; the rest pass through.
+    """
+    x = np.ascontiguousarray(x, np.float32)
+    out = x.copy()
+    _rope(x, np.asarray(positions, np.int64), inv_freq, style == "neox", out)
+    return out
+
+
+@_jit
+def _attention_loop(q, k, v, pos0, start, window, scale, out):  # q [n, H, hd], out [n, H, vd]
+    n, n_heads = q.shape[0], q.shape[1]
+    group = n_heads // k.shape[0]
+    for hh in range(n * n_heads):  # serial: a few heads of a few hundred keys
+        i, h = hh // n_heads, hh % n_heads
+        kv = h // group
+        p = pos0 + i
+        lo = max(start, p - window + 1) if window > 0 else start
+        scores = np.empty(p + 1 - lo, np.float32)
+        best = -np.inf
+        for j in range(lo, p + 1):
+            s = np.float32(0.0)
+            for d in range(q.shape[2]):
+                s += q[i, h, d] * k[kv, j, d]
+            s *= scale
+            scores[j - lo] = s
+            best = max(best, s)
+        total = np.float32(0.0)
+        for j in range(scores.shape[0]):
+            scores[j] = math.exp(scores[j] - best)
+            total += scores[j]
+        for d in range(out.shape[2]):
+            out[i, h, d] = 0.0
+        for j in range(scores.shape[0]):
+            w = scores[j] / total
+            for d in range(out.shape[2]):
+                out[i, h, d] += w * v[kv, lo + j, d]
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, window: int, scale: float) -> np.ndarray:
+    """Causal grouped-query attention of n new queries against the cache.
+
+    q [n, n_heads, hd] at positions pos0..pos0+n-1; k [n_kv, T, hd] and v [n_kv, T, vd] hold positions 0..T-1
+    with T = pos0 + n. window > 0: a query at p sees only keys j with p - j < window. Returns [n, n_heads * vd].
+    """
+    n, n_heads, hd = q.shape
+    n_kv, T, vd = v.shape
+    start = max(0, pos0 + 1 - window) if window > 0 else 0  # keys no query of this batch can see
+    if n <= ATTENTION_LOOP_MAX_TOKENS:
+        out = np.empty((n, n_heads, vd), np.float32)
+        _attention_loop(np.ascontiguousarray(q, np.float32), k, v, pos0, start, window, np.float32(scale), out)
+        return out.reshape(n, n_heads * vd)
+    group = n_heads // n_kv
+    k, v = k[:, start:T], v[:, start:T]
+    qg = q.reshape(n, n_kv, group, hd).transpose(1, 2, 0, 3).reshape(n_kv, group * n, hd)
+    scores = (qg @ k.transpose(0, 2, 1)) * np.float32(scale)  # [n_kv, group * n, T - start]
+    qpos = pos0 + np.arange(n)[:, None]
+    kpos = start + np.arange(T - start)[None, :]
+    masked = kpos > qpos
+    if window > 0:
+        masked |= qpos - kpos >= window
+    scores = scores.reshape(n_kv, group, n, T - start)
+    scores[:, :, masked] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    out = scores.reshape(n_kv, group * n, T - start) @ v  # [n_kv, group * n, vd]
+    return out.reshape(n_kv, group, n, vd).transpose(2, 0, 1, 3).reshape(n, n_heads * vd)
+
+
+@_jit
+def _glu(gate, up, gelu, out):  # all [size], flat
+    k = np.float32(math.sqrt(2.0 / math.pi))
+    for j in range(gate.shape[0]):
+        g = gate[j]
+        if gelu:
+            a = np.float32(0.5) * g * (np.float32(1.0) + np.float32(math.tanh(k * (g + np.float32(0.044715) * g * g * g))))
+        else:
+            a = g / (np.float32(1.0) + np.float32(math.exp(-g))) if g > -80.0 else np.float32(0.0)
+        out[j] = a * up[j]
+
+
+def glu(gate: np.ndarray, up: np.ndarray, activation: str) -> np.ndarray:
+    """activation(gate) * up, both [n, n_ff]; activation "silu" or "gelu" (tanh approximation)."""
+    gate = np.ascontiguousarray(gate, np.float32)
+    out = np.empty_like(gate)
+    _glu(gate.reshape(-1), np.ascontiguousarray(up, np.float32).reshape(-1), activation == "gelu", out.reshape(-1))
+    return out

@@ -1,0 +1,528 @@
+"""CPU matmul and row lookup straight from quantized ggml blocks (numba).
+
+A weight W [n_rows, n_cols] arrives as its raw bytes w: uint8 [n_rows, row_bytes] (a ggml tensor of
+shape (n_cols, n_rows)). Nothing here dequantizes a whole matrix:
+- few tokens (generation): a matrix-vector kernel reads each row's blocks once and dots them with every
+  token's x, rows spread over all cores (prange). Most types use a fused dot; Q2_K, Q3_K, F16 and BF16
+  decode the row to float32 first.
+- many tokens (prompt): tiles of rows are dequantized to float32 and multiplied with numpy BLAS.
+Activations stay float32 (no int8 quantization), so results match x @ dequantize(W).T to float32 rounding.
+"""
+import numba as nb
+import numpy as np
+
+from models.ggml_types import GGMLType
+
+# One file on purpose: numba's cache (cache=True) invalidates a kernel only when its own file changes, so
+# a kernel that inlined a decoder from another file would keep running the old decoder after an edit.
+
+# ggml type ids, the dispatch key inside the kernels
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
+DECODED_IDS = (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
+FUSED_IDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)  # types with a fused dot
+
+MATVEC_MAX_TOKENS = 4  # up to this many tokens the matvec kernel beats dequantize + BLAS
+TILE_BYTES = 1 << 23  # float32 bytes of one dequantized tile of rows in the prompt path (few, big BLAS calls)
+N16 = 16  # passed at run time, see the decoders
+MATVEC_CHUNKS = 64  # row chunks of a matvec shared out to the threads: several per thread evens out their finish
+
+# ---- Decoders: one row of blocks -> float32 ----------------------------------------------------------
+# Each reads row: uint8 [row_bytes] (whole blocks) into y: float32 [n_cols] with ggml's order of float
+# operations, compiled without fastmath (no fused a*b+c), so they are bit-exact with ggml and gguf-py.
+# Every decoder and dot takes f16 (F16_TO_F32) and n16 (always N16 = 16). n16 is a run-time value on purpose:
+# with a constant trip count LLVM fully unrolls the element loops and vectorizes across blocks with
+# gathers instead, measured several times slower.
+
+F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+jit = nb.njit(cache=True, nogil=True)
+
+
+@jit
+def half(b, i, f16):
+    """The little-endian IEEE half at b[i:i+2] as float32."""
+    return f16[np.int32(b[i]) | (np.int32(b[i + 1]) << 8)]
+
+
+@jit
+def scale_min_k4(j, b, o):
+    """Scale and min number j (6 bits each) of a Q4_K/Q5_K block whose 12 scale bytes start at b[o]."""
+    if j < 4:
+        return np.int32(b[o + j]) & 63, np.int32(b[o + j + 4]) & 63
+    lo, mid, hi = np.int32(b[o + j - 4]), np.int32(b[o + j]), np.int32(b[o + j + 4])
+    return (hi & 0xF) | ((lo >> 6) << 4), (hi >> 4) | ((mid >> 6) << 4)
+
+
+@jit
+def decode_f16(row, y, f16, n16):
+    for k in range(y.size):
+        y[k] = half(row, 2 * k, f16)
+
+
+@jit
+def decode_bf16(row, y, f16, n16):  # bfloat16 is the top half of a float32
+    yu = y.view(np.uint32)
+    for k in range(y.size):
+        yu[k] = (np.uint32(row[2 * k]) | (np.uint32(row[2 * k + 1]) << np.uint32(8))) << np.uint32(16)
+
+
+@jit
+def decode_q4_0(row, y, f16, n16):  # d f16 | qs[16]: y[l] = low nibble of qs[l], y[l+16] = high nibble
+    for i in range(row.size // 18):
+        o, yo = 18 * i, 32 * i
+        d = half(row, o, f16)
+        for l in range(n16):
+            q = np.int64(row[o + 2 + l])
+            y[yo + l] = np.float32((q & 0xF) - 8) * d
+            y[yo + 16 + l] = np.float32((q >> 4) - 8) * d
+
+
+@jit
+def decode_q4_1(row, y, f16, n16):  # d f16 | m f16 | qs[16]
+    for i in range(row.size // 20):
+        o, yo = 20 * i, 32 * i
+        d = half(row, o, f16)
+        m = half(row, o + 2, f16)
+        for l in range(n16):
+            q = np.int64(row[o + 4 + l])
+            y[yo + l] = d * np.float32(q & 0xF) + m
+            y[yo + 16 + l] = d * np.float32(q >> 4) + m
+
+
+@jit
+def qh32(b, o):
+    """The little-endian uint32 at b[o:o+4] (the 5th bits of a Q5_0/Q5_1 block) as int64."""
+    return np.int64(b[o]) | (np.int64(b[o + 1]) << 8) | (np.int64(b[o + 2]) << 16) | (np.int64(b[o + 3]) << 24)
+
+
+@jit
+def decode_q5_0(row, y, f16, n16):  # d f16 | qh u32 (bit l: 5th bit of y[l]) | qs[16]
+    for i in range(row.size // 22):
+        o, yo = 22 * i, 32 * i
+        d = half(row, o, f16)
+        qh = qh32(row, o + 2)
+        for l in range(n16):
+            q = np.int64(row[o + 6 + l])
+            y[yo + l] = np.float32(((q & 0xF) | (((qh >> l) & 1) << 4)) - 16) * d
+            y[yo + 16 + l] = np.float32(((q >> 4) | (((qh >> (l + 16)) & 1) << 4)) - 16) * d
+
+
+@jit
+def decode_q5_1(row, y, f16, n16):  # d f16 | m f16 | qh u32 | qs[16]
+    for i in range(row.size // 24):
+        o, yo = 24 * i, 32 * i
+        d = half(row, o, f16)
+        m = half(row, o + 2, f16)
+        qh = qh32(row, o + 4)
+        for l in range(n16):
+            q = np.int64(row[o + 8 + l])
+            y[yo + l] = d * np.float32((q & 0xF) | (((qh >> l) & 1) << 4)) + m
+            y[yo + 16 + l] = d * np.float32((q >> 4) | (((qh >> (l + 16)) & 1) << 4)) + m
+
+
+@jit
+def decode_q8_0(row, y, f16, n16):  # d f16 | qs int8[32]
+    qs = row.view(np.int8)
+    for i in range(row.size // 34):
+        o, yo = 34 * i, 32 * i
+        d = half(row, o, f16)
+        for l in range(2 * n16):
+            y[yo + l] = np.float32(qs[o + 2 + l]) * d
+
+
+@jit
+def decode_q2_k(row, y, f16, n16):  # scales[16] (low 4 bits scale, high 4 min) | qs[64] 2-bit | d | dmin
+    for i in range(row.size // 84):
+        o, yo = 84 * i, 256 * i
+        d = half(row, o + 80, f16)
+        dmin = half(row, o + 82, f16)
+        for n in range(2):  # 128 values from 32 bytes: 4 shifts x 2 halves of 16
+            for j in range(4):
+                for h in range(2):
+                    sc = np.int64(row[o + 8 * n + 2 * j + h])
+                    dl = d * np.float32(sc & 0xF)
+                    ml = dmin * np.float32(sc >> 4)
+                    qo, yy = o + 16 + 32 * n + 16 * h, yo + 128 * n + 32 * j + 16 * h
+                    for l in range(n16):
+                        y[yy + l] = dl * np.float32((np.int64(row[qo + l]) >> (2 * j)) & 3) - ml
+
+
+@jit
+def decode_q3_k(row, y, f16, n16):  # hmask[32] | qs[64] 2-bit | scales[12] 6-bit | d f16
+    for i in range(row.size // 110):
+        o, yo = 110 * i, 256 * i
+        d = half(row, o + 108, f16)
+        for n in range(2):
+            for j in range(4):
+                bit = 4 * n + j  # hmask bit of these 32 values: set means no -4 offset
+                for h in range(2):
+                    k = 8 * n + 2 * j + h  # 6-bit scale k: 4 low bits, then 2 high bits
+                    lo = np.int64(row[o + 96 + k]) & 0xF if k < 8 else np.int64(row[o + 96 + k - 8]) >> 4
+                    hi = (np.int64(row[o + 104 + k % 4]) >> (2 * (k // 4))) & 3
+                    dl = d * np.float32((lo | (hi << 4)) - 32)
+                    qo, mo, yy = o + 32 + 32 * n + 16 * h, o + 16 * h, yo + 128 * n + 32 * j + 16 * h
+                    for l in range(n16):
+                        q = ((np.int64(row[qo + l]) >> (2 * j)) & 3) - 4 * (1 - ((np.int64(row[mo + l]) >> bit) & 1))
+                        y[yy + l] = dl * np.float32(q)
+
+
+@jit
+def decode_q4_k(row, y, f16, n16):  # d f16 | dmin f16 | scales[12] 6-bit | qs[128]
+    for i in range(row.size // 144):
+        o, yo = 144 * i, 256 * i
+        d = half(row, o, f16)
+        dmin = half(row, o + 2, f16)
+        for j in range(4):  # 64 values from 32 bytes: low nibbles, then high nibbles
+            sc, mn = scale_min_k4(2 * j, row, o + 4)
+            d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
+            sc, mn = scale_min_k4(2 * j + 1, row, o + 4)
+            d2, m2 = d * np.float32(sc), dmin * np.float32(mn)
+            qo, yy = o + 16 + 32 * j, yo + 64 * j
+            for l in range(2 * n16):
+                q = np.int64(row[qo + l])
+                y[yy + l] = d1 * np.float32(q & 0xF) - m1
+                y[yy + 32 + l] = d2 * np.float32(q >> 4) - m2
+
+
+@jit
+def decode_q5_k(row, y, f16, n16):  # d f16 | dmin f16 | scales[12] 6-bit | qh[32] | qs[128]
+    for i in range(row.size // 176):
+        o, yo = 176 * i, 256 * i
+        d = half(row, o, f16)
+        dmin = half(row, o + 2, f16)
+        for j in range(4):
+            sc, mn = scale_min_k4(2 * j, row, o + 4)
+            d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
+            sc, mn = scale_min_k4(2 * j + 1, row, o + 4)
+            d2, m2 = d * np.float32(sc), dmin * np.float32(mn)
+            qo, yy = o + 48 + 32 * j, yo + 64 * j
+            for l in range(2 * n16):
+                q = np.int64(row[qo + l])
+                qh = np.int64(row[o + 16 + l])
+                y[yy + l] = d1 * np.float32((q & 0xF) | (((qh >> (2 * j)) & 1) << 4)) - m1
+                y[yy + 32 + l] = d2 * np.float32((q >> 4) | (((qh >> (2 * j + 1)) & 1) << 4)) - m2
+
+
+@jit
+def decode_q6_k(row, y, f16, n16):  # ql[128] | qh[64] | scales int8[16] | d f16
+    scales = row.view(np.int8)
+    for i in range(row.size // 210):
+        o, yo = 210 * i, 256 * i
+        d = half(row, o + 208, f16)
+        for n in range(2):  # 128 values: 4 runs of 32 sharing 32 qh bytes, a scale per 16 values
+            lo, ho, so, yy = o + 64 * n, o + 128 + 32 * n, o + 192 + 8 * n, yo + 128 * n
+            for l in range(2 * n16):
+                ql0, ql1, qh = np.int64(row[lo + l]), np.int64(row[lo + 32 + l]), np.int64(row[ho + l])
+                sc = so + (l >> 4)
+                y[yy + l] = d * np.float32(scales[sc]) * np.float32(((ql0 & 0xF) | ((qh & 3) << 4)) - 32)
+                y[yy + 32 + l] = d * np.float32(scales[sc + 2]) * np.float32(((ql1 & 0xF) | (((qh >> 2) & 3) << 4)) - 32)
+                y[yy + 64 + l] = d * np.float32(scales[sc + 4]) * np.float32(((ql0 >> 4) | (((qh >> 4) & 3) << 4)) - 32)
+                y[yy + 96 + l] = d * np.float32(scales[sc + 6]) * np.float32(((ql1 >> 4) | (((qh >> 6) & 3) << 4)) - 32)
+
+
+# ---- Fused dots: one quantized row . x -------------------------------------------------------------
+# The quants are multiplied with x as they are unpacked and each block's scale is applied once to its
+# partial sum. Block minimums (Q4_1, Q5_1, Q4_K, Q5_K) go through xsum, the sums of x over each run of 32
+# values: sum((d*q + m)*x) = d*sum(q*x) + m*sum(x). row: uint8 [row_bytes], x: float32 [n_cols],
+# xsum: float32 [n_cols // 32]. Integer results pass through np.int32 before np.float32: numba computes
+# in int64, and the narrowing lets LLVM use 16 lanes, not 8.
+
+fast = nb.njit(cache=True, nogil=True, fastmath=True)
+
+
+@fast
+def dot_q4_0(row, x, xsum, f16, n16):
+    acc = np.float32(0)
+    for i in range(row.size // 18):
+        o, xo = 18 * i, 32 * i
+        s = np.float32(0)
+        for l in range(n16):
+            q = np.int64(row[o + 2 + l])
+            s += np.float32(np.int32((q & 0xF) - 8)) * x[xo + l] + np.float32(np.int32((q >> 4) - 8)) * x[xo + 16 + l]
+        acc += half(row, o, f16) * s
+    return acc
+
+
+@fast
+def dot_q4_1(row, x, xsum, f16, n16):
+    acc = np.float32(0)
+    for i in range(row.size // 20):
+        o, xo = 20 * i, 32 * i
+        s = np.float32(0)
+        for l in range(n16):
+            q = np.int64(row[o + 4 + l])
+            s += np.float32(q & 0xF) * x[xo + l] + np.float32(q >> 4) * x[xo + 16 + l]
+        acc += half(row, o, f16) * s + half(row, o + 2, f16) * xsum[i]
+    return acc
+
+
+@fast
+def dot_q5_0(row, x, xsum, f16, n16):
+    acc = np.float32(0)
+    for i in range(row.size // 22):
+        o, xo = 22 * i, 32 * i
+        qh = qh32(row, o + 2)
+        s = np.float32(0)
+        for l in range(n16):
+            q = np.int64(row[o + 6 + l])
+            s += (np.float32(np.int32(((q & 0xF) | (((qh >> l) & 1) << 4)) - 16)) * x[xo + l]
+                  + np.float32(np.int32(((q >> 4) | (((qh >> (l + 16)) & 1) << 4)) - 16)) * x[xo + 16 + l])
+        acc += half(row, o, f16) * s
+    return acc
+
+
+@fast
+def dot_q5_1(row, x, xsum, f16, n16):
+    acc = np.float32(0)
+    for i in range(row.size // 24):
+        o, xo = 24 * i, 32 * i
+        qh = qh32(row, o + 4)
+        s = np.float32(0)
+        for l in range(n16):
+            q = np.int64(row[o + 8 + l])
+            s += (np.float32(np.int32((q & 0xF) | (((qh >> l) & 1) << 4))) * x[xo + l]
+                  + np.float32(np.int32((q >> 4) | (((qh >> (l + 16)) & 1) << 4))) * x[xo + 16 + l])
+        acc += half(row, o, f16) * s + half(row, o + 2, f16) * xsum[i]
+    return acc
+
+
+@fast
+def dot_q8_0(row, x, xsum, f16, n16):
+    qs = row.view(np.int8)
+    acc = np.float32(0)
+    for i in range(row.size // 34):
+        o, xo = 34 * i, 32 * i
+        s = np.float32(0)
+        for l in range(2 * n16):
+            s += np.float32(qs[o + 2 + l]) * x[xo + l]
+        acc += half(row, o, f16) * s
+    return acc
+
+
+@fast
+def dot_q4_k(row, x, xsum, f16, n16):
+    acc = np.float32(0)
+    for i in range(row.size // 144):
+        o = 144 * i
+        d = half(row, o, f16)
+        dmin = half(row, o + 2, f16)
+        for j in range(4):
+            sc1, m1 = scale_min_k4(2 * j, row, o + 4)
+            sc2, m2 = scale_min_k4(2 * j + 1, row, o + 4)
+            qo, xo = o + 16 + 32 * j, 256 * i + 64 * j
+            s1 = np.float32(0)
+            s2 = np.float32(0)
+            for l in range(2 * n16):
+                q = np.int64(row[qo + l])
+                s1 += np.float32(q & 0xF) * x[xo + l]
+                s2 += np.float32(q >> 4) * x[xo + 32 + l]
+            ms = np.float32(m1) * xsum[8 * i + 2 * j] + np.float32(m2) * xsum[8 * i + 2 * j + 1]
+            acc += d * (np.float32(sc1) * s1 + np.float32(sc2) * s2) - dmin * ms
+    return acc
+
+
+@fast
+def dot_q5_k(row, x, xsum, f16, n16):
+    acc = np.float32(0)
+    for i in range(row.size // 176):
+        o = 176 * i
+        d = half(row, o, f16)
+        dmin = half(row, o + 2, f16)
+        for j in range(4):
+            sc1, m1 = scale_min_k4(2 * j, row, o + 4)
+            sc2, m2 = scale_min_k4(2 * j + 1, row, o + 4)
+            qo, xo = o + 48 + 32 * j, 256 * i + 64 * j
+            s1 = np.float32(0)
+            s2 = np.float32(0)
+            for l in range(2 * n16):
+                q = np.int64(row[qo + l])
+                qh = np.int64(row[o + 16 + l])
+                s1 += np.float32(np.int32((q & 0xF) | (((qh >> (2 * j)) & 1) << 4))) * x[xo + l]
+                s2 += np.float32(np.int32((q >> 4) | (((qh >> (2 * j + 1)) & 1) << 4))) * x[xo + 32 + l]
+            ms = np.float32(m1) * xsum[8 * i + 2 * j] + np.float32(m2) * xsum[8 * i + 2 * j + 1]
+            acc += d * (np.float32(sc1) * s1 + np.float32(sc2) * s2) - dmin * ms
+    return acc
+
+
+@fast
+def dot_q6_k(row, x, xsum, f16, n16):
+    # one loop of 32 picking each lane's scale (l >> 4) ran 3x faster than two loops of 16 with fixed scales
+    scales = row.view(np.int8)
+    acc = np.float32(0)
+    for i in range(row.size // 210):
+        o = 210 * i
+        blk = np.float32(0)
+        for n in range(2):
+            lo, ho, so, xo = o + 64 * n, o + 128 + 32 * n, o + 192 + 8 * n, 256 * i + 128 * n
+            for l in range(2 * n16):
+                ql0, ql1, qh = np.int64(row[lo + l]), np.int64(row[lo + 32 + l]), np.int64(row[ho + l])
+                sc = so + (l >> 4)
+                blk += (np.float32(scales[sc]) * np.float32(np.int32(((ql0 & 0xF) | ((qh & 3) << 4)) - 32)) * x[xo + l]
+                        + np.float32(scales[sc + 2]) * np.float32(np.int32(((ql1 & 0xF) | (((qh >> 2) & 3) << 4)) - 32))
+                        * x[xo + 32 + l]
+                        + np.float32(scales[sc + 4]) * np.float32(np.int32(((ql0 >> 4) | (((qh >> 4) & 3) << 4)) - 32))
+                        * x[xo + 64 + l]
+                        + np.float32(scales[sc + 6]) * np.float32(np.int32(((ql1 >> 4) | (((qh >> 6) & 3) << 4)) - 32))
+                        * x[xo + 96 + l])
+        acc += half(row, o + 208, f16) * blk
+    return acc
+
+
+# ---- Kernels ------------------------------------------------------------------------------------------
+
+@jit
+def _decode_row(tid, row, y, f16, n16):
+    """Dequantize row: uint8 [row_bytes] into y: float32 [n_cols]."""
+    if tid == F16:
+        decode_f16(row, y, f16, n16)
+    elif tid == BF16:
+        decode_bf16(row, y, f16, n16)
+    elif tid == Q4_0:
+        decode_q4_0(row, y, f16, n16)
+    elif tid == Q4_1:
+        decode_q4_1(row, y, f16, n16)
+    elif tid == Q5_0:
+        decode_q5_0(row, y, f16, n16)
+    elif tid == Q5_1:
+        decode_q5_1(row, y, f16, n16)
+    elif tid == Q8_0:
+        decode_q8_0(row, y, f16, n16)
+    elif tid == Q2_K:
+        decode_q2_k(row, y, f16, n16)
+    elif tid == Q3_K:
+        decode_q3_k(row, y, f16, n16)
+    elif tid == Q4_K:
+        decode_q4_k(row, y, f16, n16)
+    elif tid == Q5_K:
+        decode_q5_k(row, y, f16, n16)
+    elif tid == Q6_K:
+        decode_q6_k(row, y, f16, n16)
+
+
+@fast
+def _dot_row(tid, row, x, xsum, f16, n16):
+    """x . row for the FUSED_IDS types. row: uint8 [row_bytes], x: float32 [n_cols]."""
+    if tid == Q4_0:
+        return dot_q4_0(row, x, xsum, f16, n16)
+    if tid == Q4_1:
+        return dot_q4_1(row, x, xsum, f16, n16)
+    if tid == Q5_0:
+        return dot_q5_0(row, x, xsum, f16, n16)
+    if tid == Q5_1:
+        return dot_q5_1(row, x, xsum, f16, n16)
+    if tid == Q8_0:
+        return dot_q8_0(row, x, xsum, f16, n16)
+    if tid == Q4_K:
+        return dot_q4_k(row, x, xsum, f16, n16)
+    if tid == Q5_K:
+        return dot_q5_k(row, x, xsum, f16, n16)
+    return dot_q6_k(row, x, xsum, f16, n16)
+
+
+@jit
+def _dequantize_rows(tid, w, rows, out, f16, n16):
+    """out[i] = dequantized row rows[i] of w. w: uint8 [n_rows, row_bytes], out: float32 [len(rows), n_cols].
+
+    One thread: it runs between BLAS calls, whose worker thread spins on the other core for a while after
+    each call; numba's threads competing with it made the prompt path several times slower."""
+    for i in range(rows.size):
+        _decode_row(tid, w[rows[i]], out[i], f16, n16)
+
+
+@fast
+def _block_sums(x):
+    """xsum: float32 [n_tokens, n_cols // 32], the sums of x [n_tokens, n_cols] over runs of 32."""
+    n_tokens, n_cols = x.shape
+    xsum = np.zeros((n_tokens, n_cols // 32), np.float32)
+    for t in range(n_tokens):
+        for k in range(n_cols // 32 * 32):
+            xsum[t, k // 32] += x[t, k]
+    return xsum
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def _matvec_fused(tid, w, x, out, f16, n16, n_chunks):
+    """out[t, r] = x[t] . row r of W for the FUSED_IDS types, the rows in n_chunks parallel chunks.
+
+    w: uint8 [n_rows, row_bytes], x: float32 [n_tokens, n_cols], out: float32 [n_tokens, n_rows]."""
+    n_rows = w.shape[0]
+    n_tokens = x.shape[0]
+    xsum = _block_sums(x)
+    for c in nb.prange(n_chunks):
+        for r in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
+            for t in range(n_tokens):
+                out[t, r] = _dot_row(tid, w[r], x[t], xsum[t], f16, n16)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def _matvec_decoded(tid, w, x, out, f16, n16, n_chunks):
+    """As _matvec_fused for the other types: each row is dequantized to float32, then dotted."""
+    n_rows = w.shape[0]
+    n_tokens, n_cols = x.shape
+    for c in nb.prange(n_chunks):
+        y = np.empty(n_cols, np.float32)  # one dequantized row
+        for r in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
+            _decode_row(tid, w[r], y, f16, n16)
+            for t in range(n_tokens):
+                acc = np.float32(0)
+                for k in range(n_cols):
+                    acc += y[k] * x[t, k]
+                out[t, r] = acc
+
+
+def _check(w: np.ndarray, qtype: GGMLType) -> None:
+    if qtype.id not in DECODED_IDS and qtype.id != F32:
+        raise ValueError(f"no CPU kernel for ggml type {qtype.name}")
+    if w.dtype != np.uint8 or w.ndim != 2 or w.shape[1] % qtype.block_bytes:
+        raise ValueError(f"{qtype.name} weight must be uint8 [n_rows, k * {qtype.block_bytes}], got "
+                         f"{w.dtype} {w.shape}")
+    if not w.flags.c_contiguous:
+        raise ValueError("weight bytes must be C-contiguous")
+
+
+def n_cols_of(w: np.ndarray, qtype: GGMLType) -> int:
+    return w.shape[1] // qtype.block_bytes * qtype.block_elems
+
+
+def dequantize_rows(w: np.ndarray, qtype: GGMLType, rows: np.ndarray) -> np.ndarray:
+    """Rows of the dequantized weight (an embedding lookup): float32 [len(rows), n_cols].
+
+    w: uint8 [n_rows, row_bytes]; rows: int [n]."""
+    _check(w, qtype)
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    if rows.size and (rows.min() < 0 or rows.max() >= w.shape[0]):
+        raise IndexError(f"row index out of range [0, {w.shape[0]})")
+    if qtype.id == F32:
+        return w.view(np.float32)[rows]
+    out = np.empty((rows.size, n_cols_of(w, qtype)), np.float32)
+    _dequantize_rows(qtype.id, w, rows, out, F16_TO_F32, N16)
+    return out
+
+
+def quantized_matmul(w: np.ndarray, qtype: GGMLType, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """y = x @ W.T for W [n_rows, n_cols] given as its quantized bytes w: uint8 [n_rows, row_bytes].
+
+    x: float32 [n_tokens, n_cols] -> float32 [n_tokens, n_rows] (written into out when given)."""
+    _check(w, qtype)
+    n_rows, n_cols = w.shape[0], n_cols_of(w, qtype)
+    if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != n_cols:
+        raise ValueError(f"x must be float32 [n_tokens, {n_cols}], got {x.dtype} {x.shape}")
+    x = np.ascontiguousarray(x)
+    n_tokens = x.shape[0]
+    if out is None:
+        out = np.empty((n_tokens, n_rows), np.float32)
+    elif out.shape != (n_tokens, n_rows) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous float32 [{n_tokens}, {n_rows}], got {out.dtype} {out.shape}")
+    if qtype.id == F32:
+        np.matmul(x, w.view(np.float32).T, out=out)
+    elif n_tokens <= MATVEC_MAX_TOKENS:
+        kernel = _matvec_fused if qtype.id in FUSED_IDS else _matvec_decoded
+        kernel(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
+    else:
+        tile_rows = max(1, TILE_BYTES // (4 * n_cols))
+        tile = np.empty((min(tile_rows, n_rows), n_cols), np.float32)  # dequantized rows r0:r1
+        for r0 in range(0, n_rows, tile_rows):
+            r1 = min(r0 + tile_rows, n_rows)
+            _dequantize_rows(qtype.id, w, np.arange(r0, r1), tile[:r1 - r0], F16_TO_F32, N16)
+            np.matmul(x, tile[:r1 - r0].T, out=out[:, r0:r1])
+    return out

@@ -1,0 +1,132 @@
+"""ModelConfig: everything the forward pass needs to know about an architecture, read from GGUF keys.
+
+Architecture differences live here as data (rope style, qkv bias, q/k norms, sandwich norms, embedding
+scale, sliding-window layers), never as copies of the forward.
+"""
+import math
+from dataclasses import dataclass
+
+from models.errors import UserError
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+
+# What the GGUF keys do not say: llama.cpp's per-architecture choices (llama-model.cpp, llama-arch.cpp).
+ARCH_TRAITS = {
+    "llama": dict(rope_style="normal", activation="silu"),  # Llama 2/3, Mistral, SmolLM
+    "qwen2": dict(rope_style="neox", activation="silu", qkv_bias=True),
+    "qwen3": dict(rope_style="neox", activation="silu", qk_norm=True),
+    "gemma3": dict(rope_style="neox", activation="gelu", qk_norm=True, sandwich_norm=True,
+                   swa_period=6, rope_base_local=10000.0),
+}
+
+
+class UnsupportedArchitectureError(UserError, ValueError):
+    pass
+
+
+class MissingConfigKeyError(UserError, KeyError):
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.args[0]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    n_layers: int
+    n_embd: int
+    n_ff: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int  # per-head size of q and k
+    v_head_dim: int  # per-head size of v
+    n_vocab: int
+    n_ctx_train: int  # the context the model was trained for
+    rms_eps: float
+    rope_base: float  # rope frequency base of global layers
+    rope_dim: int  # leading dims of each head that rotate
+    rope_scale: float  # positions are multiplied by this (linear rope scaling)
+    rope_style: str  # "normal": adjacent pairs rotate (llama); "neox": halves rotate
+    activation: str  # "silu" or "gelu" (tanh approximation), gating the up projection
+    qkv_bias: bool = False
+    qk_norm: bool = False  # rms_norm over each head of q and k before rope
+    sandwich_norm: bool = False  # extra rms_norm on the attention and ffn outputs (gemma)
+    embed_scale: float = 1.0  # embeddings are multiplied by this
+    attn_scale: float = 0.0  # softmax scale; 1/sqrt(head_dim) when 0
+    sliding_window: int = 0  # tokens a local layer sees, itself included; 0: none
+    swa_period: int = 0  # every swa_period-th layer is global, the others local; 0: all global
+    rope_base_local: float = 0.0  # rope base of the local (sliding-window) layers
+    final_softcap: float = 0.0  # logits = c * tanh(logits / c) when > 0
+
+    def is_local(self, layer: int) -> bool:
+        return self.sliding_window > 0 and self.swa_period > 0 and layer % self.swa_period < self.swa_period - 1
+
+    def layer_window(self, layer: int) -> int:
+        return self.sliding_window if self.is_local(layer) else 0
+
+    def layer_rope_base(self, layer: int) -> float:
+        return self.rope_base_local if self.is_local(layer) else self.rope_base
+
+    def layer_rope_scale(self, layer: int) -> float:
+        return 1.0 if self.is_local(layer) else self.rope_scale  # gemma3 scales only its global layers
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
+
+
+def config_from_metadata(metadata: dict) -> ModelConfig:
+    """Fill a ModelConfig from GGUF metadata; a missing required key raises an error naming it."""
+    arch = metadata.get("general.architecture")
+    if arch is None:
+        raise MissingConfigKeyError("the model file has no general.architecture key")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    traits = ARCH_TRAITS[arch]
+
+    def get(key: str, default=None):
+        value = metadata.get(f"{arch}.{key}", default)
+        if value is None:
+            raise MissingConfigKeyError(f"the model file is missing the required key {arch}.{key}")
+        return value
+
+    n_embd = int(get("embedding_length"))
+    n_heads = int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length", n_embd // n_heads))
+    n_vocab = metadata.get(f"{arch}.vocab_size")
+    if n_vocab is None:
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        if tokens is None:
+            raise MissingConfigKeyError(f"the model file has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+        n_vocab = len(tokens)
+    rope_scale = 1.0
+    if metadata.get(f"{arch}.rope.scaling.type") == "linear":
+        rope_scale = 1.0 / float(get("rope.scaling.factor"))
+    # gemma3 scales q by query_pre_attn_scalar**-0.5, which llama.cpp takes as 1/sqrt(key_length) (27B aside)
+    sliding_window = int(get("attention.sliding_window", 0)) if traits.get("swa_period") else 0
+    return ModelConfig(
+        arch=arch,
+        n_layers=int(get("block_count")),
+        n_embd=n_embd,
+        n_ff=int(get("feed_forward_length")),
+        n_heads=n_heads,
+        n_kv_heads=int(get("attention.head_count_kv", n_heads)),
+        head_dim=head_dim,
+        v_head_dim=int(get("attention.value_length", head_dim)),
+        n_vocab=int(n_vocab),
+        n_ctx_train=int(get("context_length")),
+        rms_eps=float(get("attention.layer_norm_rms_epsilon")),
+        rope_base=float(get("rope.freq_base", 10000.0)),
+        rope_dim=int(get("rope.dimension_count", head_dim)),
+        rope_scale=rope_scale,
+        rope_style=traits["rope_style"],
+        activation=traits["activation"],
+        qkv_bias=traits.get("qkv_bias", False),
+        qk_norm=traits.get("qk_norm", False),
+        sandwich_norm=traits.get("sandwich_norm", False),
+        embed_scale=math.sqrt(n_embd) if arch == "gemma3" else 1.0,
+        sliding_window=sliding_window,
+        swa_period=traits.get("swa_period", 0),
+        rope_base_local=traits.get("rope_base_local", 0.0),
+        final_softcap=float(metadata.get(f"{arch}.final_logit_softcapping", 0.0)),
+    )

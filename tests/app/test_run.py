@@ -1,0 +1,64 @@
+"""`gguf-chat run` as a person or a script uses it: a subprocess with real stdin, stdout, stderr and signals."""
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def gguf_chat(*args, stdin: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], input=stdin, capture_output=True,
+                          text=True, cwd=ROOT, timeout=timeout)
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *words: str) -> None:
+    assert r.returncode == 1 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gguf-chat: error: "), r.stderr
+    for w in words:
+        assert w in lines[0]
+
+
+def test_piped_chat_prompt_gives_json(smollm2):
+    r = gguf_chat("run", smollm2, "--json", "-n", "6", "--seed", "1", stdin="What is the capital of France?")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["text"].strip()
+    s = out["stats"]
+    assert 1 <= s["generated_tokens"] <= 6 and s["finish_reason"] in ("stop", "length")
+    assert s["prompt_tokens"] > 7  # the ChatML template wrapped the question
+    assert s["prompt_tok_s"] > 0 and s["generation_tok_s"] > 0
+
+
+def test_streamed_text_equals_the_json_text_and_verbose_goes_to_stderr(smollm2):
+    args = ("run", smollm2, "--raw", "-n", "8", "--temperature", "0")
+    streamed = gguf_chat(*args, "-p", "-", "--verbose", stdin="Monday, Tuesday,")
+    as_json = gguf_chat(*args, "--json", "-p", "Monday, Tuesday,")
+    assert streamed.returncode == 0 and as_json.returncode == 0, streamed.stderr + as_json.stderr
+    assert streamed.stdout == json.loads(as_json.stdout)["text"] + "\n"
+    assert "load:" in streamed.stderr and "tok/s" in streamed.stderr
+
+
+def test_user_errors_are_one_line(smollm2, gemma3, tmp_path):
+    assert_one_line_error(gguf_chat("run", tmp_path / "missing.gguf", "-p", "hi"), "no such file")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model at all" * 10)
+    assert_one_line_error(gguf_chat("run", bad, "-p", "hi"))
+    assert_one_line_error(gguf_chat("run", smollm2, "--ctx", "8", "-p", "word " * 50), "context holds 8")
+    assert_one_line_error(gguf_chat("run", gemma3, "-p", "hi"), "no chat template", "--raw")
+
+
+def test_ctrl_c_stops_cleanly_with_the_partial_text(smollm2):
+    p = subprocess.Popen([sys.executable, "-m", "app.cli", "run", smollm2, "--raw", "-p", "Once upon a time",
+                          "-n", "2000", "--ctx", "2048", "--seed", "3", "--temperature", "1", "--min-p", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True)
+    first = p.stdout.read(1)  # blocks until the reply starts streaming
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    rest, err = p.communicate(timeout=60)
+    assert first and (first + rest).strip()
+    assert p.returncode == 130
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err

@@ -1,0 +1,89 @@
+"""Engine.generate and Engine.logits on SmolLM2: greedy text like llama.cpp, cache reuse, limits, seeds."""
+import numpy as np
+import pytest
+
+from inference import GenerationStats, PromptTooLongError, load
+from inference import engine as engine_module
+from inference.engine import StopScanner
+from models.errors import UserError
+
+PROMPT = "The capital of France is"
+
+
+def run(engine, prompt, **kw):
+    pieces = list(engine.generate(prompt, **kw))
+    assert all(isinstance(p, str) for p in pieces[:-1]) and isinstance(pieces[-1], GenerationStats)
+    return "".join(pieces[:-1]), pieces[-1]
+
+
+def test_greedy_tokens_are_llama_cpp_top1(smollm2_engine, smollm2):
+    """Each greedy token is llama.cpp's top-1 given the same text, but where llama.cpp itself has a near-tie."""
+    import llama_cpp
+    prompt = "Monday, Tuesday, Wednesday, Thursday,"
+    text, stats = run(smollm2_engine, prompt, max_tokens=16, temperature=0)
+    assert stats.generated_tokens == 16 and stats.finish_reason == "length"
+    n_prompt = len(smollm2_engine.tokenizer.encode(prompt))
+    assert stats.prompt_tokens == n_prompt
+    ids = smollm2_engine.tokenizer.encode(prompt + text)
+    assert ids[:n_prompt] == smollm2_engine.tokenizer.encode(prompt) and len(ids) == n_prompt + 16
+    llm = llama_cpp.Llama(str(smollm2), logits_all=True, n_ctx=64, n_threads=2, verbose=False)
+    llm.eval(ids)
+    theirs = np.array(llm.scores[n_prompt - 1:len(ids) - 1])  # [16, n_vocab]: what predicts each new token
+    llm.close()
+    for row, token in zip(theirs, ids[n_prompt:]):
+        assert row.max() - row[token] < 0.5
+    assert stats.prompt_tok_s > 0 and stats.generation_tok_s > 0
+
+
+def test_second_turn_reuses_the_cache_and_gives_the_same_text(smollm2_engine):
+    first, _ = run(smollm2_engine, PROMPT, max_tokens=4, temperature=0)
+    longer = PROMPT + first + " It is also"
+    reused_text, reused = run(smollm2_engine, longer, max_tokens=8, temperature=0)
+    smollm2_engine.logits([1])  # a fresh context
+    fresh_text, fresh = run(smollm2_engine, longer, max_tokens=8, temperature=0)
+    assert reused_text == fresh_text
+    assert fresh.prompt_tokens == len(smollm2_engine.tokenizer.encode(longer))
+    assert reused.prompt_tokens < fresh.prompt_tokens - 4
+
+
+def test_seed_makes_sampling_repeatable(smollm2_engine):
+    a, _ = run(smollm2_engine, PROMPT, max_tokens=12, temperature=1.0, seed=123)
+    b, _ = run(smollm2_engine, PROMPT, max_tokens=12, temperature=1.0, seed=123)
+    assert a == b
+
+
+def test_chunked_prompt_gives_the_same_logits(smollm2_engine, monkeypatch):
+    ids = smollm2_engine.tokenizer.encode("one two three four five six seven eight nine ten " * 4)[:40]
+    whole = smollm2_engine.logits(ids)
+    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", 16)
+    chunked = smollm2_engine.logits(ids)
+    np.testing.assert_allclose(chunked, whole, rtol=1e-3, atol=1e-3)
+
+
+def test_full_context_ends_with_context_full(smollm2):
+    engine = load(smollm2, device="cpu", ctx=12)
+    n_prompt = len(engine.tokenizer.encode(PROMPT))
+    text, stats = run(engine, PROMPT, max_tokens=100, temperature=0)
+    assert stats.finish_reason == "context full"
+    assert stats.generated_tokens == 12 - n_prompt + 1  # the last token needs no room in the cache
+    with pytest.raises(PromptTooLongError, match="the context holds 12") as e:
+        run(engine, PROMPT * 5, max_tokens=4)
+    assert isinstance(e.value, UserError)
+
+
+def test_unknown_device_and_missing_file_are_user_errors(smollm2, tmp_path):
+    with pytest.raises(UserError, match="device 'tpu'"):
+        load(smollm2, device="tpu")
+    with pytest.raises(UserError, match="no such file"):
+        load(tmp_path / "missing.gguf")
+
+
+def test_stop_scanner_holds_back_a_possible_stop_string():
+    s = StopScanner(["lo W"])
+    assert s.feed("Hel") == ("He", False)  # "l" may begin "lo W"
+    assert s.feed("lo") == ("l", False)  # "lo" may begin "lo W"
+    assert s.feed(" Wo") == ("", True)
+    s = StopScanner(["###"])
+    assert s.feed("a#") == ("a", False)
+    assert s.feed("b") == ("#b", False)
+    assert s.feed("#", final=True) == ("#", False)

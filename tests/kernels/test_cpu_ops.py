@@ -1,0 +1,64 @@
+"""The CPU ops against plain loops written straight from their definitions."""
+import math
+
+import numpy as np
+import pytest
+
+from kernels import cpu_ops
+
+
+def reference_attention(q, k, v, pos0, window, scale):
+    n, n_heads, hd = q.shape
+    n_kv = k.shape[0]
+    out = np.zeros((n, n_heads, v.shape[2]))
+    for i in range(n):
+        p = pos0 + i
+        for h in range(n_heads):
+            kv = h // (n_heads // n_kv)
+            seen = [j for j in range(p + 1) if window == 0 or p - j < window]
+            s = np.array([q[i, h] @ k[kv, j] * scale for j in seen])
+            w = np.exp(s - s.max())
+            w /= w.sum()
+            out[i, h] = sum(wj * v[kv, j] for wj, j in zip(w, seen))
+    return out.reshape(n, -1)
+
+
+@pytest.mark.parametrize("pos0,n,window", [(0, 7, 0), (5, 3, 0), (0, 9, 4), (6, 4, 3), (10, 1, 5)])
+def test_attention_causal_gqa_and_window(pos0, n, window):
+    rng = np.random.default_rng(pos0 * 100 + n)
+    n_heads, n_kv, hd, vd = 6, 2, 8, 5
+    q = rng.standard_normal((n, n_heads, hd)).astype(np.float32)
+    k = rng.standard_normal((n_kv, pos0 + n, hd)).astype(np.float32)
+    v = rng.standard_normal((n_kv, pos0 + n, vd)).astype(np.float32)
+    got = cpu_ops.attention(q, k, v, pos0, window, 0.3)
+    np.testing.assert_allclose(got, reference_attention(q, k, v, pos0, window, 0.3), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("style", ["normal", "neox"])
+def test_rope_rotates_the_right_pairs(style):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 2, 10)).astype(np.float32)
+    positions = np.array([0, 4, 9])
+    inv = cpu_ops.rope_inv_freq(8, 10000.0)  # 8 of 10 dims rotate
+    got = cpu_ops.rope(x, positions, inv, style)
+    want = x.astype(np.float64).copy()
+    for t, p in enumerate(positions):
+        for i in range(4):
+            a, b = (2 * i, 2 * i + 1) if style == "normal" else (i, i + 4)
+            theta = p * 10000.0 ** (-2 * i / 8)
+            x0, x1 = x[t, :, a], x[t, :, b]
+            want[t, :, a] = x0 * math.cos(theta) - x1 * math.sin(theta)
+            want[t, :, b] = x0 * math.sin(theta) + x1 * math.cos(theta)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[..., 8:], x[..., 8:])
+
+
+def test_rms_norm_and_glu():
+    x = np.array([[3.0, 4.0]], np.float32)
+    np.testing.assert_allclose(cpu_ops.rms_norm(x, np.array([1.0, 2.0], np.float32), 0.0),
+                               [[3 / math.sqrt(12.5), 8 / math.sqrt(12.5)]], rtol=1e-6)
+    g = np.array([-30.0, -1.0, 0.0, 2.0], np.float32)
+    up = np.full(4, 2.0, np.float32)
+    np.testing.assert_allclose(cpu_ops.glu(g, up, "silu"), 2 * g / (1 + np.exp(-g.astype(np.float64))), rtol=1e-6)
+    gelu = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+    np.testing.assert_allclose(cpu_ops.glu(g, up, "gelu"), 2 * gelu, rtol=1e-5, atol=1e-7)
