@@ -3,7 +3,8 @@
 
 def register(sub) -> None:
     p = sub.add_parser("chat", help="chat in the terminal; chats are saved and found again")
-    p.add_argument("model", nargs="?", help="model for new chats: a .gguf path (default: packaged SmolLM2)")
+    p.add_argument("model", nargs="?", help="model for new chats: a .gguf path, owner/repo[:QUANT] or a pulled "
+                   "name (default: $GGUF_CHAT_MODEL, config.toml's default_model, else the packaged SmolLM2)")
     p.add_argument("--system", default="", help="system prompt of new chats")
     p.add_argument("--temperature", type=float, default=0.8, help="of new chats; 0 = greedy (default 0.8)")
     p.add_argument("--max-tokens", type=int, default=1024, help="longest reply of new chats (default 1024)")
@@ -16,9 +17,10 @@ def run(args) -> int:
 
     from app.store import ChatStore, Sampling, default_db_path
     from app.tui.app import ChatApp
+    from app.tui.model_picker import default_model
 
-    model = args.model
-    if model and Path(model).is_file():
+    model = args.model or default_model()
+    if Path(model).is_file():
         model = str(Path(model).resolve())  # chats remember it: make it independent of the current folder
     store = ChatStore(default_db_path())
     try:

@@ -14,10 +14,10 @@ from app.tui.chat_list import ChatList
 from app.tui.commands import ChatCommands
 from app.tui.conversation import Conversation
 from app.tui.dialogs import ConfirmDialog, TextDialog
-from app.tui.events import ModelFailed, ModelLoaded, ReplyFailed, ReplyFinished, ReplyPiece
+from app.tui.events import ModelFailed, ModelLoaded, ModelProgress, ReplyFailed, ReplyFinished, ReplyPiece
 from app.tui.help_screen import HelpScreen
 from app.tui.message_view import MessageView
-from app.tui.model_picker import ModelPicker, default_model, known_models, model_label
+from app.tui.model_picker import ModelPicker, known_models, model_label
 from app.tui.prompt_input import PromptInput
 from app.tui.settings_screen import SettingsScreen
 from app.tui.status_bar import StatusBar, placement_text
@@ -44,12 +44,12 @@ class ChatApp(App):
         Binding("f1", "help", "Help"),
     ]
 
-    def __init__(self, store: ChatStore, model: str | None = None, sampling: Sampling | None = None,
+    def __init__(self, store: ChatStore, model: str, sampling: Sampling | None = None,
                  system_prompt: str = "", ctx: int | None = None):
-        """model: for new chats (None: the packaged default); sampling and system_prompt: of new chats."""
+        """model (a path, owner/repo[:QUANT] or a pulled name), sampling and system_prompt: of new chats."""
         super().__init__()
         self.store = store
-        self.new_chat_model = model or ""
+        self.new_chat_model = model
         self.new_chat_sampling = sampling or Sampling()
         self.new_chat_system_prompt = system_prompt
         self.ctx = ctx
@@ -100,7 +100,7 @@ class ChatApp(App):
         await self.query_one(ChatList).show(self.store.list_chats(query), self.chat.id if self.chat else None)
 
     def model_of(self, chat: Chat) -> str:
-        return chat.model or default_model()
+        return chat.model or self.new_chat_model
 
     @on(ChatList.Selected)
     async def chat_selected(self, event: ChatList.Selected) -> None:
@@ -125,6 +125,7 @@ class ChatApp(App):
         self.loading_model = model
         self.engine = None
         self.engine_model = ""
+        self.query_one("#loading", ProgressBar).update(total=None, progress=0)
         self.query_one("#loading").display = True
         self.show_model_status()
         self.load_model(model)
@@ -132,6 +133,12 @@ class ChatApp(App):
     @work(thread=True, exclusive=True, group="load")
     def load_model(self, model: str) -> None:
         engine_work.load_model(model, self.ctx, self.post_message)
+
+    @on(ModelProgress)
+    def model_progress(self, event: ModelProgress) -> None:
+        if event.model == self.loading_model:
+            self.query_one("#loading", ProgressBar).update(total=event.total, progress=event.done)
+            self.query_one(StatusBar).state = f"pulling {event.file}…"
 
     @on(ModelLoaded)
     async def model_loaded(self, event: ModelLoaded) -> None:
@@ -330,7 +337,7 @@ class ChatApp(App):
     async def action_pick_model(self) -> None:
         if self.refuse_while_replying():
             return
-        model = await self.push_screen_wait(ModelPicker(known_models(self.store), self.model_of(self.chat)))
+        model = await self.push_screen_wait(ModelPicker(known_models(self.store, self.new_chat_model), self.model_of(self.chat)))
         if model:
             self.chat.model = model
             self.store.update_chat(self.chat)

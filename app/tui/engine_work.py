@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict
 
 from app.store import Chat, Message, Sampling
-from app.tui.events import ModelFailed, ModelLoaded, ReplyFailed, ReplyFinished, ReplyPiece
+from app.tui.events import ModelFailed, ModelLoaded, ModelProgress, ReplyFailed, ReplyFinished, ReplyPiece
 from models.errors import UserError
 
 
@@ -23,9 +23,12 @@ def error_text(e: Exception) -> str:
 def load_model(model: str, ctx: int | None, post) -> None:
     from inference import load  # heavy: numba, and CuPy when there is a GPU
 
+    def progress(file: str, done: int, total: int) -> None:
+        post(ModelProgress(model, file, done, total))
+
     start = time.monotonic()
     try:
-        engine = load(model, ctx=ctx)
+        engine = load(model, ctx=ctx, progress=progress)
     except Exception as e:  # noqa: BLE001 - any failure is shown, never a crash
         post(ModelFailed(model, error_text(e)))
         return

@@ -12,6 +12,15 @@ class ModelLoaded(Message):
 
 
 @dataclass
+class ModelProgress(Message):
+    """A download of the model (a Hub reference not pulled yet): bytes of one file."""
+    model: str
+    file: str
+    done: int
+    total: int
+
+
+@dataclass
 class ModelFailed(Message):
     model: str
     error: str

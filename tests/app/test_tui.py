@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from textual import events
 
 from app.store import ChatStore, Sampling
 from app.tui.app import ChatApp
@@ -60,26 +61,28 @@ def test_send_streams_a_reply_and_typing_stays_responsive(store, smollm2):
             await wait_for(pilot, lambda: app.engine is not None)
             await send(pilot, "What is the capital of France?")
             await wait_for(pilot, lambda: app.reply is not None)
-            seen, typed_while_streaming = set(), False
+            # Watch with plain sleeps: Pilot's pause and press wait until the app is idle, i.e. the reply is done.
+            prompt, states = app.query_one(PromptInput), []
             while app.reply is not None:
-                if app.reply_view.message.content:
-                    seen.add(app.reply_view.message.content)
-                    if not typed_while_streaming:
-                        await pilot.press(*"next")
-                        typed_while_streaming = app.reply is not None and app.query_one(PromptInput).text == "next"
-                await pilot.pause(0.01)
+                states.append((app.reply_view.message.content, prompt.text))
+                if states[-1][0] and not prompt.text:
+                    for key in "next":  # typed while the reply streams
+                        prompt.post_message(events.Key(key, key))
+                await asyncio.sleep(0.01)
             user, reply = store.messages(app.chat.id)
             history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user.content}]
             expected = "".join(p for p in app.engine.generate(history, max_tokens=32, temperature=0.0)
                                if isinstance(p, str))
-            return app, user, reply, seen, typed_while_streaming, expected
+            return app, user, reply, states, expected
 
-    app, user, reply, seen, typed_while_streaming, expected = asyncio.run(run())
+    app, user, reply, states, expected = asyncio.run(run())
     assert (user.content, user.state) == ("What is the capital of France?", "done")
     assert reply.state == "done" and reply.content == expected and "Paris" in reply.content
-    assert len(seen) >= 3  # the view grew piece by piece, not all at once
-    assert all(reply.content.startswith(s) for s in seen)
-    assert typed_while_streaming
+    shown = {content for content, _ in states}
+    assert len(shown) >= 3  # the view grew piece by piece, not all at once
+    assert all(reply.content.startswith(s) for s in shown)
+    # the box took the keys while the reply was still growing
+    assert any(typed == "next" and content != reply.content for content, typed in states)
     assert reply.stats["generated_tokens"] <= 32 and reply.stats["generation_tok_s"] > 0
     assert app.chat.title == "What is the capital of France?"
 
