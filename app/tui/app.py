@@ -91,7 +91,12 @@ class ChatApp(App):
             self.stop_event.set()
         self.chat = chat
         self.sub_title = chat.title
-        await self.query_one(Conversation).show(self.store.messages(chat.id), model_label(self.model_of(chat)))
+        messages = self.store.messages(chat.id)
+        await self.query_one(Conversation).show(messages, model_label(self.model_of(chat)))
+        measured = [m.stats for m in messages if m.stats]  # the status bar shows the chat's last reply
+        status = self.query_one(StatusBar)
+        status.tok_s = measured[-1]["generation_tok_s"] if measured else 0.0
+        status.ctx_used = measured[-1]["context_tokens"] if measured else 0
         await self.refresh_sidebar()
         self.ensure_model()
 

@@ -39,6 +39,15 @@ async def send(pilot, text: str) -> None:
     await pilot.press("enter")
 
 
+def replied(app, store, after: int = 0):
+    """A condition: the app is idle and the chat ends with a finished reply newer than message id `after`."""
+    def done():
+        messages = store.messages(app.chat.id)
+        return (app.reply is None and messages and messages[-1].role == "assistant"
+                and messages[-1].state != "streaming" and messages[-1].id > after)
+    return done
+
+
 def views(app) -> list[MessageView]:
     return list(app.query_one(Conversation).query(MessageView))
 
@@ -109,11 +118,10 @@ def test_regenerate_replaces_the_last_reply(store, smollm2):
         app = make_app(store, smollm2)
         async with app.run_test(size=SIZE) as pilot:
             await send(pilot, "Say hello.")
-            await wait_for(pilot, lambda: store.messages(app.chat.id)[-1].state == "done")
+            await wait_for(pilot, replied(app, store))
             first = store.messages(app.chat.id)
             await pilot.press("ctrl+r")
-            await wait_for(pilot, lambda: app.reply is not None)
-            await wait_for(pilot, lambda: app.reply is None)
+            await wait_for(pilot, replied(app, store, after=first[1].id))
             return first, store.messages(app.chat.id), [v.message.content for v in views(app)]
 
     first, second, shown = asyncio.run(run())
@@ -128,13 +136,12 @@ def test_edit_and_resend_the_last_message(store, smollm2):
         app = make_app(store, smollm2)
         async with app.run_test(size=SIZE) as pilot:
             await send(pilot, "Name a fruit.")
-            await wait_for(pilot, lambda: store.messages(app.chat.id)[-1].state == "done")
+            await wait_for(pilot, replied(app, store))
             await pilot.press("ctrl+g")
             in_box = app.query_one(PromptInput).text
             left = store.messages(app.chat.id)
             await pilot.press(*" Just one word.", "enter")
-            await wait_for(pilot, lambda: app.reply is not None)
-            await wait_for(pilot, lambda: app.reply is None)
+            await wait_for(pilot, replied(app, store))
             return in_box, left, store.messages(app.chat.id), [v.message.content for v in views(app)]
 
     in_box, left, after, shown = asyncio.run(run())
@@ -200,7 +207,7 @@ def test_restart_finds_chats_as_they_were_with_a_killed_reply(tmp_path, smollm2)
         app = make_app(store, smollm2)
         async with app.run_test(size=SIZE) as pilot:
             await send(pilot, "Hi!")
-            await wait_for(pilot, lambda: store.messages(app.chat.id)[-1].state == "done")
+            await wait_for(pilot, replied(app, store))
             return [(m.role, m.content) for m in store.messages(app.chat.id)]
 
     before = asyncio.run(first_session())
@@ -280,3 +287,38 @@ def test_context_full_ends_the_reply_with_a_warning(store, smollm2):
     assert reply.state == "done" and reply.stats["finish_reason"] == "context full"
     assert any(n.startswith("The context is full") for n in shown)
     assert status.ctx_used == 48 and status.n_ctx == 48
+
+
+def test_copy_rename_delete_and_settings(store, smollm2):
+    chat = store.create_chat("Code", str(smollm2))
+    store.add_message(chat.id, "user", "Show code.")
+    store.add_message(chat.id, "assistant", "Here:\n\n```python\nprint(1)\n```\n\nDone.")
+
+    async def run():
+        app = make_app(store, smollm2)
+        async with app.run_test(size=SIZE) as pilot:
+            views(app)[-1].focus()
+            await pilot.press("k")
+            code = app.clipboard
+            await pilot.press("c")
+            message = app.clipboard
+            await pilot.press("f2", "ctrl+u", *"Python code", "enter")
+            await pilot.pause()
+            renamed = (store.get_chat(chat.id).title, app.sub_title)
+            await pilot.press("ctrl+s")
+            settings = app.screen.query_one("#temperature")
+            settings.value = "0.3"
+            app.screen.query_one("#system_prompt").load_text("Be terse.")
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            saved = store.get_chat(chat.id)
+            await pilot.press("f8", "y")
+            await pilot.pause()
+            return code, message, renamed, saved, store.list_chats(), [v.message.content for v in views(app)]
+
+    code, message, renamed, saved, left, shown = asyncio.run(run())
+    assert code == "print(1)\n"
+    assert message == "Here:\n\n```python\nprint(1)\n```\n\nDone."
+    assert renamed == ("Python code", "Python code")
+    assert (saved.sampling.temperature, saved.system_prompt) == (0.3, "Be terse.")
+    assert [c.title for c in left] == ["New chat"] and shown == []  # the last chat gone, a new one opened
