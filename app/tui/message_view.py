@@ -51,7 +51,8 @@ class MessageView(Vertical, can_focus=True):
     def compose(self) -> ComposeResult:
         yield Label(self.author, classes="author")
         yield Markdown(self.message.content)
-        yield Static(stats_line(self.message.stats, self.message.state), classes="stats")
+        line = stats_line(self.message.stats, self.message.state)
+        yield Static(line, classes="stats" if line else "stats -empty")
 
     async def append(self, text: str) -> None:
         """Stream text onto the end of the Markdown without re-rendering what is there."""
@@ -65,7 +66,9 @@ class MessageView(Vertical, can_focus=True):
             await self._stream.stop()
             self._stream = None
         self.message = message
-        self.query_one(".stats", Static).update(stats_line(message.stats, message.state))
+        line = stats_line(message.stats, message.state)
+        self.query_one(".stats", Static).update(line)
+        self.query_one(".stats", Static).set_class(not line, "-empty")
 
     def action_copy(self) -> None:
         self.app.copy_to_clipboard(self.message.content)

@@ -34,11 +34,13 @@ class SettingsScreen(ModalScreen[Chat | None]):
         with VerticalScroll(classes="dialog", id="settings"):
             yield Label(f"Settings of “{self.chat.title}”", classes="title", markup=False)
             yield Label("System prompt")
-            yield TextArea(self.chat.system_prompt, id="system_prompt", soft_wrap=True, tab_behavior="focus")
+            yield TextArea(self.chat.system_prompt, id="system_prompt", soft_wrap=True, tab_behavior="focus",
+                           compact=True)
             for name, (label, _) in FIELDS.items():
                 value = getattr(self.chat.sampling, name)
-                yield Label(label)
-                yield Input("" if value is None else str(value), id=name)
+                with Horizontal(classes="field"):
+                    yield Label(label)
+                    yield Input("" if value is None else str(value), id=name, compact=True)
             with Horizontal(classes="buttons"):
                 yield Button("Save (Ctrl+S)", variant="primary", id="save")
                 yield Button("Cancel (Esc)", id="cancel")
