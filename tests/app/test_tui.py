@@ -322,3 +322,21 @@ def test_copy_rename_delete_and_settings(store, smollm2):
     assert renamed == ("Python code", "Python code")
     assert (saved.sampling.temperature, saved.system_prompt) == (0.3, "Be terse.")
     assert [c.title for c in left] == ["New chat"] and shown == []  # the last chat gone, a new one opened
+
+
+def test_command_palette_runs_chat_actions(store, smollm2):
+    chat = store.create_chat("Old", str(smollm2))
+    store.add_message(chat.id, "user", "Hello")
+
+    async def run():
+        app = make_app(store, smollm2)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("ctrl+p", *"new chat")
+            await pilot.pause(0.5)  # the palette searches in the background
+            await pilot.press("enter")
+            await pilot.pause()
+            return app.chat, [c.title for c in store.list_chats()]
+
+    opened, titles = asyncio.run(run())
+    assert opened.title == "New chat" and opened.id != chat.id
+    assert titles == ["New chat", "Old"]

@@ -1,6 +1,7 @@
 """Snapshots of the main screens (pytest-textual-snapshot): update with `pytest --snapshot-update`.
 
-Deterministic: stored stats instead of measured ones, a fixed context size, no notifications, cursor blink off.
+Deterministic: stored stats instead of measured ones, a fixed context size, no notifications, no focused
+text box (its blinking cursor would depend on the instant of the snapshot).
 """
 import asyncio
 
@@ -43,10 +44,11 @@ def filled_app(store, smollm2) -> ChatApp:
 
 async def settle(pilot) -> None:
     """Wait for the model, then remove what varies: the load-time notice and the blinking cursor."""
-    while pilot.app.engine is None:
+    prompt = pilot.app.query_one(PromptInput)
+    while pilot.app.engine is None or not prompt.has_focus:
         await pilot.pause(0.1)
     pilot.app.clear_notifications()
-    pilot.app.query_one(PromptInput).cursor_blink = False
+    pilot.app.set_focus(None)  # no blinking cursor: whether it shows depends on the instant
     await pilot.pause()
 
 
@@ -72,14 +74,5 @@ def test_settings_screen(snap_compare, store, smollm2):
         await settle(pilot)
         await pilot.press("ctrl+s")
         pilot.app.screen.query_one("#system_prompt").cursor_blink = False
-
-    assert snap_compare(filled_app(store, smollm2), terminal_size=SIZE, run_before=run_before)
-
-
-def test_command_palette(snap_compare, store, smollm2):
-    async def run_before(pilot):
-        await settle(pilot)
-        await pilot.press("ctrl+p", *"regen")
-        await pilot.pause(0.5)  # the palette searches in the background
 
     assert snap_compare(filled_app(store, smollm2), terminal_size=SIZE, run_before=run_before)
