@@ -44,8 +44,7 @@ def bench_ours(engine, n_prompt: int, n_gen: int, reps: int) -> dict[str, list[f
         pp.append(stats.prompt_tok_s)
     for i, ids in enumerate(_random_prompts(engine.config.n_vocab, 4, reps, seed=1)):
         # sampled, not greedy, so a random prompt rarely ends at once; the rate counts what was generated
-        stats = list(engine.generate(ids, max_tokens=n_gen + 1, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-                                     seed=i))[-1]
+        stats = list(engine.generate(ids, max_tokens=n_gen + 1, temperature=1.0, seed=i))[-1]
         tg.append(stats.generation_tok_s)
     return {f"pp{n_prompt}": pp, f"tg{n_gen}": tg}
 

@@ -19,7 +19,8 @@ def add_sampling_args(p) -> None:
     p.add_argument("--min-p", type=float, default=0.05, help="0 to disable (default 0.05)")
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 to disable (default 1.0)")
     p.add_argument("--seed", type=int, default=None, help="makes sampling repeatable")
-    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's, capped to memory)")
+    p.add_argument("--ctx", type=int, default=None,
+                   help="context size in tokens (default: the model's, capped to memory)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu"], help="where to run (default auto)")
 
 
@@ -30,7 +31,8 @@ def register(sub) -> None:
     p.add_argument("--raw", action="store_true", help="plain completion: no chat template")
     p.add_argument("--system", help="a system prompt (chat mode)")
     p.add_argument("--chat-template", metavar="NAME", help="a built-in chat template instead of the model's")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the reply contains TEXT (repeatable)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop when the reply contains TEXT (repeatable)")
     add_sampling_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (text, stats) instead of streaming")
     p.add_argument("--verbose", action="store_true", help="print load time and speeds to stderr")

@@ -1,12 +1,18 @@
 """The op set of the forward pass on the CPU: numpy arrays, quantized matmuls from kernels/cpu_quant."""
 import mmap
+import os
 
-import numpy as np
+# Idle OpenMP threads (numba's parallel kernels) sleep instead of spinning: with more busy threads than cores,
+# spinning made each small matvec wait ~20 ms for a descheduled thread (10x slower generation under load).
+# Read when the OpenMP runtime loads, at the first parallel kernel call: it must be set before that.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
-from inference.weights import ModelWeights, QuantMatrix
-from kernels import cpu_ops
-from kernels.cpu_quant import dequantize_rows, quantized_matmul
-from models.config import ModelConfig
+import numpy as np  # noqa: E402
+
+from inference.weights import ModelWeights, QuantMatrix  # noqa: E402
+from kernels import cpu_ops  # noqa: E402
+from kernels.cpu_quant import dequantize_rows, quantized_matmul  # noqa: E402
+from models.config import ModelConfig  # noqa: E402
 
 
 def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
@@ -15,7 +21,8 @@ def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
     An anonymous mmap rather than np.zeros: numpy asks for huge pages on large arrays, and faulting in a
     2 MiB page per head on the first write cost ~70 ms per layer on our test machine.
     """
-    return np.frombuffer(mmap.mmap(-1, max(1, int(np.prod(shape))) * 4), np.float32)[:int(np.prod(shape))].reshape(shape)
+    n = int(np.prod(shape))
+    return np.frombuffer(mmap.mmap(-1, max(1, n) * 4), np.float32)[:n].reshape(shape)
 
 
 class CPUBackend:

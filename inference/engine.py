@@ -25,6 +25,10 @@ class PromptTooLongError(UserError, ValueError):
     pass
 
 
+class EmptyPromptError(UserError, ValueError):
+    pass
+
+
 class NoChatTemplateError(UserError, ValueError):
     pass
 
@@ -70,15 +74,16 @@ class Engine:
         return self._prefill(ids, all_logits=True)
 
     def _check_fits(self, n: int) -> None:
+        if n == 0:
+            raise EmptyPromptError("the prompt is empty")
         if n > self.n_ctx:
-            raise PromptTooLongError(f"the prompt is {n} tokens but the context holds {self.n_ctx} (raise it with --ctx)")
+            raise PromptTooLongError(f"the prompt is {n} tokens but the context holds {self.n_ctx} "
+                                     "(raise it with --ctx)")
 
     def _prefill(self, ids: list[int], all_logits: bool) -> np.ndarray:
         """Process ids after the longest prefix already cached; logits of every new token or of the last."""
-        keep = 0
-        while keep < min(len(ids), len(self._cached)) and ids[keep] == self._cached[keep]:
-            keep += 1
-        keep = min(keep, len(ids) - 1)  # the last token always runs: its logits pick the next one
+        # the last token always runs: its logits pick the next one
+        keep = min(_common_prefix(ids, self._cached), len(ids) - 1)
         out = []
         for start in range(keep, len(ids), PREFILL_CHUNK):
             chunk = ids[start:start + PREFILL_CHUNK]
@@ -125,6 +130,7 @@ class Engine:
         text = StopScanner(stop)
         generated = 0
         finish = "length"
+        stopped = False  # by a stop string: what follows it is dropped
         while generated < max_tokens:
             token = sampler(logits, history)
             generated += 1
@@ -144,7 +150,7 @@ class Engine:
                 finish = "context full"
                 break
             logits = self._step(token)
-        if finish != "stop":
+        if not stopped:
             tail, _ = text.feed(detok.flush(), final=True)
             if tail:
                 yield tail

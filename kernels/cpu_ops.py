@@ -130,7 +130,8 @@ def _glu(gate, up, gelu, out):  # all [size], flat
     for j in range(gate.shape[0]):
         g = gate[j]
         if gelu:
-            a = np.float32(0.5) * g * (np.float32(1.0) + np.float32(math.tanh(k * (g + np.float32(0.044715) * g * g * g))))
+            inner = k * (g + np.float32(0.044715) * g * g * g)
+            a = np.float32(0.5) * g * (np.float32(1.0) + np.float32(math.tanh(inner)))
         else:
             a = g / (np.float32(1.0) + np.float32(math.exp(-g))) if g > -80.0 else np.float32(0.0)
         out[j] = a * up[j]

@@ -11,4 +11,4 @@ def smollm2_engine(smollm2):
 @pytest.fixture(scope="session")
 def gemma3_engine(gemma3):
     from inference import load
-    return load(gemma3, device="cpu", ctx=512)
+    return load(gemma3, device="cpu", ctx=640)

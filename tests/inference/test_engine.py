@@ -69,6 +69,8 @@ def test_full_context_ends_with_context_full(smollm2):
     with pytest.raises(PromptTooLongError, match="the context holds 12") as e:
         run(engine, PROMPT * 5, max_tokens=4)
     assert isinstance(e.value, UserError)
+    with pytest.raises(UserError, match="empty"):
+        run(engine, "", max_tokens=4)  # SmolLM2 adds no BOS: no token at all
 
 
 def test_unknown_device_and_missing_file_are_user_errors(smollm2, tmp_path):
@@ -76,6 +78,13 @@ def test_unknown_device_and_missing_file_are_user_errors(smollm2, tmp_path):
         load(smollm2, device="tpu")
     with pytest.raises(UserError, match="no such file"):
         load(tmp_path / "missing.gguf")
+
+
+def test_stop_string_ends_the_reply_before_it(smollm2_engine):
+    full, _ = run(smollm2_engine, "Monday, Tuesday,", max_tokens=12, temperature=0)
+    assert "Thursday" in full
+    text, stats = run(smollm2_engine, "Monday, Tuesday,", max_tokens=12, temperature=0, stop=("Thurs",))
+    assert text == full.split("Thurs")[0] and stats.finish_reason == "stop"
 
 
 def test_stop_scanner_holds_back_a_possible_stop_string():

@@ -30,3 +30,19 @@ def test_qwen2_and_qwen3_synthetic_match_llama_cpp(tmp_path, smollm2):
         engine = load(path, device="cpu", ctx=64)
         assert engine.config.arch == arch
         _check(engine, path)
+
+
+def test_gemma3_past_its_sliding_window_matches_llama_cpp(gemma3_engine, gemma3):
+    """600 tokens: the last 64 positions see more than the 512-token window of gemma3's local layers."""
+    import llama_cpp
+    from tests.inference.parity import PROMPTS
+    llm = llama_cpp.Llama(str(gemma3), logits_all=True, n_ctx=640, n_batch=640, n_threads=2, verbose=False)
+    ids = llm.tokenize(" ".join(PROMPTS * 2).encode(), add_bos=True)[:600]
+    assert len(ids) == 600
+    llm.eval(ids)
+    theirs = np.array(llm.scores[536:600], np.float32)
+    llm.close()
+    ours = gemma3_engine.logits(ids)[536:]
+    m = parity([ours], [theirs])
+    print("gemma3 past the window", m)
+    assert_parity(m)
