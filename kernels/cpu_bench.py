@@ -1,11 +1,13 @@
 """Speed of the CPU kernels at real model shapes: GB/s of weight bytes read per second.
 
-    python -m kernels.cpu_bench            # matvec (1 token) and prompt (n tokens) for the hot types
-    python -m kernels.cpu_bench Q8_0 Q4_K  # only these types
+    python -m kernels.cpu_bench                  # matvec (1 token) and prompt (128 tokens), every type
+    python -m kernels.cpu_bench Q8_0 Q4_K        # only these types
+    python -m kernels.cpu_bench --model F.gguf   # every matrix of a real model: kernel time per token
 
 Weights are random valid blocks (speed does not depend on values, as long as the scales are normal
 floats: subnormal ones make BLAS crawl). Times are the best of several runs, since the machine may be
-shared: the best run is the one least disturbed by others.
+shared: the best run is the one least disturbed by others. On a busy machine a parallel kernel still
+waits for its slowest thread to get a core: NUMBA_NUM_THREADS=1 then gives the steadier per-core figure.
 """
 import sys
 import time
@@ -85,9 +87,42 @@ def main(types: list[str]) -> None:
         gbs, tps = bench(name, n_cols, n_rows)
         mb = TYPES_BY_NAME[name].nbytes(n_cols) * n_rows / 1e6
         gflops = 2 * n_cols * n_rows * tps / 1e9
-        print(f"{name:6} {f'{n_cols} x {n_rows}':>16} {mb:7.1f} {gbs:12.2f} {mb / gbs / 1e3 * 1e3:10.3f} {gflops:15.1f}",
+        print(f"{name:6} {f'{n_cols} x {n_rows}':>16} {mb:7.1f} {gbs:12.2f} {mb / gbs:10.3f} {gflops:15.1f}",
               flush=True)
 
 
+def bench_model(path: str) -> None:
+    """Kernel time of one token (matvec) and of a 128-token prompt through every matrix of a model.
+
+    The embedding table counts once as the output head when the model has no output.weight (tied)."""
+    from models.gguf import open_gguf
+
+    m = open_gguf(path)
+    mats = [t for t in m.tensors.values() if len(t.shape) == 2 and t.name != "token_embd.weight"]
+    head = "output.weight" if "output.weight" in m.tensors else "token_embd.weight"
+    mats += [m.tensors[head]] if head == "token_embd.weight" else []
+    gen_s, prompt_s, nbytes = 0.0, 0.0, 0
+    rng = np.random.default_rng(0)
+    for t in mats:
+        n_cols, n_rows = t.shape
+        w = m.tensor_bytes(t.name).reshape(n_rows, -1)
+        x1 = rng.standard_normal((1, n_cols), np.float32)
+        gen_s += best_seconds(lambda: quantized_matmul(w, t.type, x1), min_total=0.05)
+        nbytes += w.nbytes
+        if t.name == head:  # a prompt needs the logits of its last token only
+            prompt_s += best_seconds(lambda: quantized_matmul(w, t.type, x1), min_total=0.05)
+        else:
+            xp = rng.standard_normal((PROMPT_TOKENS, n_cols), np.float32)
+            prompt_s += best_seconds(lambda: quantized_matmul(w, t.type, xp), min_total=0.05, min_runs=2)
+    print(f"{path}: {len(mats)} matrices, {nbytes / 1e6:.0f} MB read per token ({nb.get_num_threads()} threads)")
+    print(f"  generation: {gen_s * 1e3:.1f} ms of matvec per token = {1 / gen_s:.0f} tok/s ceiling, "
+          f"{nbytes / gen_s / 1e9:.1f} GB/s")
+    print(f"  prompt of {PROMPT_TOKENS}: {prompt_s * 1e3:.0f} ms of matmul = {PROMPT_TOKENS / prompt_s:.0f} tok/s ceiling")
+    m.close()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--model"]:
+        bench_model(sys.argv[2])
+    else:
+        main(sys.argv[1:])

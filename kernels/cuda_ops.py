@@ -22,10 +22,12 @@ from kernels.cuda_quant import DeviceWeight
 
 HEAD_DIMS = (64, 128, 256)  # attention kernels are built for these
 ATTN_WARPS = 4  # attention.cu: WARPS
+PREFILL_MMA_ROWS = 64  # attention.cu: PF_ROWS
 ARGMAX_THREADS = 1024
 ARGMAX_BLOCKS = 128
-SAMPLE_CHUNK = 4096  # sample.cu: CHUNK, logits a block sorts
+SAMPLE_CHUNK = 4096  # sample.cu: CHUNK, logits a block selects from
 SAMPLE_K_MAX = 64  # sample.cu: K_MAX, candidates kept (top_k is capped here)
+SAMPLE_THREADS = 1024  # sample.cu: SAMPLE_THREADS
 MAX_HISTORY = 1024  # the penalty takes one thread per history entry
 
 
@@ -175,12 +177,12 @@ def _rows_per_warp(head_dim: int) -> int:
 
 
 def decode_scratch(n_head: int, n_head_kv: int, head_dim: int) -> cp.ndarray:
-    """Scratch for attention_decode: float32 [n_head, n_splits, head_dim + 2], n_splits picked so that a
+    """Scratch for attention_decode: float32 [n_head, n_splits, head_dim + 4], n_splits picked so that a
     long context gives about two blocks per multiprocessor. One serves every layer (they run in turn)."""
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     row_chunks = math.ceil(n_head // n_head_kv / _rows_per_warp(head_dim))
     n_splits = max(1, min(64, math.ceil(2 * sms / (n_head_kv * row_chunks))))
-    return cp.empty((n_head, n_splits, head_dim + 2), dtype=cp.float32)
+    return cp.empty((n_head, n_splits, head_dim + 4), dtype=cp.float32)  # attention.cu: PART_EXTRA
 
 
 def _check_attention(q_heads: tuple, k_cache, v_cache) -> tuple[int, int, int, int]:
@@ -203,7 +205,7 @@ def attention_decode(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ou
     _check("q", q, cp.float32, (n_head, head_dim))
     _check("out", out, cp.float32, (n_head, head_dim))
     n_splits = scratch.shape[1] if isinstance(scratch, cp.ndarray) and scratch.ndim == 3 else -1
-    _check("scratch", scratch, cp.float32, (n_head, n_splits, head_dim + 2))
+    _check("scratch", scratch, cp.float32, (n_head, n_splits, head_dim + 4))
     _check_pos(pos)
     group = n_head // n_head_kv
     grid = (n_head_kv, n_splits, math.ceil(group / _rows_per_warp(head_dim)))
@@ -213,14 +215,16 @@ def attention_decode(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ou
             (q, k_cache, v_cache, scratch, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(max_ctx),
              np.int32(window), np.float32(scale), np.int32(n_splits)))
         kernel("attention.cu", "attn_decode_combine")(
-            (n_head,), (head_dim,),
+            (n_head,), (512,),
             (scratch, out, pos, np.int32(head_dim), np.int32(window), np.int32(n_splits), np.int32(max_ctx)))
 
 
 def attention_prefill(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, out: cp.ndarray, pos: cp.ndarray,
                       scale: float, window: int = 0, stream=None) -> None:
     """Causal attention of q [n_tok, n_head, head_dim] (token t at position pos[0] + t, all their k and v
-    already in the cache) over keys 0..pos[0]+n_tok-1 -> out [n_tok, n_head, head_dim]."""
+    already in the cache) over keys 0..pos[0]+n_tok-1 -> out [n_tok, n_head, head_dim]; window > 0: only
+    the last `window` keys of each query. Head dims 64 and 128 run on the tensor cores (float32 accuracy:
+    q and p are split into two fp16 halves)."""
     if not isinstance(q, cp.ndarray) or q.ndim != 3:
         raise ValueError("attention_prefill: q must be [n_tok, n_head, head_dim]")
     n_head, n_head_kv, max_ctx, head_dim = _check_attention(q.shape[1:], k_cache, v_cache)
@@ -228,7 +232,8 @@ def attention_prefill(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, o
     _check("q", q, cp.float32, (n_tok, n_head, head_dim))
     _check("out", out, cp.float32, (n_tok, n_head, head_dim))
     _check_pos(pos)
-    rows_per_block = ATTN_WARPS * _rows_per_warp(head_dim)
+    # head_dim 64 / 128: tensor-core kernel, 64 rows a block; 256: the CUDA-core one
+    rows_per_block = ATTN_WARPS * _rows_per_warp(head_dim) if head_dim == 256 else PREFILL_MMA_ROWS
     grid = (math.ceil(n_tok * (n_head // n_head_kv) / rows_per_block), n_head_kv)
     with _stream(stream):
         kernel("attention.cu", f"attn_prefill_{head_dim}")(
@@ -320,11 +325,12 @@ def argmax(logits: cp.ndarray, scratch: cp.ndarray, token: cp.ndarray, history: 
 
 
 def sample_scratch(n_vocab: int) -> cp.ndarray:
-    """Candidates of sample(): uint64 [ceil(n_vocab / 4096), 64]."""
+    """Zeroed scratch of sample(): uint64 [ceil(n_vocab / 4096) + 1, 64], the blocks' candidates and, in the
+    last row, the count of finished blocks (the sampler sets it back to 0 each call)."""
     n_blocks = math.ceil(n_vocab / SAMPLE_CHUNK)
     if n_blocks * SAMPLE_K_MAX > SAMPLE_CHUNK:
         raise ValueError(f"the sampler handles vocabularies up to {SAMPLE_CHUNK ** 2 // SAMPLE_K_MAX}, got {n_vocab}")
-    return cp.empty((n_blocks, SAMPLE_K_MAX), dtype=cp.uint64)
+    return cp.zeros((n_blocks + 1, SAMPLE_K_MAX), dtype=cp.uint64)
 
 
 def sampling_params() -> tuple[cp.ndarray, cp.ndarray]:
@@ -352,13 +358,10 @@ def sample(logits: cp.ndarray, scratch: cp.ndarray, fparams: cp.ndarray, iparams
     the seed and counted by pos[0]; then advance pos."""
     n_vocab = _check_sampler_io(logits, token, history, pos)
     n_blocks = math.ceil(n_vocab / SAMPLE_CHUNK)
-    _check("scratch", scratch, cp.uint64, (n_blocks, SAMPLE_K_MAX))
+    _check("scratch", scratch, cp.uint64, (n_blocks + 1, SAMPLE_K_MAX))
     _check("fparams", fparams, cp.float32, (4,))
     _check("iparams", iparams, cp.int32, (2,))
     with _stream(stream):
-        kernel("sample.cu", "sample_topk")((n_blocks,), (1024,),
-                                           (logits, np.int32(n_vocab), fparams, history, np.int32(history.size),
-                                            pos, scratch))
-        kernel("sample.cu", "sample_final")((1,), (1024,),
-                                            (scratch, np.int32(n_blocks), fparams, iparams, token, history,
-                                             np.int32(history.size), pos))
+        kernel("sample.cu", "sample")((n_blocks,), (SAMPLE_THREADS,),
+                                      (logits, np.int32(n_vocab), fparams, iparams, scratch, token, history,
+                                       np.int32(history.size), pos))

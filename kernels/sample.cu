@@ -75,55 +75,84 @@ extern "C" __global__ void argmax_final(const u64* __restrict__ part, int n_part
 }
 
 // ---- sampling ----
-#define CHUNK 4096  // logits a block of sample_topk sorts
+#define CHUNK 4096  // logits a block of sample takes; also the most candidates its last block merges
 #define K_MAX 64    // candidates kept: top_k is capped here (top_k <= 0 means K_MAX)
-#define SORT_THREADS 1024
+#define SAMPLE_THREADS 1024
+#define PER (CHUNK / SAMPLE_THREADS)  // keys a thread holds
 
-// Sort keys [CHUNK] in shared memory, largest first (bitonic); all SORT_THREADS threads call it.
-__device__ __forceinline__ void sort_desc(u64* keys) {
-    for (int k = 2; k <= CHUNK; k <<= 1) {
-        for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int i = threadIdx.x; i < CHUNK; i += SORT_THREADS) {
-                int ixj = i ^ j;
-                if (ixj > i) {
-                    u64 a = keys[i], b = keys[ixj];
-                    if (((i & k) == 0) ? (a < b) : (a > b)) {
-                        keys[i] = b;
-                        keys[ixj] = a;
-                    }
-                }
+// The K_MAX largest keys of the block (thread i holds v[e] = keys[e * SAMPLE_THREADS + i]) -> top [K_MAX],
+// in no order. Radix select, a byte at a time from the top: find the byte value of the K_MAX-th largest key
+// among the keys that share the bytes found so far, stop as soon as that value's keys are all needed
+// (2-4 rounds on real logits). Two barriers a round: the histogram and the scan's results alternate
+// between two buffers. Keys are unique but for the padding 0, so at most K_MAX keys qualify; extra zeros
+// are dropped.
+__device__ __forceinline__ void select_top(const u64 (&v)[PER], u64* top) {
+    __shared__ unsigned hist[2][256];
+    __shared__ int s_digit[2], s_above[2], s_count[2], s_n_above, s_n_equal;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (threadIdx.x < 512) hist[threadIdx.x >> 8][threadIdx.x & 255] = 0;
+    if (threadIdx.x == 0) s_n_above = s_n_equal = 0;
+    __syncthreads();
+    u64 prefix = 0, mask = 0;
+    int need = K_MAX;  // keys still to take among those matching prefix under mask
+    for (int shift = 56, b = 0; shift >= 0; shift -= 8, b ^= 1) {
+#pragma unroll
+        for (int e = 0; e < PER; ++e) {
+            bool in = (v[e] & mask) == prefix;
+            unsigned d = (unsigned)(v[e] >> shift) & 255u;
+            unsigned active = __ballot_sync(0xffffffffu, in);
+            if (in) {  // one atomic per distinct byte value in the warp: the top bytes of logits are few
+                unsigned peers = __match_any_sync(active, d);
+                if (lane == __ffs(peers) - 1) atomicAdd(&hist[b][d], __popc(peers));
             }
-            __syncthreads();
+        }
+        __syncthreads();
+        if (warp == 0) {  // lane l scans byte values 255 - 8l down to 248 - 8l
+            unsigned c[8], sum = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                c[j] = hist[b][255 - lane * 8 - j];
+                sum += c[j];
+                hist[b ^ 1][lane * 8 + j] = 0;  // for the next round
+            }
+            unsigned incl = sum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                unsigned t = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += t;
+            }
+            unsigned above = incl - sum;  // keys with a larger byte than this lane's first value
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                if (above < (unsigned)need && (unsigned)need <= above + c[j]) {
+                    s_digit[b] = 255 - lane * 8 - j;
+                    s_above[b] = above;
+                    s_count[b] = c[j];
+                }
+                above += c[j];
+            }
+        }
+        __syncthreads();
+        need -= s_above[b];
+        prefix |= (u64)s_digit[b] << shift;
+        mask |= (u64)255 << shift;
+        if (s_count[b] == need) break;  // every key of that byte value is taken
+    }
+    // (key & mask) > prefix: taken; == prefix: the first `need` of them taken (all alike if more)
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+        u64 m = v[e] & mask;
+        if (m > prefix) top[atomicAdd(&s_n_above, 1)] = v[e];
+        else if (m == prefix) {
+            int slot = K_MAX - need + atomicAdd(&s_n_equal, 1);
+            if (slot < K_MAX) top[slot] = v[e];
         }
     }
+    __syncthreads();
 }
 
 // The repetition penalty of llama.cpp: positive logits divided by it, negative ones multiplied.
 __device__ __forceinline__ float penalize(float x, float penalty) { return x > 0.0f ? x / penalty : x * penalty; }
-
-// Sampling, pass 1: each block sorts CHUNK logits (penalised: each distinct token of the history once)
-// and writes its K_MAX best keys to cand [n_blocks, K_MAX]. Launch: grid ceil(n / CHUNK), block 1024.
-extern "C" __global__ void sample_topk(const float* __restrict__ x, int n, const float* __restrict__ fparams,
-                                       const int* __restrict__ history, int n_hist, const int* __restrict__ pos,
-                                       u64* __restrict__ cand) {
-    __shared__ u64 keys[CHUNK];
-    int base = blockIdx.x * CHUNK;
-    for (int i = threadIdx.x; i < CHUNK; i += SORT_THREADS)
-        keys[i] = base + i < n ? logit_key(x[base + i], base + i) : 0;
-    __syncthreads();
-    float penalty = fparams[3];
-    int p = pos[0], n_recent = min(n_hist, p + 1);
-    if (penalty != 1.0f && threadIdx.x < n_recent) {
-        int age = threadIdx.x, id = history[(p - age) % n_hist];
-        bool first = true;  // a token seen several times is penalised once, by its most recent entry
-        for (int a = 0; a < age; ++a) first &= history[(p - a) % n_hist] != id;
-        if (first && id >= base && id < base + CHUNK && id < n)
-            keys[id - base] = logit_key(penalize(x[id], penalty), id);
-    }
-    __syncthreads();
-    sort_desc(keys);
-    for (int i = threadIdx.x; i < K_MAX; i += SORT_THREADS) cand[blockIdx.x * K_MAX + i] = keys[i];
-}
 
 // Philox4x32-10 (Salmon et al. 2011): first output word for counter (c0, c1, 0, 0) and key (k0, k1)
 __device__ __forceinline__ uint32_t philox(uint32_t c0, uint32_t c1, uint32_t k0, uint32_t k1) {
@@ -142,66 +171,115 @@ __device__ __forceinline__ uint32_t philox(uint32_t c0, uint32_t c1, uint32_t k0
     return c0;
 }
 
-// Sampling, pass 2: merge the blocks' candidates (n_part * K_MAX <= CHUNK), keep top_k, then top_p and
-// min_p (on probabilities at temperature 1), then draw from softmax(logit / temperature) with a uniform
-// number from Philox keyed by the seed and counted by the position. temperature <= 0: the best candidate.
-// Launch: grid 1, block 1024.
-extern "C" __global__ void sample_final(const u64* __restrict__ cand, int n_part,
-                                        const float* __restrict__ fparams, const int* __restrict__ iparams,
-                                        int* token, int* history, int n_hist, int* pos) {
+// Inclusive prefix sum over the warp of lane values, lane i holding element i.
+__device__ __forceinline__ float warp_cumsum(float v) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        float t = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += t;
+    }
+    return v;
+}
+
+// Index of the first of the K_MAX candidates (lane l holds l and l + 32) where flag holds, else K_MAX.
+__device__ __forceinline__ int warp_first(bool lo, bool hi) {
+    unsigned a = __ballot_sync(0xffffffffu, lo), b = __ballot_sync(0xffffffffu, hi);
+    return a ? __ffs(a) - 1 : b ? 32 + __ffs(b) - 1 : K_MAX;
+}
+
+// The sampler, one launch: each block takes CHUNK logits (penalised: each distinct token of the history
+// once) and writes its K_MAX best keys, in no order, to cand [n_blocks, K_MAX]; the last block to finish
+// (counted in cand[n_blocks][0], which it sets back to 0) merges them (n_blocks * K_MAX <= CHUNK), keeps
+// top_k, then top_p and min_p (on probabilities at temperature 1), then draws from
+// softmax(logit / temperature) with a uniform number from Philox keyed by the seed and counted by the
+// position. temperature <= 0: the best candidate. Launch: grid ceil(n / CHUNK), block SAMPLE_THREADS.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample(const float* __restrict__ x, int n_vocab, const float* __restrict__ fparams, const int* __restrict__ iparams,
+           u64* cand, int* token, int* history, int n_hist, int* pos) {
     __shared__ u64 keys[CHUNK];
-    __shared__ float w[K_MAX];
-    for (int i = threadIdx.x; i < CHUNK; i += SORT_THREADS) keys[i] = i < n_part * K_MAX ? cand[i] : 0;
+    __shared__ u64 top[K_MAX];
+    __shared__ bool s_last;
+    int base = blockIdx.x * CHUNK;
+    for (int i = threadIdx.x; i < CHUNK; i += SAMPLE_THREADS)
+        keys[i] = base + i < n_vocab ? logit_key(x[base + i], base + i) : 0;
     __syncthreads();
-    sort_desc(keys);
+    float penalty = fparams[3];
+    int p = pos[0], n_recent = min(n_hist, p + 1);
+    if (penalty != 1.0f && threadIdx.x < n_recent) {
+        int age = threadIdx.x, id = history[(p - age) % n_hist];
+        if (id >= base && id < base + CHUNK && id < n_vocab) {
+            bool first = true;  // a token seen several times is penalised once, by its most recent entry
+            for (int a = 0; a < age; ++a) first &= history[(p - a) % n_hist] != id;
+            if (first) keys[id - base] = logit_key(penalize(x[id], penalty), id);
+        }
+    }
+    __syncthreads();
+    u64 v[PER];
+#pragma unroll
+    for (int e = 0; e < PER; ++e) v[e] = keys[e * SAMPLE_THREADS + threadIdx.x];
+    select_top(v, top);
+    if (threadIdx.x < K_MAX) cand[blockIdx.x * K_MAX + threadIdx.x] = top[threadIdx.x];
+    __threadfence();  // the candidates are visible before the count says so
+    __syncthreads();
+    u64* counter = cand + gridDim.x * K_MAX;
+    if (threadIdx.x == 0) s_last = atomicAdd(counter, 1ull) == gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;
+
+    // the last block: merge
+    __threadfence();
+    int n_cand = gridDim.x * K_MAX;
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+        int i = e * SAMPLE_THREADS + threadIdx.x;
+        v[e] = i < n_cand ? __ldcg(cand + i) : 0;
+    }
+    if (threadIdx.x == 0) *counter = 0;
+    select_top(v, top);
+    if (threadIdx.x < K_MAX) {  // sort by rank: larger keys first, equal ones (padding) by slot
+        u64 mine = top[threadIdx.x];
+        int rank = 0;
+        for (int j = 0; j < K_MAX; ++j) rank += top[j] > mine || (top[j] == mine && j < (int)threadIdx.x);
+        keys[rank] = mine;
+    }
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    // warp 0: lane l holds candidates l (lo) and l + 32 (hi)
+    int lane = threadIdx.x;
     float temperature = fparams[0], top_p = fparams[1], min_p = fparams[2];
     int top_k = iparams[0];
     int k = (top_k <= 0 || top_k > K_MAX) ? K_MAX : top_k;
-    float top = key_logit(keys[0]);
-    int c = threadIdx.x;  // candidate c's weight relative to the best
-    if (c < K_MAX) w[c] = c < k && keys[c] ? expf(key_logit(keys[c]) - top) : 0.0f;
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    int n = 0;  // candidates that are real tokens (a vocabulary may be smaller than k)
-    while (n < k && keys[n]) ++n;
+    u64 key_lo = keys[lane], key_hi = keys[lane + 32];
+    // candidates that are real tokens (a vocabulary may be smaller than k); keys are sorted, 0 last
+    int n = min(k, warp_first(key_lo == 0, key_hi == 0));
+    int pick = 0;
     if (temperature > 0.0f && n > 1) {
-        float total = 0.0f;
-        for (int i = 0; i < n; ++i) total += w[i];
+        float best = key_logit(keys[0]);
+        float x_lo = key_logit(key_lo), x_hi = key_logit(key_hi);
+        // weights relative to the best candidate, at temperature 1
+        float w_lo = lane < n ? expf(x_lo - best) : 0.0f, w_hi = lane + 32 < n ? expf(x_hi - best) : 0.0f;
         if (top_p < 1.0f) {  // smallest prefix whose mass reaches top_p
-            float cum = 0.0f;
-            int keep = n;
-            for (int i = 0; i < n; ++i) {
-                cum += w[i];
-                if (cum >= top_p * total) {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            n = keep;
+            float c_lo = warp_cumsum(w_lo), c_hi = warp_cumsum(w_hi);
+            float sum_lo = __shfl_sync(0xffffffffu, c_lo, 31);
+            c_hi += sum_lo;
+            float target = top_p * __shfl_sync(0xffffffffu, c_hi, 31);
+            n = min(n, warp_first(lane < n && c_lo >= target, lane + 32 < n && c_hi >= target) + 1);
         }
-        if (min_p > 0.0f) {  // w is relative to the best candidate, whose w is 1
-            int keep = 1;
-            while (keep < n && w[keep] >= min_p) ++keep;
-            n = keep;
+        if (min_p > 0.0f) {  // w is relative to the best candidate, whose w is 1; w falls with the index
+            int keep = __popc(__ballot_sync(0xffffffffu, lane < n && w_lo >= min_p)) +
+                       __popc(__ballot_sync(0xffffffffu, lane + 32 < n && w_hi >= min_p));
+            n = max(1, keep);
         }
-        total = 0.0f;
-        for (int i = 0; i < n; ++i) {
-            w[i] = expf((key_logit(keys[i]) - top) / temperature);
-            total += w[i];
-        }
+        w_lo = lane < n ? expf((x_lo - best) / temperature) : 0.0f;
+        w_hi = lane + 32 < n ? expf((x_hi - best) / temperature) : 0.0f;
+        float c_lo = warp_cumsum(w_lo), c_hi = warp_cumsum(w_hi);
+        c_hi += __shfl_sync(0xffffffffu, c_lo, 31);
+        float total = __shfl_sync(0xffffffffu, c_hi, 31);
         uint32_t seed = (uint32_t)iparams[1];
         float u = (float)(philox((uint32_t)pos[0], 0u, seed, 0x5EED5EEDu) >> 8) * (1.0f / 16777216.0f);
-        float target = u * total, cum = 0.0f;
-        int pick = n - 1;
-        for (int i = 0; i < n; ++i) {
-            cum += w[i];
-            if (cum > target) {
-                pick = i;
-                break;
-            }
-        }
-        emit(key_id(keys[pick]), token, history, n_hist, pos);
-    } else {
-        emit(key_id(keys[0]), token, history, n_hist, pos);
+        float target = u * total;
+        pick = min(n - 1, warp_first(lane < n && c_lo > target, lane + 32 < n && c_hi > target));
     }
+    if (lane == 0) emit(key_id(keys[pick]), token, history, n_hist, pos);
 }

@@ -33,7 +33,7 @@ def test_dequantize_rows_is_exact(name):
 def test_matmul_matches_dequantized_reference(name, n_tokens, monkeypatch):
     # a small tile so the prompt path runs several tiles and a partial last one
     monkeypatch.setattr(cpu_quant, "TILE_BYTES", 4 * 512 * 16)
-    n_rows, n_cols = 45, 512
+    n_rows, n_cols = 201, 512  # 64 chunks of 3 or 4 rows: row pairs and an odd row left over
     w = random_weight(name, n_rows, n_cols, seed=n_tokens)
     x = np.random.default_rng(1).standard_normal((n_tokens, n_cols), np.float32)
     W = reference(w, name).astype(np.float64)
@@ -45,12 +45,14 @@ def test_matmul_matches_dequantized_reference(name, n_tokens, monkeypatch):
     assert np.all(np.abs(got - want) <= bound)
 
 
-def test_matmul_writes_into_out():
+@pytest.mark.parametrize("n_tokens", [1, 16])
+def test_matmul_writes_into_out_and_takes_strided_x(n_tokens):
     w = random_weight("Q8_0", 20, 256)
-    x = np.ones((1, 256), np.float32)
-    out = np.full((1, 20), np.nan, np.float32)
+    x = np.random.default_rng(0).standard_normal((n_tokens, 512), np.float32)[:, ::2]  # not contiguous
+    out = np.full((n_tokens, 20), np.nan, np.float32)
     assert quantized_matmul(w, TYPES_BY_NAME["Q8_0"], x, out=out) is out
-    assert np.all(np.isfinite(out))
+    want = x.astype(np.float64) @ reference(w, "Q8_0").astype(np.float64).T
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
 
 
 def test_bad_shapes_are_refused():

@@ -1,0 +1,199 @@
+"""Which layers go on the GPU: everything the GPU engine keeps in VRAM is counted before anything is uploaded.
+
+Counted, from what the CUDA kernels allocate:
+- weights: quantized as in the file (kernels/cuda_quant.to_device repacks without growing them); vectors (norms)
+  as float32. The output head (and output_norm) goes on the GPU whenever a layer does: the step then ends on the
+  GPU, where logits are sampled, and only the hidden state crosses to the GPU and a token id comes back.
+- token_embd: on the CPU (decode needs one row a token, read from the file's pages) unless every layer is on
+  the GPU, where the lookup runs on the GPU so the decode graph never waits on the host. A tied output head
+  is token_embd itself and is counted once, as the head.
+- KV cache: float16 k [n_kv_heads, n_ctx, head_dim] and v [n_kv_heads, n_ctx, v_head_dim] per GPU layer
+  (kernels/cuda_ops.kv_cache); sliding-window layers get the full context too, as the kernels index it.
+- scratch: the decode step's activations, logits and attention splits, and the prefill Scratch of
+  kernels/cuda_prefill for PREFILL_CHUNK tokens with one tile as large as the largest layer matrix.
+- reserve: the CUDA context and runtime allocations outside our buffers (constants below).
+
+Layers: like llama.cpp's -ngl (llama-model.cpp: i_gpu_start = n_layer + 1 - n_gpu_layers, the output first),
+the LAST layers go on the GPU, as one contiguous segment: a hybrid step runs layers 0..k-1 on the CPU, then
+one GPU segment (layers k..n-1, the head, sampling), one upload of n_embd floats a token.
+"""
+import math
+import re
+from dataclasses import dataclass
+
+from models.config import ModelConfig
+from models.errors import UserError
+from models.gguf import TensorInfo
+
+MiB, GiB = 2**20, 2**30
+# The CUDA context itself: nvidia-smi showed 527 MiB in use once CuPy created it on an H100 (2026-11-23).
+# Free VRAM measured by memGetInfo already excludes it; a --vram-budget (a card's size) must include it.
+CUDA_CONTEXT_BYTES = 528 * MiB
+# Outside our buffers even when planning against measured free VRAM: the cuBLAS handle and workspace (68 MiB
+# measured on the H100), kernel modules, CUDA graphs, and the memory pool rounding each buffer up.
+RUNTIME_RESERVE_BYTES = 256 * MiB
+PREFILL_CHUNK = 512  # tokens a prefill step takes at once: the engine sizes its prefill scratch with this
+ATTN_SPLITS_MAX = 64  # kernels/cuda_ops.decode_scratch: at most 64 key splits per head
+SAMPLE_CHUNK, SAMPLE_K_MAX = 4096, 64  # kernels/cuda_ops.sample_scratch
+
+
+class GpuLayersError(UserError, ValueError):
+    pass
+
+
+class VramBudgetError(UserError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Placement:
+    layers: tuple[str, ...]  # "gpu" or "cpu" for each layer; the GPU ones are the last
+    output: str  # "gpu" or "cpu": output_norm, the output head, logits and sampling
+    embedding: str  # "gpu" or "cpu": where the token embedding lookup runs
+    weights_bytes: int  # VRAM for GPU layers' weights, the output head, token_embd when on the GPU
+    kv_bytes: int  # VRAM for the KV cache of the GPU layers
+    scratch_bytes: int  # VRAM for decode and prefill buffers
+    reserve_bytes: int  # VRAM held outside our buffers (CUDA context, cuBLAS, modules)
+    budget_bytes: int  # the VRAM it planned against: free VRAM, or --vram-budget
+    n_ctx: int
+    reason: str  # why layers are on the CPU ("" when none are)
+
+    @property
+    def n_gpu_layers(self) -> int:
+        return self.layers.count("gpu")
+
+    @property
+    def first_gpu_layer(self) -> int:
+        return len(self.layers) - self.n_gpu_layers
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.scratch_bytes + self.reserve_bytes
+
+    def summary(self) -> str:
+        """A few lines for run --verbose, info --plan and the TUI status."""
+        n, k = len(self.layers), self.n_gpu_layers
+        head = f"placement: {k}/{n} layers on GPU"
+        if k == 0:
+            return f"{head}: {self.reason}, everything on the CPU"
+        if k < n:
+            cpu = "layer 0" if self.first_gpu_layer == 1 else f"layers 0-{self.first_gpu_layer - 1}"
+            head += f", {cpu} on CPU: {self.reason}"
+        gpu = f"layer {n - 1}" if k == 1 else f"layers {self.first_gpu_layer}-{n - 1}"
+        vram = (f"  VRAM {_gib(self.total_bytes)} of {_gib(self.budget_bytes)} budget: weights "
+                f"{_gib(self.weights_bytes)} ({gpu} + output head), KV cache {_gib(self.kv_bytes)} "
+                f"(ctx {self.n_ctx}, f16), scratch {_gib(self.scratch_bytes)}, CUDA reserve {_gib(self.reserve_bytes)}")
+        where = ("  token embeddings and output head on GPU" if self.embedding == "gpu" else
+                 "  token embeddings on CPU (one row a token), output head on GPU")
+        return "\n".join((head, vram, where))
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def _vram_bytes(t: TensorInfo) -> int:
+    return t.n_elems * 4 if len(t.shape) == 1 else t.nbytes  # vectors are uploaded as float32
+
+
+def layer_weight_bytes(tensors: dict[str, TensorInfo], n_layers: int) -> list[int]:
+    """VRAM of each layer's weights (blk.{i}.*)."""
+    sizes = [0] * n_layers
+    for name, t in tensors.items():
+        if name.startswith("blk."):
+            sizes[int(name.split(".")[1])] += _vram_bytes(t)
+    return sizes
+
+
+def kv_bytes_per_layer(cfg: ModelConfig, n_ctx: int) -> int:
+    return 2 * cfg.n_kv_heads * n_ctx * (cfg.head_dim + cfg.v_head_dim)  # float16 k and v
+
+
+def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig) -> int:
+    """Decode and prefill buffers of the GPU engine (one set serves every layer: they run in turn)."""
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
+    attn_dim = cfg.n_heads * cfg.v_head_dim
+    token_floats = 3 * cfg.n_embd + q_dim + kv_dim + attn_dim + 3 * cfg.n_ff  # x, residual, norm; q, k, v; ffn
+    max_cols = max(cfg.n_embd, cfg.n_ff, attn_dim)  # the widest matmul input
+    q8_bytes = max_cols * (1 + 8 / 32)  # q8_1: a byte a value + float32 (d, s) a block of 32
+    decode = (4 * (token_floats + cfg.n_vocab) + q8_bytes
+              + 4 * cfg.n_heads * ATTN_SPLITS_MAX * (cfg.head_dim + 2)  # attention splits
+              + 8 * math.ceil(cfg.n_vocab / SAMPLE_CHUNK) * SAMPLE_K_MAX)  # sampler candidates
+    largest = max(t.n_elems for name, t in tensors.items() if name.startswith("blk.") and len(t.shape) == 2)
+    prefill = (4 * PREFILL_CHUNK * token_floats  # float32 activations of a chunk
+               + 2 * PREFILL_CHUNK * max_cols + PREFILL_CHUNK * q8_bytes  # Scratch.x16, Scratch.xq
+               + 2 * largest)  # Scratch.w16: one fp16 tile as large as the largest layer matrix
+    return int(decode + prefill)
+
+
+def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int, free_vram: int,
+                   gpu_layers: int | str = "auto", vram_budget: int | None = None) -> Placement:
+    """Decide which layers run on the GPU. gpu_layers: "auto" (as many of the last layers as fit) or a count
+    0..n_layers (0: all on the CPU). vram_budget: plan as on a card of this many bytes (at most what is free)."""
+    n = cfg.n_layers
+    if gpu_layers != "auto" and not (isinstance(gpu_layers, int) and 0 <= gpu_layers <= n):
+        raise GpuLayersError(f"--gpu-layers must be 'auto' or 0..{n} (the model has {n} layers), got {gpu_layers}")
+    if vram_budget is None:
+        budget, reserve = free_vram, RUNTIME_RESERVE_BYTES
+    else:
+        budget, reserve = min(vram_budget, free_vram + CUDA_CONTEXT_BYTES), RUNTIME_RESERVE_BYTES + CUDA_CONTEXT_BYTES
+    if gpu_layers == 0:
+        return Placement(("cpu",) * n, "cpu", "cpu", 0, 0, 0, 0, budget, n_ctx, "--gpu-layers 0")
+
+    layers = layer_weight_bytes(tensors, n)
+    kv = kv_bytes_per_layer(cfg, n_ctx)
+    tied = "output.weight" not in tensors
+    head = sum(_vram_bytes(tensors[name]) for name in ("token_embd.weight" if tied else "output.weight",
+                                                       "output_norm.weight", "rope_freqs.weight") if name in tensors)
+    embd = 0 if tied else _vram_bytes(tensors["token_embd.weight"])  # only when every layer is on the GPU
+    scratch = scratch_bytes(tensors, cfg)
+
+    def weights(k: int) -> int:  # the head and the last k layers (and token_embd with all of them)
+        return head + sum(layers[n - k:]) + (embd if k == n else 0)
+
+    def need(k: int) -> int:
+        return weights(k) + k * kv + scratch + reserve
+
+    if need(1) > budget:
+        raise VramBudgetError(
+            f"VRAM budget {_gib(budget)} is too small for the GPU: the output head ({_gib(head)}), one layer "
+            f"({_gib(layers[-1])} weights + {_gib(kv)} KV cache at ctx {n_ctx}), scratch ({_gib(scratch)}) and "
+            f"the CUDA reserve ({_gib(reserve)}) need {_gib(need(1))}; use --gpu-layers 0 (CPU), a smaller --ctx "
+            "or model")
+    fits = max(k for k in range(1, n + 1) if need(k) <= budget)
+    if gpu_layers == "auto":
+        k, reason = fits, "VRAM budget exhausted"
+    elif need(gpu_layers) > budget:
+        raise VramBudgetError(f"--gpu-layers {gpu_layers} needs {_gib(need(gpu_layers))} of VRAM at ctx {n_ctx}, "
+                              f"the budget is {_gib(budget)}: at most {fits} layers fit")
+    else:
+        k, reason = gpu_layers, f"--gpu-layers {gpu_layers}"
+    return Placement(("cpu",) * (n - k) + ("gpu",) * k, "gpu", "gpu" if k == n else "cpu", weights(k), k * kv,
+                     scratch, reserve, budget, n_ctx, reason if k < n else "")
+
+
+def parse_gpu_layers(text: str) -> int | str:
+    """'auto' or a layer count, as --gpu-layers takes it (the range is checked against the model by plan_placement)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    if not text.strip().isdigit():
+        raise GpuLayersError(f"--gpu-layers takes 'auto' or a number of layers, got '{text}'")
+    return int(text)
+
+
+def parse_vram_budget(text: str) -> int:
+    """'6', '6GB', '6.5GiB', '512MiB' -> bytes. GB and MB are read as GiB and MiB, as cards are sold."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(g|gb|gib|m|mb|mib)?\s*", text, re.IGNORECASE)
+    if m is None or float(m.group(1)) <= 0:
+        raise VramBudgetError(f"--vram-budget takes a size like 6, 6GB, 6.5GiB or 512MiB, got '{text}'")
+    unit = MiB if (m.group(2) or "g").lower().startswith("m") else GiB
+    return int(float(m.group(1)) * unit)
+
+
+def free_vram() -> int | None:
+    """Free bytes on the current CUDA device, or None without CUDA (no CuPy, driver or device)."""
+    try:
+        import cupy
+        return cupy.cuda.runtime.memGetInfo()[0]
+    except (ImportError, RuntimeError):  # CUDARuntimeError is a RuntimeError
+        return None

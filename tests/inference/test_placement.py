@@ -1,0 +1,314 @@
+"""Placement arithmetic on the CPU: real tensor tables of the packaged models and llama3-8b's built from shapes."""
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from inference.placement import (CUDA_CONTEXT_BYTES, GiB, MiB, RUNTIME_RESERVE_BYTES, GpuLayersError,
+                                 PREFILL_CHUNK, VramBudgetError, free_vram, kv_bytes_per_layer, parse_gpu_layers,
+                                 parse_vram_budget, plan_placement, scratch_bytes)
+from models.config import ModelConfig, config_from_metadata
+from models.ggml_types import TYPES_BY_NAME
+from models.gguf import TensorInfo, open_gguf
+
+H100_FREE = 80552 * MiB  # memGetInfo's free on an H100 once the context exists
+
+
+def tensor(name: str, shape: tuple[int, ...], type_name: str) -> TensorInfo:
+    qtype = TYPES_BY_NAME[type_name]
+    n = 1
+    for d in shape:
+        n *= d
+    return TensorInfo(name, shape, qtype, 0, n // qtype.block_elems * qtype.block_bytes)
+
+
+def llama3_8b_q4_k_m() -> tuple[dict[str, TensorInfo], ModelConfig]:
+    """llama3-8b's tensors as llama.cpp's Q4_K_M writes them: Q6_K attn_v and ffn_down in the first and last
+    eighth of the layers and every third between (use_more_bits), Q6_K output, Q4_K elsewhere."""
+    L, d, ff, nkv, hd, vocab = 32, 4096, 14336, 8, 128, 128256
+    t = [tensor("token_embd.weight", (d, vocab), "Q4_K"), tensor("output.weight", (d, vocab), "Q6_K"),
+         tensor("output_norm.weight", (d,), "F32"), tensor("rope_freqs.weight", (hd // 2,), "F32")]
+    for i in range(L):
+        more_bits = i < L // 8 or i >= 7 * L // 8 or (i - L // 8) % 3 == 2
+        big = "Q6_K" if more_bits else "Q4_K"
+        t += [tensor(f"blk.{i}.attn_norm.weight", (d,), "F32"), tensor(f"blk.{i}.ffn_norm.weight", (d,), "F32"),
+              tensor(f"blk.{i}.attn_q.weight", (d, d), "Q4_K"),
+              tensor(f"blk.{i}.attn_k.weight", (d, nkv * hd), "Q4_K"),
+              tensor(f"blk.{i}.attn_v.weight", (d, nkv * hd), big), tensor(f"blk.{i}.attn_output.weight", (d, d), "Q4_K"),
+              tensor(f"blk.{i}.ffn_gate.weight", (d, ff), "Q4_K"), tensor(f"blk.{i}.ffn_up.weight", (d, ff), "Q4_K"),
+              tensor(f"blk.{i}.ffn_down.weight", (ff, d), big)]
+    cfg = ModelConfig(arch="llama", n_layers=L, n_embd=d, n_ff=ff, n_heads=32, n_kv_heads=nkv, head_dim=hd,
+                      v_head_dim=hd, n_vocab=vocab, n_ctx_train=8192, rms_eps=1e-5, rope_base=500000.0, rope_dim=hd,
+                      rope_scale=1.0, rope_style="normal", activation="silu")
+    return {x.name: x for x in t}, cfg
+
+
+@pytest.fixture(scope="module")
+def llama3():
+    return llama3_8b_q4_k_m()
+
+
+def test_llama3_size_matches_the_published_file(llama3):
+    tensors, _ = llama3
+    # Meta-Llama-3-8B-Instruct.Q4_K_M.gguf is 4.92 GB, ~8 MB of it metadata and vocabulary
+    assert 4.90e9 < sum(t.nbytes for t in tensors.values()) < 4.93e9
+
+
+def test_llama3_at_6_gb(llama3):
+    tensors, cfg = llama3
+    p = plan_placement(tensors, cfg, 8192, H100_FREE, vram_budget=6 * GiB)
+    assert 0 < p.n_gpu_layers < 32 and p.layers[-1] == "gpu" and p.layers[0] == "cpu"
+    assert p.output == "gpu" and p.embedding == "cpu"
+    assert p.kv_bytes == p.n_gpu_layers * 2 * 8 * 8192 * 256  # 32 MiB a layer at 8192
+    assert p.total_bytes <= 6 * GiB
+    assert p.summary().startswith(f"placement: {p.n_gpu_layers}/32 layers on GPU, layers 0-{31 - p.n_gpu_layers} "
+                                  "on CPU: VRAM budget exhausted")
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def packaged(request):
+    path = request.getfixturevalue(request.param)
+    model = open_gguf(path)
+    yield path, model.tensors, config_from_metadata(model.metadata)
+    model.close()
+
+
+# ---- what is counted ----
+
+def test_all_on_gpu_counts_every_tensor_once(packaged):
+    """Tied heads (both packaged files): token_embd is the head, counted once; with every layer on the GPU the
+    weights are the file's tensor bytes (gguf-py's block sizes), their vectors already float32."""
+    _, tensors, cfg = packaged
+    p = plan_placement(tensors, cfg, 2048, H100_FREE)
+    assert p.n_gpu_layers == cfg.n_layers and p.output == "gpu" and p.embedding == "gpu" and p.reason == ""
+    sizes = {t.type.id: GGML_QUANT_SIZES[GGMLQuantizationType(t.type.id)] for t in tensors.values()}
+    assert {t.type.name for t in tensors.values() if len(t.shape) == 1} == {"F32"}
+    assert p.weights_bytes == sum(t.n_elems // sizes[t.type.id][0] * sizes[t.type.id][1] for t in tensors.values())
+    assert p.kv_bytes == cfg.n_layers * kv_bytes_per_layer(cfg, 2048)
+    assert p.reserve_bytes == RUNTIME_RESERVE_BYTES and p.budget_bytes == H100_FREE
+
+
+def test_vram_is_the_file_size_after_repacking(packaged):
+    """The GPU keeps each matrix in cuda_layout.repack's layout: the assumption that VRAM = the file's bytes."""
+    from kernels.cuda_layout import repack
+    path, tensors, cfg = packaged
+    model = open_gguf(path)
+    for name, t in tensors.items():
+        if name.startswith("blk.0.") and len(t.shape) == 2:
+            raw = np.asarray(model.tensor_bytes(name)).reshape(t.shape[1], -1)
+            assert repack(raw, t.type).nbytes == t.nbytes, name
+    model.close()
+
+
+def test_kv_cache_is_f16_k_and_v(packaged):
+    _, _, cfg = packaged
+    n_ctx = 4096
+    # cuda_ops.kv_cache: two float16 [n_kv_heads, n_ctx, head_dim] arrays a layer
+    assert kv_bytes_per_layer(cfg, n_ctx) == 2 * 2 * cfg.n_kv_heads * n_ctx * cfg.head_dim
+
+
+def test_untied_head_and_embedding(llama3):
+    """llama3 has its own output matrix: token_embd costs VRAM only when every layer is on the GPU."""
+    tensors, cfg = llama3
+    full = plan_placement(tensors, cfg, 8192, H100_FREE)
+    assert full.n_gpu_layers == 32 and full.embedding == "gpu"
+    assert full.weights_bytes == sum(t.nbytes if len(t.shape) == 2 else 4 * t.shape[0] for t in tensors.values())
+    # one byte short of that: the last layer that does not fit is layer 0 and the embedding stays on the CPU
+    short = plan_placement(tensors, cfg, 8192, full.total_bytes - 1)
+    assert short.n_gpu_layers == 31 and short.embedding == "cpu" and short.layers[0] == "cpu"
+    assert short.weights_bytes == full.weights_bytes - tensors["token_embd.weight"].nbytes - sum(
+        t.nbytes if len(t.shape) == 2 else 4 * t.shape[0] for n, t in tensors.items() if n.startswith("blk.0."))
+    assert plan_placement(tensors, cfg, 8192, full.total_bytes).n_gpu_layers == 32
+
+
+# ---- budgets and contexts ----
+
+BUDGETS = [int(g * GiB) for g in (1.5, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 40, 80)]
+CONTEXTS = [512, 2048, 8192, 32768, 131072]
+
+
+def plans(tensors, cfg, n_ctx):
+    """Placement for each budget, None where the budget is too small."""
+    out = []
+    for budget in BUDGETS:
+        try:
+            out.append(plan_placement(tensors, cfg, n_ctx, H100_FREE, vram_budget=budget))
+        except VramBudgetError:
+            out.append(None)
+    return out
+
+
+@pytest.mark.parametrize("n_ctx", CONTEXTS)
+def test_more_budget_never_fewer_layers_and_never_over_budget(llama3, n_ctx):
+    tensors, cfg = llama3
+    ps = plans(tensors, cfg, n_ctx)
+    counts = [p.n_gpu_layers if p else 0 for p in ps]
+    assert counts == sorted(counts)
+    n_small = ps.count(None)
+    assert None not in ps[n_small:]  # too small only at the low end
+    for budget, p in zip(BUDGETS, ps):
+        if p:
+            assert p.total_bytes <= budget
+            assert p.layers == ("cpu",) * (32 - p.n_gpu_layers) + ("gpu",) * p.n_gpu_layers
+            assert p.reserve_bytes == RUNTIME_RESERVE_BYTES + CUDA_CONTEXT_BYTES
+    assert counts[-1] == 32  # 80 GB holds llama3-8b even at 131072 (16 GiB of KV cache)
+
+
+def test_longer_context_never_more_layers(llama3):
+    tensors, cfg = llama3
+    for budget in BUDGETS[3:]:
+        counts = [plan_placement(tensors, cfg, c, H100_FREE, vram_budget=budget).n_gpu_layers for c in CONTEXTS[:3]]
+        assert counts == sorted(counts, reverse=True)
+    # 128k tokens: 512 MiB of KV cache a layer, so 6 GB holds only a few layers
+    assert plan_placement(tensors, cfg, 131072, H100_FREE, vram_budget=6 * GiB).n_gpu_layers < 8
+
+
+def test_packaged_models_budgets(packaged):
+    _, tensors, cfg = packaged
+    for n_ctx in (512, 8192, 32768):
+        ps = plans(tensors, cfg, n_ctx)
+        counts = [p.n_gpu_layers if p else 0 for p in ps]
+        assert counts == sorted(counts) and counts[-1] == cfg.n_layers
+        assert all(p.total_bytes <= b for b, p in zip(BUDGETS, ps) if p)
+
+
+def test_budget_is_capped_by_free_vram(llama3):
+    tensors, cfg = llama3
+    p = plan_placement(tensors, cfg, 8192, free_vram=4 * GiB, vram_budget=80 * GiB)
+    assert p.budget_bytes == 4 * GiB + CUDA_CONTEXT_BYTES and p.total_bytes <= p.budget_bytes
+    assert p.n_gpu_layers == plan_placement(tensors, cfg, 8192, free_vram=4 * GiB).n_gpu_layers
+
+
+# ---- gpu_layers ----
+
+def test_gpu_layers_zero_is_all_cpu(llama3):
+    tensors, cfg = llama3
+    p = plan_placement(tensors, cfg, 8192, H100_FREE, gpu_layers=0)
+    assert p.layers == ("cpu",) * 32 and p.output == "cpu" and p.embedding == "cpu" and p.total_bytes == 0
+    assert p.summary() == "placement: 0/32 layers on GPU: --gpu-layers 0, everything on the CPU"
+
+
+def test_gpu_layers_explicit(llama3):
+    tensors, cfg = llama3
+    for k in (1, 8, 31, 32):
+        p = plan_placement(tensors, cfg, 8192, H100_FREE, gpu_layers=k)
+        assert p.n_gpu_layers == k and p.layers[32 - k:] == ("gpu",) * k and p.output == "gpu"
+        assert p.embedding == ("gpu" if k == 32 else "cpu")
+    assert "on CPU: --gpu-layers 8" in plan_placement(tensors, cfg, 8192, H100_FREE, gpu_layers=8).summary()
+
+
+def test_gpu_layers_more_than_fit(llama3):
+    tensors, cfg = llama3
+    fits = plan_placement(tensors, cfg, 8192, H100_FREE, vram_budget=6 * GiB).n_gpu_layers
+    assert plan_placement(tensors, cfg, 8192, H100_FREE, gpu_layers=fits, vram_budget=6 * GiB).n_gpu_layers == fits
+    with pytest.raises(VramBudgetError, match=rf"^--gpu-layers 32 needs \d+\.\d\d GiB of VRAM at ctx 8192, the budget "
+                                              rf"is 6\.00 GiB: at most {fits} layers fit$"):
+        plan_placement(tensors, cfg, 8192, H100_FREE, gpu_layers=32, vram_budget=6 * GiB)
+
+
+@pytest.mark.parametrize("bad", [33, 99, -1])
+def test_gpu_layers_out_of_range(llama3, bad):
+    tensors, cfg = llama3
+    with pytest.raises(GpuLayersError, match=r"^--gpu-layers must be 'auto' or 0\.\.32 \(the model has 32 layers\)"):
+        plan_placement(tensors, cfg, 8192, H100_FREE, gpu_layers=bad)
+
+
+# ---- too small ----
+
+def test_budget_too_small_names_the_sizes(llama3):
+    tensors, cfg = llama3
+    with pytest.raises(VramBudgetError) as e:
+        plan_placement(tensors, cfg, 8192, H100_FREE, vram_budget=1 * GiB)
+    msg = str(e.value)
+    assert "\n" not in msg
+    head = tensors["output.weight"].nbytes + 4 * 4096 + 4 * 64
+    assert msg.startswith(f"VRAM budget 1.00 GiB is too small for the GPU: the output head ({head / GiB:.2f} GiB), "
+                          "one layer (")
+    assert "0.03 GiB KV cache at ctx 8192" in msg and "use --gpu-layers 0 (CPU)" in msg
+
+
+def test_smallest_budget_that_loads_holds_one_layer(packaged):
+    _, tensors, cfg = packaged
+    one = plan_placement(tensors, cfg, 8192, H100_FREE, gpu_layers=1)
+    p = plan_placement(tensors, cfg, 8192, one.total_bytes)
+    assert p.n_gpu_layers == 1 and p.total_bytes == one.total_bytes
+    with pytest.raises(VramBudgetError):
+        plan_placement(tensors, cfg, 8192, one.total_bytes - 1)
+
+
+def test_budget_below_the_reserve(packaged):
+    _, tensors, cfg = packaged
+    with pytest.raises(VramBudgetError, match="too small"):
+        plan_placement(tensors, cfg, 512, H100_FREE, vram_budget=100 * MiB)
+
+
+# ---- summary ----
+
+def test_summary_all_on_gpu(packaged):
+    _, tensors, cfg = packaged
+    lines = plan_placement(tensors, cfg, 2048, H100_FREE).summary().splitlines()
+    n = cfg.n_layers
+    assert lines[0] == f"placement: {n}/{n} layers on GPU"
+    assert lines[1].startswith(f"  VRAM ") and f"(layers 0-{n - 1} + output head)" in lines[1]
+    assert "(ctx 2048, f16)" in lines[1] and "of 78.66 GiB budget" in lines[1]
+    assert lines[2] == "  token embeddings and output head on GPU"
+
+
+def test_summary_one_cpu_layer(llama3):
+    tensors, cfg = llama3
+    s = plan_placement(tensors, cfg, 8192, H100_FREE, gpu_layers=31).summary()
+    assert s.splitlines()[0] == "placement: 31/32 layers on GPU, layer 0 on CPU: --gpu-layers 31"
+
+
+# ---- parsing ----
+
+@pytest.mark.parametrize("text, expected", [("6", 6 * GiB), ("6GB", 6 * GiB), ("6.5GiB", int(6.5 * GiB)),
+                                            ("6 gb", 6 * GiB), ("512MiB", 512 * MiB), ("512mb", 512 * MiB),
+                                            ("0.5", GiB // 2), ("24g", 24 * GiB)])
+def test_parse_vram_budget(text, expected):
+    assert parse_vram_budget(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "0", "-1", "six", "6TB", "6 GB extra", "1e9"])
+def test_parse_vram_budget_rejects(text):
+    with pytest.raises(VramBudgetError, match=r"^--vram-budget takes a size like 6, 6GB, 6.5GiB or 512MiB, got"):
+        parse_vram_budget(text)
+
+
+def test_parse_gpu_layers():
+    assert parse_gpu_layers("auto") == "auto" and parse_gpu_layers("AUTO") == "auto"
+    assert parse_gpu_layers("0") == 0 and parse_gpu_layers("24") == 24
+    for bad in ("-1", "all", "2.5", ""):
+        with pytest.raises(GpuLayersError, match="^--gpu-layers takes 'auto' or a number of layers"):
+            parse_gpu_layers(bad)
+
+
+def test_free_vram_without_cupy(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "cupy", None)  # import cupy raises ImportError
+    assert free_vram() is None
+
+
+@pytest.mark.gpu
+def test_free_vram_on_a_gpu():
+    import cupy
+    free, total = cupy.cuda.runtime.memGetInfo()
+    assert 0 < free_vram() <= total
+
+
+@pytest.mark.gpu
+def test_counts_cover_what_the_kernels_allocate(llama3):
+    """KV cache and the kernels' own scratch (prefill Scratch, attention splits, sampler) within the counts."""
+    import cupy as cp
+
+    from kernels import cuda_ops
+    from kernels.cuda_prefill import Scratch
+    tensors, cfg = llama3
+    k, v = cuda_ops.kv_cache(cfg.n_kv_heads, 8192, cfg.head_dim)
+    assert k.nbytes + v.nbytes == kv_bytes_per_layer(cfg, 8192)
+    largest = max(t.n_elems for name, t in tensors.items() if name.startswith("blk.") and len(t.shape) == 2)
+    max_cols = max(cfg.n_embd, cfg.n_ff, cfg.n_heads * cfg.v_head_dim)
+    pool = cp.get_default_memory_pool()
+    before = pool.used_bytes()
+    buffers = (Scratch.empty(PREFILL_CHUNK, max_cols, largest), cuda_ops.argmax_scratch(),
+               cuda_ops.decode_scratch(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim), cuda_ops.sample_scratch(cfg.n_vocab))
+    kernel_bytes = pool.used_bytes() - before
+    assert buffers and 2 * largest < kernel_bytes <= scratch_bytes(tensors, cfg)
