@@ -340,3 +340,21 @@ def test_command_palette_runs_chat_actions(store, smollm2):
     opened, titles = asyncio.run(run())
     assert opened.title == "New chat" and opened.id != chat.id
     assert titles == ["New chat", "Old"]
+
+
+def test_model_picker_sets_the_chat_model_and_a_bad_path_is_a_message(store, smollm2, tmp_path):
+    async def run():
+        app = make_app(store, smollm2)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.engine is not None)
+            await pilot.press("ctrl+o")
+            listed = [str(o.id) for o in app.screen.query_one("OptionList").options]
+            await pilot.press("tab", *str(tmp_path / "missing.gguf"), "enter")
+            await wait_for(pilot, lambda: any(n.startswith("Could not load") for n in notes(app)))
+            return listed, store.get_chat(app.chat.id).model, notes(app), app.query_one(StatusBar).state
+
+    listed, model, shown, state = asyncio.run(run())
+    assert listed[0] == str(smollm2)
+    assert model == str(tmp_path / "missing.gguf")
+    assert any(str(tmp_path / "missing.gguf") in n and "Traceback" not in n for n in shown)
+    assert state.startswith("not loaded")
