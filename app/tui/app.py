@@ -85,10 +85,12 @@ class ChatApp(App):
                                       replace(self.new_chat_sampling))
 
     async def open_chat(self, chat: Chat) -> None:
-        if self.reply_view is not None:  # a reply still streams into the store; its view goes away
+        if self.reply_waits_for_model:
+            await self.end_reply("stopped", None)
+        elif self.reply_view is not None:  # the reply is stopped and ends in the store; its view goes away
+            self.stop_event.set()
             await self.reply_view.finish(self.reply_view.message)
             self.reply_view = None
-            self.stop_event.set()
         self.chat = chat
         self.sub_title = chat.title
         messages = self.store.messages(chat.id)

@@ -358,3 +358,24 @@ def test_model_picker_sets_the_chat_model_and_a_bad_path_is_a_message(store, smo
     assert model == str(tmp_path / "missing.gguf")
     assert any(str(tmp_path / "missing.gguf") in n and "Traceback" not in n for n in shown)
     assert state.startswith("not loaded")
+
+
+def test_switching_chats_mid_reply_stops_it_in_its_own_chat(store, smollm2):
+    other = store.create_chat("Other", str(smollm2))
+    store.add_message(other.id, "user", "Earlier question")
+
+    async def run():
+        app = make_app(store, smollm2, max_tokens=400)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("ctrl+n")
+            await send(pilot, "Write a long story about a dragon.")
+            story = app.chat
+            await wait_for(pilot, lambda: app.reply_view is not None and len(app.reply_view.message.content) > 10)
+            await pilot.click("#chats", offset=(2, 1))  # Other
+            await wait_for(pilot, lambda: app.reply is None, timeout=10)
+            return app.chat.title, [v.message.content for v in views(app)], store.messages(story.id)
+
+    title, shown, (asked, reply) = asyncio.run(run())
+    assert (title, shown) == ("Other", ["Earlier question"])
+    assert asked.content == "Write a long story about a dragon."
+    assert reply.state == "stopped" and len(reply.content) > 10
