@@ -344,7 +344,8 @@ class ChatApp(App):
     async def action_pick_model(self) -> None:
         if self.refuse_while_replying():
             return
-        model = await self.push_screen_wait(ModelPicker(known_models(self.store, self.new_chat_model), self.model_of(self.chat)))
+        models = known_models(self.store, self.new_chat_model)
+        model = await self.push_screen_wait(ModelPicker(models, self.model_of(self.chat)))
         if model:
             self.chat.model = model
             self.store.update_chat(self.chat)

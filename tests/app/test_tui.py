@@ -142,9 +142,12 @@ def test_edit_and_resend_the_last_message(store, smollm2):
             left = store.messages(app.chat.id)
             await pilot.press(*" Just one word.", "enter")
             await wait_for(pilot, replied(app, store))
-            return in_box, left, store.messages(app.chat.id), [v.message.content for v in views(app)]
+            await pilot.press("up")  # in the empty box: the last message sent comes back
+            recalled = app.query_one(PromptInput).text
+            return in_box, left, store.messages(app.chat.id), [v.message.content for v in views(app)], recalled
 
-    in_box, left, after, shown = asyncio.run(run())
+    in_box, left, after, shown, recalled = asyncio.run(run())
+    assert recalled == "Name a fruit. Just one word."
     assert in_box == "Name a fruit." and left == []
     assert [(m.role, m.state) for m in after] == [("user", "done"), ("assistant", "done")]
     assert after[0].content == "Name a fruit. Just one word." and after[1].content

@@ -3,7 +3,6 @@
 Deterministic: stored stats instead of measured ones, a fixed context size, no notifications, no focused
 text box (its blinking cursor would depend on the instant of the snapshot).
 """
-import asyncio
 
 import pytest
 

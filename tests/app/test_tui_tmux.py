@@ -60,7 +60,8 @@ def tmux(tmp_path):
 def test_chat_in_a_real_terminal_survives_kill(tmux, tmp_path):
     home = tmp_path / "home"
     command = (f"cd {shlex.quote(str(ROOT))} && GGUF_CHAT_HOME={shlex.quote(str(home))} exec {sys.executable} "
-               "-m app.cli chat --ctx 512 --temperature 0 --max-tokens 200 --system 'You are a helpful assistant. Answer briefly.'")
+               "-m app.cli chat --ctx 512 --temperature 0 --max-tokens 200 "
+               "--system 'You are a helpful assistant. Answer briefly.'")
     tmux.start(command)
     tmux.wait_for("ctx 0/512")  # the model is loaded
 
