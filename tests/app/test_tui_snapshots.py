@@ -47,6 +47,8 @@ async def settle(pilot) -> None:
     while pilot.app.engine is None or not prompt.has_focus:
         await pilot.pause(0.1)
     pilot.app.clear_notifications()
+    while pilot.app.screen.query("Toast"):  # the load-time notice leaves a frame later
+        await pilot.pause(0.05)
     pilot.app.set_focus(None)  # no blinking cursor: whether it shows depends on the instant
     await pilot.pause()
 
