@@ -68,15 +68,19 @@ def test_send_streams_a_reply_and_typing_stays_responsive(store, smollm2):
         app = make_app(store, smollm2, max_tokens=32)
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: app.engine is not None)
-            await send(pilot, "What is the capital of France?")
-            await wait_for(pilot, lambda: app.reply is not None)
-            # Watch with plain sleeps: Pilot's pause and press wait until the app is idle, i.e. the reply is done.
+            # Watch with plain sleeps: Pilot's press and pause wait until the app is idle, by which time a
+            # short reply can be complete.
             prompt, states = app.query_one(PromptInput), []
-            while app.reply is not None:
-                states.append((app.reply_view.message.content, prompt.text))
-                if states[-1][0] and not prompt.text:
-                    for key in "next":  # typed while the reply streams
-                        prompt.post_message(events.Key(key, key))
+            await pilot.press(*"What is the capital of France?")
+            prompt.post_message(events.Key("enter", None))
+            deadline = time.monotonic() + 120
+            while not replied(app, store)():
+                assert time.monotonic() < deadline, "timed out"
+                if app.reply_view is not None:
+                    states.append((app.reply_view.message.content, prompt.text))
+                    if states[-1][0] and not prompt.text:
+                        for key in "next":  # typed while the reply streams
+                            prompt.post_message(events.Key(key, key))
                 await asyncio.sleep(0.01)
             user, reply = store.messages(app.chat.id)
             history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user.content}]
