@@ -28,6 +28,14 @@ class Tmux:
         self("send-keys", "-t", "chat", "-l", command)
         self("send-keys", "-t", "chat", "Enter")
 
+    def wait_closed(self) -> None:
+        """Until the session whose process was killed is gone and its server has exited."""
+        deadline = time.monotonic() + 30
+        while subprocess.run(["tmux", "-L", self.socket, "list-sessions"], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(0.5)
+
     def screen(self) -> str:
         return self("capture-pane", "-p", "-t", "chat")
 
@@ -89,7 +97,7 @@ def test_chat_in_a_real_terminal_survives_kill(tmux, tmp_path):
     partial, state = saved_reply(home)
     assert state == "streaming"
 
-    tmux("kill-server")
+    tmux.wait_closed()
     tmux.start(command)
     screen = tmux.wait_for("interrupted: the app was closed mid-reply")
     assert partial.splitlines()[0][:30] in screen
