@@ -5,10 +5,10 @@ Command modules import their heavy dependencies inside their run function, so `g
 import argparse
 import sys
 
-from app import cmd_bench, cmd_info, cmd_list, cmd_pull, cmd_rm, cmd_run
+from app import cmd_bench, cmd_chat, cmd_info, cmd_list, cmd_pull, cmd_rm, cmd_run
 from models.errors import UserError
 
-COMMANDS = [cmd_info, cmd_pull, cmd_list, cmd_rm, cmd_run, cmd_bench]
+COMMANDS = [cmd_info, cmd_pull, cmd_list, cmd_rm, cmd_run, cmd_bench, cmd_chat]
 
 
 def build_parser() -> argparse.ArgumentParser:

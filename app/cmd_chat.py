@@ -1,0 +1,31 @@
+"""`gguf-chat chat [MODEL]`: the terminal chat, with chats saved in $GGUF_CHAT_HOME (or XDG_DATA_HOME)."""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("chat", help="chat in the terminal; chats are saved and found again")
+    p.add_argument("model", nargs="?", help="model for new chats: a .gguf path, owner/repo[:QUANT] or a pulled "
+                   "name (default: $GGUF_CHAT_MODEL, config.toml's default_model, else the packaged SmolLM2)")
+    p.add_argument("--system", default="", help="system prompt of new chats")
+    p.add_argument("--temperature", type=float, default=0.8, help="of new chats; 0 = greedy (default 0.8)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="longest reply of new chats (default 1024)")
+    p.add_argument("--ctx", type=int, help="context size in tokens (default: what fits, up to the model's)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from app.store import ChatStore, Sampling, default_db_path
+    from app.tui.app import ChatApp
+    from app.tui.model_picker import default_model
+
+    model = args.model or default_model()
+    if Path(model).is_file():
+        model = str(Path(model).resolve())  # chats remember it: make it independent of the current folder
+    store = ChatStore(default_db_path())
+    try:
+        sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
+        ChatApp(store, model, sampling, args.system, args.ctx).run()
+    finally:
+        store.close()
+    return 0

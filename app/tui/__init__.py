@@ -1,0 +1,1 @@
+"""The terminal chat (`gguf-chat chat`), built on textual."""

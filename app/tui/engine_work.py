@@ -1,0 +1,72 @@
+"""The two jobs that run off the UI thread, loading a model and writing a reply, as plain functions.
+
+They report through `post` (the app's post_message) with the messages of app/tui/events.py and never
+raise: an error the user can cause becomes a readable line in the UI, and the app stays up.
+"""
+import threading
+import time
+from dataclasses import asdict
+
+from app.store import Chat, Message, Sampling
+from app.tui.events import ModelFailed, ModelLoaded, ModelProgress, ReplyFailed, ReplyFinished, ReplyPiece
+from models.errors import UserError
+
+
+def error_text(e: Exception) -> str:
+    if isinstance(e, UserError):
+        return str(e)
+    if isinstance(e, MemoryError):
+        return "out of memory: try a smaller model, a smaller context or fewer GPU layers"
+    return f"{type(e).__name__}: {e}"
+
+
+def load_model(model: str, ctx: int | None, post) -> None:
+    from inference import load  # heavy: numba, and CuPy when there is a GPU
+
+    def progress(file: str, done: int, total: int) -> None:
+        post(ModelProgress(model, file, done, total))
+
+    start = time.monotonic()
+    try:
+        engine = load(model, ctx=ctx, progress=progress)
+    except Exception as e:  # noqa: BLE001 - any failure is shown, never a crash
+        post(ModelFailed(model, error_text(e)))
+        return
+    post(ModelLoaded(model, engine, time.monotonic() - start))
+
+
+def chat_history(chat: Chat, messages: list[Message]) -> list[dict]:
+    """What the model sees: the system prompt, then every message that has text."""
+    history = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
+    return history + [{"role": m.role, "content": m.content} for m in messages if m.content]
+
+
+def stats_dict(stats, prompt_length: int) -> dict:
+    """The reply's GenerationStats, its rates, and the context it fills (prompt_tokens counts only the
+    tokens not reused from the cache, so the prompt's full length comes apart)."""
+    return asdict(stats) | {"prompt_tok_s": stats.prompt_tok_s, "generation_tok_s": stats.generation_tok_s,
+                            "context_tokens": prompt_length + stats.generated_tokens}
+
+
+def generate_reply(engine, history: list[dict], sampling: Sampling, stop: threading.Event, post) -> None:
+    """Stream a reply piece by piece; when `stop` is set, close the generator at the next piece."""
+    stats = None
+    try:
+        pieces = engine.generate(history, **asdict(sampling))
+        try:
+            for piece in pieces:
+                if stop.is_set():
+                    break
+                if isinstance(piece, str):
+                    post(ReplyPiece(piece))
+                else:
+                    stats = piece
+        finally:
+            pieces.close()
+    except Exception as e:  # noqa: BLE001 - context full, out of memory...: shown, never a crash
+        post(ReplyFailed(error_text(e)))
+        return
+    if stats is None:
+        post(ReplyFinished(None, stopped=True))
+    else:
+        post(ReplyFinished(stats_dict(stats, len(engine.prompt_ids(history))), stopped=False))

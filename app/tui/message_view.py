@@ -1,0 +1,83 @@
+"""One message of a chat: who said it, the text as Markdown, and for a reply its speed and token counts."""
+import re
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Label, Markdown, Static
+
+from app.store import Message
+
+CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+STATE_NOTES = {"stopped": "stopped", "interrupted": "interrupted: the app was closed mid-reply",
+               "error": "failed"}
+
+
+def stats_line(stats: dict | None, state: str) -> str:
+    """`12 tokens · 41.3 tok/s · prompt 35 tokens` plus how the reply ended when it did not end normally."""
+    parts = []
+    if stats:
+        parts.append(f"{stats['generated_tokens']} tokens")
+        if stats.get("generation_tok_s"):
+            parts.append(f"{stats['generation_tok_s']:.1f} tok/s")
+        parts.append(f"prompt {stats['prompt_tokens']} tokens")
+        if stats.get("finish_reason") in ("length", "context full"):
+            parts.append(f"ended: {stats['finish_reason']}")
+    if state in STATE_NOTES:
+        parts.append(STATE_NOTES[state])
+    return " · ".join(parts)
+
+
+def last_code_block(text: str) -> str | None:
+    blocks = CODE_BLOCK.findall(text)
+    return blocks[-1] if blocks else None
+
+
+class MessageView(Vertical, can_focus=True):
+    """Focus a message (Tab or click) to copy it or its last code block."""
+
+    BINDINGS = [
+        Binding("c", "copy", "Copy message"),
+        Binding("k", "copy_code", "Copy code block"),
+    ]
+
+    def __init__(self, message: Message, author: str):
+        super().__init__(classes=message.role)
+        self.message = message
+        self.author = author
+        self._stream = None
+
+    def compose(self) -> ComposeResult:
+        yield Label(self.author, classes="author")
+        yield Markdown(self.message.content)
+        line = stats_line(self.message.stats, self.message.state)
+        yield Static(line, classes="stats" if line else "stats -empty")
+
+    async def append(self, text: str) -> None:
+        """Stream text onto the end of the Markdown without re-rendering what is there."""
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.query_one(Markdown))
+        self.message.content += text
+        await self._stream.write(text)
+
+    async def finish(self, message: Message) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.message = message
+        line = stats_line(message.stats, message.state)
+        self.query_one(".stats", Static).update(line)
+        self.query_one(".stats", Static).set_class(not line, "-empty")
+
+    def action_copy(self) -> None:
+        self.app.copy_to_clipboard(self.message.content)
+        self.notify("Message copied to the clipboard")
+
+    def action_copy_code(self) -> None:
+        code = last_code_block(self.message.content)
+        if code is None:
+            self.notify("This message has no code block", severity="warning")
+            return
+        self.app.copy_to_clipboard(code)
+        self.notify("Code block copied to the clipboard")

@@ -1,0 +1,29 @@
+"""One line under the chat: model, where its layers run, speed of the last reply, context used."""
+from textual.reactive import reactive
+from textual.widgets import Static
+
+
+class StatusBar(Static):
+    model = reactive("no model")
+    state = reactive("")           # 'loading…', 'generating…', an error, or '' when idle
+    placement = reactive("")       # e.g. 'CPU 30/30 layers' or 'GPU 24 · CPU 6 layers'
+    tok_s = reactive(0.0)          # generation speed of the last reply
+    ctx_used = reactive(0)
+    n_ctx = reactive(0)
+
+    def render(self) -> str:
+        parts = [self.model]
+        if self.state:
+            parts.append(self.state)
+        if self.placement:
+            parts.append(self.placement)
+        if self.tok_s:
+            parts.append(f"{self.tok_s:.1f} tok/s")
+        if self.n_ctx:
+            parts.append(f"ctx {self.ctx_used}/{self.n_ctx}")
+        return " │ ".join(parts)
+
+
+def placement_text(engine) -> str:
+    """Where the layers run. The engine runs every layer on the CPU for now; GPU placement plugs in here."""
+    return f"CPU {engine.config.n_layers}/{engine.config.n_layers} layers"

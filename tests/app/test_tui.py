@@ -1,0 +1,388 @@
+"""Pilot tests that drive the real app on SmolLM2 on the CPU (greedy, short replies)."""
+import asyncio
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from textual import events
+
+from app.store import ChatStore, Sampling
+from app.tui.app import ChatApp
+from app.tui.conversation import Conversation
+from app.tui.message_view import MessageView
+from app.tui.prompt_input import PromptInput
+from app.tui.status_bar import StatusBar
+
+SYSTEM = "You are a helpful assistant. Answer briefly."
+SIZE = (100, 36)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_app(store, model, max_tokens=16, ctx=512) -> ChatApp:
+    return ChatApp(store, str(model), Sampling(temperature=0.0, max_tokens=max_tokens), SYSTEM, ctx)
+
+
+async def wait_for(pilot, condition, timeout=120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await pilot.pause(0.05)
+
+
+async def send(pilot, text: str) -> None:
+    await pilot.press(*text)
+    await pilot.press("enter")
+
+
+def replied(app, store, after: int = 0):
+    """A condition: the app is idle and the chat ends with a finished reply newer than message id `after`."""
+    def done():
+        messages = store.messages(app.chat.id)
+        return (app.reply is None and messages and messages[-1].role == "assistant"
+                and messages[-1].state != "streaming" and messages[-1].id > after)
+    return done
+
+
+def views(app) -> list[MessageView]:
+    return list(app.query_one(Conversation).query(MessageView))
+
+
+def notes(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    yield store
+    store.close()
+
+
+def test_send_streams_a_reply_and_typing_stays_responsive(store, smollm2):
+    async def run():
+        app = make_app(store, smollm2, max_tokens=32)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.engine is not None)
+            # Watch with plain sleeps: Pilot's press and pause wait until the app is idle, by which time a
+            # short reply can be complete.
+            prompt, states = app.query_one(PromptInput), []
+            await pilot.press(*"What is the capital of France?")
+            prompt.post_message(events.Key("enter", None))
+            deadline = time.monotonic() + 120
+            while not replied(app, store)():
+                assert time.monotonic() < deadline, "timed out"
+                if app.reply_view is not None:
+                    states.append((app.reply_view.message.content, prompt.text))
+                    if states[-1][0] and not prompt.text:
+                        for key in "next":  # typed while the reply streams
+                            prompt.post_message(events.Key(key, key))
+                await asyncio.sleep(0.01)
+            user, reply = store.messages(app.chat.id)
+            history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user.content}]
+            expected = "".join(p for p in app.engine.generate(history, max_tokens=32, temperature=0.0)
+                               if isinstance(p, str))
+            return app, user, reply, states, expected
+
+    app, user, reply, states, expected = asyncio.run(run())
+    assert (user.content, user.state) == ("What is the capital of France?", "done")
+    assert reply.state == "done" and reply.content == expected and "Paris" in reply.content
+    shown = {content for content, _ in states}
+    assert len(shown) >= 3  # the view grew piece by piece, not all at once
+    assert all(reply.content.startswith(s) for s in shown)
+    # the box took the keys while the reply was still growing
+    assert any(typed == "next" and content != reply.content for content, typed in states)
+    assert reply.stats["generated_tokens"] <= 32 and reply.stats["generation_tok_s"] > 0
+    assert app.chat.title == "What is the capital of France?"
+
+
+def test_escape_stops_mid_reply(store, smollm2):
+    async def run():
+        app = make_app(store, smollm2, max_tokens=400)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, "Write a long story about a dragon.")
+            await wait_for(pilot, lambda: app.reply_view is not None and len(app.reply_view.message.content) > 10)
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.reply is None, timeout=10)
+            shown = views(app)[-1].query_one(".stats").render()
+            return store.messages(app.chat.id), str(shown)
+
+    (user, reply), shown = asyncio.run(run())
+    assert reply.state == "stopped" and len(reply.content) > 10
+    assert reply.stats is None  # stopped before the engine's final stats
+    assert "stopped" in shown
+
+
+def test_regenerate_replaces_the_last_reply(store, smollm2):
+    async def run():
+        app = make_app(store, smollm2)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, "Say hello.")
+            await wait_for(pilot, replied(app, store))
+            first = store.messages(app.chat.id)
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, replied(app, store, after=first[1].id))
+            return first, store.messages(app.chat.id), [v.message.content for v in views(app)]
+
+    first, second, shown = asyncio.run(run())
+    assert len(second) == 2 and second[0] == first[0]
+    assert second[1].id != first[1].id and second[1].state == "done"
+    assert second[1].content == first[1].content  # greedy: the same reply again
+    assert shown == [m.content for m in second]
+
+
+def test_edit_and_resend_the_last_message(store, smollm2):
+    async def run():
+        app = make_app(store, smollm2)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, "Name a fruit.")
+            await wait_for(pilot, replied(app, store))
+            await pilot.press("ctrl+g")
+            in_box = app.query_one(PromptInput).text
+            left = store.messages(app.chat.id)
+            await pilot.press(*" Just one word.", "enter")
+            await wait_for(pilot, replied(app, store))
+            await pilot.press("up")  # in the empty box: the last message sent comes back
+            recalled = app.query_one(PromptInput).text
+            return in_box, left, store.messages(app.chat.id), [v.message.content for v in views(app)], recalled
+
+    in_box, left, after, shown, recalled = asyncio.run(run())
+    assert recalled == "Name a fruit. Just one word."
+    assert in_box == "Name a fruit." and left == []
+    assert [(m.role, m.state) for m in after] == [("user", "done"), ("assistant", "done")]
+    assert after[0].content == "Name a fruit. Just one word." and after[1].content
+    assert shown == [m.content for m in after]
+
+
+def test_switch_chats_and_search(store, smollm2):
+    cats = store.create_chat("Cats", str(smollm2))
+    store.add_message(cats.id, "user", "Do cats purr?")
+    store.add_message(cats.id, "assistant", "Yes, cats **purr**.")
+    dogs = store.create_chat("Dogs", str(smollm2))
+    store.add_message(dogs.id, "user", "Do dogs bark?")
+    store.add_message(dogs.id, "assistant", "Yes, dogs bark.")
+
+    async def run():
+        app = make_app(store, smollm2)
+        async with app.run_test(size=SIZE) as pilot:
+            opened = [v.message.content for v in views(app)]  # the most recent chat opens first
+            await pilot.click("#chats", offset=(2, 1))  # the second row: Cats
+            await pilot.pause()
+            switched = (app.chat.title, [v.message.content for v in views(app)])
+            await pilot.press("ctrl+f", *"bark")
+            await pilot.pause()
+            found = [item.chat.title for item in app.query("ChatItem")]
+            return opened, switched, found
+
+    opened, switched, found = asyncio.run(run())
+    assert opened == ["Do dogs bark?", "Yes, dogs bark."]
+    assert switched == ("Cats", ["Do cats purr?", "Yes, cats **purr**."])
+    assert found == ["Dogs"]
+
+
+KILLED_APP = """
+import asyncio, sys, time
+from pathlib import Path
+from app.store import ChatStore, Sampling
+from app.tui.app import ChatApp
+
+async def main():
+    store = ChatStore(Path(sys.argv[1]))
+    app = ChatApp(store, sys.argv[2], Sampling(temperature=0.0, max_tokens=400), "", 512)
+    async with app.run_test() as pilot:
+        await pilot.press("ctrl+n")
+        await pilot.press(*"Tell me a long story about a cat.", "enter")
+        while not (app.reply and len(app.reply.text) > 40):
+            await pilot.pause(0.05)
+        await pilot.pause(0.5)  # past the 0.25 s save interval
+        print("streaming", flush=True)
+        await pilot.pause(600)
+
+asyncio.run(main())
+"""
+
+
+def test_restart_finds_chats_as_they_were_with_a_killed_reply(tmp_path, smollm2):
+    path = tmp_path / "chats.sqlite3"
+    store = ChatStore(path)
+
+    async def first_session():
+        app = make_app(store, smollm2)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, "Hi!")
+            await wait_for(pilot, replied(app, store))
+            return [(m.role, m.content) for m in store.messages(app.chat.id)]
+
+    before = asyncio.run(first_session())
+    store.close()
+
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_APP, str(path), str(smollm2)], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 300)
+        assert ready and proc.stdout.readline() == "streaming\n"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    store = ChatStore(path)
+
+    async def second_session():
+        app = make_app(store, smollm2)
+        async with app.run_test(size=SIZE) as pilot:
+            killed = [(v.message.role, v.message.state, v.message.content, str(v.query_one(".stats").render()))
+                      for v in views(app)]
+            await pilot.click("#chats", offset=(2, 1))
+            await pilot.pause()
+            earlier = [(v.message.role, v.message.content) for v in views(app)]
+            return [c.title for c in store.list_chats()], killed, earlier
+
+    titles, killed, earlier = asyncio.run(second_session())
+    store.close()
+    assert titles == ["Tell me a long story about a cat.", "Hi!"]
+    assert earlier == before
+    (_, _, asked, _), (role, state, partial, note) = killed
+    assert asked == "Tell me a long story about a cat."
+    assert (role, state) == ("assistant", "interrupted") and len(partial) > 40
+    assert "interrupted" in note
+
+
+def test_bad_model_file_is_a_message_not_a_crash(store, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"this is not a gguf file" * 10)
+
+    async def run():
+        app = make_app(store, bad)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.query_one(StatusBar).state.startswith("not loaded"))
+            await send(pilot, "Hello?")
+            await wait_for(pilot, lambda: app.reply is None and len(store.messages(app.chat.id)) == 2)
+            return notes(app), store.messages(app.chat.id), app.is_running
+
+    shown, (user, reply), running = asyncio.run(run())
+    assert running
+    assert any(n.startswith(f"Could not load {tmp_path / 'bad.gguf'}: ") and "Traceback" not in n for n in shown)
+    assert reply.state == "error"
+
+
+def test_prompt_longer_than_the_context_is_a_message(store, smollm2):
+    async def run():
+        app = make_app(store, smollm2, ctx=32)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, "Tell me everything you know about the history of the Roman Empire, please.")
+            await wait_for(pilot, lambda: len(store.messages(app.chat.id)) == 2 and app.reply is None)
+            return notes(app), store.messages(app.chat.id)[-1]
+
+    shown, reply = asyncio.run(run())
+    assert reply.state == "error"
+    assert any("context" in n for n in shown)
+
+
+def test_context_full_ends_the_reply_with_a_warning(store, smollm2):
+    async def run():
+        app = make_app(store, smollm2, max_tokens=200, ctx=48)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, "Count from one to fifty.")
+            await wait_for(pilot, lambda: len(store.messages(app.chat.id)) == 2 and app.reply is None)
+            return notes(app), store.messages(app.chat.id)[-1], app.query_one(StatusBar)
+
+    shown, reply, status = asyncio.run(run())
+    assert reply.state == "done" and reply.stats["finish_reason"] == "context full"
+    assert any(n.startswith("The context is full") for n in shown)
+    assert status.ctx_used == 48 and status.n_ctx == 48
+
+
+def test_copy_rename_delete_and_settings(store, smollm2):
+    chat = store.create_chat("Code", str(smollm2))
+    store.add_message(chat.id, "user", "Show code.")
+    store.add_message(chat.id, "assistant", "Here:\n\n```python\nprint(1)\n```\n\nDone.")
+
+    async def run():
+        app = make_app(store, smollm2)
+        async with app.run_test(size=SIZE) as pilot:
+            views(app)[-1].focus()
+            await pilot.press("k")
+            code = app.clipboard
+            await pilot.press("c")
+            message = app.clipboard
+            await pilot.press("f2", "ctrl+u", *"Python code", "enter")
+            await pilot.pause()
+            renamed = (store.get_chat(chat.id).title, app.sub_title)
+            await pilot.press("ctrl+s")
+            settings = app.screen.query_one("#temperature")
+            settings.value = "0.3"
+            app.screen.query_one("#system_prompt").load_text("Be terse.")
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            saved = store.get_chat(chat.id)
+            await pilot.press("f8", "y")
+            await pilot.pause()
+            return code, message, renamed, saved, store.list_chats(), [v.message.content for v in views(app)]
+
+    code, message, renamed, saved, left, shown = asyncio.run(run())
+    assert code == "print(1)\n"
+    assert message == "Here:\n\n```python\nprint(1)\n```\n\nDone."
+    assert renamed == ("Python code", "Python code")
+    assert (saved.sampling.temperature, saved.system_prompt) == (0.3, "Be terse.")
+    assert [c.title for c in left] == ["New chat"] and shown == []  # the last chat gone, a new one opened
+
+
+def test_command_palette_runs_chat_actions(store, smollm2):
+    chat = store.create_chat("Old", str(smollm2))
+    store.add_message(chat.id, "user", "Hello")
+
+    async def run():
+        app = make_app(store, smollm2)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("ctrl+p", *"new chat")
+            await pilot.pause(0.5)  # the palette searches in the background
+            await pilot.press("enter")
+            await pilot.pause()
+            return app.chat, [c.title for c in store.list_chats()]
+
+    opened, titles = asyncio.run(run())
+    assert opened.title == "New chat" and opened.id != chat.id
+    assert titles == ["New chat", "Old"]
+
+
+def test_model_picker_sets_the_chat_model_and_a_bad_path_is_a_message(store, smollm2, tmp_path):
+    async def run():
+        app = make_app(store, smollm2)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.engine is not None)
+            await pilot.press("ctrl+o")
+            listed = [str(o.id) for o in app.screen.query_one("OptionList").options]
+            await pilot.press("tab", *str(tmp_path / "missing.gguf"), "enter")
+            await wait_for(pilot, lambda: any(n.startswith("Could not load") for n in notes(app)))
+            return listed, store.get_chat(app.chat.id).model, notes(app), app.query_one(StatusBar).state
+
+    listed, model, shown, state = asyncio.run(run())
+    assert listed[0] == str(smollm2)
+    assert model == str(tmp_path / "missing.gguf")
+    assert any(str(tmp_path / "missing.gguf") in n and "Traceback" not in n for n in shown)
+    assert state.startswith("not loaded")
+
+
+def test_switching_chats_mid_reply_stops_it_in_its_own_chat(store, smollm2):
+    other = store.create_chat("Other", str(smollm2))
+    store.add_message(other.id, "user", "Earlier question")
+
+    async def run():
+        app = make_app(store, smollm2, max_tokens=400)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("ctrl+n")
+            await send(pilot, "Write a long story about a dragon.")
+            story = app.chat
+            await wait_for(pilot, lambda: app.reply_view is not None and len(app.reply_view.message.content) > 10)
+            await pilot.click("#chats", offset=(2, 1))  # Other
+            await wait_for(pilot, lambda: app.reply is None, timeout=10)
+            return app.chat.title, [v.message.content for v in views(app)], store.messages(story.id)
+
+    title, shown, (asked, reply) = asyncio.run(run())
+    assert (title, shown) == ("Other", ["Earlier question"])
+    assert asked.content == "Write a long story about a dragon."
+    assert reply.state == "stopped" and len(reply.content) > 10
