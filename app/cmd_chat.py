@@ -9,6 +9,8 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.8, help="of new chats; 0 = greedy (default 0.8)")
     p.add_argument("--max-tokens", type=int, default=1024, help="longest reply of new chats (default 1024)")
     p.add_argument("--ctx", type=int, help="context size in tokens (default: what fits, up to the model's)")
+    p.add_argument("--drop-old-turns", action="store_true",
+                   help="when a chat outgrows the context, leave out its oldest turns instead of stopping")
     p.set_defaults(func=run)
 
 
@@ -25,7 +27,7 @@ def run(args) -> int:
     store = ChatStore(default_db_path())
     try:
         sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
-        ChatApp(store, model, sampling, args.system, args.ctx).run()
+        ChatApp(store, model, sampling, args.system, args.ctx, args.drop_old_turns).run()
     finally:
         store.close()
     return 0

@@ -77,7 +77,7 @@ def run(args) -> int:
     except KeyboardInterrupt:
         pieces.close()  # Ctrl-C: what was generated stays printed, then a clean exit
     if args.json:
-        out = {"text": "".join(text), "stats": _stats_dict(stats) if stats else {"finish_reason": "interrupted"}}
+        out = {"text": "".join(text), "stats": stats.to_dict() if stats else {"finish_reason": "interrupted"}}
         print(json.dumps(out, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
@@ -89,10 +89,3 @@ def run(args) -> int:
                   f"{stats.generated_tokens} tokens, {stats.generation_tok_s:.1f} tok/s | {stats.finish_reason}",
                   file=sys.stderr)
     return 0 if stats else 130
-
-
-def _stats_dict(stats) -> dict:
-    return dict(prompt_tokens=stats.prompt_tokens, prompt_seconds=round(stats.prompt_seconds, 4),
-                prompt_tok_s=round(stats.prompt_tok_s, 2), generated_tokens=stats.generated_tokens,
-                generation_seconds=round(stats.generation_seconds, 4),
-                generation_tok_s=round(stats.generation_tok_s, 2), finish_reason=stats.finish_reason)

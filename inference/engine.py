@@ -2,7 +2,7 @@
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +44,7 @@ class GenerationStats:
     generated_tokens: int
     generation_seconds: float
     finish_reason: str  # "stop", "length" or "context full"
+    context_tokens: int  # tokens in the context after the reply: the prompt (all of it) and the reply
 
     @property
     def prompt_tok_s(self) -> float:
@@ -52,6 +53,10 @@ class GenerationStats:
     @property
     def generation_tok_s(self) -> float:
         return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        """Every field and both rates, for JSON and the chat store."""
+        return asdict(self) | {"prompt_tok_s": self.prompt_tok_s, "generation_tok_s": self.generation_tok_s}
 
 
 class Engine:
@@ -122,11 +127,29 @@ class Engine:
                                       "or name one with --chat-template")
         return self.tokenizer.encode_prompt(template.render(prompt))
 
+    def _fit_messages(self, messages: list[dict], chat_template: str | None, room: int) -> list[int]:
+        messages = list(messages)
+        while True:
+            ids = self.prompt_ids(messages, chat_template)
+            turns = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
+            if len(ids) + room <= self.n_ctx or not turns:
+                return ids
+            del messages[turns[0]]
+            # templates want a conversation to open with the user: an orphaned reply goes with its question
+            rest = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
+            if rest and messages[rest[0]]["role"] == "assistant":
+                del messages[rest[0]]
+
     def generate(self, prompt, max_tokens: int = 512, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
-                 stop=(), chat_template: str | None = None) -> Iterator:
-        """Yield the reply as text pieces, then one GenerationStats. Closing the generator stops it."""
-        ids = self.prompt_ids(prompt, chat_template)
+                 stop=(), chat_template: str | None = None, drop_old_turns: bool = False) -> Iterator:
+        """Yield the reply as text pieces, then one GenerationStats. Closing the generator stops it.
+        drop_old_turns: messages that do not fit lose their oldest turns (never a system message or the last
+        message) until the reply has room for max_tokens or half the context, whichever is less."""
+        if drop_old_turns and isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            ids = self._fit_messages(prompt, chat_template, room=min(max_tokens, self.n_ctx // 2))
+        else:
+            ids = self.prompt_ids(prompt, chat_template)
         self._check_fits(len(ids))
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty)
         eog = self.tokenizer.eog_ids
@@ -165,7 +188,7 @@ class Engine:
             if tail:
                 yield tail
         t2 = time.perf_counter()
-        yield GenerationStats(len(ids) - n_reused, t1 - t0, generated, t2 - t1, finish)
+        yield GenerationStats(len(ids) - n_reused, t1 - t0, generated, t2 - t1, finish, len(ids) + generated)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

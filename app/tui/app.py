@@ -45,7 +45,7 @@ class ChatApp(App):
     ]
 
     def __init__(self, store: ChatStore, model: str, sampling: Sampling | None = None,
-                 system_prompt: str = "", ctx: int | None = None):
+                 system_prompt: str = "", ctx: int | None = None, drop_old_turns: bool = False):
         """model (a path, owner/repo[:QUANT] or a pulled name), sampling and system_prompt: of new chats."""
         super().__init__()
         self.store = store
@@ -53,6 +53,7 @@ class ChatApp(App):
         self.new_chat_sampling = sampling or Sampling()
         self.new_chat_system_prompt = system_prompt
         self.ctx = ctx
+        self.drop_old_turns = drop_old_turns  # a chat that outgrows the context loses its oldest turns
         self.chat: Chat | None = None
         self.engine = None
         self.engine_model = ""         # the model self.engine runs
@@ -219,7 +220,7 @@ class ChatApp(App):
 
     @work(thread=True, exclusive=True, group="generate")
     def generate(self, engine, history, sampling, stop) -> None:
-        engine_work.generate_reply(engine, history, sampling, stop, self.post_message)
+        engine_work.generate_reply(engine, history, sampling, stop, self.post_message, self.drop_old_turns)
 
     @on(ReplyPiece)
     async def reply_piece(self, event: ReplyPiece) -> None:
@@ -237,7 +238,7 @@ class ChatApp(App):
             status.tok_s = event.stats["generation_tok_s"]
             status.ctx_used = min(event.stats["context_tokens"], status.n_ctx)
             if event.stats["finish_reason"] == "context full":
-                self.notify("The context is full: start a new chat (Ctrl+N) or raise --ctx",
+                self.notify("The context is full: start a new chat (Ctrl+N), raise --ctx or use --drop-old-turns",
                             severity="warning", timeout=10)
 
     @on(ReplyFailed)

@@ -41,18 +41,12 @@ def chat_history(chat: Chat, messages: list[Message]) -> list[dict]:
     return history + [{"role": m.role, "content": m.content} for m in messages if m.content]
 
 
-def stats_dict(stats, prompt_length: int) -> dict:
-    """The reply's GenerationStats, its rates, and the context it fills (prompt_tokens counts only the
-    tokens not reused from the cache, so the prompt's full length comes apart)."""
-    return asdict(stats) | {"prompt_tok_s": stats.prompt_tok_s, "generation_tok_s": stats.generation_tok_s,
-                            "context_tokens": prompt_length + stats.generated_tokens}
-
-
-def generate_reply(engine, history: list[dict], sampling: Sampling, stop: threading.Event, post) -> None:
+def generate_reply(engine, history: list[dict], sampling: Sampling, stop: threading.Event, post,
+                   drop_old_turns: bool = False) -> None:
     """Stream a reply piece by piece; when `stop` is set, close the generator at the next piece."""
     stats = None
     try:
-        pieces = engine.generate(history, **asdict(sampling))
+        pieces = engine.generate(history, drop_old_turns=drop_old_turns, **asdict(sampling))
         try:
             for piece in pieces:
                 if stop.is_set():
@@ -69,4 +63,4 @@ def generate_reply(engine, history: list[dict], sampling: Sampling, stop: thread
     if stats is None:
         post(ReplyFinished(None, stopped=True))
     else:
-        post(ReplyFinished(stats_dict(stats, len(engine.prompt_ids(history))), stopped=False))
+        post(ReplyFinished(stats.to_dict(), stopped=False))

@@ -96,3 +96,21 @@ def test_stop_scanner_holds_back_a_possible_stop_string():
     assert s.feed("a#") == ("a", False)
     assert s.feed("b") == ("#b", False)
     assert s.feed("#", final=True) == ("#", False)
+
+
+def test_old_turns_are_dropped_when_asked(smollm2):
+    engine = load(smollm2, device="cpu", ctx=160)
+    chat = [{"role": "system", "content": "Answer in one word."}]
+    for i in range(8):
+        chat += [{"role": "user", "content": f"Question number {i}: what is the colour of the sky?"},
+                 {"role": "assistant", "content": "Blue, as it is on most clear days."}]
+    chat.append({"role": "user", "content": "And the grass?"})
+    assert len(engine.prompt_ids(chat)) > 160
+    with pytest.raises(PromptTooLongError):
+        run(engine, chat, max_tokens=8)
+    text, stats = run(engine, chat, max_tokens=8, temperature=0, drop_old_turns=True)
+    assert text and stats.prompt_tokens + 8 <= 160
+    kept = engine._fit_messages(chat, None, room=8)
+    rendered = engine.tokenizer.decode(kept, special=True)
+    assert "Answer in one word." in rendered and "And the grass?" in rendered and "number 0:" not in rendered
+    assert rendered.split("<|im_start|>")[2].startswith("user")  # the first turn after the system prompt
