@@ -6,6 +6,10 @@ def register(sub) -> None:
     p = sub.add_parser("info", help="show a model's architecture, size, quant mix and tokenizer")
     p.add_argument("model", help="a .gguf path (any part of a split model), owner/repo[:QUANT] or a pulled name")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plan", action="store_true", help="also show which layers would go on the GPU and why")
+    p.add_argument("--ctx", type=int, help="--plan: context size in tokens (default: the model's)")
+    p.add_argument("--gpu-layers", default="auto", help="--plan: 'auto' or how many of the last layers (default auto)")
+    p.add_argument("--vram-budget", metavar="GB", help="--plan: plan as on a card of this size (e.g. 6, 6.5GiB)")
     p.set_defaults(func=run)
 
 
@@ -17,8 +21,27 @@ def run(args) -> int:
 
     with open_gguf(resolve_model(args.model, progress=DownloadBar())) as model:
         info = summarize(model)
-    print(json.dumps(info.to_dict()) if args.json else format_info(info))
+        plan = placement_summary(model, args) if args.plan else None
+    if args.json:
+        print(json.dumps(info.to_dict() | ({"plan": plan} if plan else {})))
+    else:
+        print(format_info(info) + (f"\n{plan}" if plan else ""))
     return 0
+
+
+def placement_summary(model, args) -> str:
+    """Where the layers would run, counted before anything is uploaded (what load() will decide)."""
+    from inference.placement import free_vram, parse_gpu_layers, parse_vram_budget, plan_placement
+    from models.config import config_from_metadata
+
+    cfg = config_from_metadata(model.metadata)
+    budget = parse_vram_budget(args.vram_budget) if args.vram_budget else None
+    free = free_vram()
+    if free is None and budget is None:
+        return "placement: no CUDA GPU found (CuPy, driver, device): every layer on the CPU; --vram-budget plans for a card"
+    plan = plan_placement(model.tensors, cfg, args.ctx or cfg.n_ctx_train, budget if free is None else free,
+                          parse_gpu_layers(args.gpu_layers), budget)
+    return plan.summary()
 
 
 def format_info(i) -> str:

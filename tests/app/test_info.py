@@ -106,3 +106,15 @@ def test_split_model_is_one_model(tmp_path):
                                 {"type": "F16", "tensors": 1, "bytes": 64}]
     human = info(tmp_path / "tiny-00001-of-00002.gguf").stdout
     assert "GGUF v3, 2 parts)" in human.splitlines()[0]
+
+
+def test_plan_shows_the_split_and_refuses_a_budget_too_small(smollm2):
+    done = info(smollm2, "--plan", "--vram-budget", "1", "--ctx", "8192")
+    assert done.returncode == 0, done.stderr
+    assert "placement: 23/30 layers on GPU, layers 0-6 on CPU: VRAM budget exhausted" in done.stdout
+    plan = json.loads(info(smollm2, "--plan", "--vram-budget", "1", "--json").stdout)["plan"]  # its own ctx, 8192
+    assert plan.splitlines()[0] == "placement: 23/30 layers on GPU, layers 0-6 on CPU: VRAM budget exhausted"
+    assert info(smollm2, "--plan", "--vram-budget", "1", "--ctx", "512").stdout.count("30/30 layers on GPU") == 1
+    small = info(smollm2, "--plan", "--vram-budget", "0.8")
+    assert small.returncode == 1 and small.stderr.count("\n") == 1 and "too small" in small.stderr
+    assert "the output head" in small.stderr and "KV cache" in small.stderr
