@@ -25,5 +25,6 @@ class StatusBar(Static):
 
 
 def placement_text(engine) -> str:
-    """Where the layers run. The engine runs every layer on the CPU for now; GPU placement plugs in here."""
-    return f"CPU {engine.config.n_layers}/{engine.config.n_layers} layers"
+    """Where the layers run: all on one device for now (a CPU/GPU split will report its counts here)."""
+    n = engine.config.n_layers
+    return f"{engine.device.upper()} {n}/{n} layers"
