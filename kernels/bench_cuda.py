@@ -62,16 +62,15 @@ OUTPUT = {"llama3-8b q4_k_m": ("Q6_K", 128256, 4096), "llama3-8b q8_0": ("Q8_0",
           "llama-1b q4_k_m": ("Q6_K", 128256, 2048)}
 
 
-def time_matvecs(cp, cq, weights, x, out, tpr, replays=5):
-    """Median seconds of one matvec, from replays of a graph that cycles over `weights`."""
+def time_graph(cp, step, n_launch: int, replays: int = 5) -> float:
+    """Median seconds of one step(i, stream) from replays of a graph holding n_launch of them."""
     stream = cp.cuda.Stream(non_blocking=True)
-    n_launch = max(len(weights), 32)
     with stream:
-        cq.matvec(weights[0], x, out, stream=stream, threads_per_row=tpr)  # compile outside capture
+        step(0, stream)  # compile outside capture
         stream.synchronize()
         stream.begin_capture()
         for i in range(n_launch):
-            cq.matvec(weights[i % len(weights)], x, out, stream=stream, threads_per_row=tpr)
+            step(i, stream)
         graph = stream.end_capture()
         graph.launch(stream)
         times = []
@@ -83,6 +82,13 @@ def time_matvecs(cp, cq, weights, x, out, tpr, replays=5):
             stop.synchronize()
             times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3 / n_launch)
     return float(np.median(times))
+
+
+def time_matvecs(cp, cq, weights, x, out, tpr, replays=5):
+    """Median seconds of one matvec, from replays of a graph that cycles over `weights`."""
+    def step(i, stream):
+        cq.matvec(weights[i % len(weights)], x, out, stream=stream, threads_per_row=tpr)
+    return time_graph(cp, step, max(len(weights), 32), replays)
 
 
 def copy_bandwidth(cp) -> float:

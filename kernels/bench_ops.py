@@ -9,6 +9,7 @@ import cupy as cp
 import numpy as np
 
 import kernels.cuda_ops as ops
+from kernels import bench_cuda
 from kernels.bench_cuda import random_weight_bytes
 from kernels.cuda_quant import to_device
 from models.ggml_types import TYPES_BY_NAME
@@ -17,25 +18,7 @@ ROOFLINE_GBS = 3000.0
 
 
 def time_graph(step, n_launch: int, replays: int = 7) -> float:
-    """Median seconds of one step() from replays of a graph holding n_launch of them."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        step(0, stream)  # compile outside capture
-        stream.synchronize()
-        stream.begin_capture()
-        for i in range(n_launch):
-            step(i, stream)
-        graph = stream.end_capture()
-        graph.launch(stream)
-        times = []
-        for _ in range(replays):
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            stop.record(stream)
-            stop.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3 / n_launch)
-    return float(np.median(times))
+    return bench_cuda.time_graph(cp, step, n_launch, replays)
 
 
 def bench_decode_attention(rows):
