@@ -253,7 +253,7 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
         device = "cuda" if cuda_available() else "cpu"
     elif device == "cuda" and not cuda_available():
         raise DeviceError("device 'cuda' needs CuPy and an NVIDIA GPU, and none was found (use --device cpu)")
-    path = resolve_model(None if model is None else str(model), progress)  # resolve_model takes str only
+    path = resolve_model(model, progress)
     gguf = open_gguf(path)
     config = config_from_metadata(gguf.metadata)
     weights = load_weights(gguf, config)

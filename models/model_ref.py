@@ -24,8 +24,10 @@ class ConfigError(UserError):
     pass
 
 
-def resolve_model(ref: str | None, progress: Progress | None = None) -> Path:
+def resolve_model(ref: str | Path | None, progress: Progress | None = None) -> Path:
     """The .gguf file (first part of a split model) that ref names; None means the configured default."""
+    if isinstance(ref, Path):
+        ref = str(ref)
     if ref is None:
         ref = default_model()
         if ref is None:

@@ -72,3 +72,8 @@ def test_offline_without_the_model_cached_is_a_clear_error(fake_hub, monkeypatch
     with pytest.raises(hub.NotCached, match="HF_HUB_OFFLINE is set and tester/tiny-GGUF is not in the cache"):
         resolve_model("tester/tiny-GGUF")
     assert fake_hub.requests == []
+
+
+def test_a_missing_path_object_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelNotFound, match="no such file"):
+        resolve_model(tmp_path / "missing.gguf")
