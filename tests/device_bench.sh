@@ -5,8 +5,9 @@
 #   bash tests/device_bench.sh synth    # writes the files (a few minutes)
 #   bash tests/device_bench.sh run      # gguf-chat bench and llama-bench, results under $OUT
 set -uo pipefail
-OUT=${OUT:-/tmp/device_bench}
-files=/tmp/synth
+tmp=${TMPDIR:-/tmp}
+OUT=${OUT:-$tmp/device_bench}
+files=$tmp/synth
 mkdir -p "$OUT" $files
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 models="llama-1b:q4_k_m llama3-8b:q4_k_m llama3-8b:q8_0"
@@ -17,7 +18,7 @@ synth)
     [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset "${m%:*}" --ftype "${m#*:}"
   done ;;
 run)
-  peer=/tmp/peer/build/bin/llama-bench
+  peer=/tmp/peer/build/bin/llama-bench  # where ../shared/bench/llamacpp_peer.sh builds it
   for m in $models; do
     f=$files/${m/:/-}.gguf
     echo "== $m"

@@ -5,7 +5,7 @@
 #         then `source tests/device_models.sh env` before pytest sets GGUF_CHAT_TEST_SMOLLM2/GEMMA3.
 SMOLLM2_BYTES=98362432
 GEMMA3_BYTES=253113024
-store=/tmp/gguf-chat-models
+store=${TMPDIR:-/tmp}/gguf-chat-models
 case ${1:-} in
 add) mkdir -p $store && cp "$2"/part* $store/ && ls $store ;;
 env)

@@ -3,7 +3,7 @@
 # Run from the repository root on a machine with an NVIDIA GPU, CuPy and pytest; arguments go to the bench
 # (quant type names; all by default). Logs and bench_cuda.json go to $OUT when it is set.
 set -uo pipefail
-OUT=${OUT:-/tmp/device_run}
+OUT=${OUT:-${TMPDIR:-/tmp}/device_run}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
