@@ -9,6 +9,7 @@ CuPy's memory pool for memory during a capture. Prompt chunks (many tokens, eage
 import cupy as cp
 import numpy as np
 
+from inference.placement import PREFILL_CHUNK
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.weights import ModelWeights, QuantMatrix
 from kernels import cuda_ops, cuda_prefill
@@ -16,8 +17,6 @@ from kernels.cuda_quant import DeviceWeight, Q8Vector, matvec, quantize_q8_1, to
 from models.config import ModelConfig
 
 ALIGN = 256  # bytes: arena arrays start where CUDA allocations would (16-byte loads, coalescing)
-PREFILL_CHUNK = 1024  # prompt tokens a forward: each op costs ~30 us of Python and launch per chunk, so
-# long chunks amortize it (and dequantize each weight tile once per chunk), at 4 * n_ff bytes a token
 
 
 class Arena:

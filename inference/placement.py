@@ -32,7 +32,9 @@ CUDA_CONTEXT_BYTES = 528 * MiB
 # Outside our buffers even when planning against measured free VRAM: the cuBLAS handle and workspace (68 MiB
 # measured on the H100), kernel modules, CUDA graphs, and the memory pool rounding each buffer up.
 RUNTIME_RESERVE_BYTES = 256 * MiB
-PREFILL_CHUNK = 512  # tokens a prefill step takes at once: the engine sizes its prefill scratch with this
+# Prompt tokens the GPU backend takes a forward: each op costs ~30 us of Python and launch per chunk, so long
+# chunks amortize it (and dequantize each weight tile once per chunk), at 4 * n_ff bytes a token of scratch.
+PREFILL_CHUNK = 1024
 ATTN_SPLITS_MAX = 64  # kernels/cuda_ops.decode_scratch: at most 64 key splits per head
 SAMPLE_CHUNK, SAMPLE_K_MAX = 4096, 64  # kernels/cuda_ops.sample_scratch
 

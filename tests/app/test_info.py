@@ -111,9 +111,9 @@ def test_split_model_is_one_model(tmp_path):
 def test_plan_shows_the_split_and_refuses_a_budget_too_small(smollm2):
     done = info(smollm2, "--plan", "--vram-budget", "1", "--ctx", "8192")
     assert done.returncode == 0, done.stderr
-    assert "placement: 23/30 layers on GPU, layers 0-6 on CPU: VRAM budget exhausted" in done.stdout
+    assert "placement: 21/30 layers on GPU, layers 0-8 on CPU: VRAM budget exhausted" in done.stdout
     plan = json.loads(info(smollm2, "--plan", "--vram-budget", "1", "--json").stdout)["plan"]  # its own ctx, 8192
-    assert plan.splitlines()[0] == "placement: 23/30 layers on GPU, layers 0-6 on CPU: VRAM budget exhausted"
+    assert plan.splitlines()[0] == "placement: 21/30 layers on GPU, layers 0-8 on CPU: VRAM budget exhausted"
     assert info(smollm2, "--plan", "--vram-budget", "1", "--ctx", "512").stdout.count("30/30 layers on GPU") == 1
     small = info(smollm2, "--plan", "--vram-budget", "0.8")
     assert small.returncode == 1 and small.stderr.count("\n") == 1 and "too small" in small.stderr
