@@ -160,7 +160,7 @@ class Engine:
             self._decode.wait()  # the GPU works asynchronously: count the prompt's time in its stats
         t1 = time.perf_counter()
         tokens = (self._decode.tokens if self._decode else self._host_tokens)(logits, params, seed, ids)
-        detok = self.tokenizer.stream()
+        detok = self.tokenizer.stream(at_start=False)  # a reply continues its prompt: " Paris" keeps its space
         text = StopScanner(stop)
         generated = 0
         finish = "length"

@@ -320,8 +320,9 @@ class Tokenizer:
     def is_eog(self, token_id: int) -> bool:
         return token_id in self.eog_ids
 
-    def stream(self, special: bool = False) -> "StreamDecoder":
-        return StreamDecoder(self, special)
+    def stream(self, special: bool = False, at_start: bool = True) -> "StreamDecoder":
+        """at_start=False: the tokens continue a text (a reply after its prompt), so no leading space is dropped."""
+        return StreamDecoder(self, special, at_start)
 
 
 def _clean_spaces(text: bytes) -> bytes:
@@ -338,14 +339,15 @@ class StreamDecoder:
     """Turns generated token ids into text as they come, never splitting a UTF-8 character.
 
     Joined output equals Tokenizer.decode of the same ids (the space llama.cpp prefixes to SentencePiece text
-    is dropped from the first token) for tokenizers without clean_spaces; with it, spaces stay as generated.
+    is dropped from the first token when the ids start a text) for tokenizers without clean_spaces; with it,
+    spaces stay as generated.
     """
 
-    def __init__(self, tokenizer: Tokenizer, special: bool = False):
+    def __init__(self, tokenizer: Tokenizer, special: bool = False, at_start: bool = True):
         self._tokenizer = tokenizer
         self._special = special
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._first = True
+        self._first = at_start
 
     def push(self, token_id: int) -> str:
         piece = self._tokenizer.token_to_piece(token_id, self._special)

@@ -192,6 +192,10 @@ def test_sentencepiece_space_prefix_equals_llama_cpp(gemma3, tmp_path):
     assert [tok.decode_bytes(i) for i in ids] == [oracle.detokenize(i, False) for i in ids]
     stream = tok.stream()
     assert "".join(stream.push(i) for i in tok.encode("Hello world", add_special=False)) == "Hello world"
+    # tokens that continue a prompt ("The capital of France is" + " Paris") keep the space, as llama.cpp prints them
+    continued = tok.encode(" Paris", add_special=False)
+    assert "".join(tok.stream(at_start=False).push(i) for i in continued) == \
+        b"".join(oracle.piece(i, False) for i in continued).decode()
 
 
 def test_special_id_past_the_vocab_falls_back_like_llama_cpp(smollm2, tmp_path):
