@@ -50,6 +50,10 @@ class CPUBackend:
         y = quantized_matmul(w.data, w.qtype, x)  # [n, n_rows]
         return y + bias if bias is not None else y
 
+    def matmuls(self, ws: tuple[QuantMatrix, ...], x: np.ndarray, biases: tuple | None = None) -> tuple:
+        """The matmuls of several matrices by one x, one after another (the GPU fuses them)."""
+        return tuple(self.matmul(w, x, b) for w, b in zip(ws, biases or (None,) * len(ws)))
+
     def rope(self, x: np.ndarray, base: float, scale: float) -> np.ndarray:
         """x [n, heads, head_dim] rotated for positions pos..pos+n-1."""
         key = (base, scale)

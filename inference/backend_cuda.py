@@ -6,12 +6,14 @@ Every intermediate of a one-token step comes from a bump arena that set_input / 
 sequence of ops gets the same addresses in the warm-up, under capture and at every replay, and nothing asks
 CuPy's memory pool for memory during a capture. Prompt chunks (many tokens, eager) draw from the pool.
 """
+from dataclasses import dataclass
+
 import cupy as cp
 import numpy as np
 
 from inference.placement import PREFILL_CHUNK
 from inference.sampling import REPEAT_LAST_N, SamplingParams
-from inference.weights import ModelWeights, QuantMatrix
+from inference.weights import LayerWeights, ModelWeights, QuantMatrix
 from kernels import cuda_ops, cuda_prefill
 from kernels.cuda_quant import DeviceWeight, Q8Vector, matvec, quantize_q8_1, to_device
 from models.config import ModelConfig
@@ -47,6 +49,16 @@ def _step_arena_bytes(cfg: ModelConfig) -> int:
     return cfg.n_layers * per_layer + 4 * (4 * e + cfg.n_vocab) + 16 * ALIGN + (1 << 20)
 
 
+@dataclass(frozen=True)
+class RowGroup:
+    """Matrices of one type and width that one matmuls call multiplies by the same x, uploaded as one weight:
+    their rows concatenated before cuda_layout.repack (which lays out any number of rows), so one launch
+    computes them all and VRAM holds each byte once, as the separate matrices would."""
+    weight: DeviceWeight
+    bias: cp.ndarray | None  # float32 [weight.n_rows]: the members' biases, zeros for a member without one
+    parts: tuple[tuple[int, int, int], ...]  # (index in the call's matrices, first row, end row)
+
+
 class CUDABackend:
     """Weights in VRAM, the fp16 KV cache, the input and sampler buffers, and the op set of forward()."""
 
@@ -57,6 +69,10 @@ class CUDABackend:
         self.n_ctx = n_ctx
         self.stream = cp.cuda.Stream(non_blocking=True)
         with self.stream:
+            self._groups: dict[tuple, list[RowGroup]] = {}  # _group_key of a matmuls call -> its row groups
+            for lw in weights.layers:
+                for ws, biases in _matmuls_calls(lw):
+                    self._groups[_group_key(ws, biases)] = _row_groups(ws, biases)
             self._dev: dict[int, object] = {}  # id of a host weight -> its device copy
             for m in _host_tensors(weights):
                 if id(m) not in self._dev:
@@ -124,7 +140,23 @@ class CUDABackend:
         return out
 
     def matmul(self, w: QuantMatrix, x: cp.ndarray, bias: np.ndarray | None = None) -> cp.ndarray:
-        dw: DeviceWeight = self._dev[id(w)]
+        return self._matmul(self._dev[id(w)], x, None if bias is None else self._dev[id(bias)])
+
+    def matmuls(self, ws: tuple[QuantMatrix, ...], x: cp.ndarray, biases: tuple | None = None) -> tuple:
+        """matmul(w, x, bias) for each of ws, one launch per row group; a one-token step's outputs are views
+        of their group's output, a prompt chunk's are contiguous copies of its columns (as the ops want)."""
+        outs = [None] * len(ws)
+        for g in self._groups[_group_key(ws, biases)]:
+            y = self._matmul(g.weight, x, g.bias)  # [n, g.weight.n_rows]
+            for i, first, end in g.parts:
+                if x.shape[0] == 1 or len(g.parts) == 1:
+                    outs[i] = y[:, first:end]
+                else:
+                    with self.stream:
+                        outs[i] = cp.ascontiguousarray(y[:, first:end])
+        return tuple(outs)
+
+    def _matmul(self, dw: DeviceWeight, x: cp.ndarray, bias: cp.ndarray | None) -> cp.ndarray:
         out = self._empty((x.shape[0], dw.n_rows))
         if x.shape[0] == 1:
             matvec(dw, self._q8(x) if dw.takes_q8 else x.reshape(-1), out.reshape(-1), stream=self.stream)
@@ -132,7 +164,7 @@ class CUDABackend:
             self._set_cublas_stream()
             cuda_prefill.matmul(dw, x, out, self._scratch(dw.n_cols), stream=self.stream)
         if bias is not None:
-            cuda_ops.add_bias(out, self._dev[id(bias)], stream=self.stream)
+            cuda_ops.add_bias(out, bias, stream=self.stream)
         return out
 
     def rope(self, x: cp.ndarray, base: float, scale: float) -> cp.ndarray:
@@ -224,13 +256,43 @@ class CUDABackend:
         cp.cuda.cublas.setStream(cp.cuda.device.get_cublas_handle(), self.stream.ptr)
 
 
+def _matmuls_calls(lw: LayerWeights):
+    """The (matrices, biases) of forward()'s matmuls calls in a layer."""
+    yield lw.qkv, lw.qkv_bias
+    yield lw.gate_up, None
+
+
+def _group_key(ws: tuple, biases: tuple | None) -> tuple:
+    return tuple(map(id, ws)) + tuple(map(id, biases or (None,) * len(ws)))
+
+
+def _row_groups(ws: tuple[QuantMatrix, ...], biases: tuple | None) -> list[RowGroup]:
+    """ws split by (type, width), each part uploaded as one weight (a Q4_K_M file's Q6_K attn_v stays apart)."""
+    biases = biases or (None,) * len(ws)
+    by_kind: dict[tuple, list[int]] = {}
+    for i, w in enumerate(ws):
+        by_kind.setdefault((w.qtype.name, w.n_cols), []).append(i)
+    groups = []
+    for idx in by_kind.values():
+        raw = np.concatenate([ws[i].data for i in idx]) if len(idx) > 1 else ws[idx[0]].data  # [rows, row_bytes]
+        ends = np.cumsum([ws[i].n_rows for i in idx]).tolist()
+        bias = None
+        if any(biases[i] is not None for i in idx):
+            bias = cp.asarray(np.concatenate([np.zeros(ws[i].n_rows, np.float32) if biases[i] is None else biases[i]
+                                              for i in idx]))
+        groups.append(RowGroup(to_device(raw, ws[idx[0]].qtype), bias,
+                               tuple(zip(idx, [0] + ends[:-1], ends))))
+    return groups
+
+
 def _host_tensors(w: ModelWeights):
-    """Every weight forward() hands to an op: matrices and norm / bias vectors."""
+    """Every weight forward() hands to an op on its own: matrices and norm vectors (not the matmuls calls')."""
     yield w.token_embd
     yield w.output
     yield w.output_norm
     for lw in w.layers:
+        grouped = {id(t) for ws, biases in _matmuls_calls(lw) for t in ws + (biases or ())}
         for name in lw.__dataclass_fields__:
             t = getattr(lw, name)
-            if t is not None:
+            if t is not None and id(t) not in grouped:
                 yield t

@@ -12,9 +12,10 @@ def forward(be, cfg: ModelConfig, w: ModelWeights, all_logits: bool = False):
     n = len(x)
     for i, lw in enumerate(w.layers):
         h = be.rms_norm(x, lw.attn_norm)
-        q = be.matmul(lw.attn_q, h, lw.attn_q_bias).reshape(n, cfg.n_heads, cfg.head_dim)
-        k = be.matmul(lw.attn_k, h, lw.attn_k_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
-        v = be.matmul(lw.attn_v, h, lw.attn_v_bias).reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
+        q, k, v = be.matmuls(lw.qkv, h, lw.qkv_bias)
+        q = q.reshape(n, cfg.n_heads, cfg.head_dim)
+        k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
+        v = v.reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
         if cfg.qk_norm:
             q = be.rms_norm(q, lw.attn_q_norm)
             k = be.rms_norm(k, lw.attn_k_norm)
@@ -28,7 +29,8 @@ def forward(be, cfg: ModelConfig, w: ModelWeights, all_logits: bool = False):
         x = be.add(x, o)
 
         h = be.rms_norm(x, lw.ffn_norm)
-        f = be.matmul(lw.ffn_down, be.glu(be.matmul(lw.ffn_gate, h), be.matmul(lw.ffn_up, h)))
+        gate, up = be.matmuls(lw.gate_up, h)
+        f = be.matmul(lw.ffn_down, be.glu(gate, up))
         if cfg.sandwich_norm:
             f = be.rms_norm(f, lw.post_ffw_norm)
         x = be.add(x, f)

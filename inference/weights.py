@@ -46,6 +46,19 @@ class LayerWeights:
     post_attention_norm: np.ndarray | None = None  # [n_embd] (gemma3)
     post_ffw_norm: np.ndarray | None = None  # [n_embd]
 
+    # The matrices forward() multiplies by one activation in one be.matmuls call (a backend may fuse them)
+    @property
+    def qkv(self) -> tuple[QuantMatrix, QuantMatrix, QuantMatrix]:
+        return self.attn_q, self.attn_k, self.attn_v
+
+    @property
+    def qkv_bias(self) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        return self.attn_q_bias, self.attn_k_bias, self.attn_v_bias
+
+    @property
+    def gate_up(self) -> tuple[QuantMatrix, QuantMatrix]:
+        return self.ffn_gate, self.ffn_up
+
 
 @dataclass(frozen=True)
 class ModelWeights:

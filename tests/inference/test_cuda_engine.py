@@ -235,3 +235,41 @@ def test_multi_turn_reuses_the_cache_on_the_gpu(engines):
     assert again[-1].prompt_tokens < len(gpu.tokenizer.encode(text))
     gpu._cached = []
     assert list(gpu.generate(text, max_tokens=1, temperature=0))[:-1] == again[:-1]
+
+
+@pytest.mark.parametrize("engines", ["synth_qwen2", "synth_gemma3", "synth_1b"], indirect=True)
+def test_matmuls_fuse_the_matrices_of_one_type(engines):
+    """q/k/v and gate/up of one type and width run as one weight (rows concatenated, biases too) and give what
+    each matrix uploaded alone gives, for one token (matvec), a few (q8 matmul) and many (cuBLAS); the fused
+    weight holds exactly its members' bytes. qwen2: Q8_0 q+k with Q5_0 v apart; gemma3: F16 gate+up; the
+    q4_k_m llama-1b: q+k+v fused where v is Q4_K (8 of 16 layers), q+k where it is Q6_K."""
+    import cupy as cp  # noqa: PLC0415
+
+    from inference.backend_cuda import _group_key, _matmuls_calls  # noqa: PLC0415
+    from kernels.cuda_quant import to_device  # noqa: PLC0415
+    _, gpu, _ = engines
+    be, rng = gpu._be, np.random.default_rng(0)
+    layers = gpu._weights.layers
+    if gpu.path.name == "llama-1b.gguf":
+        qkv_groups = [len(be._groups[_group_key(lw.qkv, lw.qkv_bias)]) for lw in layers]
+        assert qkv_groups.count(1) == 8 and qkv_groups.count(2) == 8
+    for lw in layers[:2]:
+        for ws, biases in _matmuls_calls(lw):
+            biases = biases or (None,) * len(ws)
+            groups = be._groups[_group_key(ws, biases)]
+            assert sorted(i for g in groups for i, _, _ in g.parts) == list(range(len(ws)))
+            for g in groups:
+                assert {ws[i].qtype.name for i, _, _ in g.parts} == {g.weight.qtype.name}
+                assert g.weight.data.nbytes == sum(ws[i].data.nbytes for i, _, _ in g.parts)
+            assert len(groups) == len({(w.qtype.name, w.n_cols) for w in ws})
+            alone = [to_device(w.data, w.qtype) for w in ws]
+            for n in (1, 5, 70):
+                be.set_input(np.zeros(n, np.int32), 0)  # one token: outputs in the step arena
+                with be.stream:
+                    x = cp.asarray(rng.standard_normal((n, ws[0].n_cols)).astype(np.float32))
+                    bias = [None if b is None else cp.asarray(b) for b in biases]
+                outs = be.matmuls(ws, x, biases)
+                for w, out, dw, b in zip(ws, outs, alone, bias):
+                    assert out.shape == (n, w.n_rows) and out.flags.c_contiguous
+                    got, ref = be.to_host(out), be.to_host(be._matmul(dw, x, b))
+                    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), (w.qtype.name, n)
