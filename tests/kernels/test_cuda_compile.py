@@ -1,14 +1,14 @@
 """Every CUDA source in kernels/ compiles for the H100 (sm_90) with nvcc; runs in CI without a GPU."""
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.kernels.host_build import NVCC
+
 KERNEL_DIR = Path(__file__).parents[2] / "kernels"
 CU_FILES = sorted(KERNEL_DIR.glob("*.cu"))
-NVCC = shutil.which("nvcc") or "/usr/local/bin/nvcc"
 
 
 def test_there_are_sources():

@@ -5,9 +5,6 @@ tests/kernels/dequant_host.cu compiles the same header with nvcc as host code an
 kernels/dequant.cu does, so the index math of every type is checked without a GPU.
 """
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,22 +13,14 @@ from kernels.bench_cuda import random_weight_bytes
 from kernels.cuda_layout import repack
 from models.dequant import dequantize
 from models.ggml_types import TYPES_BY_NAME
+from tests.kernels.host_build import build_host_lib
 
-ROOT = Path(__file__).parents[2]
-NVCC = shutil.which("nvcc") or "/usr/local/bin/nvcc"
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F32", "BF16"]
 
 
 @pytest.fixture(scope="module")
 def host_lib(tmp_path_factory):
-    lib = tmp_path_factory.mktemp("dequant_host") / "libdequant_host.so"
-    proc = subprocess.run(
-        [NVCC, "-arch=sm_90", "-O2", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-I{ROOT / 'kernels'}",
-         "-o", str(lib), str(ROOT / "tests/kernels/dequant_host.cu")],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return ctypes.CDLL(str(lib))
+    return build_host_lib("dequant_host.cu", tmp_path_factory.mktemp("dequant_host"))
 
 
 @pytest.mark.parametrize("shape", [(8, 4096), (3, 256)], ids=lambda s: f"{s[0]}x{s[1]}")

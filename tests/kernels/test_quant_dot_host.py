@@ -5,9 +5,6 @@ every quant type is checked in CI. x is quantized to q8_1 here in numpy; the ref
 dequantized weight by that dequantized x in float64, leaving only float32 rounding (bound 1e-5 relative).
 """
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,23 +13,15 @@ from kernels.bench_cuda import random_weight_bytes
 from kernels.cuda_layout import META_SPLIT, repack
 from models.dequant import dequantize
 from models.ggml_types import TYPES_BY_NAME
+from tests.kernels.host_build import build_host_lib
 
-ROOT = Path(__file__).parents[2]
-NVCC = shutil.which("nvcc") or "/usr/local/bin/nvcc"
 QUANT_TYPES = [n for n in META_SPLIT if n not in ("F32", "F16", "BF16")]
 REL_TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
 def host_lib(tmp_path_factory):
-    lib = tmp_path_factory.mktemp("quant_dot_host") / "libquant_dot_host.so"
-    proc = subprocess.run(
-        [NVCC, "-arch=sm_90", "-O2", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-I{ROOT / 'kernels'}",
-         "-o", str(lib), str(ROOT / "tests/kernels/quant_dot_host.cu")],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return ctypes.CDLL(str(lib))
+    return build_host_lib("quant_dot_host.cu", tmp_path_factory.mktemp("quant_dot_host"))
 
 
 def quantize_q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
