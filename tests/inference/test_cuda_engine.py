@@ -273,3 +273,27 @@ def test_matmuls_fuse_the_matrices_of_one_type(engines):
                     assert out.shape == (n, w.n_rows) and out.flags.c_contiguous
                     got, ref = be.to_host(out), be.to_host(be._matmul(dw, x, b))
                     assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), (w.qtype.name, n)
+
+
+@pytest.mark.parametrize("model", ["synth_tiny", "synth_gemma3"])
+def test_2000_tokens_neither_drift_nor_grow_memory(model, request):
+    """2000 sampled tokens through the captured graph: the last step's logits still equal an eager
+    recomputation of the whole sequence (CPU engine), and device memory stays what it was at token 100."""
+    import cupy as cp
+
+    from inference import load
+    path = request.getfixturevalue(model)
+    gpu, cpu = load(path, device="cuda", ctx=2100), load(path, device="cpu", ctx=2100)
+    ids = gpu.tokenizer.encode("The history of the city")
+    # the decode loop itself, so that an end-of-generation token does not end the run early
+    steps = gpu._decode.tokens(gpu._prefill(ids, all_logits=False),
+                               SamplingParams(temperature=1.0, top_k=40, top_p=1.0, min_p=0.0), 7, ids)
+    pool = cp.get_default_memory_pool()
+    for i in range(2000):
+        ids.append(next(steps))  # every next() after the first runs one graph step on the token before it
+        if i == 100:
+            early = (pool.used_bytes(), pool.total_bytes(), cp.cuda.runtime.memGetInfo()[0])
+    late = (pool.used_bytes(), pool.total_bytes(), cp.cuda.runtime.memGetInfo()[0])
+    assert late == early, f"device memory (used, pool, free) grew from {early} to {late}"
+    last = cp.asnumpy(gpu._decode.logits)  # [1, n_vocab]: the step on ids[-2], which sampled ids[-1]
+    assert_close_logits(last, cpu.logits(ids[:-1])[-1:], f"{path.name} after 2000 graph steps")
