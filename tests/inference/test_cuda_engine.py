@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from inference.sampling import SamplingParams
+from tests.inference.synthetic import write_synthetic
 
 pytestmark = pytest.mark.gpu
 
@@ -51,75 +52,15 @@ def _synth(factory, preset: str, ftype: str):
 
 
 def _write_small(path, arch: str, vocab_from) -> None:
-    """A small random model with vocab_from's SentencePiece vocabulary. gemma3: 6 layers, five of them with a
-    16-token sliding window, head_dim 256, q/k and sandwich norms, gelu, scaled and tied embeddings. qwen2:
-    qkv biases, neox rope, its own output matrix. Matrices Q8_0, Q5_0, Q4_1 and F16, so that the GPU runs
-    several matvec and prefill types."""
-    from gguf import GGMLQuantizationType as T, GGUFWriter  # noqa: PLC0415
-    from gguf.quants import quantize  # noqa: PLC0415
+    """A small random model with vocab_from's SentencePiece vocabulary (tests/inference/synthetic.py), its
+    matrices Q8_0, Q5_0, Q4_1 and F16 so that the GPU runs several matvec and prefill types. gemma3: 6 layers,
+    five of them with a 16-token sliding window, head_dim 256; qwen2: qkv biases, its own output matrix."""
+    from gguf import GGMLQuantizationType as T  # noqa: PLC0415
 
-    from models.gguf import open_gguf  # noqa: PLC0415
-    rng = np.random.default_rng(0)
-    src = open_gguf(vocab_from).metadata
-    n_vocab = len(src["tokenizer.ggml.tokens"])
     gemma = arch == "gemma3"
-    L, d, ff, nh, nkv, hd = (6, 256, 512, 2, 1, 256) if gemma else (2, 256, 512, 4, 2, 64)
-    w = GGUFWriter(str(path), arch)
-    w.add_context_length(2048)
-    w.add_embedding_length(d)
-    w.add_block_count(L)
-    w.add_feed_forward_length(ff)
-    w.add_head_count(nh)
-    w.add_head_count_kv(nkv)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1e6)
-    if gemma:
-        w.add_sliding_window(16)
-    w.add_tokenizer_model(src["tokenizer.ggml.model"])
-    w.add_token_list(src["tokenizer.ggml.tokens"])
-    w.add_token_scores(list(map(float, src["tokenizer.ggml.scores"])))
-    w.add_token_types(list(map(int, src["tokenizer.ggml.token_type"])))
-    w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
-    w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
-
-    def mat(name, rows, cols, std, qtype):
-        a = (rng.standard_normal((rows, cols)) * std).astype(np.float32)
-        if qtype == T.F16:
-            w.add_tensor(name, a.astype(np.float16))
-        else:
-            w.add_tensor(name, quantize(a, qtype), raw_dtype=qtype)
-
-    def vec(name, n, mean=1.0, std=0.1):
-        w.add_tensor(name, (mean + rng.standard_normal(n) * std).astype(np.float32))
-
-    mat("token_embd.weight", n_vocab, d, 0.5, T.Q8_0)
-    for i in range(L):
-        p = f"blk.{i}."
-        vec(p + "attn_norm.weight", d)
-        mat(p + "attn_q.weight", nh * hd, d, 2 / np.sqrt(d), T.Q8_0)
-        mat(p + "attn_k.weight", nkv * hd, d, 2 / np.sqrt(d), T.Q8_0)
-        mat(p + "attn_v.weight", nkv * hd, d, 1 / np.sqrt(d), T.Q5_0)
-        mat(p + "attn_output.weight", d, nh * hd, 1 / np.sqrt(nh * hd), T.Q8_0)
-        if gemma:
-            for name, n in (("attn_q_norm", hd), ("attn_k_norm", hd), ("post_attention_norm", d),
-                            ("post_ffw_norm", d)):
-                vec(p + name + ".weight", n)
-        else:
-            for t, n in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
-                vec(p + f"attn_{t}.bias", n, 0.0, 0.5)
-        vec(p + "ffn_norm.weight", d)
-        mat(p + "ffn_gate.weight", ff, d, 1 / np.sqrt(d), T.F16 if gemma else T.Q4_1)
-        mat(p + "ffn_up.weight", ff, d, 1 / np.sqrt(d), T.F16 if gemma else T.Q4_1)
-        mat(p + "ffn_down.weight", d, ff, 1 / np.sqrt(ff), T.Q5_0)
-    vec("output_norm.weight", d)
-    if not gemma:
-        mat("output.weight", n_vocab, d, 0.5, T.Q8_0)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    types = dict(attn_q=T.Q8_0, attn_k=T.Q8_0, attn_v=T.Q5_0, attn_output=T.Q8_0, ffn_gate=T.F16 if gemma else T.Q4_1,
+                 ffn_up=T.F16 if gemma else T.Q4_1, ffn_down=T.Q5_0)
+    write_synthetic(path, arch, vocab_from, shapes=None if gemma else (2, 256, 512, 4, 2, 64), types=types)
 
 
 # CPU parity: the real models and the small synthetic ones. Not synth_1b: its random 16 layers amplify the
