@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from app.device_args import add_device_args, load_options
 from models.errors import UserError
 
 
@@ -25,8 +26,7 @@ def register(sub) -> None:
     p.add_argument("-r", "--repetitions", type=int, default=3, help="runs of each test (default 3)")
     p.add_argument("-d", "--depth", type=int, default=0, help="tokens already in the context (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--no-graph", action="store_true", help="GPU: run each decode step eagerly, not as a CUDA graph")
+    add_device_args(p)
     p.add_argument("--compare-llamacpp", action="store_true", help="also run llama.cpp (llama-cpp-python) on the CPU")
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
     p.set_defaults(func=run)
@@ -97,10 +97,12 @@ def run(args) -> int:
         raise BenchError("-p, -n and -r must be at least 1, and -d at least 0")
     if args.compare_llamacpp and args.depth:
         raise BenchError("--compare-llamacpp measures without --depth")
-    engine = load(args.model, device=args.device, ctx=args.depth + max(args.n_prompt, 4) + args.n_gen + 8,
-                  progress=DownloadBar(), cuda_graph=not args.no_graph)
+    engine = load(args.model, ctx=args.depth + max(args.n_prompt, 4) + args.n_gen + 8, progress=DownloadBar(),
+                  **load_options(args))
     name = engine.path.name
-    ours = f"gguf-chat {engine.device}" + (" no-graph" if args.no_graph and engine.device == "cuda" else "")
+    k, n = engine.placement.n_gpu_layers, engine.config.n_layers
+    ours = f"gguf-chat {engine.device}" + (f" {k}/{n} layers" if 0 < k < n else "") + \
+        (" no-graph" if args.no_graph and engine.device == "cuda" else "")
     results = [(ours, test, rates) for test, rates in
                bench_ours(engine, args.n_prompt, args.n_gen, args.repetitions, args.depth).items()]
     if args.compare_llamacpp:

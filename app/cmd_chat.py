@@ -1,6 +1,9 @@
 """`gguf-chat chat [MODEL]`: the terminal chat, with chats saved in $GGUF_CHAT_HOME (or XDG_DATA_HOME)."""
 
 
+from app.device_args import add_device_args, load_options
+
+
 def register(sub) -> None:
     p = sub.add_parser("chat", help="chat in the terminal; chats are saved and found again")
     p.add_argument("model", nargs="?", help="model for new chats: a .gguf path, owner/repo[:QUANT] or a pulled "
@@ -9,6 +12,7 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.8, help="of new chats; 0 = greedy (default 0.8)")
     p.add_argument("--max-tokens", type=int, default=1024, help="longest reply of new chats (default 1024)")
     p.add_argument("--ctx", type=int, help="context size in tokens (default: what fits, up to the model's)")
+    add_device_args(p)
     p.add_argument("--drop-old-turns", action="store_true",
                    help="when a chat outgrows the context, leave out its oldest turns instead of stopping")
     p.set_defaults(func=run)
@@ -21,13 +25,14 @@ def run(args) -> int:
     from app.tui.app import ChatApp
     from app.tui.model_picker import default_model
 
+    options = load_options(args)  # bad flags fail here, before the UI starts
     model = args.model or default_model()
     if Path(model).is_file():
         model = str(Path(model).resolve())  # chats remember it: make it independent of the current folder
     store = ChatStore(default_db_path())
     try:
         sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
-        ChatApp(store, model, sampling, args.system, args.ctx, args.drop_old_turns).run()
+        ChatApp(store, model, sampling, args.system, args.ctx, args.drop_old_turns, options).run()
     finally:
         store.close()
     return 0

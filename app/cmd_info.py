@@ -7,7 +7,7 @@ def register(sub) -> None:
     p.add_argument("model", help="a .gguf path (any part of a split model), owner/repo[:QUANT] or a pulled name")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plan", action="store_true", help="also show which layers would go on the GPU and why")
-    p.add_argument("--ctx", type=int, help="--plan: context size in tokens (default: the model's)")
+    p.add_argument("--ctx", type=int, help="--plan: context size in tokens (default: as run and chat choose it)")
     p.add_argument("--gpu-layers", default="auto", help="--plan: 'auto' or how many of the last layers (default auto)")
     p.add_argument("--vram-budget", metavar="GB", help="--plan: plan as on a card of this size (e.g. 6, 6.5GiB)")
     p.set_defaults(func=run)
@@ -31,7 +31,8 @@ def run(args) -> int:
 
 def placement_summary(model, args) -> str:
     """Where the layers would run, counted before anything is uploaded (what load() will decide)."""
-    from inference.placement import free_vram, parse_gpu_layers, parse_vram_budget, plan_placement
+    from inference.engine import plan_gpu
+    from inference.placement import free_vram, parse_gpu_layers, parse_vram_budget
     from models.config import config_from_metadata
 
     cfg = config_from_metadata(model.metadata)
@@ -39,8 +40,7 @@ def placement_summary(model, args) -> str:
     free = free_vram()
     if free is None and budget is None:
         return "placement: no CUDA GPU found (CuPy, driver, device): every layer on the CPU; --vram-budget plans for a card"
-    plan = plan_placement(model.tensors, cfg, args.ctx or cfg.n_ctx_train, budget if free is None else free,
-                          parse_gpu_layers(args.gpu_layers), budget)
+    plan = plan_gpu(model, cfg, args.ctx, parse_gpu_layers(args.gpu_layers), budget, budget if free is None else free)
     return plan.summary()
 
 

@@ -3,6 +3,7 @@ import json
 import sys
 import time
 
+from app.device_args import add_device_args, load_options
 from models.errors import UserError
 
 
@@ -20,9 +21,6 @@ def add_sampling_args(p) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 to disable (default 1.0)")
     p.add_argument("--seed", type=int, default=None, help="makes sampling repeatable")
     p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's, capped to memory)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="where to run (default auto: cuda when CuPy sees a GPU)")
-    p.add_argument("--no-graph", action="store_true", help="GPU: run each decode step eagerly, not as a CUDA graph")
 
 
 def register(sub) -> None:
@@ -34,8 +32,9 @@ def register(sub) -> None:
     p.add_argument("--chat-template", metavar="NAME", help="a built-in chat template instead of the model's")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the reply contains TEXT (repeatable)")
     add_sampling_args(p)
+    add_device_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (text, stats) instead of streaming")
-    p.add_argument("--verbose", action="store_true", help="print load time and speeds to stderr")
+    p.add_argument("--verbose", action="store_true", help="print where the layers run, load time and speeds to stderr")
     p.set_defaults(func=run)
 
 
@@ -54,8 +53,10 @@ def run(args) -> int:
     if args.raw and (args.system or args.chat_template):
         raise NoPromptError("--raw is plain completion: it takes no --system or --chat-template")
     t0 = time.perf_counter()
-    engine = load(args.model, device=args.device, ctx=args.ctx, progress=DownloadBar(), cuda_graph=not args.no_graph)
+    engine = load(args.model, ctx=args.ctx, progress=DownloadBar(), **load_options(args))
     load_seconds = time.perf_counter() - t0
+    if args.verbose:
+        print(engine.placement.summary(), file=sys.stderr)
     if args.raw:
         request = prompt
     else:

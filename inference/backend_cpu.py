@@ -20,13 +20,18 @@ def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
 
 
 class CPUBackend:
-    """Holds the KV cache and the input buffers (tokens, start position) the forward pass reads."""
+    """Holds the KV cache of its layers and the input buffers (tokens, start position) the forward pass reads.
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int):
+    layers: the layers it runs (default all); with the GPU holding the rest, they are the first ones."""
+
+    prefill_chunk = 256  # prompt tokens a forward: bounds the attention scores to [heads, 256, ctx]
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None):
         self.cfg = cfg
         self.n_ctx = n_ctx
-        self.k_cache = [lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.head_dim)) for _ in range(cfg.n_layers)]
-        self.v_cache = [lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.v_head_dim)) for _ in range(cfg.n_layers)]
+        self.layers = range(cfg.n_layers) if layers is None else layers
+        self.k_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.head_dim)) for i in self.layers}
+        self.v_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.v_head_dim)) for i in self.layers}
         self.tokens = np.zeros(0, np.int32)  # [n] the tokens of this step
         self.pos = 0  # position of tokens[0]
         self._inv_freq = {}  # (base, scale) -> [rope_dim // 2]

@@ -9,6 +9,7 @@ CuPy's memory pool for memory during a capture. Prompt chunks (many tokens, eage
 from dataclasses import dataclass
 
 import cupy as cp
+import cupyx
 import numpy as np
 
 from inference.placement import PREFILL_CHUNK
@@ -60,25 +61,30 @@ class RowGroup:
 
 
 class CUDABackend:
-    """Weights in VRAM, the fp16 KV cache, the input and sampler buffers, and the op set of forward()."""
+    """Weights in VRAM, the fp16 KV cache, the input and sampler buffers, and the op set of forward().
+
+    layers: the layers it runs (default all). Without the first layer the CPU runs the ones before (placement.py):
+    token_embd stays on the host and each forward starts from the hidden state receive() brings over; the output
+    head is always here."""
 
     prefill_chunk = PREFILL_CHUNK
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None):
         self.cfg = cfg
         self.n_ctx = n_ctx
+        self.layers = range(cfg.n_layers) if layers is None else layers
         self.stream = cp.cuda.Stream(non_blocking=True)
         with self.stream:
             self._groups: dict[tuple, list[RowGroup]] = {}  # _group_key of a matmuls call -> its row groups
-            for lw in weights.layers:
-                for ws, biases in _matmuls_calls(lw):
+            for i in self.layers:
+                for ws, biases in _matmuls_calls(weights.layers[i]):
                     self._groups[_group_key(ws, biases)] = _row_groups(ws, biases)
             self._dev: dict[int, object] = {}  # id of a host weight -> its device copy
-            for m in _host_tensors(weights):
+            for m in _host_tensors(weights, self.layers):
                 if id(m) not in self._dev:
                     self._dev[id(m)] = to_device(m.data, m.qtype) if isinstance(m, QuantMatrix) else cp.asarray(m)
             self._rope_freqs = weights.rope_freqs
-            self.caches = [cuda_ops.kv_cache(cfg.n_kv_heads, n_ctx, cfg.head_dim) for _ in range(cfg.n_layers)]
+            self.caches = {i: cuda_ops.kv_cache(cfg.n_kv_heads, n_ctx, cfg.head_dim) for i in self.layers}
             self.token = cp.zeros(1, dtype=cp.int32)  # the decode step's input; the sampler writes the next
             self.pos = cp.zeros(1, dtype=cp.int32)  # position of tokens[0]
             self.history = cp.zeros(REPEAT_LAST_N, dtype=cp.int32)  # ring: history[p % n] = token at p
@@ -87,6 +93,8 @@ class CUDABackend:
             self._argmax_scratch = cuda_ops.argmax_scratch()
             self._sample_scratch = cuda_ops.sample_scratch(cfg.n_vocab)
             self._arena = Arena(_step_arena_bytes(cfg))
+            self._hidden = cp.empty((1, cfg.n_embd), dtype=cp.float32)  # a one-token step's input from the CPU
+        self._hidden_host = cupyx.empty_pinned((1, cfg.n_embd), dtype=np.float32)  # pinned: copied in by the graph
         self._inv_freq = {}  # (base, scale) -> float64 [rope_dim // 2]
         self._prefill_scratch = None  # cuda_prefill.Scratch, grown to the largest chunk seen
         self.ids = self.token  # [n] int32 the tokens of this forward
@@ -125,6 +133,29 @@ class CUDABackend:
 
     def to_host(self, x: cp.ndarray) -> np.ndarray:
         return x.get(stream=self.stream)
+
+    # ---- the hidden state from the CPU layers before this segment ----
+
+    def receive(self, x: np.ndarray) -> cp.ndarray:
+        """x [n, n_embd] on the host -> the GPU, to run this backend's layers on."""
+        if self.n == 1:
+            self.stage(x)
+            return self.staged()
+        out = self._empty(x.shape)
+        out.set(np.ascontiguousarray(x, np.float32), stream=self.stream)
+        return out
+
+    def stage(self, x: np.ndarray) -> None:
+        """One token's hidden state into the pinned buffer that staged() copies from (before a graph launch:
+        the previous step has finished, as its token was read back)."""
+        np.copyto(self._hidden_host, x)
+
+    def staged(self) -> cp.ndarray:
+        """The staged hidden state [1, n_embd] on the GPU: an asynchronous copy from pinned memory, which a
+        CUDA graph captures as a node, so every replay copies what stage() wrote last."""
+        cp.cuda.runtime.memcpyAsync(self._hidden.data.ptr, self._hidden_host.ctypes.data, self._hidden.nbytes,
+                                    cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
+        return self._hidden
 
     # ---- the op set of forward() ----
 
@@ -285,12 +316,14 @@ def _row_groups(ws: tuple[QuantMatrix, ...], biases: tuple | None) -> list[RowGr
     return groups
 
 
-def _host_tensors(w: ModelWeights):
-    """Every weight forward() hands to an op on its own: matrices and norm vectors (not the matmuls calls')."""
-    yield w.token_embd
+def _host_tensors(w: ModelWeights, layers: range):
+    """Every weight forward() hands to an op on its own in these layers and the head: matrices and norm vectors
+    (not the matmuls calls'); token_embd only with the first layer (else the CPU embeds)."""
+    if layers.start == 0:
+        yield w.token_embd
     yield w.output
     yield w.output_norm
-    for lw in w.layers:
+    for lw in (w.layers[i] for i in layers):
         grouped = {id(t) for ws, biases in _matmuls_calls(lw) for t in ws + (biases or ())}
         for name in lw.__dataclass_fields__:
             t = getattr(lw, name)

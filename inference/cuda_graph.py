@@ -5,43 +5,59 @@ The first step of a sampling mode (greedy or not) runs eagerly as the warm-up (k
 allocated, inverse frequencies uploaded) and is a real step; the same call sequence is then captured into a
 CUDA graph on the backend's stream, and every later step is one graph launch. use_graph=False runs every
 step eagerly (the same ops), so the graph's effect can be measured.
+
+With the first layers on the CPU (placement.py) a step starts on the host: the CPU backend embeds the token
+just read back and runs its layers, stage() puts the hidden state in pinned memory, and the GPU part (its
+copy onto the GPU, the GPU layers, the head and the sampler) is the graph.
 """
 from collections.abc import Iterator
 
+import numpy as np
+
+from inference.backend_cpu import CPUBackend
 from inference.backend_cuda import CUDABackend
-from inference.forward import forward
+from inference.forward import embed, head, layers
 from inference.sampling import SamplingParams
 from inference.weights import ModelWeights
 from models.config import ModelConfig
 
 
 class DecodeStep:
-    def __init__(self, be: CUDABackend, cfg: ModelConfig, weights: ModelWeights, use_graph: bool = True):
+    def __init__(self, be: CUDABackend, cfg: ModelConfig, weights: ModelWeights, use_graph: bool = True,
+                 cpu: CPUBackend | None = None):
         self.be = be
+        self.cpu = cpu  # runs layers 0..be.layers.start - 1 first; None: the GPU holds them all
         self.cfg = cfg
         self.weights = weights
         self.use_graph = use_graph
         self.graphs = {}  # greedy (bool) -> cupy.cuda.Graph
         self.logits = None  # [1, n_vocab] in the arena: the latest step's logits (the same buffer every step)
 
-    def _eager(self, greedy: bool):
-        self.be.begin_step()
-        logits = forward(self.be, self.cfg, self.weights)
-        self.be.sample(logits[0], greedy)
+    def _gpu_part(self, greedy: bool):
+        be = self.be
+        be.begin_step()
+        x = be.staged() if self.cpu else embed(be, self.cfg, self.weights)
+        logits = head(be, self.cfg, self.weights, layers(be, self.cfg, self.weights, x, be.layers))
+        be.sample(logits[0], greedy)
         return logits
 
-    def __call__(self, greedy: bool) -> None:
-        """Run one step (the host does not wait for it)."""
+    def __call__(self, greedy: bool, token: int, pos: int) -> None:
+        """Run one step on token at pos (the host does not wait for the GPU). The GPU part reads both from its
+        own buffers, where the last step's sampler left them; the CPU part takes them from the host."""
+        if self.cpu:
+            self.cpu.set_input(np.array([token], np.int32), pos)
+            x = layers(self.cpu, self.cfg, self.weights, embed(self.cpu, self.cfg, self.weights), self.cpu.layers)
+            self.be.stage(x)
         graph = self.graphs.get(greedy)
         if graph is not None:
             graph.launch(self.be.stream)
             return
-        self.logits = self._eager(greedy)
+        self.logits = self._gpu_part(greedy)
         if self.use_graph:
             stream = self.be.stream
             stream.begin_capture()
             try:
-                logits = self._eager(greedy)
+                logits = self._gpu_part(greedy)
             finally:
                 graph = stream.end_capture()
             assert logits.data.ptr == self.logits.data.ptr, "the captured step must reuse the warm-up's buffers"
@@ -57,6 +73,9 @@ class DecodeStep:
         greedy = params.temperature <= 0 and params.repeat_penalty == 1.0  # argmax; else the sampler kernel
         self.be.start_sampling(params, seed, history)
         self.be.sample(logits[0], greedy)
+        pos = len(history)
         while True:
-            yield self.be.read_token()
-            self(greedy)
+            token = self.be.read_token()
+            yield token
+            self(greedy, token, pos)
+            pos += 1

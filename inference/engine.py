@@ -1,5 +1,6 @@
 """Engine: a loaded model with its KV cache; logits for tests and streaming generation for people."""
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -9,6 +10,7 @@ import numpy as np
 
 from inference.backend_cpu import CPUBackend
 from inference.forward import forward
+from inference.placement import Placement, VramBudgetError, all_on_cpu, free_vram, plan_placement, split
 from inference.sampling import Sampler, SamplingParams
 from inference.weights import load_weights
 from models.chat_template import load_chat_template
@@ -17,8 +19,6 @@ from models.errors import UserError
 from models.gguf import open_gguf
 from models.model_ref import resolve_model
 from models.tokenizer import Tokenizer
-
-PREFILL_CHUNK = 256  # prompt tokens per forward: bounds the attention scores to [heads, 256, ctx]
 
 
 class PromptTooLongError(UserError, ValueError):
@@ -60,18 +60,43 @@ class GenerationStats:
 
 
 class Engine:
-    def __init__(self, path: Path, config: ModelConfig, weights, tokenizer, backend, gguf, decode=None):
+    def __init__(self, path: Path, config: ModelConfig, weights, tokenizer, gguf, n_ctx: int, placement: Placement,
+                 cuda_graph: bool = True, notify=None):
         self.path = path
         self.config = config
         self.tokenizer = tokenizer
-        self.n_ctx = backend.n_ctx
+        self.n_ctx = n_ctx
         self._weights = weights
-        self._be = backend
-        self._decode = decode  # cuda_graph.DecodeStep: tokens sampled on the GPU; None: on the host
-        self.device = "cpu" if decode is None else "cuda"
+        self._cuda_graph = cuda_graph
+        self._notify = notify or _to_stderr  # says what load and recovery decided (OOM retries)
         self._gguf = gguf  # keeps the memory map the weights view alive
+        self._place(placement)
         self.chat_template = load_chat_template(gguf.metadata)  # None: the file has none
         self._cached: list[int] = []  # tokens whose keys and values are in the cache, from position 0
+
+    def _place(self, placement: Placement) -> None:
+        """Build the backends for placement: (backend, layers) segments in order, the GPU ones last; if the GPU
+        runs out of memory while uploading, retry with fewer GPU layers (and say so) down to none."""
+        self.placement = placement
+        while True:
+            k = self.placement.n_gpu_layers
+            try:
+                self._segments, self._decode = _build(self.config, self._weights, self.n_ctx, k, self._cuda_graph)
+                break
+            except Exception as e:
+                if k == 0 or not _out_of_vram(e):
+                    raise
+            # here, past the except, the traceback no longer holds the half-built backend
+            self.placement = self._with_gpu_layers(_fewer_layers(k, self._notify, "loading"))
+        self.device = "cpu" if k == 0 else "cuda"
+        self._be = self._segments[-1][0]  # gives the logits
+
+    def _with_gpu_layers(self, k: int) -> Placement:
+        """The placement with only its last k layers on the GPU, after running out of VRAM."""
+        p, reason = self.placement, "out of GPU memory"
+        if k == 0:
+            return all_on_cpu(self.config.n_layers, self.n_ctx, reason)
+        return split(self._gguf.tensors, self.config, self.n_ctx, k, p.budget_bytes, p.reserve_bytes, reason)
 
     def logits(self, ids) -> np.ndarray:
         """Teacher-forced logits [len(ids), n_vocab] float32 of a fresh context."""
@@ -89,15 +114,30 @@ class Engine:
 
     def _prefill(self, ids: list[int], all_logits: bool):
         """Process ids after the longest prefix already cached. all_logits: numpy [n_new, n_vocab] of every new
-        token; else the last token's logits [1, n_vocab], left on the backend's device."""
+        token; else the last token's logits [1, n_vocab], left on the backend's device. If the prompt's buffers
+        do not fit in VRAM next to the layers, layers move to the CPU (said) and the prompt starts over."""
+        while True:
+            try:
+                return self._prefill_chunks(ids, all_logits)
+            except Exception as e:
+                if self.device != "cuda" or not _out_of_vram(e):
+                    raise
+            # past the except, no traceback holds the old backends: dropping them frees their VRAM
+            self._segments = self._decode = self._be = None
+            self._cached = []
+            self._place(self._with_gpu_layers(_fewer_layers(self.placement.n_gpu_layers, self._notify,
+                                                            "processing the prompt")))
+
+    def _prefill_chunks(self, ids: list[int], all_logits: bool):
         # the last token always runs: its logits pick the next one
         keep = min(_common_prefix(ids, self._cached), len(ids) - 1)
         out = []
-        size = getattr(self._be, "prefill_chunk", PREFILL_CHUNK)  # the GPU backend takes longer chunks
+        size = min(be.prefill_chunk for be, _ in self._segments)  # the GPU alone takes longer chunks
         for start in range(keep, len(ids), size):
-            chunk = ids[start:start + size]
-            self._be.set_input(np.array(chunk, np.int32), start)
-            logits = forward(self._be, self.config, self._weights, all_logits=all_logits)
+            chunk = np.array(ids[start:start + size], np.int32)
+            for be, _ in self._segments:
+                be.set_input(chunk, start)
+            logits = forward(self._segments, self.config, self._weights, all_logits=all_logits)
             out.append(self._be.to_host(logits) if all_logits else logits)
             self._cached = ids[:start + len(chunk)]
         return np.concatenate(out).astype(np.float32, copy=False) if all_logits else out[-1]
@@ -113,7 +153,7 @@ class Engine:
             yield token
             history.append(token)
             self._be.set_input(np.array([token], np.int32), len(self._cached) - 1)
-            logits = forward(self._be, self.config, self._weights)
+            logits = forward(self._segments, self.config, self._weights)
 
     def prompt_ids(self, prompt, chat_template: str | None = None) -> list[int]:
         """Token ids of a plain-text prompt, of messages rendered with the chat template, or ids as given."""
@@ -242,15 +282,75 @@ def cuda_available() -> bool:
         return False
 
 
+def _build(config: ModelConfig, weights, n_ctx: int, n_gpu_layers: int, cuda_graph: bool):
+    """(segments, decode step) with the last n_gpu_layers layers on the GPU (decode None: all on the CPU)."""
+    n = config.n_layers
+    if n_gpu_layers == 0:
+        return [(CPUBackend(config, weights, n_ctx), range(n))], None
+    from inference.backend_cuda import CUDABackend  # noqa: PLC0415  (CuPy only on this path)
+    from inference.cuda_graph import DecodeStep  # noqa: PLC0415
+    first = n - n_gpu_layers
+    cpu = CPUBackend(config, weights, n_ctx, range(first)) if first else None
+    gpu = CUDABackend(config, weights, n_ctx, range(first, n))
+    segments = ([(cpu, cpu.layers)] if cpu else []) + [(gpu, gpu.layers)]
+    return segments, DecodeStep(gpu, config, weights, cuda_graph, cpu)
+
+
+def _out_of_vram(e: Exception) -> bool:
+    """CuPy's pool failing to allocate, or a CUDA call failing for memory (cudaErrorMemoryAllocation = 2)."""
+    import cupy  # noqa: PLC0415  (only asked once a GPU backend raised)
+    return isinstance(e, cupy.cuda.memory.OutOfMemoryError) or (
+        isinstance(e, cupy.cuda.runtime.CUDARuntimeError) and e.status == 2)
+
+
+def _fewer_layers(k: int, notify, doing: str) -> int:
+    """After running out of VRAM with k GPU layers: release what the failed attempt held, say so, and give the
+    count to retry with (an eighth fewer, at least one; 0 is the CPU)."""
+    import gc  # noqa: PLC0415
+
+    import cupy  # noqa: PLC0415
+    gc.collect()  # the half-built backend's arrays, held by the exception's frames until now
+    cupy.get_default_memory_pool().free_all_blocks()
+    fewer = k - max(1, k // 8)
+    notify(f"out of GPU memory {doing} with {k} layers on the GPU: retrying with {fewer}"
+           + (" (everything on the CPU)" if fewer == 0 else ""))
+    return fewer
+
+
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def plan_gpu(gguf, config: ModelConfig, n_ctx: int | None, gpu_layers, vram_budget: int | None,
+             free: int) -> Placement:
+    """Where the layers go on a GPU with free bytes of VRAM (what load() decides; info --plan shows it).
+    Without a --ctx, a context too large for every layer to fit shrinks (halving, not below 4096) before layers
+    leave the GPU: a fast reply matters more than a context the conversation may never fill."""
+    ctx = n_ctx if n_ctx is not None else _default_ctx(config, gguf.file_size)
+    try:
+        plan = plan_placement(gguf.tensors, config, ctx, free, gpu_layers, vram_budget)
+    except VramBudgetError:
+        if vram_budget is not None or gpu_layers != "auto":
+            raise  # asked for: say why it cannot be
+        return all_on_cpu(config.n_layers, ctx, f"{free / 2**30:.2f} GiB of free VRAM holds no layer")
+    while n_ctx is None and gpu_layers == "auto" and plan.n_gpu_layers < config.n_layers and ctx > 4096:
+        ctx = max(4096, ctx // 2)
+        plan = plan_placement(gguf.tensors, config, ctx, free, gpu_layers, vram_budget)
+    return plan
+
+
 def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None, progress=None,
-         cuda_graph: bool = True) -> Engine:
+         cuda_graph: bool = True, vram_budget: int | None = None, notify=None) -> Engine:
     """Open a GGUF model ready to generate: model is a path, owner/repo[:QUANT] or a pulled name (None: the
     default model); progress reports a download. device "cuda", "cpu" or "auto" (CUDA when CuPy sees a GPU).
-    cuda_graph=False runs the GPU decode step eagerly instead of replaying its captured graph."""
+    gpu_layers: "auto" (as many of the last layers as fit) or how many go on the GPU; vram_budget: bytes to plan
+    with as on a smaller card (placement.py). cuda_graph=False runs the GPU decode step eagerly instead of
+    replaying its captured graph. notify(message) hears about OOM retries (default: stderr)."""
     if device not in ("auto", "cpu", "cuda"):
         raise DeviceError(f"device '{device}' is not available (use auto, cpu or cuda)")
+    reason = "--device cpu"
     if device == "auto":
-        device = "cuda" if cuda_available() else "cpu"
+        device, reason = ("cuda", "") if cuda_available() else ("cpu", "no CUDA GPU found")
     elif device == "cuda" and not cuda_available():
         raise DeviceError("device 'cuda' needs CuPy and an NVIDIA GPU, and none was found (use --device cpu)")
     path = resolve_model(model, progress)
@@ -258,12 +358,11 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
     config = config_from_metadata(gguf.metadata)
     weights = load_weights(gguf, config)
     tokenizer = Tokenizer(gguf.metadata)
-    n_ctx = ctx if ctx is not None else _default_ctx(config, gguf.file_size)
-    if n_ctx < 1:
-        raise DeviceError(f"the context size must be at least 1 (got {n_ctx})")
+    if ctx is not None and ctx < 1:
+        raise DeviceError(f"the context size must be at least 1 (got {ctx})")
     if device == "cpu":
-        return Engine(path, config, weights, tokenizer, CPUBackend(config, weights, n_ctx), gguf)
-    from inference.backend_cuda import CUDABackend  # noqa: PLC0415  (CuPy only on this path)
-    from inference.cuda_graph import DecodeStep  # noqa: PLC0415
-    backend = CUDABackend(config, weights, n_ctx)
-    return Engine(path, config, weights, tokenizer, backend, gguf, DecodeStep(backend, config, weights, cuda_graph))
+        n_ctx = ctx if ctx is not None else _default_ctx(config, gguf.file_size)
+        placement = all_on_cpu(config.n_layers, n_ctx, reason)
+    else:
+        placement = plan_gpu(gguf, config, ctx, gpu_layers, vram_budget, free_vram())
+    return Engine(path, config, weights, tokenizer, gguf, placement.n_ctx, placement, cuda_graph, notify)

@@ -1,39 +1,65 @@
-"""The transformer forward pass, written once over the backend's op set; ModelConfig says what differs."""
+"""The transformer forward pass, written once over the backend's op set; ModelConfig says what differs.
+
+A model may run in segments on different devices (placement.py: the first layers on the CPU, the rest on
+the GPU): each segment is a backend and the layers it holds, and only the hidden state crosses between them.
+"""
 from models.config import ModelConfig
-from inference.weights import ModelWeights
+from inference.weights import LayerWeights, ModelWeights
 
 
-def forward(be, cfg: ModelConfig, w: ModelWeights, all_logits: bool = False):
-    """Run be.tokens at positions be.pos.. through the model, filling the KV cache.
+def embed(be, cfg: ModelConfig, w: ModelWeights):
+    """The hidden state [n, n_embd] of be.tokens."""
+    return be.embed(w.token_embd, cfg.embed_scale)
 
-    Returns logits [n, n_vocab] for every token when all_logits, else [1, n_vocab] for the last one.
-    """
-    x = be.embed(w.token_embd, cfg.embed_scale)  # [n, n_embd]
+
+def layer(be, cfg: ModelConfig, lw: LayerWeights, i: int, x):
+    """Layer i on x [n, n_embd] for the tokens at positions be.pos.., filling its KV cache."""
     n = len(x)
-    for i, lw in enumerate(w.layers):
-        h = be.rms_norm(x, lw.attn_norm)
-        q, k, v = be.matmuls(lw.qkv, h, lw.qkv_bias)
-        q = q.reshape(n, cfg.n_heads, cfg.head_dim)
-        k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
-        v = v.reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
-        if cfg.qk_norm:
-            q = be.rms_norm(q, lw.attn_q_norm)
-            k = be.rms_norm(k, lw.attn_k_norm)
-        q = be.rope(q, cfg.layer_rope_base(i), cfg.layer_rope_scale(i))
-        k = be.rope(k, cfg.layer_rope_base(i), cfg.layer_rope_scale(i))
-        be.kv_write(i, k, v)
-        a = be.attention(i, q, cfg.layer_window(i), cfg.softmax_scale)  # [n, n_heads * v_head_dim]
-        o = be.matmul(lw.attn_output, a)
-        if cfg.sandwich_norm:
-            o = be.rms_norm(o, lw.post_attention_norm)
-        x = be.add(x, o)
+    h = be.rms_norm(x, lw.attn_norm)
+    q, k, v = be.matmuls(lw.qkv, h, lw.qkv_bias)
+    q = q.reshape(n, cfg.n_heads, cfg.head_dim)
+    k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
+    v = v.reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
+    if cfg.qk_norm:
+        q = be.rms_norm(q, lw.attn_q_norm)
+        k = be.rms_norm(k, lw.attn_k_norm)
+    q = be.rope(q, cfg.layer_rope_base(i), cfg.layer_rope_scale(i))
+    k = be.rope(k, cfg.layer_rope_base(i), cfg.layer_rope_scale(i))
+    be.kv_write(i, k, v)
+    a = be.attention(i, q, cfg.layer_window(i), cfg.softmax_scale)  # [n, n_heads * v_head_dim]
+    o = be.matmul(lw.attn_output, a)
+    if cfg.sandwich_norm:
+        o = be.rms_norm(o, lw.post_attention_norm)
+    x = be.add(x, o)
 
-        h = be.rms_norm(x, lw.ffn_norm)
-        gate, up = be.matmuls(lw.gate_up, h)
-        f = be.matmul(lw.ffn_down, be.glu(gate, up))
-        if cfg.sandwich_norm:
-            f = be.rms_norm(f, lw.post_ffw_norm)
-        x = be.add(x, f)
+    h = be.rms_norm(x, lw.ffn_norm)
+    gate, up = be.matmuls(lw.gate_up, h)
+    f = be.matmul(lw.ffn_down, be.glu(gate, up))
+    if cfg.sandwich_norm:
+        f = be.rms_norm(f, lw.post_ffw_norm)
+    return be.add(x, f)
+
+
+def layers(be, cfg: ModelConfig, w: ModelWeights, x, indices: range):
+    for i in indices:
+        x = layer(be, cfg, w.layers[i], i, x)
+    return x
+
+
+def head(be, cfg: ModelConfig, w: ModelWeights, x, all_logits: bool = False):
+    """Logits [n, n_vocab] of every token when all_logits, else [1, n_vocab] of the last one."""
     if not all_logits:
         x = x[-1:]
     return be.logits(w.output, be.rms_norm(x, w.output_norm))
+
+
+def forward(segments, cfg: ModelConfig, w: ModelWeights, all_logits: bool = False):
+    """Run the tokens each backend was given (set_input) through the model, filling the KV caches.
+
+    segments: (backend, layer range) pairs in order, covering every layer; the first embeds the tokens, each
+    next one takes the hidden state over (be.receive), and the last gives the logits (see head)."""
+    x = None
+    for be, indices in segments:
+        x = embed(be, cfg, w) if x is None else be.receive(x)
+        x = layers(be, cfg, w, x, indices)
+    return head(be, cfg, w, x, all_logits)

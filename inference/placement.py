@@ -19,7 +19,7 @@ one GPU segment (layers k..n-1, the head, sampling), one upload of n_embd floats
 """
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from models.config import ModelConfig
 from models.errors import UserError
@@ -90,6 +90,10 @@ class Placement:
         return "\n".join((head, vram, where))
 
 
+def all_on_cpu(n_layers: int, n_ctx: int, reason: str) -> Placement:
+    return Placement(("cpu",) * n_layers, "cpu", "cpu", 0, 0, 0, 0, 0, n_ctx, reason)
+
+
 def _gib(n: int) -> str:
     return f"{n / GiB:.2f} GiB"
 
@@ -140,38 +144,40 @@ def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int,
     else:
         budget, reserve = min(vram_budget, free_vram + CUDA_CONTEXT_BYTES), RUNTIME_RESERVE_BYTES + CUDA_CONTEXT_BYTES
     if gpu_layers == 0:
-        return Placement(("cpu",) * n, "cpu", "cpu", 0, 0, 0, 0, budget, n_ctx, "--gpu-layers 0")
+        return replace(all_on_cpu(n, n_ctx, "--gpu-layers 0"), budget_bytes=budget)
 
-    layers = layer_weight_bytes(tensors, n)
-    kv = kv_bytes_per_layer(cfg, n_ctx)
+    def need(k: int) -> int:
+        return split(tensors, cfg, n_ctx, k, budget, reserve, "").total_bytes
+
+    if need(1) > budget:
+        one = split(tensors, cfg, n_ctx, 1, budget, reserve, "")
+        head = one.weights_bytes - layer_weight_bytes(tensors, n)[-1]
+        raise VramBudgetError(
+            f"VRAM budget {_gib(budget)} is too small for the GPU: the output head ({_gib(head)}), one layer "
+            f"({_gib(one.weights_bytes - head)} weights + {_gib(one.kv_bytes)} KV cache at ctx {n_ctx}), scratch "
+            f"({_gib(one.scratch_bytes)}) and the CUDA reserve ({_gib(reserve)}) need {_gib(need(1))}; use "
+            "--gpu-layers 0 (CPU), a smaller --ctx or model")
+    fits = max(k for k in range(1, n + 1) if need(k) <= budget)
+    if gpu_layers == "auto":
+        return split(tensors, cfg, n_ctx, fits, budget, reserve, "VRAM budget exhausted")
+    if need(gpu_layers) > budget:
+        raise VramBudgetError(f"--gpu-layers {gpu_layers} needs {_gib(need(gpu_layers))} of VRAM at ctx {n_ctx}, "
+                              f"the budget is {_gib(budget)}: at most {fits} layers fit")
+    return split(tensors, cfg, n_ctx, gpu_layers, budget, reserve, f"--gpu-layers {gpu_layers}")
+
+
+def split(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int, k: int, budget: int, reserve: int,
+          reason: str) -> Placement:
+    """The last k (>= 1) layers on the GPU, counted; reason: why the others are not (kept only when some are)."""
+    n = cfg.n_layers
     tied = "output.weight" not in tensors
     head = sum(_vram_bytes(tensors[name]) for name in ("token_embd.weight" if tied else "output.weight",
                                                        "output_norm.weight", "rope_freqs.weight") if name in tensors)
     embd = 0 if tied else _vram_bytes(tensors["token_embd.weight"])  # only when every layer is on the GPU
-    scratch = scratch_bytes(tensors, cfg)
-
-    def weights(k: int) -> int:  # the head and the last k layers (and token_embd with all of them)
-        return head + sum(layers[n - k:]) + (embd if k == n else 0)
-
-    def need(k: int) -> int:
-        return weights(k) + k * kv + scratch + reserve
-
-    if need(1) > budget:
-        raise VramBudgetError(
-            f"VRAM budget {_gib(budget)} is too small for the GPU: the output head ({_gib(head)}), one layer "
-            f"({_gib(layers[-1])} weights + {_gib(kv)} KV cache at ctx {n_ctx}), scratch ({_gib(scratch)}) and "
-            f"the CUDA reserve ({_gib(reserve)}) need {_gib(need(1))}; use --gpu-layers 0 (CPU), a smaller --ctx "
-            "or model")
-    fits = max(k for k in range(1, n + 1) if need(k) <= budget)
-    if gpu_layers == "auto":
-        k, reason = fits, "VRAM budget exhausted"
-    elif need(gpu_layers) > budget:
-        raise VramBudgetError(f"--gpu-layers {gpu_layers} needs {_gib(need(gpu_layers))} of VRAM at ctx {n_ctx}, "
-                              f"the budget is {_gib(budget)}: at most {fits} layers fit")
-    else:
-        k, reason = gpu_layers, f"--gpu-layers {gpu_layers}"
-    return Placement(("cpu",) * (n - k) + ("gpu",) * k, "gpu", "gpu" if k == n else "cpu", weights(k), k * kv,
-                     scratch, reserve, budget, n_ctx, reason if k < n else "")
+    weights = head + sum(layer_weight_bytes(tensors, n)[n - k:]) + (embd if k == n else 0)
+    return Placement(("cpu",) * (n - k) + ("gpu",) * k, "gpu", "gpu" if k == n else "cpu", weights,
+                     k * kv_bytes_per_layer(cfg, n_ctx), scratch_bytes(tensors, cfg), reserve, budget, n_ctx,
+                     reason if k < n else "")
 
 
 def parse_gpu_layers(text: str) -> int | str:

@@ -14,7 +14,8 @@ from app.tui.chat_list import ChatList
 from app.tui.commands import ChatCommands
 from app.tui.conversation import Conversation
 from app.tui.dialogs import ConfirmDialog, TextDialog
-from app.tui.events import ModelFailed, ModelLoaded, ModelProgress, ReplyFailed, ReplyFinished, ReplyPiece
+from app.tui.events import (EngineNotice, ModelFailed, ModelLoaded, ModelProgress, ReplyFailed, ReplyFinished,
+                            ReplyPiece)
 from app.tui.help_screen import HelpScreen
 from app.tui.message_view import MessageView
 from app.tui.model_picker import ModelPicker, known_models, model_label
@@ -45,14 +46,17 @@ class ChatApp(App):
     ]
 
     def __init__(self, store: ChatStore, model: str, sampling: Sampling | None = None,
-                 system_prompt: str = "", ctx: int | None = None, drop_old_turns: bool = False):
-        """model (a path, owner/repo[:QUANT] or a pulled name), sampling and system_prompt: of new chats."""
+                 system_prompt: str = "", ctx: int | None = None, drop_old_turns: bool = False,
+                 load_options: dict | None = None):
+        """model (a path, owner/repo[:QUANT] or a pulled name), sampling and system_prompt: of new chats.
+        load_options: more arguments of inference.load for every model (device, gpu_layers, vram_budget)."""
         super().__init__()
         self.store = store
         self.new_chat_model = model
         self.new_chat_sampling = sampling or Sampling()
         self.new_chat_system_prompt = system_prompt
         self.ctx = ctx
+        self.load_options = load_options or {}
         self.drop_old_turns = drop_old_turns  # a chat that outgrows the context loses its oldest turns
         self.chat: Chat | None = None
         self.engine = None
@@ -140,7 +144,7 @@ class ChatApp(App):
 
     @work(thread=True, exclusive=True, group="load")
     def load_model(self, model: str) -> None:
-        engine_work.load_model(model, self.ctx, self.post_message)
+        engine_work.load_model(model, self.ctx, self.post_message, self.load_options)
 
     @on(ModelProgress)
     def model_progress(self, event: ModelProgress) -> None:
@@ -155,9 +159,17 @@ class ChatApp(App):
         self.engine, self.engine_model, self.loading_model = event.engine, event.model, ""
         self.query_one("#loading").display = False
         self.notify(f"{model_label(event.model)} loaded in {event.seconds:.1f} s", timeout=3)
+        placement = self.engine.placement
+        if 0 < placement.n_gpu_layers < len(placement.layers):  # a split is slower: say why it was made
+            self.notify(placement.summary().splitlines()[0], title="Placement", timeout=8)
         self.show_model_status()
         if self.reply_waits_for_model:
             self.start_generation()
+
+    @on(EngineNotice)
+    def engine_notice(self, event: EngineNotice) -> None:
+        self.notify(event.text, title="Engine", severity="warning", timeout=10)
+        self.show_model_status()
 
     @on(ModelFailed)
     async def model_failed(self, event: ModelFailed) -> None:

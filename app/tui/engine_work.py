@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict
 
 from app.store import Chat, Message, Sampling
-from app.tui.events import ModelFailed, ModelLoaded, ModelProgress, ReplyFailed, ReplyFinished, ReplyPiece
+from app.tui.events import EngineNotice, ModelFailed, ModelLoaded, ModelProgress, ReplyFailed, ReplyFinished, ReplyPiece
 from models.errors import UserError
 
 
@@ -20,7 +20,8 @@ def error_text(e: Exception) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def load_model(model: str, ctx: int | None, post) -> None:
+def load_model(model: str, ctx: int | None, post, options: dict | None = None) -> None:
+    """options: more arguments of inference.load (device, gpu_layers, vram_budget)."""
     from inference import load  # heavy: numba, and CuPy when there is a GPU
 
     def progress(file: str, done: int, total: int) -> None:
@@ -28,7 +29,8 @@ def load_model(model: str, ctx: int | None, post) -> None:
 
     start = time.monotonic()
     try:
-        engine = load(model, ctx=ctx, progress=progress)
+        engine = load(model, ctx=ctx, progress=progress, notify=lambda text: post(EngineNotice(text)),
+                      **(options or {}))
     except Exception as e:  # noqa: BLE001 - any failure is shown, never a crash
         post(ModelFailed(model, error_text(e)))
         return

@@ -12,6 +12,12 @@ class ModelLoaded(Message):
 
 
 @dataclass
+class EngineNotice(Message):
+    """Something the engine decided on its own, e.g. layers moved to the CPU after running out of VRAM."""
+    text: str
+
+
+@dataclass
 class ModelProgress(Message):
     """A download of the model (a Hub reference not pulled yet): bytes of one file."""
     model: str

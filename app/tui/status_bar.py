@@ -25,6 +25,8 @@ class StatusBar(Static):
 
 
 def placement_text(engine) -> str:
-    """Where the layers run: all on one device for now (a CPU/GPU split will report its counts here)."""
-    n = engine.config.n_layers
-    return f"{engine.device.upper()} {n}/{n} layers"
+    """Where the layers run: 'GPU 32/32 layers', 'GPU 24 · CPU 8 layers' or 'CPU 30/30 layers'."""
+    n, k = len(engine.placement.layers), engine.placement.n_gpu_layers
+    if 0 < k < n:
+        return f"GPU {k} · CPU {n - k} layers"
+    return f"{'GPU' if k else 'CPU'} {n}/{n} layers"

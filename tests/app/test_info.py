@@ -112,8 +112,9 @@ def test_plan_shows_the_split_and_refuses_a_budget_too_small(smollm2):
     done = info(smollm2, "--plan", "--vram-budget", "1", "--ctx", "8192")
     assert done.returncode == 0, done.stderr
     assert "placement: 21/30 layers on GPU, layers 0-8 on CPU: VRAM budget exhausted" in done.stdout
-    plan = json.loads(info(smollm2, "--plan", "--vram-budget", "1", "--json").stdout)["plan"]  # its own ctx, 8192
-    assert plan.splitlines()[0] == "placement: 21/30 layers on GPU, layers 0-8 on CPU: VRAM budget exhausted"
+    # without --ctx the model's 8192 halves until every layer fits, as load() does
+    plan = json.loads(info(smollm2, "--plan", "--vram-budget", "1", "--json").stdout)["plan"]
+    assert plan.splitlines()[0] == "placement: 30/30 layers on GPU" and "(ctx 4096, f16)" in plan
     assert info(smollm2, "--plan", "--vram-budget", "1", "--ctx", "512").stdout.count("30/30 layers on GPU") == 1
     small = info(smollm2, "--plan", "--vram-budget", "0.8")
     assert small.returncode == 1 and small.stderr.count("\n") == 1 and "too small" in small.stderr

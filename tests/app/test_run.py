@@ -40,6 +40,7 @@ def test_streamed_text_equals_the_json_text_and_verbose_goes_to_stderr(smollm2):
     assert streamed.returncode == 0 and as_json.returncode == 0, streamed.stderr + as_json.stderr
     assert streamed.stdout == json.loads(as_json.stdout)["text"] + "\n"
     assert "load:" in streamed.stderr and "tok/s" in streamed.stderr
+    assert "placement: " in streamed.stderr and "/30 layers on GPU" in streamed.stderr  # where the layers run
 
 
 def test_user_errors_are_one_line(smollm2, gemma3, tmp_path):
@@ -49,6 +50,8 @@ def test_user_errors_are_one_line(smollm2, gemma3, tmp_path):
     assert_one_line_error(gguf_chat("run", bad, "-p", "hi"))
     assert_one_line_error(gguf_chat("run", smollm2, "--ctx", "8", "-p", "word " * 50), "context holds 8")
     assert_one_line_error(gguf_chat("run", gemma3, "-p", "hi"), "no chat template", "--raw")
+    assert_one_line_error(gguf_chat("run", smollm2, "--gpu-layers", "most", "-p", "hi"), "--gpu-layers", "'most'")
+    assert_one_line_error(gguf_chat("run", smollm2, "--vram-budget", "lots", "-p", "hi"), "--vram-budget", "'lots'")
 
 
 def test_ctrl_c_stops_cleanly_with_the_partial_text(smollm2):

@@ -1,5 +1,17 @@
-"""Engines shared by the engine tests (loading once per session keeps the files under a few minutes)."""
+"""Engines shared by the engine tests (loading once per session keeps the files under a few minutes), and the
+synthetic models of the GPU tests.
+
+Synthetic llama files with real shapes (random weights) are written by shared/bench/synth_gguf.py (beside the
+checkout, or at $SYNTH_GGUF: the device machine has it in .carry/).
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+
+from tests.inference.synthetic import write_synthetic
 
 
 @pytest.fixture(scope="session")
@@ -12,3 +24,48 @@ def smollm2_engine(smollm2):
 def gemma3_engine(gemma3):
     from inference import load
     return load(gemma3, device="cpu", ctx=640)
+
+
+SYNTH_GGUF = os.environ.get("SYNTH_GGUF") or str(Path(__file__).parents[3] / "shared" / "bench" / "synth_gguf.py")
+
+
+@pytest.fixture(scope="session")
+def synth_tiny(tmp_path_factory):
+    return _synth(tmp_path_factory, "tiny", "q4_k_m")
+
+
+@pytest.fixture(scope="session")
+def synth_1b(tmp_path_factory):
+    return _synth(tmp_path_factory, "llama-1b", "q4_k_m")
+
+
+@pytest.fixture(scope="session")
+def synth_gemma3(tmp_path_factory, synth_tiny):
+    path = tmp_path_factory.mktemp("synth") / "gemma3.gguf"
+    _write_small(path, "gemma3", vocab_from=synth_tiny)
+    return path
+
+
+@pytest.fixture(scope="session")
+def synth_qwen2(tmp_path_factory, synth_tiny):
+    path = tmp_path_factory.mktemp("synth") / "qwen2.gguf"
+    _write_small(path, "qwen2", vocab_from=synth_tiny)
+    return path
+
+
+def _synth(factory, preset: str, ftype: str):
+    path = factory.mktemp("synth") / f"{preset}.gguf"
+    subprocess.run([sys.executable, SYNTH_GGUF, str(path), "--preset", preset, "--ftype", ftype], check=True)
+    return path
+
+
+def _write_small(path, arch: str, vocab_from) -> None:
+    """A small random model with vocab_from's SentencePiece vocabulary (tests/inference/synthetic.py), its
+    matrices Q8_0, Q5_0, Q4_1 and F16 so that the GPU runs several matvec and prefill types. gemma3: 6 layers,
+    five of them with a 16-token sliding window, head_dim 256; qwen2: qkv biases, its own output matrix."""
+    from gguf import GGMLQuantizationType as T  # noqa: PLC0415
+
+    gemma = arch == "gemma3"
+    types = dict(attn_q=T.Q8_0, attn_k=T.Q8_0, attn_v=T.Q5_0, attn_output=T.Q8_0, ffn_gate=T.F16 if gemma else T.Q4_1,
+                 ffn_up=T.F16 if gemma else T.Q4_1, ffn_down=T.Q5_0)
+    write_synthetic(path, arch, vocab_from, shapes=None if gemma else (2, 256, 512, 4, 2, 64), types=types)

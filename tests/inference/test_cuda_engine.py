@@ -1,66 +1,17 @@
 """The GPU engine against the CPU engine (teacher-forced logits, decode-step logits), and the captured decode
 graph against the same step run eagerly (greedy and sampled tokens, logits).
 
-Models: the packaged SmolLM2 and Gemma 3, and synthetic llama files with real shapes (random weights) written
-by shared/bench/synth_gguf.py (beside the checkout, or at $SYNTH_GGUF: the device machine has it in .carry/).
+Models: the packaged SmolLM2 and Gemma 3, and the synthetic ones of conftest.py.
 """
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from inference.sampling import SamplingParams
-from tests.inference.synthetic import write_synthetic
+from tests.inference.gpu_compare import assert_close_logits, greedy_steps, random_prompt
 
 pytestmark = pytest.mark.gpu
 
-SYNTH_GGUF = os.environ.get("SYNTH_GGUF") or str(Path(__file__).parents[3] / "shared" / "bench" / "synth_gguf.py")
 CTX = 512
-
-
-@pytest.fixture(scope="module")
-def synth_tiny(tmp_path_factory):
-    return _synth(tmp_path_factory, "tiny", "q4_k_m")
-
-
-@pytest.fixture(scope="module")
-def synth_1b(tmp_path_factory):
-    return _synth(tmp_path_factory, "llama-1b", "q4_k_m")
-
-
-@pytest.fixture(scope="module")
-def synth_gemma3(tmp_path_factory, synth_tiny):
-    path = tmp_path_factory.mktemp("synth") / "gemma3.gguf"
-    _write_small(path, "gemma3", vocab_from=synth_tiny)
-    return path
-
-
-@pytest.fixture(scope="module")
-def synth_qwen2(tmp_path_factory, synth_tiny):
-    path = tmp_path_factory.mktemp("synth") / "qwen2.gguf"
-    _write_small(path, "qwen2", vocab_from=synth_tiny)
-    return path
-
-
-def _synth(factory, preset: str, ftype: str):
-    path = factory.mktemp("synth") / f"{preset}.gguf"
-    subprocess.run([sys.executable, SYNTH_GGUF, str(path), "--preset", preset, "--ftype", ftype], check=True)
-    return path
-
-
-def _write_small(path, arch: str, vocab_from) -> None:
-    """A small random model with vocab_from's SentencePiece vocabulary (tests/inference/synthetic.py), its
-    matrices Q8_0, Q5_0, Q4_1 and F16 so that the GPU runs several matvec and prefill types. gemma3: 6 layers,
-    five of them with a 16-token sliding window, head_dim 256; qwen2: qkv biases, its own output matrix."""
-    from gguf import GGMLQuantizationType as T  # noqa: PLC0415
-
-    gemma = arch == "gemma3"
-    types = dict(attn_q=T.Q8_0, attn_k=T.Q8_0, attn_v=T.Q5_0, attn_output=T.Q8_0, ffn_gate=T.F16 if gemma else T.Q4_1,
-                 ffn_up=T.F16 if gemma else T.Q4_1, ffn_down=T.Q5_0)
-    write_synthetic(path, arch, vocab_from, shapes=None if gemma else (2, 256, 512, 4, 2, 64), types=types)
 
 
 # CPU parity: the real models and the small synthetic ones. Not synth_1b: its random 16 layers amplify the
@@ -79,53 +30,22 @@ def engines(request):
             load(path, device="cuda", ctx=CTX, cuda_graph=False))
 
 
-def _prompt(engine, n: int, seed: int = 0) -> list[int]:
-    return np.random.default_rng(seed).integers(3, engine.config.n_vocab, n).tolist()
-
-
-def assert_close_logits(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
-    """Rows of logits [n, n_vocab]: mean correlation >= 0.999, and the same top-1 wherever ref's best leads
-    its second by more than 0.5."""
-    corr = np.array([np.corrcoef(a, b)[0, 1] for a, b in zip(ours.astype(np.float64), ref.astype(np.float64))])
-    top2 = np.sort(ref, axis=1)[:, -2:]
-    clear = top2[:, 1] - top2[:, 0] > 0.5
-    same = ours.argmax(1) == ref.argmax(1)
-    err = np.abs(ours - ref).max()
-    print(f"{what}: mean corr {corr.mean():.6f} (min {corr.min():.6f}), max |err| {err:.4f}, "
-          f"top-1 {same.mean():.3f} ({clear.sum()} clear rows, {same[clear].mean() if clear.any() else 1:.3f})")
-    assert corr.mean() >= 0.999, f"{what}: mean correlation {corr.mean()}"
-    assert same[clear].all(), f"{what}: top-1 differs at rows {np.flatnonzero(clear & ~same)}"
-
-
 @pytest.mark.parametrize("engines", PARITY_MODELS, indirect=True)
 def test_teacher_forced_logits_match_cpu(engines):
     cpu, gpu, _ = engines
     for n in (1, 9, 70, 300):  # decode path, the few-token q8 matmul, the fp16 cuBLAS one, two prompt chunks
-        ids = _prompt(cpu, n, seed=n)
+        ids = random_prompt(cpu, n, seed=n)
         ours = gpu.logits(ids)
         assert ours.shape == (n, cpu.config.n_vocab) and ours.dtype == np.float32
         assert_close_logits(ours, cpu.logits(ids), f"{cpu.path.name} logits of {n} tokens")
 
 
-def _greedy_steps(engine, ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
-    """n greedy tokens after ids on the device, and the logits [n - 1, n_vocab] of each decode step."""
-    engine._cached = []
-    decode = engine._decode
-    tokens = decode.tokens(engine._prefill(ids, all_logits=False), SamplingParams(temperature=0), None, ids)
-    out, logits = [next(tokens)], []
-    for _ in range(n - 1):
-        out.append(next(tokens))
-        logits.append(engine._be.to_host(decode.logits)[0])
-    engine._cached = []
-    return out, np.array(logits)
-
-
 @pytest.mark.parametrize("engines", MODELS, indirect=True)
 def test_graph_replay_equals_eager(engines):
     _, graph, eager = engines
-    ids = _prompt(graph, 12)
-    g_tokens, g_logits = _greedy_steps(graph, ids, 40)
-    e_tokens, e_logits = _greedy_steps(eager, ids, 40)
+    ids = random_prompt(graph, 12)
+    g_tokens, g_logits = greedy_steps(graph, ids, 40)
+    e_tokens, e_logits = greedy_steps(eager, ids, 40)
     assert graph._decode.graphs and not eager._decode.graphs
     assert g_tokens == e_tokens
     assert np.array_equal(g_logits, e_logits)
@@ -135,8 +55,8 @@ def test_graph_replay_equals_eager(engines):
 def test_decode_steps_match_cpu(engines):
     """The logits of each greedy decode step against the CPU engine's, teacher-forced on the same tokens."""
     cpu, graph, _ = engines
-    ids = _prompt(cpu, 12)
-    tokens, logits = _greedy_steps(graph, ids, 40)
+    ids = random_prompt(cpu, 12)
+    tokens, logits = greedy_steps(graph, ids, 40)
     assert_close_logits(logits, cpu.logits(ids + tokens[:-1])[len(ids):], f"{cpu.path.name} decode steps")
 
 

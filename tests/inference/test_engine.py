@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 
 from inference import GenerationStats, PromptTooLongError, load
-from inference import engine as engine_module
 from inference.engine import StopScanner
 from models.errors import UserError
 
@@ -55,7 +54,7 @@ def test_seed_makes_sampling_repeatable(smollm2_engine):
 def test_chunked_prompt_gives_the_same_logits(smollm2_engine, monkeypatch):
     ids = smollm2_engine.tokenizer.encode("one two three four five six seven eight nine ten " * 4)[:40]
     whole = smollm2_engine.logits(ids)
-    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(smollm2_engine._be, "prefill_chunk", 16)
     chunked = smollm2_engine.logits(ids)
     np.testing.assert_allclose(chunked, whole, rtol=1e-3, atol=1e-3)
 

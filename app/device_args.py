@@ -1,0 +1,19 @@
+"""The flags that say where a model runs, shared by run, chat and bench, and what they mean to inference.load."""
+
+
+def add_device_args(p) -> None:
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where to run (default auto: cuda when CuPy sees a GPU)")
+    p.add_argument("--gpu-layers", "-ngl", default="auto", metavar="N",
+                   help="how many of the last layers run on the GPU, the rest on the CPU (default auto: all that fit)")
+    p.add_argument("--vram-budget", metavar="GB", help="use at most this much VRAM, as on a smaller card (e.g. 6, 6.5GiB)")
+    p.add_argument("--no-graph", action="store_true", help="GPU: run each decode step eagerly, not as a CUDA graph")
+
+
+def load_options(args) -> dict:
+    """The keyword arguments of inference.load for these flags (bad values raise a UserError)."""
+    from inference.placement import parse_gpu_layers, parse_vram_budget  # noqa: PLC0415
+
+    return {"device": args.device, "gpu_layers": parse_gpu_layers(args.gpu_layers),
+            "vram_budget": parse_vram_budget(args.vram_budget) if args.vram_budget else None,
+            "cuda_graph": not args.no_graph}

@@ -1,0 +1,173 @@
+"""Layers split between the CPU and the GPU (placement.py, backend segments, the hybrid decode step), and
+recovery from running out of VRAM at load and during a prompt, on the device.
+
+The split engine against the CPU engine (teacher-forced and decode-step logits) and the all-GPU one (decode
+steps), its captured graph against the same step run eagerly, and VRAM budgets (one that splits, one too
+small). Out-of-memory is real: a buffer takes all but a measured amount of the card's free memory.
+"""
+import numpy as np
+import pytest
+
+from inference.placement import GiB, MiB, VramBudgetError, split
+from models.gguf import open_gguf
+from tests.inference.gpu_compare import assert_close_logits, greedy_steps, random_prompt
+
+pytestmark = pytest.mark.gpu
+
+CTX = 512
+MODELS = ["smollm2", "gemma3", "synth_gemma3", "synth_qwen2", "synth_1b"]
+
+
+@pytest.fixture(scope="module")
+def split_engines(request):
+    """(cpu, all on the gpu, half the layers on the gpu with the graph, the same eager) engines of one model."""
+    from inference import load
+    path = request.getfixturevalue(request.param)
+    cpu = load(path, device="cpu", ctx=CTX)
+    half = cpu.config.n_layers // 2
+    return (cpu, load(path, device="cuda", ctx=CTX), load(path, device="cuda", ctx=CTX, gpu_layers=half),
+            load(path, device="cuda", ctx=CTX, gpu_layers=half, cuda_graph=False))
+
+
+@pytest.mark.parametrize("split_engines", MODELS, indirect=True)
+def test_split_places_the_last_layers_on_the_gpu(split_engines):
+    cpu, _, hybrid, _ = split_engines
+    n = cpu.config.n_layers
+    k = n // 2
+    (cpu_be, cpu_layers), (gpu_be, gpu_layers) = hybrid._segments
+    assert (cpu_layers, gpu_layers) == (range(n - k), range(n - k, n)) and hybrid.device == "cuda"
+    assert sorted(cpu_be.k_cache) == list(cpu_layers) and sorted(gpu_be.caches) == list(gpu_layers)
+    assert id(hybrid._weights.layers[0].attn_norm) not in gpu_be._dev  # the CPU's layers are not uploaded
+    assert id(hybrid._weights.layers[-1].attn_norm) in gpu_be._dev
+    assert hybrid.placement.n_gpu_layers == k and hybrid.placement.embedding == "cpu"
+    assert hybrid.placement.summary().startswith(f"placement: {k}/{n} layers on GPU, layers 0-{n - k - 1} on CPU")
+
+
+@pytest.mark.parametrize("split_engines", MODELS, indirect=True)
+def test_split_teacher_forced_logits_match_cpu(split_engines):
+    cpu, _, hybrid, _ = split_engines
+    for n in (1, 9, 300):  # one token (staged through pinned memory), a few, two CPU prompt chunks
+        ids = random_prompt(cpu, n, seed=n)
+        assert_close_logits(hybrid.logits(ids), cpu.logits(ids), f"{cpu.path.name} split, logits of {n} tokens")
+
+
+@pytest.mark.parametrize("split_engines", MODELS, indirect=True)
+def test_split_decode_steps_match_cpu_and_all_gpu(split_engines):
+    """Each greedy decode step's logits against the CPU engine teacher-forced on the same tokens, and against
+    the all-GPU engine's decode steps on the same tokens (its own greedy choices may part at a near tie)."""
+    cpu, gpu, hybrid, _ = split_engines
+    ids = random_prompt(cpu, 12)
+    tokens, logits = greedy_steps(hybrid, ids, 40)
+    name = cpu.path.name
+    if name != "llama-1b.gguf":  # its random 16 layers amplify q8_1 rounding (test_cuda_engine)
+        assert_close_logits(logits, cpu.logits(ids + tokens[:-1])[len(ids):], f"{name} split decode vs CPU")
+    gpu_tokens, gpu_logits = greedy_steps(gpu, ids, 40)
+    agree = next((i for i, (a, b) in enumerate(zip(tokens, gpu_tokens)) if a != b), len(tokens))
+    print(f"{name}: split and all-GPU greedy tokens agree for {agree} of {len(tokens)}")
+    if agree > 1:  # the steps before they part ran on the same tokens
+        assert_close_logits(logits[:agree - 1], gpu_logits[:agree - 1], f"{name} split decode vs all-GPU")
+
+
+@pytest.mark.parametrize("split_engines", MODELS, indirect=True)
+def test_split_graph_replay_equals_eager(split_engines):
+    _, _, graph, eager = split_engines
+    ids = random_prompt(graph, 12)
+    g_tokens, g_logits = greedy_steps(graph, ids, 40)
+    e_tokens, e_logits = greedy_steps(eager, ids, 40)
+    assert graph._decode.graphs and not eager._decode.graphs
+    assert g_tokens == e_tokens
+    assert np.array_equal(g_logits, e_logits)
+
+
+@pytest.mark.parametrize("split_engines", ["synth_tiny"], indirect=True)
+def test_one_and_all_but_one_layer_on_the_gpu(split_engines, synth_tiny):
+    from inference import load
+    cpu = split_engines[0]
+    n = cpu.config.n_layers
+    ids = random_prompt(cpu, 20)
+    ref = cpu.logits(ids)
+    for k in (1, n - 1):
+        engine = load(synth_tiny, device="cuda", ctx=CTX, gpu_layers=k)
+        assert engine.placement.n_gpu_layers == k
+        assert_close_logits(engine.logits(ids), ref, f"tiny, {k} of {n} layers on the GPU")
+        sampled = list(engine.generate("Once upon a time", max_tokens=20, temperature=0.8, seed=3))
+        assert sampled[-1].generated_tokens >= 1
+    assert load(synth_tiny, device="cuda", ctx=CTX, gpu_layers=0).device == "cpu"
+
+
+def test_a_budget_below_the_model_splits_it_and_runs(synth_1b):
+    """--vram-budget under the model's size: a split that loads and answers like the CPU; a budget too small
+    for the head and one layer is refused, naming the sizes."""
+    from inference import load
+    from inference.placement import CUDA_CONTEXT_BYTES, RUNTIME_RESERVE_BYTES
+    gguf = open_gguf(synth_1b)
+    size = gguf.file_size
+    budget = CUDA_CONTEXT_BYTES + RUNTIME_RESERVE_BYTES + size * 3 // 4
+    engine = load(synth_1b, device="cuda", ctx=CTX, vram_budget=budget)
+    k, n = engine.placement.n_gpu_layers, engine.config.n_layers
+    assert 0 < k < n and engine.placement.total_bytes <= budget, engine.placement.summary()
+    cpu = load(synth_1b, device="cpu", ctx=CTX)
+    ids = random_prompt(cpu, 9)
+    ours, ref = engine.logits(ids), cpu.logits(ids)
+    assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.8  # random 16 layers: see test_cuda_engine's note
+    assert len(list(engine.generate(ids, max_tokens=8, temperature=0))) >= 2
+    with pytest.raises(VramBudgetError, match=r"too small for the GPU: the output head \(.* GiB\), one layer"):
+        load(synth_1b, device="cuda", ctx=CTX, vram_budget=CUDA_CONTEXT_BYTES + 64 * MiB)
+
+
+def _hog_all_but(free_bytes: int):
+    """A device buffer holding all of the card's free memory but free_bytes (CuPy's pool emptied first)."""
+    import cupy as cp
+    cp.get_default_memory_pool().free_all_blocks()
+    free = cp.cuda.runtime.memGetInfo()[0]
+    return cp.cuda.runtime.malloc(max(0, free - free_bytes))
+
+
+def test_out_of_vram_at_load_retries_with_fewer_layers(synth_1b, monkeypatch):
+    """The plan believes the whole card is free (as when another program takes VRAM between the plan and the
+    upload); the upload runs out, and the engine says so and comes up with fewer GPU layers."""
+    import cupy as cp
+
+    from inference import engine as engine_module
+    from inference import load
+    from models.config import config_from_metadata
+    gguf = open_gguf(synth_1b)
+    cfg = config_from_metadata(gguf.metadata)
+    half = split(gguf.tensors, cfg, CTX, cfg.n_layers // 2, 0, 0, "")
+    monkeypatch.setattr(engine_module, "free_vram", lambda: 70 * GiB)
+    hog = _hog_all_but(half.weights_bytes + half.kv_bytes + half.scratch_bytes)
+    notices = []
+    try:
+        engine = load(synth_1b, device="cuda", ctx=CTX, notify=notices.append)
+        reply = list(engine.generate("The history of the city", max_tokens=8, temperature=0))
+    finally:
+        cp.cuda.runtime.free(hog)
+    k, n = engine.placement.n_gpu_layers, cfg.n_layers
+    print(notices, engine.placement.summary(), sep="\n")
+    assert 0 < k < n and engine.placement.reason == "out of GPU memory"
+    assert notices and notices[0].startswith(f"out of GPU memory loading with {n} layers on the GPU: retrying with")
+    assert reply[-1].generated_tokens >= 1
+
+
+def test_out_of_vram_in_a_prompt_moves_layers_to_the_cpu(synth_1b):
+    """Loaded with every layer on the GPU, then the card fills up: a long prompt's buffers do not fit, so
+    layers move to the CPU until they do, the prompt starts over, and the logits are still right."""
+    import cupy as cp
+
+    from inference import load
+    engine = load(synth_1b, device="cuda", ctx=2048)
+    cpu = load(synth_1b, device="cpu", ctx=2048)
+    n = engine.config.n_layers
+    ids = random_prompt(cpu, 1100)  # two chunks on the GPU, the first one 1024 tokens
+    notices = []
+    engine._notify = notices.append
+    hog = _hog_all_but(48 * MiB)  # below what a 1024-token chunk's activations and scratch take
+    try:
+        ours = engine.logits(ids)
+    finally:
+        cp.cuda.runtime.free(hog)
+    print(notices, engine.placement.summary(), sep="\n")
+    assert engine.placement.n_gpu_layers < n and "processing the prompt" in notices[0]
+    ref = cpu.logits(ids)
+    assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.8  # random 16 layers: see test_cuda_engine's note
+    assert len(list(engine.generate("The history of the city", max_tokens=8, temperature=0))) >= 2
