@@ -3,6 +3,7 @@
     python -m kernels.cpu_bench                  # matvec (1 token) and prompt (128 tokens), every type
     python -m kernels.cpu_bench Q8_0 Q4_K        # only these types
     python -m kernels.cpu_bench --model F.gguf   # every matrix of a real model: kernel time per token
+    python -m kernels.cpu_bench --llama3-8b Q4_K # matvec only, at llama3-8b's shapes (the hybrid decode case)
 
 Weights are random valid blocks (speed does not depend on values, as long as the scales are normal
 floats: subnormal ones make BLAS crawl). Times are the best of several runs, since the machine may be
@@ -24,6 +25,11 @@ SHAPES = [
     ("Q5_0", 640, 2048), ("Q4_K", 2048, 640), ("Q6_K", 2048, 640), ("Q8_0", 640, 262144),
     ("Q4_0", 2048, 2048), ("Q5_1", 2048, 2048), ("Q2_K", 2048, 2048), ("Q3_K", 2048, 2048),
     ("Q5_K", 2048, 2048), ("F16", 2048, 2048), ("BF16", 2048, 2048), ("F32", 2048, 2048),
+]
+# llama3-8b q4_k_m / q8_0: attn_q (attn_k, attn_v are 4096 x 1024), ffn_gate + ffn_up as one matrix, ffn_down
+LLAMA3_8B_SHAPES = [
+    ("Q4_K", 4096, 4096), ("Q4_K", 4096, 28672), ("Q4_K", 14336, 4096), ("Q6_K", 14336, 4096),
+    ("Q8_0", 4096, 4096), ("Q8_0", 4096, 28672), ("Q8_0", 14336, 4096),
 ]
 PROMPT_TOKENS = 128
 
@@ -65,26 +71,28 @@ def best_seconds(fn, min_total: float = 0.5, min_runs: int = 5) -> float:
     return min(times)
 
 
-def bench(name: str, n_cols: int, n_rows: int) -> tuple[float, float]:
-    """(matvec GB/s, prompt tokens/s) of one weight shape."""
+def bench(name: str, n_cols: int, n_rows: int, prompt: bool = True) -> tuple[float, float]:
+    """(matvec GB/s, prompt tokens/s, nan without prompt) of one weight shape."""
     qt = TYPES_BY_NAME[name]
     rng = np.random.default_rng(0)
     w = random_weight(name, n_rows, n_cols)
     x1 = rng.standard_normal((1, n_cols), np.float32)
-    xp = rng.standard_normal((PROMPT_TOKENS, n_cols), np.float32)
     out1 = np.empty((1, n_rows), np.float32)
     t1 = best_seconds(lambda: quantized_matmul(w, qt, x1, out=out1))
-    tp = best_seconds(lambda: quantized_matmul(w, qt, xp), min_runs=2)
-    return w.nbytes / t1 / 1e9, PROMPT_TOKENS / tp
+    tps = float("nan")
+    if prompt:
+        xp = rng.standard_normal((PROMPT_TOKENS, n_cols), np.float32)
+        tps = PROMPT_TOKENS / best_seconds(lambda: quantized_matmul(w, qt, xp), min_runs=2)
+    return w.nbytes / t1 / 1e9, tps
 
 
-def main(types: list[str]) -> None:
+def main(types: list[str], shapes: list[tuple[str, int, int]], prompt: bool) -> None:
     print(f"{nb.get_num_threads()} threads; matvec = 1 token, prompt = {PROMPT_TOKENS} tokens")
     print(f"{'type':6} {'n_cols x n_rows':>16} {'MB':>7} {'matvec GB/s':>12} {'matvec ms':>10} {'prompt GFLOP/s':>15}")
-    for name, n_cols, n_rows in SHAPES:
+    for name, n_cols, n_rows in shapes:
         if types and name not in types:
             continue
-        gbs, tps = bench(name, n_cols, n_rows)
+        gbs, tps = bench(name, n_cols, n_rows, prompt)
         mb = TYPES_BY_NAME[name].nbytes(n_cols) * n_rows / 1e6
         gflops = 2 * n_cols * n_rows * tps / 1e9
         print(f"{name:6} {f'{n_cols} x {n_rows}':>16} {mb:7.1f} {gbs:12.2f} {mb / gbs:10.3f} {gflops:15.1f}",
@@ -124,5 +132,7 @@ def bench_model(path: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--model"]:
         bench_model(sys.argv[2])
+    elif sys.argv[1:2] == ["--llama3-8b"]:
+        main(sys.argv[2:], LLAMA3_8B_SHAPES, prompt=False)
     else:
-        main(sys.argv[1:])
+        main(sys.argv[1:], SHAPES, prompt=True)

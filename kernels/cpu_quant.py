@@ -3,10 +3,13 @@
 A weight W [n_rows, n_cols] arrives as its raw bytes w: uint8 [n_rows, row_bytes] (a ggml tensor of
 shape (n_cols, n_rows)). Nothing here dequantizes a whole matrix:
 - few tokens (generation): a matrix-vector kernel reads each row's blocks once and dots them with every
-  token's x, rows spread over all cores (prange). Most types use a fused dot; Q2_K, Q3_K, F16 and BF16
-  decode the row to float32 first.
-- many tokens (prompt): tiles of rows are dequantized to float32 and multiplied with numpy BLAS.
-Activations stay float32 (no int8 quantization), so results match x @ dequantize(W).T to float32 rounding.
+  token's x, rows spread over all cores (prange). Q4_K, Q6_K and Q8_0 (llama3-style q4_k_m and q8_0 files)
+  dot integers: x is quantized once per call to int8 in blocks of 32 (one float scale each, as llama.cpp
+  does on the CPU), so the result is x8 @ dequantize(W).T, x8 the dequantized int8 x, to float32 rounding;
+  |x8 - x| <= amax/254 per element (amax of its block of 32). Other types dot float32 x: Q4_0, Q4_1,
+  Q5_0, Q5_1 and Q5_K fused, Q2_K, Q3_K, F16 and BF16 decoded to a float32 row first.
+- many tokens (prompt): tiles of rows are dequantized to float32 and multiplied with numpy BLAS; these
+  and the float32 matvecs match x @ dequantize(W).T to float32 rounding.
 
 Kernels compile once per argument layout and are cached on disk (numba cache=True); w is meant to be a
 read-only view of the file's mmap: a writable w is a second signature, compiled (and cached) apart.
@@ -21,6 +24,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
+from llvmlite import ir  # noqa: E402
+from numba.core import types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
 
 from models.ggml_types import GGMLType, UnsupportedTypeError
 
@@ -31,6 +37,7 @@ from models.ggml_types import GGMLType, UnsupportedTypeError
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
 DECODED_IDS = (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
 FUSED_IDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)  # types with a fused dot
+INT8_IDS = (Q4_K, Q6_K, Q8_0)  # fused dots of int8-quantized x (the rest of FUSED_IDS dot float32 x)
 
 MATVEC_MAX_TOKENS = 4  # up to this many tokens the matvec kernel beats dequantize + BLAS
 TILE_BYTES = 1 << 23  # float32 bytes of one dequantized tile of rows in the prompt path (few, big BLAS calls)
@@ -403,6 +410,160 @@ def dot_q6_k(row, x, xsum, f16, n16):
     return acc
 
 
+# ---- Integer dots: quantized rows . int8-quantized x --------------------------------------------------
+# x [n_tokens, n_cols] is quantized once per call: xq int8 (|xq| <= 127) times xd float32, one scale per 32
+# values, and xs16, the int32 sums of xq over each 16 (for block minimums, Q6_K's -32 and Q8_0's +128).
+# A row's quants are dotted with xq 32 (Q6_K: 16) at a time in int32 by the dot_* intrinsics below; the
+# block and run scales are applied to these sums in float32.
+# numba computes integers in int64, which hides byte dot products from LLVM's loop vectorizer (a numba loop
+# ran 4x slower), so the dots are written as LLVM's generic vector ops: load n bytes of quants and of xq,
+# widen, multiply, sum. The backend turns this into vpdpbusd (AVX-512 VNNI, AVX-VNNI) or pmaddwd where
+# there is no VNNI; it takes unsigned quants, hence Q6_K's quants without their -32 and Q8_0's plus 128.
+
+def _load_bytes(context, builder, arr_type, arr, off, lanes):
+    """<lanes x i8> from arr[off:off + lanes] (a 1-d uint8 or int8 array)."""
+    ptr = builder.gep(context.make_array(arr_type)(context, builder, arr).data, [off])
+    return builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(8), lanes).as_pointer()), align=1)
+
+
+def _splat(builder, value, lanes):
+    """<lanes x i8> of the int64 value."""
+    v = builder.trunc(value, ir.IntType(8))
+    return builder.shuffle_vector(builder.insert_element(ir.VectorType(ir.IntType(8), lanes)(ir.Undefined), v,
+                                                         ir.Constant(ir.IntType(32), 0)),
+                                  ir.VectorType(ir.IntType(8), lanes)(ir.Undefined),
+                                  ir.VectorType(ir.IntType(32), lanes)([0] * lanes))
+
+
+def _dot_sum(builder, quants, xq, lanes):
+    """int32 sum of quants (<lanes x i8>, unsigned) times xq (<lanes x i8>, signed)."""
+    ints = ir.VectorType(ir.IntType(32), lanes)
+    name = f"llvm.vector.reduce.add.v{lanes}i32"
+    reduce_add = builder.module.globals.get(name) or ir.Function(
+        builder.module, ir.FunctionType(ir.IntType(32), [ints]), name=name)
+    return builder.call(reduce_add, [builder.mul(builder.zext(quants, ints), builder.sext(xq, ints))])
+
+
+@intrinsic
+def dot_u8(typingctx, q, q_off, xq, x_off, n):
+    """sum of (q[q_off + l] ^ 0x80) * xq[x_off + l] for l < n (a literal): Q8_0's int8 quants plus 128."""
+    if not isinstance(n, types.IntegerLiteral):
+        return None
+    lanes = n.literal_value
+
+    def codegen(context, builder, sig, args):
+        quants = builder.xor(_load_bytes(context, builder, sig.args[0], args[0], args[1], lanes),
+                             _splat(builder, ir.Constant(ir.IntType(64), 0x80), lanes))
+        return _dot_sum(builder, quants, _load_bytes(context, builder, sig.args[2], args[2], args[3], lanes), lanes)
+
+    return types.int32(q, q_off, xq, x_off, n), codegen
+
+
+@intrinsic
+def dot_q4(typingctx, q, q_off, shift, xq, x_off, n):
+    """sum of ((q[q_off + l] >> shift) & 15) * xq[x_off + l] for l < n (a literal): Q4_K's nibbles."""
+    if not isinstance(n, types.IntegerLiteral):
+        return None
+    lanes = n.literal_value
+
+    def codegen(context, builder, sig, args):
+        quants = builder.and_(builder.lshr(_load_bytes(context, builder, sig.args[0], args[0], args[1], lanes),
+                                           _splat(builder, args[2], lanes)),
+                              _splat(builder, ir.Constant(ir.IntType(64), 0xF), lanes))
+        return _dot_sum(builder, quants, _load_bytes(context, builder, sig.args[3], args[3], args[4], lanes), lanes)
+
+    return types.int32(q, q_off, shift, xq, x_off, n), codegen
+
+
+@intrinsic
+def dot_q6(typingctx, q, lo_off, lo_shift, hi_off, hi_shift, xq, x_off, n):
+    """sum of (((q[lo_off + l] >> lo_shift) & 15) | (((q[hi_off + l] >> hi_shift) & 3) << 4)) * xq[x_off + l]
+    for l < n (a literal): Q6_K's 6-bit quants, 4 bits from ql and 2 from qh."""
+    if not isinstance(n, types.IntegerLiteral):
+        return None
+    lanes = n.literal_value
+
+    def codegen(context, builder, sig, args):
+        c = lambda v: _splat(builder, ir.Constant(ir.IntType(64), v), lanes)  # noqa: E731
+        lo = builder.and_(builder.lshr(_load_bytes(context, builder, sig.args[0], args[0], args[1], lanes),
+                                       _splat(builder, args[2], lanes)), c(0xF))
+        hi = builder.and_(builder.lshr(_load_bytes(context, builder, sig.args[0], args[0], args[3], lanes),
+                                       _splat(builder, args[4], lanes)), c(3))
+        quants = builder.or_(lo, builder.shl(hi, c(4)))
+        return _dot_sum(builder, quants, _load_bytes(context, builder, sig.args[5], args[5], args[6], lanes), lanes)
+
+    return types.int32(q, lo_off, lo_shift, hi_off, hi_shift, xq, x_off, n), codegen
+
+
+@fast
+def quantize_q8(x, xq, xd, xs16):
+    """x: float32 [n_tokens, n_cols] -> xq: int8 [n_tokens, n_cols] times xd: float32 [n_tokens, n_cols // 32]
+    (to the nearest), xs16: int32 [n_tokens, n_cols // 16]."""
+    for t in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            amax = np.float32(0)
+            for l in range(32):
+                amax = max(amax, abs(x[t, 32 * b + l]))
+            inv = np.float32(127) / amax if amax > 0 else np.float32(0)
+            for l in range(32):
+                xq[t, 32 * b + l] = np.int8(np.rint(x[t, 32 * b + l] * inv))
+            xd[t, b] = amax / np.float32(127)
+        for g in range(x.shape[1] // 16):
+            s = 0
+            for l in range(16):
+                s += xq[t, 16 * g + l]
+            xs16[t, g] = s
+
+
+@fast
+def dot8_q4_k(row, xq, xd, xs16, out, r, f16):
+    """out[t, r] = row . x8[t] for every token t; row: uint8 [row_bytes] of Q4_K."""
+    for t in range(xq.shape[0]):
+        acc = np.float32(0)
+        for i in range(row.size // 144):
+            o = 144 * i
+            d = half(row, o, f16)
+            dmin = half(row, o + 2, f16)
+            for j in range(8):  # runs of 32 values: xd * (d * sc * (q . xq) - dmin * m * (sum of xq))
+                sc, mn = scale_min_k4(j, row, o + 4)
+                b = 8 * i + j
+                dot = sc * dot_q4(row, o + 16 + 32 * (j // 2), 4 * (j % 2), xq[t], 32 * b, 32)
+                acc += xd[t, b] * (d * np.float32(dot) - dmin * np.float32(mn * (xs16[t, 2 * b] + xs16[t, 2 * b + 1])))
+        out[t, r] = acc
+
+
+@fast
+def dot8_q6_k(row, xq, xd, xs16, out, r, f16):
+    """As dot8_q4_k for Q6_K: a scale per 16 values, each quant minus 32 (taken off as 32 * sum of xq)."""
+    scales = row.view(np.int8)
+    for t in range(xq.shape[0]):
+        acc = np.float32(0)
+        for i in range(row.size // 210):
+            o = 210 * i
+            blk = np.float32(0)
+            for j in range(8):  # runs of 32 values: half n of the block, its run k (see decode_q6_k)
+                n, k, b = j // 4, j % 4, 8 * i + j
+                lo, hi = o + 64 * n + 32 * (k % 2), o + 128 + 32 * n
+                s = np.int32(0)
+                for h in range(2):  # a scale per 16 values
+                    dot = dot_q6(row, lo + 16 * h, 4 * (k // 2), hi + 16 * h, 2 * k, xq[t], 32 * b + 16 * h, 16)
+                    s += np.int32(scales[o + 192 + 2 * j + h]) * (dot - 32 * xs16[t, 2 * b + h])
+                blk += xd[t, b] * np.float32(s)
+            acc += half(row, o + 208, f16) * blk
+        out[t, r] = acc
+
+
+@fast
+def dot8_q8_0(row, xq, xd, xs16, out, r, f16):
+    """As dot8_q4_k for Q8_0, whose blocks of 32 match x's."""
+    for t in range(xq.shape[0]):
+        acc = np.float32(0)
+        for b in range(row.size // 34):
+            dot = dot_u8(row, 34 * b + 2, xq[t], 32 * b, 32) - 128 * (xs16[t, 2 * b] + xs16[t, 2 * b + 1])
+            acc += half(row, 34 * b, f16) * xd[t, b] * np.float32(dot)
+        out[t, r] = acc
+
+
 # ---- Kernels ------------------------------------------------------------------------------------------
 
 @jit
@@ -492,6 +653,25 @@ def _matvec_fused(tid, w, x, out, f16, n16, n_chunks):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def _matvec_int8(tid, w, x, out, f16, n_chunks):
+    """As _matvec_fused for the INT8_IDS types: x is quantized to int8 blocks first (see quantize_q8)."""
+    n_rows = w.shape[0]
+    n_tokens, n_cols = x.shape
+    xq = np.empty((n_tokens, n_cols), np.int8)
+    xd = np.empty((n_tokens, n_cols // 32), np.float32)
+    xs16 = np.empty((n_tokens, n_cols // 16), np.int32)
+    quantize_q8(x, xq, xd, xs16)
+    for c in nb.prange(n_chunks):
+        for r in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
+            if tid == Q4_K:
+                dot8_q4_k(w[r], xq, xd, xs16, out, r, f16)
+            elif tid == Q6_K:
+                dot8_q6_k(w[r], xq, xd, xs16, out, r, f16)
+            else:
+                dot8_q8_0(w[r], xq, xd, xs16, out, r, f16)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def _matvec_decoded(tid, w, x, out, f16, n16, n_chunks):
     """As _matvec_fused for the other types: each row is dequantized to float32, then dotted."""
     n_rows = w.shape[0]
@@ -553,8 +733,11 @@ def quantized_matmul(w: np.ndarray, qtype: GGMLType, x: np.ndarray, out: np.ndar
     if qtype.id == F32:
         np.matmul(x, w.view(np.float32).T, out=out)
     elif n_tokens <= MATVEC_MAX_TOKENS:
-        kernel = _matvec_fused if qtype.id in FUSED_IDS else _matvec_decoded
-        kernel(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
+        if qtype.id in INT8_IDS:
+            _matvec_int8(qtype.id, w, x, out, F16_TO_F32, min(n_rows, MATVEC_CHUNKS))
+        else:
+            kernel = _matvec_fused if qtype.id in FUSED_IDS else _matvec_decoded
+            kernel(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
     else:
         tile_rows = max(1, TILE_BYTES // (4 * n_cols))
         tile = np.empty((min(tile_rows, n_rows), n_cols), np.float32)  # dequantized rows r0:r1

@@ -1,4 +1,7 @@
-"""The CPU kernels against gguf-py's reference dequantization (and ours, models/dequant.py), every type."""
+"""The CPU kernels against gguf-py's reference dequantization (and ours, models/dequant.py), every type.
+
+The int8 matvecs (INT8_IDS, up to MATVEC_MAX_TOKENS tokens) are held to x8 @ W.T, x8 the int8-quantized x,
+as tightly as the float32 ones to x @ W.T; x8 itself is checked against x."""
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType
@@ -6,7 +9,7 @@ from gguf.quants import dequantize
 
 from kernels import cpu_quant
 from kernels.cpu_bench import F16_FIELDS, random_weight
-from kernels.cpu_quant import dequantize_rows, quantized_matmul
+from kernels.cpu_quant import INT8_IDS, MATVEC_MAX_TOKENS, dequantize_rows, quantize_q8, quantized_matmul
 from models import dequant
 from models.ggml_types import TYPES_BY_NAME
 
@@ -16,6 +19,24 @@ TYPES = ["F32", "F16", "BF16", *F16_FIELDS]
 def reference(w: np.ndarray, name: str) -> np.ndarray:
     """gguf-py's dequantization of w: float32 [n_rows, n_cols]."""
     return dequantize(w, GGMLQuantizationType[name]).astype(np.float32)
+
+
+def int8_x(x: np.ndarray) -> np.ndarray:
+    """x as the int8 matvecs see it: float32 [n_tokens, n_cols], quantized by the kernels' quantize_q8."""
+    xq = np.empty(x.shape, np.int8)
+    xd = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
+    quantize_q8(x, xq, xd, np.empty((x.shape[0], x.shape[1] // 16), np.int32))
+    return (xq.reshape(len(x), -1, 32) * xd[:, :, None]).reshape(x.shape)
+
+
+def expected(w: np.ndarray, name: str, x: np.ndarray, W: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(x @ W.T in float64, the error allowed): float32 accumulation, error well under 1e-5 of the sum of
+    |terms|, where x is int8_x(x) for the int8 matvecs."""
+    W = reference(w, name).astype(np.float64) if W is None else W.astype(np.float64)
+    if TYPES_BY_NAME[name].id in INT8_IDS and len(x) <= MATVEC_MAX_TOKENS:
+        x = int8_x(x)
+    x = x.astype(np.float64)
+    return x @ W.T, 1e-5 * (np.abs(x) @ np.abs(W).T)
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -36,13 +57,49 @@ def test_matmul_matches_dequantized_reference(name, n_tokens, monkeypatch):
     n_rows, n_cols = 201, 512  # 64 chunks of 3 or 4 rows: row pairs and an odd row left over
     w = random_weight(name, n_rows, n_cols, seed=n_tokens)
     x = np.random.default_rng(1).standard_normal((n_tokens, n_cols), np.float32)
-    W = reference(w, name).astype(np.float64)
-    want = x.astype(np.float64) @ W.T
+    want, bound = expected(w, name, x)
     got = quantized_matmul(w, TYPES_BY_NAME[name], x)
     assert got.dtype == np.float32 and got.shape == (n_tokens, n_rows)
-    # float32 accumulation: error well under 1e-5 of the sum of |terms|
-    bound = 1e-5 * (np.abs(x).astype(np.float64) @ np.abs(W).T)
     assert np.all(np.abs(got - want) <= bound)
+
+
+def test_int8_x_is_x_to_half_a_step():
+    """|x8 - x| <= amax / 254 per element (amax of its block of 32), and the steps are as coarse as that."""
+    rng = np.random.default_rng(0)
+    magnitudes = np.float32(10.0) ** rng.integers(-3, 4, (3, 16, 1)).astype(np.float32)  # one per block of 32
+    x = (rng.standard_normal((3, 16, 32), np.float32) * magnitudes).reshape(3, 512)
+    x[1, 64:96] = 0  # an all-zero block
+    step = np.abs(x).reshape(3, -1, 32).max(-1, keepdims=True) / 127
+    err = np.abs(int8_x(x) - x).reshape(3, -1, 32)
+    assert np.all(err <= step * (0.5 + 1e-6))
+    assert np.all(err.max(-1, keepdims=True) >= step * 0.3)  # a quantizer that kept more bits would be caught
+    assert np.all(int8_x(x)[1, 64:96] == 0)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in TYPES if TYPES_BY_NAME[n].id in INT8_IDS))
+def test_int8_matvec_error_against_float_x_and_a_wrong_weight_fails(name):
+    """The int8 path's error against x @ W.T (the docstring's bound), and that the tolerance of the tests
+    above cannot pass a weight read with a slightly wrong scale or with its quants in the wrong order."""
+    w = random_weight(name, 64, 1024)
+    x = np.random.default_rng(2).standard_normal((1, 1024), np.float32)
+    W = reference(w, name).astype(np.float64)
+    got = quantized_matmul(w, TYPES_BY_NAME[name], x)
+    step = np.abs(x).reshape(1, -1, 32).max(-1) / 254  # half the step of each block of 32
+    int8_bound = step.repeat(32, 1) @ np.abs(W).T + expected(w, name, x, W)[1]
+    assert np.all(np.abs(got - x.astype(np.float64) @ W.T) <= int8_bound)
+
+    def fails(wrong_W):
+        want, bound = expected(w, name, x, wrong_W)
+        return np.any(np.abs(got - want) > bound)
+
+    assert fails(W * 1.001)
+    blocks = w.reshape(-1, TYPES_BY_NAME[name].block_bytes).copy()
+    quants = {"Q4_K": slice(16, 144), "Q6_K": slice(0, 128), "Q8_0": slice(2, 34)}[name]  # Q6_K: its ql
+    if name == "Q8_0":  # the two halves of each block swapped
+        blocks[:, quants] = np.roll(blocks[:, quants], 16, axis=1)
+    else:  # low and high nibbles swapped
+        blocks[:, quants] = (blocks[:, quants] << 4) | (blocks[:, quants] >> 4)
+    assert fails(reference(blocks.reshape(w.shape), name))
 
 
 @pytest.mark.parametrize("n_tokens", [1, 16])
@@ -51,8 +108,8 @@ def test_matmul_writes_into_out_and_takes_strided_x(n_tokens):
     x = np.random.default_rng(0).standard_normal((n_tokens, 512), np.float32)[:, ::2]  # not contiguous
     out = np.full((n_tokens, 20), np.nan, np.float32)
     assert quantized_matmul(w, TYPES_BY_NAME["Q8_0"], x, out=out) is out
-    want = x.astype(np.float64) @ reference(w, "Q8_0").astype(np.float64).T
-    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    want, bound = expected(w, "Q8_0", np.ascontiguousarray(x))
+    assert np.all(np.abs(out - want) <= bound)
 
 
 def test_bad_shapes_are_refused():
@@ -84,8 +141,7 @@ def test_real_tensors_of_every_type_in_the_packaged_models(model, request):
         np.testing.assert_array_equal(dequantize_rows(w, t.type, rows), W[rows])
         for n_tokens in (1, 9):
             x = np.random.default_rng(n_tokens).standard_normal((n_tokens, n_cols), np.float32)
-            want = x.astype(np.float64) @ W.astype(np.float64).T
-            bound = 1e-5 * (np.abs(x).astype(np.float64) @ np.abs(W.astype(np.float64)).T)
+            want, bound = expected(w, t.type.name, x, W)
             assert np.all(np.abs(quantized_matmul(w, t.type, x) - want) <= bound), (t.name, n_tokens)
     m.close()
     assert seen >= ({"Q4_1", "Q8_0"} if model == "smollm2" else {"Q4_K", "Q5_0", "Q6_K", "Q8_0"})
