@@ -4,6 +4,7 @@
 # build early in the lease (`setsid bash .carry/llamacpp_peer.sh build .carry &`), then:
 #   bash tests/device_bench.sh synth    # writes the files (a few minutes)
 #   bash tests/device_bench.sh run      # gguf-chat bench and llama-bench, results under $OUT
+#   bash tests/device_bench.sh hybrid   # llama3-8b q4_k_m with 32, 24 and 16 of its 32 layers on the GPU
 set -uo pipefail
 tmp=${TMPDIR:-/tmp}
 OUT=${OUT:-$tmp/device_bench}
@@ -34,5 +35,16 @@ run)
       echo "llama-bench not built (see /tmp/peer/build.log)"
     fi
   done ;;
-*) echo "usage: device_bench.sh synth | run" >&2; exit 2 ;;
+hybrid)
+  f=$files/llama3-8b-q4_k_m.gguf
+  [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m
+  peer=/tmp/peer/build/bin/llama-bench
+  for ngl in ${NGL:-32 24 16}; do
+    echo "== llama3-8b q4_k_m, $ngl of 32 layers on the GPU"
+    python3 -m app.cli bench "$f" --device cuda -ngl $ngl -p 512 -n 128 -r 3 | tail -n 2 | tee -a "$OUT/hybrid_ours.md"
+    # llama.cpp's -ngl counts the output layer as layer 33: -ngl 32 leaves it on the CPU, so all-GPU is 99
+    [ -x $peer ] && $peer -m "$f" -ngl $([ $ngl = 32 ] && echo 99 || echo $ngl) -fa 1 -p 512 -n 128 -r 3 2>/dev/null \
+      | tail -n 3 | tee -a "$OUT/hybrid_llamacpp.md"
+  done ;;
+*) echo "usage: device_bench.sh synth | run | hybrid" >&2; exit 2 ;;
 esac
