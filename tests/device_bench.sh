@@ -44,7 +44,7 @@ hybrid)
     python3 -m app.cli bench "$f" --device cuda -ngl $ngl -p 512 -n 128 -r 3 | tail -n 2 | tee -a "$OUT/hybrid_ours.md"
     # llama.cpp's -ngl counts the output layer as layer 33: -ngl 32 leaves it on the CPU, so all-GPU is 99
     [ -x $peer ] && $peer -m "$f" -ngl $([ $ngl = 32 ] && echo 99 || echo $ngl) -fa 1 -p 512 -n 128 -r 3 2>/dev/null \
-      | tail -n 3 | tee -a "$OUT/hybrid_llamacpp.md"
+      | grep -E "pp512|tg128" | tee -a "$OUT/hybrid_llamacpp.md"
   done ;;
 *) echo "usage: device_bench.sh synth | run | hybrid" >&2; exit 2 ;;
 esac

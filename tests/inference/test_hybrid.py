@@ -40,7 +40,8 @@ def test_split_places_the_last_layers_on_the_gpu(split_engines):
     assert id(hybrid._weights.layers[0].attn_norm) not in gpu_be._dev  # the CPU's layers are not uploaded
     assert id(hybrid._weights.layers[-1].attn_norm) in gpu_be._dev
     assert hybrid.placement.n_gpu_layers == k and hybrid.placement.embedding == "cpu"
-    assert hybrid.placement.summary().startswith(f"placement: {k}/{n} layers on GPU, layers 0-{n - k - 1} on CPU")
+    cpu = "layer 0" if n - k == 1 else f"layers 0-{n - k - 1}"
+    assert hybrid.placement.summary().startswith(f"placement: {k}/{n} layers on GPU, {cpu} on CPU")
 
 
 @pytest.mark.parametrize("split_engines", MODELS, indirect=True)
