@@ -23,8 +23,11 @@ def reference_attention(q, k, v, pos0, window, scale):
     return out.reshape(n, -1)
 
 
+@pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("pos0,n,window", [(0, 7, 0), (5, 3, 0), (0, 9, 4), (6, 4, 3), (10, 1, 5)])
-def test_attention_causal_gqa_and_window(pos0, n, window):
+def test_attention_causal_gqa_and_window(pos0, n, window, parallel, monkeypatch):
+    # the decode loop runs serially on a small model, on all cores on a big one: both must agree
+    monkeypatch.setattr(cpu_ops, "ATTENTION_PARALLEL_WORK", 0 if parallel else 1 << 62)
     rng = np.random.default_rng(pos0 * 100 + n)
     n_heads, n_kv, hd, vd = 6, 2, 8, 5
     q = rng.standard_normal((n, n_heads, hd)).astype(np.float32)
