@@ -19,17 +19,24 @@ def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, max(1, n) * 4), np.float32)[:n].reshape(shape)
 
 
+OFFLOAD_MIN_TOKENS = 32  # llama.cpp's threshold for running a CPU weight's matmul on the GPU
+
+
 class CPUBackend:
     """Holds the KV cache of its layers and the input buffers (tokens, start position) the forward pass reads.
 
-    layers: the layers it runs (default all); with the GPU holding the rest, they are the first ones."""
+    layers: the layers it runs (default all); with the GPU holding the rest, they are the first ones.
+    gpu: the GPU backend of the other layers, if any: it multiplies this backend's matrices for prompt chunks of
+    OFFLOAD_MIN_TOKENS or more, each matrix uploaded for the call (as llama.cpp does), because dequantizing
+    every weight for BLAS on the CPU (~70 tok/s on llama3-8b's 8 CPU layers) is far slower than the copy."""
 
     prefill_chunk = 256  # prompt tokens a forward: bounds the attention scores to [heads, 256, ctx]
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None, gpu=None):
         self.cfg = cfg
         self.n_ctx = n_ctx
         self.layers = range(cfg.n_layers) if layers is None else layers
+        self.gpu = gpu
         self.k_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.head_dim)) for i in self.layers}
         self.v_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.v_head_dim)) for i in self.layers}
         self.tokens = np.zeros(0, np.int32)  # [n] the tokens of this step
@@ -52,7 +59,10 @@ class CPUBackend:
         return cpu_ops.rms_norm(x, weight, self.cfg.rms_eps)
 
     def matmul(self, w: QuantMatrix, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        y = quantized_matmul(w.data, w.qtype, x)  # [n, n_rows]
+        if self.gpu is not None and len(x) >= OFFLOAD_MIN_TOKENS:
+            y = self.gpu.matmul_host_weight(w, x)
+        else:
+            y = quantized_matmul(w.data, w.qtype, x)  # [n, n_rows]
         return y + bias if bias is not None else y
 
     def matmuls(self, ws: tuple[QuantMatrix, ...], x: np.ndarray, biases: tuple | None = None) -> tuple:

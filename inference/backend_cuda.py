@@ -187,6 +187,14 @@ class CUDABackend:
                         outs[i] = cp.ascontiguousarray(y[:, first:end])
         return tuple(outs)
 
+    def matmul_host_weight(self, w: QuantMatrix, x: np.ndarray) -> np.ndarray:
+        """x [n, n_cols] @ W.T for a prompt chunk of a layer on the CPU: W goes up for this call only (its
+        VRAM returns to the pool), x up, y [n, n_rows] back. This backend has the same chunk as input."""
+        assert self.n == len(x) > 1, "set_input gives every segment the chunk before the forward"
+        with self.stream:
+            y = self._matmul(to_device(w.data, w.qtype), cp.asarray(np.ascontiguousarray(x, np.float32)), None)
+        return y.get(stream=self.stream)
+
     def _matmul(self, dw: DeviceWeight, x: cp.ndarray, bias: cp.ndarray | None) -> cp.ndarray:
         out = self._empty((x.shape[0], dw.n_rows))
         if x.shape[0] == 1:

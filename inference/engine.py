@@ -290,8 +290,8 @@ def _build(config: ModelConfig, weights, n_ctx: int, n_gpu_layers: int, cuda_gra
     from inference.backend_cuda import CUDABackend  # noqa: PLC0415  (CuPy only on this path)
     from inference.cuda_graph import DecodeStep  # noqa: PLC0415
     first = n - n_gpu_layers
-    cpu = CPUBackend(config, weights, n_ctx, range(first)) if first else None
     gpu = CUDABackend(config, weights, n_ctx, range(first, n))
+    cpu = CPUBackend(config, weights, n_ctx, range(first), gpu) if first else None
     segments = ([(cpu, cpu.layers)] if cpu else []) + [(gpu, gpu.layers)]
     return segments, DecodeStep(gpu, config, weights, cuda_graph, cpu)
 

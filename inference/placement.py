@@ -9,8 +9,9 @@ Counted, from what the CUDA kernels allocate:
   is token_embd itself and is counted once, as the head.
 - KV cache: float16 k [n_kv_heads, n_ctx, head_dim] and v [n_kv_heads, n_ctx, v_head_dim] per GPU layer
   (kernels/cuda_ops.kv_cache); sliding-window layers get the full context too, as the kernels index it.
-- scratch: the decode step's activations, logits and attention splits, and the prefill Scratch of
-  kernels/cuda_prefill for PREFILL_CHUNK tokens with one tile as large as the largest layer matrix.
+- scratch: the decode step's activations, logits and attention splits, the prefill Scratch of
+  kernels/cuda_prefill for PREFILL_CHUNK tokens with one tile as large as the largest layer matrix, and room
+  for a CPU layer's largest matrix, which prompt chunks upload to multiply on the GPU (backend_cpu.py).
 - reserve: the CUDA context and runtime allocations outside our buffers (constants below).
 
 Layers: like llama.cpp's -ngl (llama-model.cpp: i_gpu_start = n_layer + 1 - n_gpu_layers, the output first),
@@ -125,10 +126,12 @@ def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig) -> int:
     decode = (4 * (token_floats + cfg.n_vocab) + q8_bytes
               + 4 * cfg.n_heads * ATTN_SPLITS_MAX * (cfg.head_dim + 2)  # attention splits
               + 8 * math.ceil(cfg.n_vocab / SAMPLE_CHUNK) * SAMPLE_K_MAX)  # sampler candidates
-    largest = max(t.n_elems for name, t in tensors.items() if name.startswith("blk.") and len(t.shape) == 2)
+    matrices = [t for name, t in tensors.items() if name.startswith("blk.") and len(t.shape) == 2]
+    largest, largest_bytes = max(t.n_elems for t in matrices), max(t.nbytes for t in matrices)
     prefill = (4 * PREFILL_CHUNK * token_floats  # float32 activations of a chunk
                + 2 * PREFILL_CHUNK * max_cols + PREFILL_CHUNK * q8_bytes  # Scratch.x16, Scratch.xq
-               + 2 * largest)  # Scratch.w16: one fp16 tile as large as the largest layer matrix
+               + 2 * largest  # Scratch.w16: one fp16 tile as large as the largest layer matrix
+               + 2 * largest_bytes)  # a CPU layer's matrix uploaded for a prompt chunk, as read and repacked
     return int(decode + prefill)
 
 

@@ -37,6 +37,7 @@ def test_split_places_the_last_layers_on_the_gpu(split_engines):
     (cpu_be, cpu_layers), (gpu_be, gpu_layers) = hybrid._segments
     assert (cpu_layers, gpu_layers) == (range(n - k), range(n - k, n)) and hybrid.device == "cuda"
     assert sorted(cpu_be.k_cache) == list(cpu_layers) and sorted(gpu_be.caches) == list(gpu_layers)
+    assert cpu_be.gpu is gpu_be  # multiplies the CPU layers' matrices for prompt chunks
     assert id(hybrid._weights.layers[0].attn_norm) not in gpu_be._dev  # the CPU's layers are not uploaded
     assert id(hybrid._weights.layers[-1].attn_norm) in gpu_be._dev
     assert hybrid.placement.n_gpu_layers == k and hybrid.placement.embedding == "cpu"
@@ -47,7 +48,8 @@ def test_split_places_the_last_layers_on_the_gpu(split_engines):
 @pytest.mark.parametrize("split_engines", MODELS, indirect=True)
 def test_split_teacher_forced_logits_match_cpu(split_engines):
     cpu, _, hybrid, _ = split_engines
-    for n in (1, 9, 300):  # one token (staged through pinned memory), a few, two CPU prompt chunks
+    # one token (staged through pinned memory), a few (CPU matmuls), two CPU chunks (matmuls on the GPU)
+    for n in (1, 9, 300):
         ids = random_prompt(cpu, n, seed=n)
         assert_close_logits(hybrid.logits(ids), cpu.logits(ids), f"{cpu.path.name} split, logits of {n} tokens")
 
