@@ -5,6 +5,7 @@
 #   bash tests/device_bench.sh synth    # writes the files (a few minutes)
 #   bash tests/device_bench.sh run      # gguf-chat bench and llama-bench, results under $OUT
 #   bash tests/device_bench.sh hybrid   # llama3-8b q4_k_m with 32, 24 and 16 of its 32 layers on the GPU
+#   bash tests/device_bench.sh vram     # its peak VRAM against file size + KV cache + 10%
 set -uo pipefail
 tmp=${TMPDIR:-/tmp}
 OUT=${OUT:-$tmp/device_bench}
@@ -46,5 +47,29 @@ hybrid)
     [ -x $peer ] && $peer -m "$f" -ngl $([ $ngl = 32 ] && echo 99 || echo $ngl) -fa 1 -p 512 -n 128 -r 3 2>/dev/null \
       | grep -E "pp512|tg128" | tee -a "$OUT/hybrid_llamacpp.md"
   done ;;
-*) echo "usage: device_bench.sh synth | run | hybrid" >&2; exit 2 ;;
+vram)  # issue 5: peak VRAM of llama3-8b q4_k_m at ctx 4096 (a full 1024-token chunk, then decoding) vs file + KV + 10%
+  f=$files/llama3-8b-q4_k_m.gguf
+  [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m
+  python3 - "$f" <<'PY' | tee -a "$OUT/vram.md"
+import os, sys, threading, time
+import cupy as cp
+from inference import load
+from inference.placement import kv_bytes_per_layer
+free0, total = cp.cuda.runtime.memGetInfo()
+peak = [0]
+def watch():  # memGetInfo every ms: what the card had in use beyond what it had before the load
+    while not done:
+        peak[0] = max(peak[0], free0 - cp.cuda.runtime.memGetInfo()[0]); time.sleep(0.001)
+done = False
+threading.Thread(target=watch, daemon=True).start()
+e = load(sys.argv[1], device="cuda", ctx=4096)
+list(e.generate(list(range(100, 1124)), max_tokens=129, temperature=0))
+list(e.generate(list(range(200, 3200)), max_tokens=129, temperature=0))
+done = True; time.sleep(0.01)
+file, kv = os.path.getsize(sys.argv[1]), e.config.n_layers * kv_bytes_per_layer(e.config, 4096)
+print(f"llama3-8b q4_k_m ctx 4096: peak VRAM in use {peak[0] / 2**30:.3f} GiB (CUDA context excluded), "
+      f"file + KV = {(file + kv) / 2**30:.3f} GiB, ratio {peak[0] / (file + kv):.3f} (limit 1.10)")
+PY
+  ;;
+*) echo "usage: device_bench.sh synth | run | hybrid | vram" >&2; exit 2 ;;
 esac
