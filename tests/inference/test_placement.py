@@ -4,8 +4,9 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from inference.placement import (CUDA_CONTEXT_BYTES, GiB, MiB, RUNTIME_RESERVE_BYTES, GpuLayersError,
-                                 PREFILL_CHUNK, VramBudgetError, free_vram, kv_bytes_per_layer, parse_gpu_layers,
-                                 parse_vram_budget, plan_placement, scratch_bytes)
+                                 PREFILL_CHUNK, VramBudgetError, all_on_cpu, free_vram, kv_bytes_per_layer,
+                                 layer_weight_bytes, parse_gpu_layers, parse_vram_budget, plan_placement,
+                                 scratch_bytes, split)
 from models.config import ModelConfig, config_from_metadata
 from models.ggml_types import TYPES_BY_NAME
 from models.gguf import TensorInfo, open_gguf
@@ -312,3 +313,18 @@ def test_counts_cover_what_the_kernels_allocate(llama3):
                cuda_ops.decode_scratch(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim), cuda_ops.sample_scratch(cfg.n_vocab))
     kernel_bytes = pool.used_bytes() - before
     assert buffers and 2 * largest < kernel_bytes <= scratch_bytes(tensors, cfg)
+
+
+def test_split_counts_and_the_status_bar_text(llama3):
+    """split() is what plan_placement and the OOM retry both report; the chat's status bar says it short."""
+    from types import SimpleNamespace
+
+    from app.tui.status_bar import placement_text
+    tensors, cfg = llama3
+    p = split(tensors, cfg, 4096, 24, 8 * GiB, RUNTIME_RESERVE_BYTES, "out of GPU memory")
+    assert p.n_gpu_layers == 24 and p.embedding == "cpu" and p.reason == "out of GPU memory"
+    assert p.weights_bytes == sum(layer_weight_bytes(tensors, 32)[8:]) + tensors["output.weight"].nbytes + 4 * (4096 + 64)
+    assert p.kv_bytes == 24 * kv_bytes_per_layer(cfg, 4096)
+    assert placement_text(SimpleNamespace(placement=p)) == "GPU 24 · CPU 8 layers"
+    assert placement_text(SimpleNamespace(placement=split(tensors, cfg, 4096, 32, 0, 0, ""))) == "GPU 32/32 layers"
+    assert placement_text(SimpleNamespace(placement=all_on_cpu(32, 4096, "--device cpu"))) == "CPU 32/32 layers"
