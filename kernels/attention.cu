@@ -8,6 +8,7 @@
 // l*E .. l*E+E-1 (E = HD/32) of each row's q and output accumulator, so the q.k dot is a warp sum and
 // the p*v update needs no communication.
 #include "ops_common.cuh"
+#include "q8_1.cuh"
 
 #define WARPS 4        // a block is 128 threads
 #define TK 4           // keys a warp takes per step: their loads are in flight together
@@ -281,11 +282,14 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
 
 // Decode, pass 2: out [n_head, HD] = combination of the active splits of part. A thread takes 4 dims of
 // every (COMBINE_THREADS * 4 / HD)-th split, so the loads of all splits are in flight together.
-// Launch: grid n_head, block COMBINE_THREADS.
+// quantize: out also as q8_1 (xq [n_head * HD], xds [n_head * HD / 32]) for the output projection.
+// Launch: grid n_head, block COMBINE_THREADS. One block an SM is enough (n_head blocks): without the 1, ptxas
+// aims at 4 blocks an SM (32 registers) and spills.
 #define COMBINE_THREADS 512
-extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, 1)
     attn_decode_combine(const float* __restrict__ part, float* __restrict__ out, const int* __restrict__ pos,
-                        int head_dim, int window, int n_splits, int max_ctx) {
+                        int head_dim, int window, int n_splits, int max_ctx, int8_t* __restrict__ xq,
+                        float2* __restrict__ xds, int quantize) {
     __shared__ float s_f[64], s_wm[2], s_wl[2];  // n_splits <= 64
     __shared__ __align__(16) float s_acc[COMBINE_THREADS * 4];
     Splits sp(min(pos[0], max_ctx - 1), window, n_splits);
@@ -323,10 +327,13 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
     }
     *reinterpret_cast<float4*>(s_acc + g * head_dim + d) = a;
     __syncthreads();
-    if (tid < head_dim) {
+    if (tid < head_dim) {  // whole warps: head_dim is a multiple of 32
         float sum = 0.0f;
         for (int i = 0; i < groups; ++i) sum += s_acc[i * head_dim + tid];
-        out[(size_t)blockIdx.x * head_dim + tid] = sum / (s_wl[0] + s_wl[1]);
+        int at = blockIdx.x * head_dim + tid;
+        float v = sum / (s_wl[0] + s_wl[1]);
+        out[at] = v;
+        if (quantize) store_q8_1(v, at, xq, xds);
     }
 }
 

@@ -2,6 +2,7 @@
 // Kernels that depend on the position read it from pos[0] (device memory), so a captured graph stays valid
 // for every step.
 #include "ops_common.cuh"
+#include "q8_1.cuh"
 
 // out[row] = x[row] / sqrt(mean(x[row]^2) + eps) * w over rows of d values; one block a row.
 // add_residual: first x[row] += r[row] (written back to x: the residual stream), then normalise the sum.
@@ -25,6 +26,22 @@ extern "C" __global__ void rms_norm(float* x, const float* r, const float* __res
     }
     float inv = rsqrtf(block_sum_f(ss) / (float)d + eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+}
+
+// One row of d values (a one-token step's hidden state): out = rms_norm(x) * w as rms_norm computes it, and
+// the same values quantized to q8_1 (xq [d], xds [d / 32]) for the matvecs that read out next.
+// d a multiple of 32. Launch: grid 1, block min(1024, d).
+extern "C" __global__ void rms_norm_q8_1(const float* __restrict__ x, const float* __restrict__ w,
+                                         float* __restrict__ out, int8_t* __restrict__ xq,
+                                         float2* __restrict__ xds, int d, float eps) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += x[i] * x[i];
+    float inv = rsqrtf(block_sum_f(ss) / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {  // a warp's lanes take 32 consecutive i
+        float v = x[i] * inv * w[i];
+        out[i] = v;
+        store_q8_1(v, i, xq, xds);
+    }
 }
 
 // (x0, x1) turned by the angle whose cosine and sine are c, s; fmaf spelled out so that rope and

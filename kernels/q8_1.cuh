@@ -1,0 +1,20 @@
+// Quantizing an activation to q8_1 inside the kernel that produces it (a graph node less than a separate
+// quantize_q8_1 launch): the format matvec.cu's quantized kernels read. Include after quant_dot.cuh or
+// ops_common.cuh (int8_t, float2).
+#pragma once
+
+// The 32 lanes of a warp hold x[i] for 32 consecutive i (lane j holds i = 32 * block + j): store them as
+// xq[i] = round(x[i] / d) and, from lane 0, xds[i / 32] = (d, d * sum of the 32 qs), d = max|x| / 127.
+// Every lane of the warp must call it.
+__device__ __forceinline__ void store_q8_1(float v, int i, int8_t* __restrict__ xq, float2* __restrict__ xds) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float d = amax / 127.0f;
+    int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
+    xq[i] = (int8_t)q;
+    int s = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((i & 31) == 0) xds[i / 32] = make_float2(d, d * (float)s);
+}
