@@ -53,10 +53,17 @@ class DecodeStep:
 
     def tokens(self, logits, params: SamplingParams, seed: int | None, history: list[int]) -> Iterator[int]:
         """The tokens after history, sampled on the device from logits [1, n_vocab] (the last forward's, of
-        history's last token). Each next() after the first runs one step on the token before it."""
+        history's last token). The step on each token is launched before the token is handed out, so the GPU
+        runs it while the caller handles the token (detokenizing, stop strings) and the next next() only waits
+        for it. The step on the last token a caller takes is done for nothing: its cache row lies past the
+        engine's cached tokens, so a later prompt overwrites it before anything reads it."""
         greedy = params.temperature <= 0 and params.repeat_penalty == 1.0  # argmax; else the sampler kernel
         self.be.start_sampling(params, seed, history)
         self.be.sample(logits[0], greedy)
+        pos = len(history)  # of the token read next
         while True:
-            yield self.be.read_token()
-            self(greedy)
+            token = self.be.read_token()
+            if pos < self.be.n_ctx:  # a step writes the token's k, v at pos: only inside the cache
+                self(greedy)
+            pos += 1
+            yield token
