@@ -193,11 +193,19 @@ def _rows_per_warp(head_dim: int) -> int:
     return 4 if head_dim == 256 else 8  # attention.cu: Rows<HD>::MAXG
 
 
+def _decode_kernel(head_dim: int, group: int) -> tuple[str, int]:
+    """attention.cu's decode kernel for a group of q heads a kv head, and the q rows one of its blocks takes:
+    4 where the group fits (every row of a block costs math, used or not), else MAXG."""
+    if group <= 4 and head_dim != 256:
+        return f"attn_decode_{head_dim}_g4", 4
+    return f"attn_decode_{head_dim}", _rows_per_warp(head_dim)
+
+
 def decode_scratch(n_head: int, n_head_kv: int, head_dim: int) -> cp.ndarray:
     """Scratch for attention_decode: float32 [n_head, n_splits, head_dim + 4], n_splits picked so that a
     long context gives about two blocks per multiprocessor. One serves every layer (they run in turn)."""
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    row_chunks = math.ceil(n_head // n_head_kv / _rows_per_warp(head_dim))
+    row_chunks = math.ceil(n_head // n_head_kv / _decode_kernel(head_dim, n_head // n_head_kv)[1])
     n_splits = max(1, min(64, math.ceil(2 * sms / (n_head_kv * row_chunks))))
     return cp.empty((n_head, n_splits, head_dim + 4), dtype=cp.float32)  # attention.cu: PART_EXTRA
 
@@ -229,9 +237,10 @@ def attention_decode(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ou
     if xq is not None:
         _check_q8(xq, n_head * head_dim)
     group = n_head // n_head_kv
-    grid = (n_head_kv, n_splits, math.ceil(group / _rows_per_warp(head_dim)))
+    name, rows = _decode_kernel(head_dim, group)
+    grid = (n_head_kv, n_splits, math.ceil(group / rows))
     with _stream(stream):
-        kernel("attention.cu", f"attn_decode_{head_dim}")(
+        kernel("attention.cu", name)(
             grid, (32 * ATTN_WARPS,),
             (q, k_cache, v_cache, scratch, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(max_ctx),
              np.int32(window), np.float32(scale), np.int32(n_splits)))
