@@ -136,7 +136,8 @@ class CUDABackend:
 
     def rms_norm(self, x: cp.ndarray, weight: np.ndarray) -> cp.ndarray:
         out = self._empty(x.shape)
-        xq = self._q8_out(out) if self.n == 1 and x.ndim == 2 else None  # a step's hidden state: matvecs next
+        one_row = self.n == 1 and x.ndim == 2 and x.shape[1] <= cuda_ops.NORM_Q8_MAX  # a step's hidden state
+        xq = self._q8_out(out) if one_row else None  # for the matvecs next
         cuda_ops.rms_norm(x, self._dev[id(weight)], out, self.cfg.rms_eps, xq=xq, stream=self.stream)
         return out
 

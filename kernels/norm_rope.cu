@@ -28,19 +28,33 @@ extern "C" __global__ void rms_norm(float* x, const float* r, const float* __res
     for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
 }
 
-// One row of d values (a one-token step's hidden state): out = rms_norm(x) * w as rms_norm computes it, and
-// the same values quantized to q8_1 (xq [d], xds [d / 32]) for the matvecs that read out next.
-// d a multiple of 32. Launch: grid 1, block min(1024, d).
-extern "C" __global__ void rms_norm_q8_1(const float* __restrict__ x, const float* __restrict__ w,
-                                         float* __restrict__ out, int8_t* __restrict__ xq,
+// One row of d values (a one-token step's hidden state): out = x / sqrt(mean(x^2) + eps) * w, and the same
+// values quantized to q8_1 (xq [d], xds [d / 32]) for the matvecs that read out next. A thread loads its
+// float4 chunks c = threadIdx.x + j * blockDim.x once, all in flight together, and keeps them for the second
+// pass: rms_norm's two passes of dependent loads made it a ~4 us node. d a multiple of 32, at most
+// NORM_CHUNKS * 4 * blockDim.x; x, w, out 16-byte aligned. Launch: grid 1, block a multiple of 32 (<= 1024).
+#define NORM_CHUNKS 8
+extern "C" __global__ void rms_norm_q8_1(const float4* __restrict__ x, const float4* __restrict__ w,
+                                         float4* __restrict__ out, int* __restrict__ xq4,
                                          float2* __restrict__ xds, int d, float eps) {
+    int n4 = d / 4;
+    float4 v[NORM_CHUNKS];
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += x[i] * x[i];
+#pragma unroll
+    for (int j = 0; j < NORM_CHUNKS; ++j) {
+        int c = threadIdx.x + j * blockDim.x;
+        v[j] = c < n4 ? x[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
     float inv = rsqrtf(block_sum_f(ss) / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {  // a warp's lanes take 32 consecutive i
-        float v = x[i] * inv * w[i];
-        out[i] = v;
-        store_q8_1(v, i, xq, xds);
+#pragma unroll
+    for (int j = 0; j < NORM_CHUNKS; ++j) {
+        if (j * (int)blockDim.x >= n4) break;  // the same for the whole block, so whole warps shuffle below
+        int c = threadIdx.x + j * blockDim.x;
+        float4 g = c < n4 ? w[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float4 o = make_float4(v[j].x * inv * g.x, v[j].y * inv * g.y, v[j].z * inv * g.z, v[j].w * inv * g.w);
+        if (c < n4) out[c] = o;
+        store_q8_1_x4(o, c, c < n4, xq4, xds);  // chunks 8k .. 8k+7 are 8 consecutive lanes
     }
 }
 

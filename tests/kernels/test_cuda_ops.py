@@ -140,16 +140,14 @@ def assert_same_q8_1(cp, xq, ref):
     np.testing.assert_array_equal(cp.asnumpy(xq.ds), cp.asnumpy(ref.ds))
 
 
-@pytest.mark.parametrize("d", [4096, 2048, 640, 64])
+@pytest.mark.parametrize("d", [4096, 2048, 640, 64, 5120, 8192, 32768])
 def test_rms_norm_q8_1(cuda, rng, d):
-    """One row normalized as rms_norm does (the same float32 values) and, in the same launch, quantized."""
+    """One row normalized (float32, its own summation order) and, in the same launch, quantized."""
     cp, ops = cuda
     x = rng.standard_normal((1, d)).astype(np.float32) * 3
     w = rng.standard_normal(d).astype(np.float32)
-    out, plain, xq = nan_like(cp, (1, d)), nan_like(cp, (1, d)), poisoned_q8_1(cp, d)
+    out, xq = nan_like(cp, (1, d)), poisoned_q8_1(cp, d)
     ops.rms_norm(cp.asarray(x), cp.asarray(w), out, 1e-5, xq=xq)
-    ops.rms_norm(cp.asarray(x), cp.asarray(w), plain, 1e-5)
-    np.testing.assert_array_equal(cp.asnumpy(out), cp.asnumpy(plain))
     assert rel_err(cp.asnumpy(out), ref_rms_norm(x, w, 1e-5)) < 2e-6
     assert_same_q8_1(cp, xq, q8_1_of(cp, out))
 
