@@ -29,7 +29,7 @@ SAMPLE_CHUNK = 4096  # sample.cu: CHUNK, logits a block selects from
 SAMPLE_K_MAX = 64  # sample.cu: K_MAX, candidates kept (top_k is capped here)
 SAMPLE_THREADS = 1024  # sample.cu: SAMPLE_THREADS
 MAX_HISTORY = 1024  # the penalty takes one thread per history entry
-NORM_Q8_MAX = 8 * 4 * 1024  # norm_rope.cu: NORM_CHUNKS float4s a thread, 1024 threads
+NORM_Q8_MAX = 4 * 4 * 1024  # norm_rope.cu: NORM_CHUNKS float4s a thread, 1024 threads
 
 
 def _stream(stream):
@@ -99,7 +99,7 @@ def rms_norm(x: cp.ndarray, weight: cp.ndarray, out: cp.ndarray, eps: float, res
         if any(a.data.ptr % 16 for a in (x, weight, out)):
             raise ValueError("rms_norm: xq needs 16-byte-aligned x, weight and out (read as float4)")
         _check_q8(xq, d)
-        threads = min(1024, (d // 4 + 4 * 32 - 1) // (4 * 32) * 32)  # ~4 float4 chunks a thread
+        threads = min(1024, (d // 4 + 31) // 32 * 32)  # norm_rope.cu: a float4 chunk a thread where it fits
         with _stream(stream):
             kernel("norm_rope.cu", "rms_norm_q8_1")((1,), (threads,), (x, weight, out, xq.qs, xq.ds, np.int32(d),
                                                                       np.float32(eps)))

@@ -140,7 +140,7 @@ def assert_same_q8_1(cp, xq, ref):
     np.testing.assert_array_equal(cp.asnumpy(xq.ds), cp.asnumpy(ref.ds))
 
 
-@pytest.mark.parametrize("d", [4096, 2048, 640, 64, 5120, 8192, 32768])
+@pytest.mark.parametrize("d", [4096, 2048, 640, 64, 5120, 8192, 16384])
 def test_rms_norm_q8_1(cuda, rng, d):
     """One row normalized (float32, its own summation order) and, in the same launch, quantized."""
     cp, ops = cuda
