@@ -83,6 +83,12 @@ class CPUBackend:
         self.k_cache[layer][:, self.pos:self.pos + n] = k.transpose(1, 0, 2)
         self.v_cache[layer][:, self.pos:self.pos + n] = v.transpose(1, 0, 2)
 
+    def rope_kv_write(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, base: float,
+                      scale: float) -> np.ndarray:
+        """q and k rotated for positions pos..pos+n-1, k and v stored in the cache; returns the rotated q."""
+        self.kv_write(layer, self.rope(k, base, scale), v)
+        return self.rope(q, base, scale)
+
     def attention(self, layer: int, q: np.ndarray, window: int, scale: float) -> np.ndarray:
         end = self.pos + len(q)
         return cpu_ops.attention(q, self.k_cache[layer][:, :end], self.v_cache[layer][:, :end],
@@ -93,6 +99,11 @@ class CPUBackend:
 
     def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return x + y
+
+    def add_matmul(self, x: np.ndarray, w: QuantMatrix, a: np.ndarray, norm: np.ndarray | None = None) -> np.ndarray:
+        """x + W a, W a normalized by norm first when given (sandwich norms); the GPU fuses the add."""
+        y = self.matmul(w, a)
+        return x + (self.rms_norm(y, norm) if norm is not None else y)
 
     def logits(self, w: QuantMatrix, x: np.ndarray) -> np.ndarray:
         y = quantized_matmul(w.data, w.qtype, x)  # [n, n_vocab]

@@ -167,7 +167,9 @@ class CUDABackend:
 
     def rms_norm(self, x: cp.ndarray, weight: np.ndarray) -> cp.ndarray:
         out = self._empty(x.shape)
-        cuda_ops.rms_norm(x, self._dev[id(weight)], out, self.cfg.rms_eps, stream=self.stream)
+        one_row = self.n == 1 and x.ndim == 2 and x.shape[1] <= cuda_ops.NORM_Q8_MAX  # a step's hidden state
+        xq = self._q8_out(out) if one_row else None  # for the matvecs next
+        cuda_ops.rms_norm(x, self._dev[id(weight)], out, self.cfg.rms_eps, xq=xq, stream=self.stream)
         return out
 
     def matmul(self, w: QuantMatrix, x: cp.ndarray, bias: np.ndarray | None = None) -> cp.ndarray:
@@ -195,28 +197,39 @@ class CUDABackend:
             y = self._matmul(to_device(w.data, w.qtype), cp.asarray(np.ascontiguousarray(x, np.float32)), None)
         return y.get(stream=self.stream)
 
-    def _matmul(self, dw: DeviceWeight, x: cp.ndarray, bias: cp.ndarray | None) -> cp.ndarray:
+    def add_matmul(self, x: cp.ndarray, w: QuantMatrix, a: cp.ndarray, norm: np.ndarray | None = None) -> cp.ndarray:
+        """x + W a, W a normalized by norm first when given (sandwich norms); one launch in a one-token step."""
+        if norm is not None:
+            return self.add(x, self.rms_norm(self.matmul(w, a), norm))
+        return self._matmul(self._dev[id(w)], a, None, residual=x)
+
+    def _matmul(self, dw: DeviceWeight, x: cp.ndarray, bias: cp.ndarray | None,
+                residual: cp.ndarray | None = None) -> cp.ndarray:
+        """W x (+ bias) (+ residual [n, dw.n_rows]); a one-token step adds the residual inside the matvec."""
         out = self._empty((x.shape[0], dw.n_rows))
         if x.shape[0] == 1:
-            matvec(dw, self._q8(x) if dw.takes_q8 else x.reshape(-1), out.reshape(-1), stream=self.stream)
+            matvec(dw, self._q8(x) if dw.takes_q8 else x.reshape(-1), out.reshape(-1), stream=self.stream,
+                   residual=None if residual is None else residual.reshape(-1))
         else:
             self._set_cublas_stream()
             cuda_prefill.matmul(dw, x, out, self._scratch(dw.n_cols), stream=self.stream)
+            if residual is not None:
+                cuda_ops.add(out, residual, out, stream=self.stream)
         if bias is not None:
             cuda_ops.add_bias(out, bias, stream=self.stream)
         return out
 
-    def rope(self, x: cp.ndarray, base: float, scale: float) -> cp.ndarray:
-        """x [n, heads, head_dim] rotated in place for positions pos..pos+n-1."""
+    def rope_kv_write(self, layer: int, q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, base: float,
+                      scale: float) -> cp.ndarray:
+        """q [n, heads, head_dim] and k rotated in place for positions pos..pos+n-1, then k and v stored in the
+        layer's cache, in one launch; returns q."""
         key = (base, scale)
         if key not in self._inv_freq:
             with self.stream:
                 self._inv_freq[key] = cuda_ops.rope_inv_freq(self.cfg.rope_dim, base, self._rope_freqs) * scale
-        cuda_ops.rope(x, None, self._inv_freq[key], self.pos, self.cfg.rope_style == "neox", stream=self.stream)
-        return x
-
-    def kv_write(self, layer: int, k: cp.ndarray, v: cp.ndarray) -> None:
-        cuda_ops.kv_write(k, v, *self.caches[layer], self.pos, stream=self.stream)
+        cuda_ops.rope_kv_write(q, k, v, self._inv_freq[key], self.pos, self.cfg.rope_style == "neox",
+                               *self.caches[layer], stream=self.stream)
+        return q
 
     def attention(self, layer: int, q: cp.ndarray, window: int, scale: float) -> cp.ndarray:
         n, heads, head_dim = q.shape
@@ -224,14 +237,15 @@ class CUDABackend:
         k_cache, v_cache = self.caches[layer]
         if n == 1:
             cuda_ops.attention_decode(q[0], k_cache, v_cache, out[0], self.pos, self._attn_scratch, scale, window,
-                                      stream=self.stream)
+                                      xq=self._q8_out(out), stream=self.stream)
         else:
             cuda_ops.attention_prefill(q, k_cache, v_cache, out, self.pos, scale, window, stream=self.stream)
         return out.reshape(n, heads * head_dim)
 
     def glu(self, gate: cp.ndarray, up: cp.ndarray) -> cp.ndarray:
         out = self._empty(gate.shape)
-        cuda_ops.glu(gate, up, out, self.cfg.activation, stream=self.stream)
+        xq = self._q8_out(out) if self.n == 1 else None
+        cuda_ops.glu(gate, up, out, self.cfg.activation, xq=xq, stream=self.stream)
         return out
 
     def add(self, x: cp.ndarray, y: cp.ndarray) -> cp.ndarray:
@@ -276,10 +290,18 @@ class CUDABackend:
         """x [1, n] quantized to q8_1, once a step however many matrices read it (arena addresses are unique
         within a step; pool addresses come back, so outside a step every call quantizes)."""
         if self.n > 1 or self._q8_of is None or self._q8_of[0] != x.data.ptr:
-            xq = Q8Vector(self._empty((x.size,), cp.int8), self._empty((x.size // 32, 2)))
-            quantize_q8_1(x.reshape(-1), xq, stream=self.stream)
-            self._q8_of = (x.data.ptr, xq)
+            quantize_q8_1(x.reshape(-1), self._q8_out(x), stream=self.stream)
         return self._q8_of[1]
+
+    def _q8_out(self, x: cp.ndarray) -> Q8Vector | None:
+        """Room for x [1, ...] quantized to q8_1, remembered as x's quantization: the kernel that writes x fills
+        it (a one-token step's norms, glu and attention do, so the matvecs after them need no quantize launch).
+        None where x is not whole q8_1 blocks (the kernel then writes x alone)."""
+        if x.size % 32:
+            return None
+        xq = Q8Vector(self._empty((x.size,), cp.int8), self._empty((x.size // 32, 2)))
+        self._q8_of = (x.data.ptr, xq)
+        return xq
 
     def _scratch(self, n_cols: int) -> cuda_prefill.Scratch:
         s = self._prefill_scratch

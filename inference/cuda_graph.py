@@ -67,15 +67,23 @@ class DecodeStep:
         """Until the device has done everything asked of it."""
         self.be.stream.synchronize()
 
-    def tokens(self, logits, params: SamplingParams, seed: int | None, history: list[int]) -> Iterator[int]:
-        """The tokens after history, sampled on the device from logits [1, n_vocab] (the last forward's, of
-        history's last token). Each next() after the first runs one step on the token before it."""
+    def tokens(self, logits, params: SamplingParams, seed: int | None, history: list[int],
+               max_tokens: int | None = None) -> Iterator[int]:
+        """The tokens after history (at most max_tokens), sampled on the device from logits [1, n_vocab] (the
+        last forward's, of history's last token). The step on each token but the last is launched before the
+        token is handed out, so the GPU runs it while the caller handles the token (detokenizing, stop strings)
+        and the next next() only waits for it (with layers on the CPU, their part runs first, on the host).
+        A caller that stops early (end of generation, a stop string)
+        leaves one step done for nothing: its cache row lies past the engine's cached tokens, so a later
+        prompt overwrites it before anything reads it."""
         greedy = params.temperature <= 0 and params.repeat_penalty == 1.0  # argmax; else the sampler kernel
         self.be.start_sampling(params, seed, history)
         self.be.sample(logits[0], greedy)
-        pos = len(history)
+        pos = len(history)  # of the token read next
+        end = self.be.n_ctx if max_tokens is None else min(self.be.n_ctx, pos + max_tokens - 1)
         while True:
             token = self.be.read_token()
-            yield token
-            self(greedy, token, pos)
+            if pos < end:  # a step writes the token's k, v at pos: only inside the cache, only if more come
+                self(greedy, token, pos)
             pos += 1
+            yield token

@@ -199,7 +199,10 @@ class Engine:
         if self._decode:
             self._decode.wait()  # the GPU works asynchronously: count the prompt's time in its stats
         t1 = time.perf_counter()
-        tokens = (self._decode.tokens if self._decode else self._host_tokens)(logits, params, seed, ids)
+        if self._decode:
+            tokens = self._decode.tokens(logits, params, seed, ids, max_tokens)
+        else:
+            tokens = self._host_tokens(logits, params, seed, ids)
         detok = self.tokenizer.stream(at_start=False)  # a reply continues its prompt: " Paris" keeps its space
         text = StopScanner(stop)
         generated = 0

@@ -23,21 +23,13 @@ def layer(be, cfg: ModelConfig, lw: LayerWeights, i: int, x):
     if cfg.qk_norm:
         q = be.rms_norm(q, lw.attn_q_norm)
         k = be.rms_norm(k, lw.attn_k_norm)
-    q = be.rope(q, cfg.layer_rope_base(i), cfg.layer_rope_scale(i))
-    k = be.rope(k, cfg.layer_rope_base(i), cfg.layer_rope_scale(i))
-    be.kv_write(i, k, v)
+    q = be.rope_kv_write(i, q, k, v, cfg.layer_rope_base(i), cfg.layer_rope_scale(i))
     a = be.attention(i, q, cfg.layer_window(i), cfg.softmax_scale)  # [n, n_heads * v_head_dim]
-    o = be.matmul(lw.attn_output, a)
-    if cfg.sandwich_norm:
-        o = be.rms_norm(o, lw.post_attention_norm)
-    x = be.add(x, o)
+    x = be.add_matmul(x, lw.attn_output, a, lw.post_attention_norm if cfg.sandwich_norm else None)
 
     h = be.rms_norm(x, lw.ffn_norm)
     gate, up = be.matmuls(lw.gate_up, h)
-    f = be.matmul(lw.ffn_down, be.glu(gate, up))
-    if cfg.sandwich_norm:
-        f = be.rms_norm(f, lw.post_ffw_norm)
-    return be.add(x, f)
+    return be.add_matmul(x, lw.ffn_down, be.glu(gate, up), lw.post_ffw_norm if cfg.sandwich_norm else None)
 
 
 def layers(be, cfg: ModelConfig, w: ModelWeights, x, indices: range):

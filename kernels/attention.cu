@@ -8,6 +8,7 @@
 // l*E .. l*E+E-1 (E = HD/32) of each row's q and output accumulator, so the q.k dot is a warp sum and
 // the p*v update needs no communication.
 #include "ops_common.cuh"
+#include "q8_1.cuh"
 
 #define WARPS 4        // a block is 128 threads
 #define TK 4           // keys a warp takes per step: their loads are in flight together
@@ -135,22 +136,23 @@ template <int HD> struct Dec {
     static constexpr int LK = HD / 8;            // lanes a key
     static constexpr int SUBS = 32 / LK;         // keys a warp takes at once
     static constexpr int DT = 2 * WARPS * SUBS;  // keys a tile: two per sub-warp (4 KB of k)
-    static constexpr int G = Rows<HD>::MAXG;
     static constexpr int STAGE = 2 * DT * HD;    // halves a stage: k then v
 };
 
 // Decode, pass 1. q [n_head, HD] float32 at position pos[0] (its k and v already in the cache).
-// Block (kv head h = blockIdx.x, split s = blockIdx.y, row chunk c = blockIdx.z): q heads h*G + c*MAXG ..,
-// keys lo + s*chunk .. (at most chunk). Writes part [n_head, n_splits, HD + PART_EXTRA] = (sum p*v, max,
-// sum p, 2 unused), unnormalised; a split past the active ones writes nothing (the combine reads only
-// active ones). Launch: grid (n_head_kv, n_splits, ceil(G / MAXG)), block 128.
-template <int HD>
+// Block (kv head h = blockIdx.x, split s = blockIdx.y, row chunk c = blockIdx.z): q heads
+// h*group + c*G .. (G of them, group = n_head / n_head_kv), keys lo + s*chunk .. (at most chunk). Writes
+// part [n_head, n_splits, HD + PART_EXTRA] = (sum p*v, max, sum p, 2 unused), unnormalised; a split past
+// the active ones writes nothing (the combine reads only active ones). Every thread computes all G rows,
+// so G is MAXG only for groups larger than 4: a group of 4 (llama3) in G = 8 did twice the math a tile.
+// Launch: grid (n_head_kv, n_splits, ceil(group / G)), block 128.
+template <int HD, int G>
 __device__ __forceinline__ void decode_split(const float* __restrict__ q, const __half* __restrict__ k_cache,
                                              const __half* __restrict__ v_cache, float* __restrict__ part,
                                              const int* __restrict__ pos, int n_head, int n_head_kv,
                                              int max_ctx, int window, float scale, int n_splits) {
     using D = Dec<HD>;
-    constexpr int G = D::G, LK = D::LK, DT = D::DT;
+    constexpr int LK = D::LK, DT = D::DT;
     __shared__ __align__(16) __half smem[DSTAGES * D::STAGE];  // the tiles, then the warps' merge
     __shared__ float s_m[WARPS][G], s_l[WARPS][G];
     int p = min(pos[0], max_ctx - 1);  // past the cache is the caller's bug: wrong output, not a fault
@@ -281,11 +283,14 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
 
 // Decode, pass 2: out [n_head, HD] = combination of the active splits of part. A thread takes 4 dims of
 // every (COMBINE_THREADS * 4 / HD)-th split, so the loads of all splits are in flight together.
-// Launch: grid n_head, block COMBINE_THREADS.
+// quantize: out also as q8_1 (xq [n_head * HD], xds [n_head * HD / 32]) for the output projection.
+// Launch: grid n_head, block COMBINE_THREADS. One block an SM is enough (n_head blocks): without the 1, ptxas
+// aims at 4 blocks an SM (32 registers) and spills.
 #define COMBINE_THREADS 512
-extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, 1)
     attn_decode_combine(const float* __restrict__ part, float* __restrict__ out, const int* __restrict__ pos,
-                        int head_dim, int window, int n_splits, int max_ctx) {
+                        int head_dim, int window, int n_splits, int max_ctx, int8_t* __restrict__ xq,
+                        float2* __restrict__ xds, int quantize) {
     __shared__ float s_f[64], s_wm[2], s_wl[2];  // n_splits <= 64
     __shared__ __align__(16) float s_acc[COMBINE_THREADS * 4];
     Splits sp(min(pos[0], max_ctx - 1), window, n_splits);
@@ -323,10 +328,13 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
     }
     *reinterpret_cast<float4*>(s_acc + g * head_dim + d) = a;
     __syncthreads();
-    if (tid < head_dim) {
+    if (tid < head_dim) {  // whole warps: head_dim is a multiple of 32
         float sum = 0.0f;
         for (int i = 0; i < groups; ++i) sum += s_acc[i * head_dim + tid];
-        out[(size_t)blockIdx.x * head_dim + tid] = sum / (s_wl[0] + s_wl[1]);
+        int at = blockIdx.x * head_dim + tid;
+        float v = sum / (s_wl[0] + s_wl[1]);
+        out[at] = v;
+        if (quantize) store_q8_1(v, at, xq, xds);
     }
 }
 
@@ -574,14 +582,15 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
 }
 
 // (128, 1): with the plain bound ptxas aims at 3 blocks an SM and spills at HD 256
-#define ATTN(HD)                                                                                        \
+#define ATTN_DECODE(NAME, HD, G)                                                                        \
     extern "C" __global__ void __launch_bounds__(128, 1)                                                 \
-        attn_decode_##HD(const float* q, const __half* k_cache, const __half* v_cache, float* part,   \
-                         const int* pos, int n_head, int n_head_kv, int max_ctx, int window, float scale, \
-                         int n_splits) {                                                                \
-        decode_split<HD>(q, k_cache, v_cache, part, pos, n_head, n_head_kv, max_ctx, window, scale,    \
-                         n_splits);                                                                    \
-    }                                                                                                   \
+        NAME(const float* q, const __half* k_cache, const __half* v_cache, float* part, const int* pos, \
+             int n_head, int n_head_kv, int max_ctx, int window, float scale, int n_splits) {           \
+        decode_split<HD, G>(q, k_cache, v_cache, part, pos, n_head, n_head_kv, max_ctx, window, scale, \
+                            n_splits);                                                                 \
+    }
+#define ATTN(HD)                                                                                        \
+    ATTN_DECODE(attn_decode_##HD, HD, Rows<HD>::MAXG)                                                   \
     extern "C" __global__ void __launch_bounds__(128, 1)                                                 \
         attn_prefill_##HD(const float* q, const __half* k_cache, const __half* v_cache, float* out,   \
                           const int* pos, int n_tok, int n_head, int n_head_kv, int max_ctx, int window, \
@@ -596,3 +605,5 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
 ATTN(64)
 ATTN(128)
 ATTN(256)
+ATTN_DECODE(attn_decode_64_g4, 64, 4)  // groups of up to 4 (MAXG is 4 at HD 256 already)
+ATTN_DECODE(attn_decode_128_g4, 128, 4)

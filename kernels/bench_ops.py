@@ -11,7 +11,7 @@ import numpy as np
 import kernels.cuda_ops as ops
 from kernels import bench_cuda
 from kernels.bench_cuda import random_weight_bytes
-from kernels.cuda_quant import to_device
+from kernels.cuda_quant import Q8Vector, quantize_q8_1, to_device
 from models.ggml_types import TYPES_BY_NAME
 
 ROOFLINE_GBS = 3000.0
@@ -77,12 +77,18 @@ def bench_small_ops(rows):
     ops.set_sampling_params(fparams, iparams, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                             repeat_penalty=1.1, seed=1)
     cand, amax = ops.sample_scratch(n_vocab), ops.argmax_scratch()
+    x_q8, act_q8 = Q8Vector.empty(d), Q8Vector.empty(n_ff)
     cases = {
         "embed Q6_K 4096": lambda i, s: ops.embed(table, ids, emb, 1.0, s),
         "rms_norm 4096 + residual": lambda i, s: ops.rms_norm(x, w, y, 1e-5, residual=r, stream=s),
+        "rms_norm 4096 + q8_1 copy": lambda i, s: ops.rms_norm(x[None], w, y[None], 1e-5, xq=x_q8, stream=s),
+        "quantize_q8_1 4096": lambda i, s: quantize_q8_1(y, x_q8, s),
         "rope 32+8 heads x 128": lambda i, s: ops.rope(q, k, inv_freq, pos, False, s),
         "kv_write 8 x 128": lambda i, s: ops.kv_write(k, k, k_cache, v_cache, pos, s),
-        "glu silu 14336": lambda i, s: ops.glu(gate, up, act, "silu", s),
+        "rope_kv_write 32+8 heads x 128": lambda i, s: ops.rope_kv_write(q, k, k, inv_freq, pos, False, k_cache,
+                                                                         v_cache, s),
+        "glu silu 14336": lambda i, s: ops.glu(gate, up, act, "silu", stream=s),
+        "glu silu 14336 + q8_1 copy": lambda i, s: ops.glu(gate, up, act, "silu", xq=act_q8, stream=s),
         "add 4096": lambda i, s: ops.add(x, r, y, s),
         # the samplers advance pos: harmless here, pos only keys the RNG and the history ring
         "argmax 128256 (2 kernels)": lambda i, s: ops.argmax(logits, amax, token, hist, pos, s),

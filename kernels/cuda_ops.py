@@ -18,7 +18,7 @@ import cupy as cp
 import numpy as np
 
 from kernels.cuda_module import kernel
-from kernels.cuda_quant import DeviceWeight
+from kernels.cuda_quant import DeviceWeight, Q8Vector
 
 HEAD_DIMS = (64, 128, 256)  # attention kernels are built for these
 ATTN_WARPS = 4  # attention.cu: WARPS
@@ -29,6 +29,7 @@ SAMPLE_CHUNK = 4096  # sample.cu: CHUNK, logits a block selects from
 SAMPLE_K_MAX = 64  # sample.cu: K_MAX, candidates kept (top_k is capped here)
 SAMPLE_THREADS = 1024  # sample.cu: SAMPLE_THREADS
 MAX_HISTORY = 1024  # the penalty takes one thread per history entry
+NORM_Q8_MAX = 4 * 4 * 1024  # norm_rope.cu: NORM_CHUNKS float4s a thread, 1024 threads
 
 
 def _stream(stream):
@@ -43,6 +44,14 @@ def _check(name: str, a, dtype, shape: tuple) -> None:
 
 def _check_pos(pos) -> None:
     _check("pos", pos, cp.int32, (1,))
+
+
+def _check_q8(xq, n: int) -> None:
+    """xq: where a kernel also writes its output of n values quantized to q8_1 (see cuda_quant.Q8Vector)."""
+    if not isinstance(xq, Q8Vector) or n % 32:
+        raise ValueError(f"xq must be a Q8Vector and the output a multiple of 32 values, got {n}")
+    _check("xq.qs", xq.qs, cp.int8, (n,))
+    _check("xq.ds", xq.ds, cp.float32, (n // 32, 2))
 
 
 def _blocks(n: int, threads: int = 256) -> tuple:
@@ -68,10 +77,11 @@ def embed(table: DeviceWeight, ids: cp.ndarray, out: cp.ndarray, scale: float = 
 # ---- norms, rope, kv cache ----
 
 def rms_norm(x: cp.ndarray, weight: cp.ndarray, out: cp.ndarray, eps: float, residual: cp.ndarray | None = None,
-             stream=None) -> None:
+             xq: Q8Vector | None = None, stream=None) -> None:
     """out [..., d] = x / sqrt(mean(x^2) + eps) * weight [d], over the last axis of x.
 
     residual given: x += residual first (written back: the residual stream), then out = norm(x).
+    xq given (one row, no residual): out also quantized to q8_1 into xq, in the same launch.
     Per-head q/k norm: x [n_tok, n_head, head_dim] with weight [head_dim]. out may be x."""
     d = weight.shape[0] if isinstance(weight, cp.ndarray) and weight.ndim == 1 else -1
     _check("weight", weight, cp.float32, (d,))
@@ -83,6 +93,17 @@ def rms_norm(x: cp.ndarray, weight: cp.ndarray, out: cp.ndarray, eps: float, res
         _check("residual", residual, cp.float32, x.shape)
     rows = x.size // d
     threads = min(1024, (d + 31) // 32 * 32)
+    if xq is not None:
+        if rows != 1 or residual is not None or d > NORM_Q8_MAX:
+            raise ValueError(f"rms_norm: xq takes one row of at most {NORM_Q8_MAX} values and no residual")
+        if any(a.data.ptr % 16 for a in (x, weight, out)):
+            raise ValueError("rms_norm: xq needs 16-byte-aligned x, weight and out (read as float4)")
+        _check_q8(xq, d)
+        threads = min(1024, (d // 4 + 31) // 32 * 32)  # norm_rope.cu: a float4 chunk a thread where it fits
+        with _stream(stream):
+            kernel("norm_rope.cu", "rms_norm_q8_1")((1,), (threads,), (x, weight, out, xq.qs, xq.ds, np.int32(d),
+                                                                      np.float32(eps)))
+        return
     has_residual = residual is not None
     args = (x, residual if has_residual else x, weight, out, np.int32(d), np.float32(eps), np.int32(has_residual))
     with _stream(stream):
@@ -176,11 +197,19 @@ def _rows_per_warp(head_dim: int) -> int:
     return 4 if head_dim == 256 else 8  # attention.cu: Rows<HD>::MAXG
 
 
+def _decode_kernel(head_dim: int, group: int) -> tuple[str, int]:
+    """attention.cu's decode kernel for a group of q heads a kv head, and the q rows one of its blocks takes:
+    4 where the group fits (every row of a block costs math, used or not), else MAXG."""
+    if group <= 4 and head_dim != 256:
+        return f"attn_decode_{head_dim}_g4", 4
+    return f"attn_decode_{head_dim}", _rows_per_warp(head_dim)
+
+
 def decode_scratch(n_head: int, n_head_kv: int, head_dim: int) -> cp.ndarray:
     """Scratch for attention_decode: float32 [n_head, n_splits, head_dim + 4], n_splits picked so that a
     long context gives about two blocks per multiprocessor. One serves every layer (they run in turn)."""
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    row_chunks = math.ceil(n_head // n_head_kv / _rows_per_warp(head_dim))
+    row_chunks = math.ceil(n_head // n_head_kv / _decode_kernel(head_dim, n_head // n_head_kv)[1])
     n_splits = max(1, min(64, math.ceil(2 * sms / (n_head_kv * row_chunks))))
     return cp.empty((n_head, n_splits, head_dim + 4), dtype=cp.float32)  # attention.cu: PART_EXTRA
 
@@ -195,10 +224,12 @@ def _check_attention(q_heads: tuple, k_cache, v_cache) -> tuple[int, int, int, i
 
 
 def attention_decode(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, out: cp.ndarray, pos: cp.ndarray,
-                     scratch: cp.ndarray, scale: float, window: int = 0, stream=None) -> None:
+                     scratch: cp.ndarray, scale: float, window: int = 0, xq: Q8Vector | None = None,
+                     stream=None) -> None:
     """out [n_head, head_dim] = softmax(scale * q k^T) v for one query q [n_head, head_dim] at position pos[0]
     over cached keys 0..pos[0] (its own k and v already written); window > 0: only the last `window`.
-    Flash-decoding: the keys are split over scratch.shape[1] blocks a kv head at long contexts."""
+    Flash-decoding: the keys are split over scratch.shape[1] blocks a kv head at long contexts.
+    xq given: out also quantized to q8_1 into xq (for the output projection), in the same launches."""
     if not isinstance(q, cp.ndarray) or q.ndim != 2:
         raise ValueError("attention_decode: q must be [n_head, head_dim]")
     n_head, n_head_kv, max_ctx, head_dim = _check_attention(q.shape, k_cache, v_cache)
@@ -207,16 +238,20 @@ def attention_decode(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ou
     n_splits = scratch.shape[1] if isinstance(scratch, cp.ndarray) and scratch.ndim == 3 else -1
     _check("scratch", scratch, cp.float32, (n_head, n_splits, head_dim + 4))
     _check_pos(pos)
+    if xq is not None:
+        _check_q8(xq, n_head * head_dim)
     group = n_head // n_head_kv
-    grid = (n_head_kv, n_splits, math.ceil(group / _rows_per_warp(head_dim)))
+    name, rows = _decode_kernel(head_dim, group)
+    grid = (n_head_kv, n_splits, math.ceil(group / rows))
     with _stream(stream):
-        kernel("attention.cu", f"attn_decode_{head_dim}")(
+        kernel("attention.cu", name)(
             grid, (32 * ATTN_WARPS,),
             (q, k_cache, v_cache, scratch, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(max_ctx),
              np.int32(window), np.float32(scale), np.int32(n_splits)))
         kernel("attention.cu", "attn_decode_combine")(
             (n_head,), (512,),
-            (scratch, out, pos, np.int32(head_dim), np.int32(window), np.int32(n_splits), np.int32(max_ctx)))
+            (scratch, out, pos, np.int32(head_dim), np.int32(window), np.int32(n_splits), np.int32(max_ctx),
+             out if xq is None else xq.qs, out if xq is None else xq.ds, np.int32(xq is not None)))
 
 
 def attention_prefill(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, out: cp.ndarray, pos: cp.ndarray,
@@ -256,14 +291,20 @@ def _check_same(names: str, *arrays) -> int:
 GLU_ACTIVATIONS = {"silu": 0, "gelu": 1}  # gelu: the tanh approximation
 
 
-def glu(gate: cp.ndarray, up: cp.ndarray, out: cp.ndarray, activation: str, stream=None) -> None:
-    """out = activation(gate) * up, elementwise (same shapes); out may be gate or up."""
+def glu(gate: cp.ndarray, up: cp.ndarray, out: cp.ndarray, activation: str, xq: Q8Vector | None = None,
+        stream=None) -> None:
+    """out = activation(gate) * up, elementwise (same shapes); out may be gate or up.
+    xq given: out also quantized to q8_1 into xq (for the down projection), in the same launch."""
     if activation not in GLU_ACTIVATIONS:
         raise ValueError(f"glu: activation must be one of {list(GLU_ACTIVATIONS)}, got {activation!r}")
     n = _check_same("gate, up, out", gate, up, out)
+    act = np.int32(GLU_ACTIVATIONS[activation])
     with _stream(stream):
-        kernel("elementwise.cu", "glu")(_blocks(n), (256,), (gate, up, out, np.int32(n),
-                                                              np.int32(GLU_ACTIVATIONS[activation])))
+        if xq is None:
+            kernel("elementwise.cu", "glu")(_blocks(n), (256,), (gate, up, out, np.int32(n), act))
+        else:
+            _check_q8(xq, n)
+            kernel("elementwise.cu", "glu_q8_1")(_blocks(n), (256,), (gate, up, out, xq.qs, xq.ds, np.int32(n), act))
 
 
 def add(a: cp.ndarray, b: cp.ndarray, out: cp.ndarray, stream=None) -> None:

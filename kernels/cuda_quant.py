@@ -90,10 +90,13 @@ def matvec(
     out: cp.ndarray,
     stream: cp.cuda.Stream | None = None,
     threads_per_row: int | None = None,
+    residual: cp.ndarray | None = None,
 ) -> None:
-    """out float32 [w.n_rows] = W . x; x is a Q8Vector when w.takes_q8, else float32 [w.n_cols]."""
-    if out.dtype != cp.float32 or out.shape != (w.n_rows,) or not out.flags.c_contiguous:
-        raise ValueError(f"matvec: out must be contiguous float32 ({w.n_rows},), got {out.dtype} {out.shape}")
+    """out float32 [w.n_rows] = W . x (+ residual [w.n_rows], added in the same launch; out may be residual);
+    x is a Q8Vector when w.takes_q8, else float32 [w.n_cols]."""
+    for name, a in (("out", out), ("residual", out if residual is None else residual)):
+        if a.dtype != cp.float32 or a.shape != (w.n_rows,) or not a.flags.c_contiguous:
+            raise ValueError(f"matvec: {name} must be contiguous float32 ({w.n_rows},), got {a.dtype} {a.shape}")
     tpr = threads_per_row or default_threads_per_row(w.n_rows, w.n_cols // ELEMS_PER_ITEM[w.qtype.name])
     if tpr not in (32, 64, 128):
         raise ValueError(f"threads_per_row must be 32, 64 or 128, got {tpr}")
@@ -110,5 +113,6 @@ def matvec(
             raise ValueError(f"matvec: {w.qtype.name} weights take a contiguous, 16-byte-aligned float32 x "
                              f"of ({w.n_cols},)")
         args = (w.data, x, out, np.int32(w.n_rows), np.int32(w.n_cols), np.int32(tpr))
+    args += (out if residual is None else residual, np.int32(residual is not None))
     with stream or cp.cuda.get_current_stream():
         kernel("matvec.cu", name)(grid, (THREADS,), args)

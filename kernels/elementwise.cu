@@ -1,18 +1,29 @@
 // Elementwise ops of a transformer layer: gated activation, residual add, bias add, logit softcap.
 // Launch: grid ceil(n / 256), block 256; thread = one element.
 #include "ops_common.cuh"
+#include "q8_1.cuh"
 
-// out = act(gate) * up; act 0: silu, 1: gelu with the tanh approximation (gemma). out may be gate or up.
+// act 0: silu, 1: gelu with the tanh approximation (gemma).
+__device__ __forceinline__ float activation(float g, int act) {
+    if (act == 0) return g / (1.0f + expf(-g));
+    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
+// out = act(gate) * up. out may be gate or up.
 extern "C" __global__ void glu(const float* gate, const float* up, float* out, int n, int act) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float g = gate[i], a;
-    if (act == 0) {
-        a = g / (1.0f + expf(-g));
-    } else {
-        a = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-    }
-    out[i] = a * up[i];
+    out[i] = activation(gate[i], act) * up[i];
+}
+
+// glu, and its output quantized to q8_1 (xq [n], xds [n / 32]) for the down projection. n a multiple of 32.
+extern "C" __global__ void glu_q8_1(const float* gate, const float* up, float* out, int8_t* __restrict__ xq,
+                                    float2* __restrict__ xds, int n, int act) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;  // whole warps leave together
+    float v = activation(gate[i], act) * up[i];
+    out[i] = v;
+    store_q8_1(v, i, xq, xds);
 }
 
 // out = a + b; out may be a or b.

@@ -4,6 +4,7 @@
 // (quant_dot.cuh). Float W (F32, F16, BF16): x stays float32.
 // Launch: blockDim.x = 128; `tpr` threads (32, 64 or 128) work on one row, so a block does 128/tpr rows.
 #include "quant_dot.cuh"
+#include "q8_1.cuh"
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -11,13 +12,15 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// Sum acc over the tpr threads of each row and store it.
-__device__ __forceinline__ void row_store(float acc, int row, int n_rows, int tpr, float* __restrict__ out) {
+// Sum acc over the tpr threads of each row and store it, plus res[row] when add_res (the residual add of a
+// layer's output projections, fused: out = W . x + res; out may be res).
+__device__ __forceinline__ void row_store(float acc, int row, int n_rows, int tpr, float* out, const float* res,
+                                          int add_res) {
     __shared__ float warp_part[4];
     acc = warp_sum(acc);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (tpr == 32) {
-        if (lane == 0 && row < n_rows) out[row] = acc;
+        if (lane == 0 && row < n_rows) out[row] = add_res ? acc + res[row] : acc;
         return;
     }
     if (lane == 0) warp_part[warp] = acc;
@@ -25,7 +28,7 @@ __device__ __forceinline__ void row_store(float acc, int row, int n_rows, int tp
     if (threadIdx.x % tpr == 0 && row < n_rows) {
         float s = 0.0f;
         for (int w = warp; w < warp + tpr / 32; ++w) s += warp_part[w];
-        out[row] = s;
+        out[row] = add_res ? s + res[row] : s;
     }
 }
 
@@ -35,33 +38,24 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __
                                          float2* __restrict__ xds, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;  // n is a multiple of 32: whole warps leave together
-    float v = x[i];
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    float d = amax / 127.0f;
-    int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
-    xq[i] = (int8_t)q;
-    int s = q;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if ((i & 31) == 0) xds[i / 32] = make_float2(d, d * (float)s);
+    store_q8_1(x[i], i, xq, xds);
 }
 
 template <class T>
 __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
-                                         const float2* __restrict__ xds, float* __restrict__ out, int n_rows,
-                                         int nb, int tpr) {
+                                         const float2* __restrict__ xds, float* out, int n_rows, int nb,
+                                         int tpr, const float* res, int add_res) {
     int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
     float acc = row < n_rows ? row_dot<T>(w, row, n_rows, nb, threadIdx.x % tpr, tpr, xq, xds) : 0.0f;
-    row_store(acc, row, n_rows, tpr, out);
+    row_store(acc, row, n_rows, tpr, out, res, add_res);
 }
 
+// res / add_res: see row_store. CuPy passes None as an invalid pointer, hence the flag.
 #define MATVEC_Q(NAME, T)                                                                               \
     extern "C" __global__ void __launch_bounds__(128)                                                   \
         NAME(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb,    \
-             int tpr) {                                                                                 \
-        matvec_q<T>(w, xq, xds, out, n_rows, nb, tpr);                                                  \
+             int tpr, const float* res, int add_res) {                                                  \
+        matvec_q<T>(w, xq, xds, out, n_rows, nb, tpr, res, add_res);                                    \
     }
 
 MATVEC_Q(matvec_q4_0, Q4_0)
@@ -110,7 +104,8 @@ struct BF16W {
 
 template <class T>
 __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const float* __restrict__ x,
-                                         float* __restrict__ out, int n_rows, int n_cols, int tpr) {
+                                         float* out, int n_rows, int n_cols, int tpr, const float* res,
+                                         int add_res) {
     int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
     int t = threadIdx.x % tpr;
     float acc = 0.0f;
@@ -127,13 +122,14 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const fl
                    v[6] * xb.z + v[7] * xb.w;
         }
     }
-    row_store(acc, row, n_rows, tpr, out);
+    row_store(acc, row, n_rows, tpr, out, res, add_res);
 }
 
 #define MATVEC_F(NAME, T)                                                                                \
     extern "C" __global__ void __launch_bounds__(128)                                                    \
-        NAME(const uint8_t* w, const float* x, float* out, int n_rows, int n_cols, int tpr) {            \
-        matvec_f<T>(w, x, out, n_rows, n_cols, tpr);                                                     \
+        NAME(const uint8_t* w, const float* x, float* out, int n_rows, int n_cols, int tpr,             \
+             const float* res, int add_res) {                                                            \
+        matvec_f<T>(w, x, out, n_rows, n_cols, tpr, res, add_res);                                       \
     }
 
 MATVEC_F(matvec_f32, F32W)

@@ -27,9 +27,9 @@ def greedy_steps(engine, ids: list[int], n: int) -> tuple[list[int], np.ndarray]
     engine._cached = []
     decode = engine._decode
     tokens = decode.tokens(engine._prefill(ids, all_logits=False), SamplingParams(temperature=0), None, ids)
-    out, logits = [next(tokens)], []
-    for _ in range(n - 1):
+    out, logits = [], []
+    for _ in range(n):
         out.append(next(tokens))
-        logits.append(engine._be.to_host(decode.logits)[0])
+        logits.append(engine._be.to_host(decode.logits)[0])  # of the step on that token, launched before it came
     engine._cached = []
-    return out, np.array(logits)
+    return out, np.array(logits[:-1])

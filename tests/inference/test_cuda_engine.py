@@ -151,10 +151,10 @@ def test_2000_tokens_neither_drift_nor_grow_memory(model, request):
                                SamplingParams(temperature=1.0, top_k=40, top_p=1.0, min_p=0.0), 7, ids)
     pool = cp.get_default_memory_pool()
     for i in range(2000):
-        ids.append(next(steps))  # every next() after the first runs one graph step on the token before it
+        ids.append(next(steps))  # and launches the graph step on it
         if i == 100:
             early = (pool.used_bytes(), pool.total_bytes(), cp.cuda.runtime.memGetInfo()[0])
     late = (pool.used_bytes(), pool.total_bytes(), cp.cuda.runtime.memGetInfo()[0])
     assert late == early, f"device memory (used, pool, free) grew from {early} to {late}"
-    last = cp.asnumpy(gpu._decode.logits)  # [1, n_vocab]: the step on ids[-2], which sampled ids[-1]
-    assert_close_logits(last, cpu.logits(ids[:-1])[-1:], f"{path.name} after 2000 graph steps")
+    last = cp.asnumpy(gpu._decode.logits)  # [1, n_vocab]: the step on ids[-1]
+    assert_close_logits(last, cpu.logits(ids)[-1:], f"{path.name} after 2000 graph steps")

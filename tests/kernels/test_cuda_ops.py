@@ -119,6 +119,39 @@ def test_rms_norm_with_residual(cuda, rng, d):
     assert rel_err(cp.asnumpy(out), ref_rms_norm(x + r, w, 1e-5)) < 2e-6
 
 
+def q8_1_of(cp, values):
+    """A Q8Vector of values (device float32 [n]) from cuda_quant.quantize_q8_1, itself checked against numpy."""
+    from kernels.cuda_quant import Q8Vector, quantize_q8_1
+
+    xq = Q8Vector.empty(values.size)
+    quantize_q8_1(values.reshape(-1), xq)
+    return xq
+
+
+def poisoned_q8_1(cp, n):
+    from kernels.cuda_quant import Q8Vector
+
+    return Q8Vector(cp.full(n, -128, dtype=cp.int8), cp.full((n // 32, 2), cp.nan, dtype=cp.float32))
+
+
+def assert_same_q8_1(cp, xq, ref):
+    """A fused kernel's q8_1 copy equals quantize_q8_1 of its float output, bit for bit."""
+    np.testing.assert_array_equal(cp.asnumpy(xq.qs), cp.asnumpy(ref.qs))
+    np.testing.assert_array_equal(cp.asnumpy(xq.ds), cp.asnumpy(ref.ds))
+
+
+@pytest.mark.parametrize("d", [4096, 2048, 640, 64, 5120, 8192, 16384])
+def test_rms_norm_q8_1(cuda, rng, d):
+    """One row normalized (float32, its own summation order) and, in the same launch, quantized."""
+    cp, ops = cuda
+    x = rng.standard_normal((1, d)).astype(np.float32) * 3
+    w = rng.standard_normal(d).astype(np.float32)
+    out, xq = nan_like(cp, (1, d)), poisoned_q8_1(cp, d)
+    ops.rms_norm(cp.asarray(x), cp.asarray(w), out, 1e-5, xq=xq)
+    assert rel_err(cp.asnumpy(out), ref_rms_norm(x, w, 1e-5)) < 2e-6
+    assert_same_q8_1(cp, xq, q8_1_of(cp, out))
+
+
 # ---- rope ----
 
 def ref_rope(x, positions, inv_freq, neox):
@@ -247,6 +280,11 @@ def test_attention_decode(cuda, rng, shape, n_ctx, window):
     ops.attention_decode(cp.asarray(q), k_dev, v_dev, out, device_pos(cp, n_ctx - 1), scratch, scale, window)
     ref = ref_attention(q[None].astype(np.float64), k, v, [n_ctx - 1], scale, window)[0]
     assert rel_err(cp.asnumpy(out), ref) < 1e-5
+    out_q, xq = nan_like(cp, (n_head, head_dim)), poisoned_q8_1(cp, n_head * head_dim)
+    ops.attention_decode(cp.asarray(q), k_dev, v_dev, out_q, device_pos(cp, n_ctx - 1), scratch, scale, window,
+                         xq=xq)
+    np.testing.assert_array_equal(cp.asnumpy(out_q), cp.asnumpy(out))
+    assert_same_q8_1(cp, xq, q8_1_of(cp, out))
 
 
 def test_fp16_cache_error(cuda, rng):
@@ -302,6 +340,10 @@ def test_glu(cuda, rng, activation, shape):
     act = g / (1 + np.exp(-g)) if activation == "silu" else \
         0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
     assert rel_err(cp.asnumpy(out), act * up) < 1e-5
+    out_q, xq = nan_like(cp, shape), poisoned_q8_1(cp, gate.size)
+    ops.glu(cp.asarray(gate), cp.asarray(up), out_q, activation, xq=xq)
+    np.testing.assert_array_equal(cp.asnumpy(out_q), cp.asnumpy(out))
+    assert_same_q8_1(cp, xq, q8_1_of(cp, out))
 
 
 def test_add_bias_softcap(cuda, rng):
@@ -541,3 +583,7 @@ def test_bad_inputs_raise(cuda):
         ops.sample_scratch(300000)
     with pytest.raises(ValueError, match="activation"):
         ops.glu(x, x, x, "relu")
+    with pytest.raises(ValueError, match="one row"):
+        ops.rms_norm(x, cp.ones(64, dtype=cp.float32), x, 1e-6, xq=poisoned_q8_1(cp, 64))
+    with pytest.raises(ValueError, match="xq.qs"):
+        ops.glu(x, x, x, "silu", xq=poisoned_q8_1(cp, 64))  # 128 values

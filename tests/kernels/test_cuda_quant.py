@@ -74,6 +74,28 @@ def test_every_threads_per_row_is_right(cuda, name, threads_per_row):
     check(out, raw, name, x_used)
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "F16"])
+def test_matvec_adds_residual(cuda, name):
+    """residual: out = W . x + residual in the same launch, also in place (out is the residual)."""
+    cp, cq = cuda
+    qtype = TYPES_BY_NAME[name]
+    rng = np.random.default_rng(np.random.SeedSequence().generate_state(1)[0])
+    raw = random_weight_bytes(qtype, 300, 2048, seed=int(rng.integers(1 << 31)))
+    x = rng.standard_normal(2048).astype(np.float32)
+    r = rng.standard_normal(300).astype(np.float32)
+    w = cq.to_device(raw, qtype)
+    xin = cq.Q8Vector.empty(2048) if w.takes_q8 else cp.asarray(x)
+    if w.takes_q8:
+        cq.quantize_q8_1(cp.asarray(x), xin)
+    plain, added = cp.full(300, cp.nan, dtype=cp.float32), cp.full(300, cp.nan, dtype=cp.float32)
+    in_place = cp.asarray(r)
+    cq.matvec(w, xin, plain)
+    cq.matvec(w, xin, added, residual=cp.asarray(r))
+    cq.matvec(w, xin, in_place, residual=in_place)
+    np.testing.assert_array_equal(cp.asnumpy(added), cp.asnumpy(plain) + r)  # the same float32 add
+    np.testing.assert_array_equal(cp.asnumpy(in_place), cp.asnumpy(added))
+
+
 def test_quantize_q8_1_matches_numpy(cuda):
     cp, cq = cuda
     x = np.random.default_rng().standard_normal(14336).astype(np.float32) * 3
