@@ -411,37 +411,93 @@ def dot_q6_k(row, x, xsum, f16, n16):
 
 
 # ---- Integer dots: quantized rows . int8-quantized x --------------------------------------------------
-# x [n_tokens, n_cols] is quantized once per call: xq int8 (|xq| <= 127) times xd float32, one scale per 32
-# values, and xs16, the int32 sums of xq over each 16 (for block minimums, Q6_K's -32 and Q8_0's +128).
-# A row's quants are dotted with xq 32 (Q6_K: 16) at a time in int32 by the dot_* intrinsics below; the
-# block and run scales are applied to these sums in float32.
+# x [n_tokens, n_cols] is quantized once per call: xq int8 (|xq| <= 127) times xd float32, one scale per
+# block of x (256 values for Q4_K and Q6_K, as llama.cpp's q8_K; 32 for Q8_0, as its q8_0), and xs16, the
+# int32 sums of xq over each 16 (for block minimums, Q6_K's -32 and Q8_0's +128).
 # numba computes integers in int64, which hides byte dot products from LLVM's loop vectorizer (a numba loop
-# ran 4x slower), so the dots are written as LLVM's generic vector ops: load n bytes of quants and of xq,
-# widen, multiply, sum. The backend turns this into vpdpbusd (AVX-512 VNNI, AVX-VNNI) or pmaddwd where
-# there is no VNNI; it takes unsigned quants, hence Q6_K's quants without their -32 and Q8_0's plus 128.
+# ran 4x slower), so the dots are intrinsics that emit LLVM vector IR. Q8_0's is generic (load, widen,
+# multiply, reduce.add), which the backend turns into vpdpbusd where there is VNNI. Q4_K's and Q6_K's take
+# a whole super-block of 256 as llama.cpp does: byte products summed in pairs to int16 (pmaddubsw), then
+# the pairs times their 6-bit run scales summed to int32 (pmaddwd), added up in one int32 vector and
+# reduced once per block. pmaddubsw takes unsigned quants, hence Q6_K's quants without their -32.
+
+def _load(context, builder, arr_type, arr, off, lanes, bits=8):
+    """<lanes x i{bits}> from a 1-d array at element off (an array of that width)."""
+    ptr = builder.gep(context.make_array(arr_type)(context, builder, arr).data, [off])
+    return builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(bits), lanes).as_pointer()), align=1)
+
 
 def _load_bytes(context, builder, arr_type, arr, off, lanes):
     """<lanes x i8> from arr[off:off + lanes] (a 1-d uint8 or int8 array)."""
-    ptr = builder.gep(context.make_array(arr_type)(context, builder, arr).data, [off])
-    return builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(8), lanes).as_pointer()), align=1)
+    return _load(context, builder, arr_type, arr, off, lanes)
 
 
-def _splat(builder, value, lanes):
-    """<lanes x i8> of the int64 value."""
-    v = builder.trunc(value, ir.IntType(8))
-    return builder.shuffle_vector(builder.insert_element(ir.VectorType(ir.IntType(8), lanes)(ir.Undefined), v,
-                                                         ir.Constant(ir.IntType(32), 0)),
-                                  ir.VectorType(ir.IntType(8), lanes)(ir.Undefined),
-                                  ir.VectorType(ir.IntType(32), lanes)([0] * lanes))
+def _splat(builder, value, lanes, bits=8):
+    """<lanes x i{bits}> of the integer value (an ir value or a Python int)."""
+    vec = ir.VectorType(ir.IntType(bits), lanes)
+    if isinstance(value, int):
+        return vec([value] * lanes)
+    v = builder.trunc(value, ir.IntType(bits)) if value.type.width > bits else value
+    return builder.shuffle_vector(builder.insert_element(vec(ir.Undefined), v, ir.Constant(ir.IntType(32), 0)),
+                                  vec(ir.Undefined), ir.VectorType(ir.IntType(32), lanes)([0] * lanes))
+
+
+def _shuffle(builder, a, b, idx):
+    """The lanes idx of a ++ b (b None: of a alone)."""
+    return builder.shuffle_vector(a, b if b is not None else a.type(ir.Undefined),
+                                  ir.VectorType(ir.IntType(32), len(idx))(list(idx)))
+
+
+def _call(builder, name, ret, args):
+    fn = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(ret, [a.type for a in args]),
+                                                         name=name)
+    return builder.call(fn, args)
+
+
+def _reduce_add(builder, vec):
+    """The int32 sum of the lanes of an <n x i32>."""
+    return _call(builder, f"llvm.vector.reduce.add.v{vec.type.count}i32", ir.IntType(32), [vec])
 
 
 def _dot_sum(builder, quants, xq, lanes):
     """int32 sum of quants (<lanes x i8>, unsigned) times xq (<lanes x i8>, signed)."""
     ints = ir.VectorType(ir.IntType(32), lanes)
-    name = f"llvm.vector.reduce.add.v{lanes}i32"
-    reduce_add = builder.module.globals.get(name) or ir.Function(
-        builder.module, ir.FunctionType(ir.IntType(32), [ints]), name=name)
-    return builder.call(reduce_add, [builder.mul(builder.zext(quants, ints), builder.sext(xq, ints))])
+    return _reduce_add(builder, builder.mul(builder.zext(quants, ints), builder.sext(xq, ints)))
+
+
+def _pairs(builder, vec):
+    """Even plus odd lanes of vec: <n/2 x iN> of an <n x iN>."""
+    n = vec.type.count
+    return builder.add(_shuffle(builder, vec, None, range(0, n, 2)), _shuffle(builder, vec, None, range(1, n, 2)))
+
+
+def _madd_scaled(context, builder, quants, xq, scales):
+    """<16 x i32>: lane k = scales[2k] * (q.x of values 4k, 4k+1) + scales[2k+1] * (q.x of values 4k+2, 4k+3)
+    for quants <64 x i8> (unsigned, < 64), xq <64 x i8> (signed), scales <32 x i16>.
+
+    The x86 pmaddubsw + pmaddwd pair, 512 bits wide with AVX-512 BW, twice 256 with AVX2, else the same sums
+    in generic IR. pmaddubsw saturates its int16 pair sums, never here: 2 * 63 * 128 < 32767."""
+    features = context.codegen()._tm_features  # what this code is compiled for (NUMBA_CPU_* or the host)
+    i16, i32 = ir.IntType(16), ir.IntType(32)
+    if "+avx512bw" in features:
+        pairs = _call(builder, "llvm.x86.avx512.pmaddubs.w.512", ir.VectorType(i16, 32), [quants, xq])
+        return _call(builder, "llvm.x86.avx512.pmaddw.d.512", ir.VectorType(i32, 16), [pairs, scales])
+    if "+avx2" in features:
+        halves = []
+        for h in (range(0, 32), range(32, 64)):
+            pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(i16, 16),
+                          [_shuffle(builder, quants, None, h), _shuffle(builder, xq, None, h)])
+            halves.append(_call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(i32, 8),
+                                [pairs, _shuffle(builder, scales, None, range(h.start // 2, h.stop // 2))]))
+        return _shuffle(builder, halves[0], halves[1], range(16))
+    products = builder.mul(builder.zext(quants, ir.VectorType(i16, 64)), builder.sext(xq, ir.VectorType(i16, 64)))
+    scaled = builder.mul(builder.sext(_pairs(builder, products), ir.VectorType(i32, 32)),
+                         builder.sext(scales, ir.VectorType(i32, 32)))
+    return _pairs(builder, scaled)
+
+
+def _i64(v):
+    return ir.Constant(ir.IntType(64), v)
 
 
 @intrinsic
@@ -453,60 +509,95 @@ def dot_u8(typingctx, q, q_off, xq, x_off, n):
 
     def codegen(context, builder, sig, args):
         quants = builder.xor(_load_bytes(context, builder, sig.args[0], args[0], args[1], lanes),
-                             _splat(builder, ir.Constant(ir.IntType(64), 0x80), lanes))
+                             _splat(builder, -128, lanes))  # 0x80
         return _dot_sum(builder, quants, _load_bytes(context, builder, sig.args[2], args[2], args[3], lanes), lanes)
 
     return types.int32(q, q_off, xq, x_off, n), codegen
 
 
 @intrinsic
-def dot_q4(typingctx, q, q_off, shift, xq, x_off, n):
-    """sum of ((q[q_off + l] >> shift) & 15) * xq[x_off + l] for l < n (a literal): Q4_K's nibbles."""
-    if not isinstance(n, types.IntegerLiteral):
-        return None
-    lanes = n.literal_value
-
+def dot_q4_k_block(typingctx, row, o, xq, xs16, b):
+    """(sum over its 8 runs j of sc_j * (q . xq), sum over j of m_j * (sum of xq over run j)) of the Q4_K
+    block at row[o:o + 144] and x's block b (xq[256 b:256 b + 256], xs16[16 b:16 b + 16]), both int32."""
     def codegen(context, builder, sig, args):
-        quants = builder.and_(builder.lshr(_load_bytes(context, builder, sig.args[0], args[0], args[1], lanes),
-                                           _splat(builder, args[2], lanes)),
-                              _splat(builder, ir.Constant(ir.IntType(64), 0xF), lanes))
-        return _dot_sum(builder, quants, _load_bytes(context, builder, sig.args[3], args[3], args[4], lanes), lanes)
+        row_t, _, xq_t, xs_t, _ = sig.args
+        row, o, xq, xs16, b = args
+        i32 = ir.IntType(32)
+        # the 12 scale bytes as 3 little-endian uint32 -> 8 scales, then 8 mins, a byte each (ggml's utmp)
+        u = builder.bitcast(_load(context, builder, row_t, row, builder.add(o, _i64(4)), 12), ir.VectorType(i32, 3))
+        u0, u1, u2 = (builder.extract_element(u, _i64(k)) for k in range(3))
+        low6, low4, top2 = i32(0x3F3F3F3F), i32(0x0F0F0F0F), i32(0x03030303)
+        top2_shl4 = lambda v: builder.shl(builder.and_(builder.lshr(v, i32(6)), top2), i32(4))  # noqa: E731
+        words = [builder.and_(u0, low6), builder.or_(builder.and_(u2, low4), top2_shl4(u0)),
+                 builder.and_(u1, low6), builder.or_(builder.and_(builder.lshr(u2, i32(4)), low4), top2_shl4(u1))]
+        packed = ir.VectorType(i32, 4)(ir.Undefined)
+        for k, word in enumerate(words):
+            packed = builder.insert_element(packed, word, _i64(k))
+        scale_bytes = builder.bitcast(packed, ir.VectorType(ir.IntType(8), 16))
+        scales = builder.zext(scale_bytes, ir.VectorType(ir.IntType(16), 16))
+        x0 = builder.mul(b, _i64(256))
+        acc = ir.VectorType(i32, 16)([0] * 16)
+        for j in range(4):  # 64 values from 32 bytes: run 2j in the low nibbles, run 2j + 1 in the high
+            q = _load(context, builder, row_t, row, builder.add(o, _i64(16 + 32 * j)), 32)
+            quants = _shuffle(builder, builder.and_(q, _splat(builder, 0xF, 32)),
+                              builder.lshr(q, _splat(builder, 4, 32)), range(64))
+            x = _load(context, builder, xq_t, xq, builder.add(x0, _i64(64 * j)), 64)
+            run_scales = _shuffle(builder, scales, None, [2 * j] * 16 + [2 * j + 1] * 16)
+            acc = builder.add(acc, _madd_scaled(context, builder, quants, x, run_scales))
+        mins = builder.zext(_shuffle(builder, scale_bytes, None, range(8, 16)), ir.VectorType(i32, 8))
+        run_sums = _pairs(builder, _load(context, builder, xs_t, xs16, builder.mul(b, _i64(16)), 16, bits=32))
+        return context.make_tuple(builder, sig.return_type,
+                                  [_reduce_add(builder, acc), _reduce_add(builder, builder.mul(mins, run_sums))])
 
-    return types.int32(q, q_off, shift, xq, x_off, n), codegen
+    return types.UniTuple(types.int32, 2)(row, o, xq, xs16, b), codegen
 
 
 @intrinsic
-def dot_q6(typingctx, q, lo_off, lo_shift, hi_off, hi_shift, xq, x_off, n):
-    """sum of (((q[lo_off + l] >> lo_shift) & 15) | (((q[hi_off + l] >> hi_shift) & 3) << 4)) * xq[x_off + l]
-    for l < n (a literal): Q6_K's 6-bit quants, 4 bits from ql and 2 from qh."""
-    if not isinstance(n, types.IntegerLiteral):
-        return None
-    lanes = n.literal_value
-
+def dot_q6_k_block(typingctx, row, o, xq, xs16, b):
+    """sum over its 16 runs g of 16 values of sc_g * ((q - 32) . xq) of the Q6_K block at row[o:o + 210] and
+    x's block b (xq[256 b:256 b + 256], xs16[16 b:16 b + 16]), int32."""
     def codegen(context, builder, sig, args):
-        c = lambda v: _splat(builder, ir.Constant(ir.IntType(64), v), lanes)  # noqa: E731
-        lo = builder.and_(builder.lshr(_load_bytes(context, builder, sig.args[0], args[0], args[1], lanes),
-                                       _splat(builder, args[2], lanes)), c(0xF))
-        hi = builder.and_(builder.lshr(_load_bytes(context, builder, sig.args[0], args[0], args[3], lanes),
-                                       _splat(builder, args[4], lanes)), c(3))
-        quants = builder.or_(lo, builder.shl(hi, c(4)))
-        return _dot_sum(builder, quants, _load_bytes(context, builder, sig.args[5], args[5], args[6], lanes), lanes)
+        row_t, _, xq_t, xs_t, _ = sig.args
+        row, o, xq, xs16, b = args
+        i32 = ir.IntType(32)
+        scale_bytes = _load(context, builder, row_t, row, builder.add(o, _i64(192)), 16)  # int8, a run each
+        scales = builder.sext(scale_bytes, ir.VectorType(ir.IntType(16), 16))
+        c = lambda v: _splat(builder, v, 32)  # noqa: E731
+        x0 = builder.mul(b, _i64(256))
+        acc = ir.VectorType(i32, 16)([0] * 16)
+        for n in range(2):  # 128 values: 4 runs of 32 from ql[64 n:64 n + 64] and qh[32 n:32 n + 32], see decode_q6_k
+            ql0 = _load(context, builder, row_t, row, builder.add(o, _i64(64 * n)), 32)
+            ql1 = _load(context, builder, row_t, row, builder.add(o, _i64(64 * n + 32)), 32)
+            qh = _load(context, builder, row_t, row, builder.add(o, _i64(128 + 32 * n)), 32)
+            high = [builder.shl(builder.and_(builder.lshr(qh, c(2 * k)), c(3)), c(4)) for k in range(4)]
+            low = [builder.and_(ql0, c(0xF)), builder.and_(ql1, c(0xF)), builder.lshr(ql0, c(4)), builder.lshr(ql1, c(4))]
+            for h in range(2):  # runs 2h and 2h + 1: x[128 n + 64 h:][:64]
+                quants = _shuffle(builder, builder.or_(low[2 * h], high[2 * h]),
+                                  builder.or_(low[2 * h + 1], high[2 * h + 1]), range(64))
+                x = _load(context, builder, xq_t, xq, builder.add(x0, _i64(128 * n + 64 * h)), 64)
+                g = 8 * n + 4 * h  # the scales of these 4 runs of 16
+                run_scales = _shuffle(builder, scales, None, [g] * 8 + [g + 1] * 8 + [g + 2] * 8 + [g + 3] * 8)
+                acc = builder.add(acc, _madd_scaled(context, builder, quants, x, run_scales))
+        sums16 = _load(context, builder, xs_t, xs16, builder.mul(b, _i64(16)), 16, bits=32)
+        offset = _reduce_add(builder, builder.mul(builder.sext(scale_bytes, ir.VectorType(i32, 16)), sums16))
+        return builder.sub(_reduce_add(builder, acc), builder.mul(offset, i32(32)))
 
-    return types.int32(q, lo_off, lo_shift, hi_off, hi_shift, xq, x_off, n), codegen
+    return types.int32(row, o, xq, xs16, b), codegen
 
 
 @fast
 def quantize_q8(x, xq, xd, xs16):
-    """x: float32 [n_tokens, n_cols] -> xq: int8 [n_tokens, n_cols] times xd: float32 [n_tokens, n_cols // 32]
-    (to the nearest), xs16: int32 [n_tokens, n_cols // 16]."""
+    """x: float32 [n_tokens, n_cols] -> xq: int8 [n_tokens, n_cols] times xd: float32 [n_tokens, n_blocks], one
+    scale per block of n_cols // n_blocks values (to the nearest), xs16: int32 [n_tokens, n_cols // 16]."""
+    size = x.shape[1] // xd.shape[1]
     for t in range(x.shape[0]):
-        for b in range(x.shape[1] // 32):
+        for b in range(xd.shape[1]):
             amax = np.float32(0)
-            for l in range(32):
-                amax = max(amax, abs(x[t, 32 * b + l]))
+            for l in range(size):
+                amax = max(amax, abs(x[t, size * b + l]))
             inv = np.float32(127) / amax if amax > 0 else np.float32(0)
-            for l in range(32):
-                xq[t, 32 * b + l] = np.int8(np.rint(x[t, 32 * b + l] * inv))
+            for l in range(size):
+                xq[t, size * b + l] = np.int8(np.rint(x[t, size * b + l] * inv))
             xd[t, b] = amax / np.float32(127)
         for g in range(x.shape[1] // 16):
             s = 0
@@ -517,39 +608,26 @@ def quantize_q8(x, xq, xd, xs16):
 
 @fast
 def dot8_q4_k(row, xq, xd, xs16, out, r, f16):
-    """out[t, r] = row . x8[t] for every token t; row: uint8 [row_bytes] of Q4_K."""
+    """out[t, r] = row . x8[t] for every token t; row: uint8 [row_bytes] of Q4_K, x in blocks of 256."""
     for t in range(xq.shape[0]):
+        xq_t, xs_t = xq[t], xs16[t]
         acc = np.float32(0)
-        for i in range(row.size // 144):
+        for i in range(row.size // 144):  # xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq))
             o = 144 * i
-            d = half(row, o, f16)
-            dmin = half(row, o + 2, f16)
-            for j in range(8):  # runs of 32 values: xd * (d * sc * (q . xq) - dmin * m * (sum of xq))
-                sc, mn = scale_min_k4(j, row, o + 4)
-                b = 8 * i + j
-                dot = sc * dot_q4(row, o + 16 + 32 * (j // 2), 4 * (j % 2), xq[t], 32 * b, 32)
-                acc += xd[t, b] * (d * np.float32(dot) - dmin * np.float32(mn * (xs16[t, 2 * b] + xs16[t, 2 * b + 1])))
+            dots, mins = dot_q4_k_block(row, o, xq_t, xs_t, i)
+            acc += xd[t, i] * (half(row, o, f16) * np.float32(dots) - half(row, o + 2, f16) * np.float32(mins))
         out[t, r] = acc
 
 
 @fast
 def dot8_q6_k(row, xq, xd, xs16, out, r, f16):
-    """As dot8_q4_k for Q6_K: a scale per 16 values, each quant minus 32 (taken off as 32 * sum of xq)."""
-    scales = row.view(np.int8)
+    """As dot8_q4_k for Q6_K."""
     for t in range(xq.shape[0]):
+        xq_t, xs_t = xq[t], xs16[t]
         acc = np.float32(0)
         for i in range(row.size // 210):
             o = 210 * i
-            blk = np.float32(0)
-            for j in range(8):  # runs of 32 values: half n of the block, its run k (see decode_q6_k)
-                n, k, b = j // 4, j % 4, 8 * i + j
-                lo, hi = o + 64 * n + 32 * (k % 2), o + 128 + 32 * n
-                s = np.int32(0)
-                for h in range(2):  # a scale per 16 values
-                    dot = dot_q6(row, lo + 16 * h, 4 * (k // 2), hi + 16 * h, 2 * k, xq[t], 32 * b + 16 * h, 16)
-                    s += np.int32(scales[o + 192 + 2 * j + h]) * (dot - 32 * xs16[t, 2 * b + h])
-                blk += xd[t, b] * np.float32(s)
-            acc += half(row, o + 208, f16) * blk
+            acc += xd[t, i] * half(row, o + 208, f16) * np.float32(dot_q6_k_block(row, o, xq_t, xs_t, i))
         out[t, r] = acc
 
 
@@ -658,7 +736,7 @@ def _matvec_int8(tid, w, x, out, f16, n_chunks):
     n_rows = w.shape[0]
     n_tokens, n_cols = x.shape
     xq = np.empty((n_tokens, n_cols), np.int8)
-    xd = np.empty((n_tokens, n_cols // 32), np.float32)
+    xd = np.empty((n_tokens, n_cols // (32 if tid == Q8_0 else 256)), np.float32)  # x's blocks as the weight's
     xs16 = np.empty((n_tokens, n_cols // 16), np.int32)
     quantize_q8(x, xq, xd, xs16)
     for c in nb.prange(n_chunks):
