@@ -471,18 +471,25 @@ def _pairs(builder, vec):
     return builder.add(_shuffle(builder, vec, None, range(0, n, 2)), _shuffle(builder, vec, None, range(1, n, 2)))
 
 
+def _simd(context):
+    """"avx512bw", "avx2" or "" (none): the widest pmaddubsw of the CPU the code is compiled for (the host, or
+    NUMBA_CPU_NAME and NUMBA_CPU_FEATURES)."""
+    features = context.codegen()._tm_features
+    return next((simd for simd in ("avx512bw", "avx2") if "+" + simd in features), "")
+
+
 def _madd_scaled(context, builder, quants, xq, scales):
     """<16 x i32>: lane k = scales[2k] * (q.x of values 4k, 4k+1) + scales[2k+1] * (q.x of values 4k+2, 4k+3)
     for quants <64 x i8> (unsigned, < 64), xq <64 x i8> (signed), scales <32 x i16>.
 
     The x86 pmaddubsw + pmaddwd pair, 512 bits wide with AVX-512 BW, twice 256 with AVX2, else the same sums
     in generic IR. pmaddubsw saturates its int16 pair sums, never here: 2 * 63 * 128 < 32767."""
-    features = context.codegen()._tm_features  # what this code is compiled for (NUMBA_CPU_* or the host)
+    simd = _simd(context)
     i16, i32 = ir.IntType(16), ir.IntType(32)
-    if "+avx512bw" in features:
+    if simd == "avx512bw":
         pairs = _call(builder, "llvm.x86.avx512.pmaddubs.w.512", ir.VectorType(i16, 32), [quants, xq])
         return _call(builder, "llvm.x86.avx512.pmaddw.d.512", ir.VectorType(i32, 16), [pairs, scales])
-    if "+avx2" in features:
+    if simd == "avx2":
         halves = []
         for h in (range(0, 32), range(32, 64)):
             pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(i16, 16),
@@ -515,74 +522,81 @@ def dot_u8(typingctx, q, q_off, xq, x_off, n):
     return types.int32(q, q_off, xq, x_off, n), codegen
 
 
-@intrinsic
-def dot_q4_k_block(typingctx, row, o, xq, xs16, b):
-    """(sum over its 8 runs j of sc_j * (q . xq), sum over j of m_j * (sum of xq over run j)) of the Q4_K
-    block at row[o:o + 144] and x's block b (xq[256 b:256 b + 256], xs16[16 b:16 b + 16]), both int32."""
-    def codegen(context, builder, sig, args):
-        row_t, _, xq_t, xs_t, _ = sig.args
-        row, o, xq, xs16, b = args
-        i32 = ir.IntType(32)
-        # the 12 scale bytes as 3 little-endian uint32 -> 8 scales, then 8 mins, a byte each (ggml's utmp)
-        u = builder.bitcast(_load(context, builder, row_t, row, builder.add(o, _i64(4)), 12), ir.VectorType(i32, 3))
-        u0, u1, u2 = (builder.extract_element(u, _i64(k)) for k in range(3))
-        low6, low4, top2 = i32(0x3F3F3F3F), i32(0x0F0F0F0F), i32(0x03030303)
-        top2_shl4 = lambda v: builder.shl(builder.and_(builder.lshr(v, i32(6)), top2), i32(4))  # noqa: E731
-        words = [builder.and_(u0, low6), builder.or_(builder.and_(u2, low4), top2_shl4(u0)),
-                 builder.and_(u1, low6), builder.or_(builder.and_(builder.lshr(u2, i32(4)), low4), top2_shl4(u1))]
-        packed = ir.VectorType(i32, 4)(ir.Undefined)
-        for k, word in enumerate(words):
-            packed = builder.insert_element(packed, word, _i64(k))
-        scale_bytes = builder.bitcast(packed, ir.VectorType(ir.IntType(8), 16))
-        scales = builder.zext(scale_bytes, ir.VectorType(ir.IntType(16), 16))
-        x0 = builder.mul(b, _i64(256))
-        acc = ir.VectorType(i32, 16)([0] * 16)
-        for j in range(4):  # 64 values from 32 bytes: run 2j in the low nibbles, run 2j + 1 in the high
-            q = _load(context, builder, row_t, row, builder.add(o, _i64(16 + 32 * j)), 32)
-            quants = _shuffle(builder, builder.and_(q, _splat(builder, 0xF, 32)),
-                              builder.lshr(q, _splat(builder, 4, 32)), range(64))
-            x = _load(context, builder, xq_t, xq, builder.add(x0, _i64(64 * j)), 64)
-            run_scales = _shuffle(builder, scales, None, [2 * j] * 16 + [2 * j + 1] * 16)
+def _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
+    """[sum over its 8 runs j of sc_j * (q . xq), sum over j of m_j * (sum of xq over run j)], int32, of the
+    Q4_K block at row[o:o + 144] and x's block i (xq[256 i:256 i + 256], xs16[16 i:16 i + 16])."""
+    i32 = ir.IntType(32)
+    # the 12 scale bytes as 3 little-endian uint32 -> 8 scales, then 8 mins, a byte each (ggml's utmp)
+    u = builder.bitcast(_load(context, builder, row_t, row, builder.add(o, _i64(4)), 12), ir.VectorType(i32, 3))
+    u0, u1, u2 = (builder.extract_element(u, _i64(k)) for k in range(3))
+    low6, low4, top2 = i32(0x3F3F3F3F), i32(0x0F0F0F0F), i32(0x03030303)
+    top2_shl4 = lambda v: builder.shl(builder.and_(builder.lshr(v, i32(6)), top2), i32(4))  # noqa: E731
+    words = [builder.and_(u0, low6), builder.or_(builder.and_(u2, low4), top2_shl4(u0)),
+             builder.and_(u1, low6), builder.or_(builder.and_(builder.lshr(u2, i32(4)), low4), top2_shl4(u1))]
+    packed = ir.VectorType(i32, 4)(ir.Undefined)
+    for k, word in enumerate(words):
+        packed = builder.insert_element(packed, word, _i64(k))
+    scale_bytes = builder.bitcast(packed, ir.VectorType(ir.IntType(8), 16))
+    scales = builder.zext(scale_bytes, ir.VectorType(ir.IntType(16), 16))
+    x0 = builder.mul(i, _i64(256))
+    acc = ir.VectorType(i32, 16)([0] * 16)
+    for j in range(4):  # 64 values from 32 bytes: run 2j in the low nibbles, run 2j + 1 in the high
+        q = _load(context, builder, row_t, row, builder.add(o, _i64(16 + 32 * j)), 32)
+        quants = _shuffle(builder, builder.and_(q, _splat(builder, 0xF, 32)),
+                          builder.lshr(q, _splat(builder, 4, 32)), range(64))
+        x = _load(context, builder, xq_t, xq, builder.add(x0, _i64(64 * j)), 64)
+        run_scales = _shuffle(builder, scales, None, [2 * j] * 16 + [2 * j + 1] * 16)
+        acc = builder.add(acc, _madd_scaled(context, builder, quants, x, run_scales))
+    mins = builder.zext(_shuffle(builder, scale_bytes, None, range(8, 16)), ir.VectorType(i32, 8))
+    run_sums = _pairs(builder, _load(context, builder, xs_t, xs16, builder.mul(i, _i64(16)), 16, bits=32))
+    return [_reduce_add(builder, acc), _reduce_add(builder, builder.mul(mins, run_sums))]
+
+
+def _q6_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
+    """sum over its 16 runs g of 16 values of sc_g * ((q - 32) . xq), int32, of the Q6_K block at
+    row[o:o + 210] and x's block i (xq[256 i:256 i + 256], xs16[16 i:16 i + 16])."""
+    i32 = ir.IntType(32)
+    scale_bytes = _load(context, builder, row_t, row, builder.add(o, _i64(192)), 16)  # int8, a run each
+    scales = builder.sext(scale_bytes, ir.VectorType(ir.IntType(16), 16))
+    c = lambda v: _splat(builder, v, 32)  # noqa: E731
+    x0 = builder.mul(i, _i64(256))
+    acc = ir.VectorType(i32, 16)([0] * 16)
+    for n in range(2):  # 128 values: 4 runs of 32 from ql[64 n:64 n + 64] and qh[32 n:32 n + 32], see decode_q6_k
+        ql0 = _load(context, builder, row_t, row, builder.add(o, _i64(64 * n)), 32)
+        ql1 = _load(context, builder, row_t, row, builder.add(o, _i64(64 * n + 32)), 32)
+        qh = _load(context, builder, row_t, row, builder.add(o, _i64(128 + 32 * n)), 32)
+        high = [builder.shl(builder.and_(builder.lshr(qh, c(2 * k)), c(3)), c(4)) for k in range(4)]
+        low = [builder.and_(ql0, c(0xF)), builder.and_(ql1, c(0xF)), builder.lshr(ql0, c(4)), builder.lshr(ql1, c(4))]
+        for h in range(2):  # runs 2h and 2h + 1: x[128 n + 64 h:][:64]
+            quants = _shuffle(builder, builder.or_(low[2 * h], high[2 * h]),
+                              builder.or_(low[2 * h + 1], high[2 * h + 1]), range(64))
+            x = _load(context, builder, xq_t, xq, builder.add(x0, _i64(128 * n + 64 * h)), 64)
+            g = 8 * n + 4 * h  # the scales of these 4 runs of 16
+            run_scales = _shuffle(builder, scales, None, [g] * 8 + [g + 1] * 8 + [g + 2] * 8 + [g + 3] * 8)
             acc = builder.add(acc, _madd_scaled(context, builder, quants, x, run_scales))
-        mins = builder.zext(_shuffle(builder, scale_bytes, None, range(8, 16)), ir.VectorType(i32, 8))
-        run_sums = _pairs(builder, _load(context, builder, xs_t, xs16, builder.mul(b, _i64(16)), 16, bits=32))
-        return context.make_tuple(builder, sig.return_type,
-                                  [_reduce_add(builder, acc), _reduce_add(builder, builder.mul(mins, run_sums))])
-
-    return types.UniTuple(types.int32, 2)(row, o, xq, xs16, b), codegen
+    sums16 = _load(context, builder, xs_t, xs16, builder.mul(i, _i64(16)), 16, bits=32)
+    offset = _reduce_add(builder, builder.mul(builder.sext(scale_bytes, ir.VectorType(i32, 16)), sums16))
+    return [builder.sub(_reduce_add(builder, acc), builder.mul(offset, i32(32)))]
 
 
-@intrinsic
-def dot_q6_k_block(typingctx, row, o, xq, xs16, b):
-    """sum over its 16 runs g of 16 values of sc_g * ((q - 32) . xq) of the Q6_K block at row[o:o + 210] and
-    x's block b (xq[256 b:256 b + 256], xs16[16 b:16 b + 16]), int32."""
-    def codegen(context, builder, sig, args):
-        row_t, _, xq_t, xs_t, _ = sig.args
-        row, o, xq, xs16, b = args
-        i32 = ir.IntType(32)
-        scale_bytes = _load(context, builder, row_t, row, builder.add(o, _i64(192)), 16)  # int8, a run each
-        scales = builder.sext(scale_bytes, ir.VectorType(ir.IntType(16), 16))
-        c = lambda v: _splat(builder, v, 32)  # noqa: E731
-        x0 = builder.mul(b, _i64(256))
-        acc = ir.VectorType(i32, 16)([0] * 16)
-        for n in range(2):  # 128 values: 4 runs of 32 from ql[64 n:64 n + 64] and qh[32 n:32 n + 32], see decode_q6_k
-            ql0 = _load(context, builder, row_t, row, builder.add(o, _i64(64 * n)), 32)
-            ql1 = _load(context, builder, row_t, row, builder.add(o, _i64(64 * n + 32)), 32)
-            qh = _load(context, builder, row_t, row, builder.add(o, _i64(128 + 32 * n)), 32)
-            high = [builder.shl(builder.and_(builder.lshr(qh, c(2 * k)), c(3)), c(4)) for k in range(4)]
-            low = [builder.and_(ql0, c(0xF)), builder.and_(ql1, c(0xF)), builder.lshr(ql0, c(4)), builder.lshr(ql1, c(4))]
-            for h in range(2):  # runs 2h and 2h + 1: x[128 n + 64 h:][:64]
-                quants = _shuffle(builder, builder.or_(low[2 * h], high[2 * h]),
-                                  builder.or_(low[2 * h + 1], high[2 * h + 1]), range(64))
-                x = _load(context, builder, xq_t, xq, builder.add(x0, _i64(128 * n + 64 * h)), 64)
-                g = 8 * n + 4 * h  # the scales of these 4 runs of 16
-                run_scales = _shuffle(builder, scales, None, [g] * 8 + [g + 1] * 8 + [g + 2] * 8 + [g + 3] * 8)
-                acc = builder.add(acc, _madd_scaled(context, builder, quants, x, run_scales))
-        sums16 = _load(context, builder, xs_t, xs16, builder.mul(b, _i64(16)), 16, bits=32)
-        offset = _reduce_add(builder, builder.mul(builder.sext(scale_bytes, ir.VectorType(i32, 16)), sums16))
-        return builder.sub(_reduce_add(builder, acc), builder.mul(offset, i32(32)))
+def _two_rows(block, n_results):
+    """An intrinsic f(a, b, o, xq, xs16, i): the int32 results of block(...) for rows a and b at byte o, x's
+    block i; one function for both rows, so LLVM loads each byte of x once for the two."""
+    def typer(typingctx, a, b, o, xq, xs16, i):
+        def codegen(context, builder, sig, args):
+            a_t, b_t, _, xq_t, xs_t, _ = sig.args
+            a, b, o, xq, xs16, i = args
+            results = (block(context, builder, a_t, a, o, xq_t, xq, xs_t, xs16, i)
+                       + block(context, builder, b_t, b, o, xq_t, xq, xs_t, xs16, i))
+            return context.make_tuple(builder, sig.return_type, results)
 
-    return types.int32(row, o, xq, xs16, b), codegen
+        return types.UniTuple(types.int32, 2 * n_results)(a, b, o, xq, xs16, i), codegen
+
+    return intrinsic(typer)
+
+
+dot_q4_k_blocks = _two_rows(_q4_k_block, 2)  # (dots a, mins a, dots b, mins b)
+dot_q6_k_blocks = _two_rows(_q6_k_block, 1)  # (dots a, dots b)
 
 
 @fast
@@ -607,28 +621,36 @@ def quantize_q8(x, xq, xd, xs16):
 
 
 @fast
-def dot8_q4_k(row, xq, xd, xs16, out, r, f16):
-    """out[t, r] = row . x8[t] for every token t; row: uint8 [row_bytes] of Q4_K, x in blocks of 256."""
+def dot8_q4_k(a, b, xq, xd, xs16, out, ra, rb, f16):
+    """out[t, ra] = a . x8[t] and out[t, rb] = b . x8[t] for every token t; a, b: uint8 [row_bytes] of Q4_K rows
+    ra and rb, x in blocks of 256."""
     for t in range(xq.shape[0]):
         xq_t, xs_t = xq[t], xs16[t]
-        acc = np.float32(0)
-        for i in range(row.size // 144):  # xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq))
+        acc_a = np.float32(0)
+        acc_b = np.float32(0)
+        for i in range(a.size // 144):  # xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq))
             o = 144 * i
-            dots, mins = dot_q4_k_block(row, o, xq_t, xs_t, i)
-            acc += xd[t, i] * (half(row, o, f16) * np.float32(dots) - half(row, o + 2, f16) * np.float32(mins))
-        out[t, r] = acc
+            dots_a, mins_a, dots_b, mins_b = dot_q4_k_blocks(a, b, o, xq_t, xs_t, i)
+            acc_a += xd[t, i] * (half(a, o, f16) * np.float32(dots_a) - half(a, o + 2, f16) * np.float32(mins_a))
+            acc_b += xd[t, i] * (half(b, o, f16) * np.float32(dots_b) - half(b, o + 2, f16) * np.float32(mins_b))
+        out[t, ra] = acc_a
+        out[t, rb] = acc_b
 
 
 @fast
-def dot8_q6_k(row, xq, xd, xs16, out, r, f16):
+def dot8_q6_k(a, b, xq, xd, xs16, out, ra, rb, f16):
     """As dot8_q4_k for Q6_K."""
     for t in range(xq.shape[0]):
         xq_t, xs_t = xq[t], xs16[t]
-        acc = np.float32(0)
-        for i in range(row.size // 210):
+        acc_a = np.float32(0)
+        acc_b = np.float32(0)
+        for i in range(a.size // 210):
             o = 210 * i
-            acc += xd[t, i] * half(row, o + 208, f16) * np.float32(dot_q6_k_block(row, o, xq_t, xs_t, i))
-        out[t, r] = acc
+            dots_a, dots_b = dot_q6_k_blocks(a, b, o, xq_t, xs_t, i)
+            acc_a += xd[t, i] * half(a, o + 208, f16) * np.float32(dots_a)
+            acc_b += xd[t, i] * half(b, o + 208, f16) * np.float32(dots_b)
+        out[t, ra] = acc_a
+        out[t, rb] = acc_b
 
 
 @fast
@@ -740,13 +762,21 @@ def _matvec_int8(tid, w, x, out, f16, n_chunks):
     xs16 = np.empty((n_tokens, n_cols // 16), np.int32)
     quantize_q8(x, xq, xd, xs16)
     for c in nb.prange(n_chunks):
-        for r in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
-            if tid == Q4_K:
-                dot8_q4_k(w[r], xq, xd, xs16, out, r, f16)
-            elif tid == Q6_K:
-                dot8_q6_k(w[r], xq, xd, xs16, out, r, f16)
-            else:
+        r1 = (c + 1) * n_rows // n_chunks
+        if tid == Q8_0:
+            for r in range(c * n_rows // n_chunks, r1):
                 dot8_q8_0(w[r], xq, xd, xs16, out, r, f16)
+            continue
+        r0 = c * n_rows // n_chunks
+        half_rows = (r1 - r0 + 1) // 2
+        for r in range(r0, r0 + half_rows):
+            # row r pairs with the row half a chunk on, so both walk on through memory (a pair of neighbours
+            # restarts two streams every pair: half the speed from DRAM); an odd last row pairs with itself
+            r_b = r + half_rows if r + half_rows < r1 else r
+            if tid == Q4_K:
+                dot8_q4_k(w[r], w[r_b], xq, xd, xs16, out, r, r_b, f16)
+            else:
+                dot8_q6_k(w[r], w[r_b], xq, xd, xs16, out, r, r_b, f16)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)

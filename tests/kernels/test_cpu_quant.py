@@ -3,6 +3,7 @@
 The int8 matvecs (INT8_IDS, up to MATVEC_MAX_TOKENS tokens) are held to x8 @ W.T, x8 the int8-quantized x
 (in blocks of 256 for Q4_K and Q6_K, 32 for Q8_0), as tightly as the float32 ones to x @ W.T; x8 itself is
 checked against x."""
+import numba as nb
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType
@@ -154,3 +155,32 @@ def test_real_tensors_of_every_type_in_the_packaged_models(model, request):
             assert np.all(np.abs(quantized_matmul(w, t.type, x) - want) <= bound), (t.name, n_tokens)
     m.close()
     assert seen >= ({"Q4_1", "Q8_0"} if model == "smollm2" else {"Q4_K", "Q5_0", "Q6_K", "Q8_0"})
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
+    """The AVX2 and generic-IR versions of the super-block dots (compiled for CPUs this machine may not be)
+    give the same integers as the one the kernels use here, which the tests above hold to x8 @ W.T."""
+    w = random_weight(name, 2, 2048)
+    xq = np.random.default_rng(3).integers(-127, 128, 2048).astype(np.int8)
+    xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int32)
+    block_bytes = TYPES_BY_NAME[name].block_bytes
+    dots = cpu_quant.dot_q4_k_blocks if name == "Q4_K" else cpu_quant.dot_q6_k_blocks
+    n_results = 4 if name == "Q4_K" else 2
+    ir_names = {"avx512bw": "llvm.x86.avx512.pmaddubs.w.512", "avx2": "llvm.x86.avx2.pmadd.ub.sw", "": None}
+    results = {}
+    for simd, ir_name in ir_names.items():
+        monkeypatch.setattr(cpu_quant, "_simd", lambda context, simd=simd: simd)
+
+        @nb.njit  # not cached: compiled anew under each _simd
+        def block_dots(a, b, xq, xs16):
+            out = np.empty((a.size // block_bytes, n_results), np.int32)
+            for i in range(out.shape[0]):
+                out[i] = np.array(dots(a, b, block_bytes * i, xq, xs16, i))
+            return out
+
+        results[simd] = block_dots(w[0], w[1], xq, xs16)
+        llvm_ir = next(iter(block_dots.inspect_llvm().values()))
+        assert ("llvm.x86.avx" not in llvm_ir) if ir_name is None else (ir_name in llvm_ir)
+    np.testing.assert_array_equal(results["avx2"], results["avx512bw"])
+    np.testing.assert_array_equal(results[""], results["avx512bw"])
