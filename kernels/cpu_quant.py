@@ -413,13 +413,17 @@ def dot_q6_k(row, x, xsum, f16, n16):
 # ---- Integer dots: quantized rows . int8-quantized x --------------------------------------------------
 # x [n_tokens, n_cols] is quantized once per call: xq int8 (|xq| <= 127) times xd float32, one scale per
 # block of x (256 values for Q4_K and Q6_K, as llama.cpp's q8_K; 32 for Q8_0, as its q8_0), and xs16, the
-# int32 sums of xq over each 16 (for block minimums, Q6_K's -32 and Q8_0's +128).
+# int16 sums of xq over each 16 (for block minimums, Q6_K's -32 and Q8_0's +128).
 # numba computes integers in int64, which hides byte dot products from LLVM's loop vectorizer (a numba loop
 # ran 4x slower), so the dots are intrinsics that emit LLVM vector IR. Q8_0's is generic (load, widen,
 # multiply, reduce.add), which the backend turns into vpdpbusd where there is VNNI. Q4_K's and Q6_K's take
 # a whole super-block of 256 as llama.cpp does: byte products summed in pairs to int16 (pmaddubsw), then
 # the pairs times their 6-bit run scales summed to int32 (pmaddwd), added up in one int32 vector and
 # reduced once per block. pmaddubsw takes unsigned quants, hence Q6_K's quants without their -32.
+
+def _i64(v):
+    return ir.Constant(ir.IntType(64), v)
+
 
 def _load(context, builder, arr_type, arr, off, lanes, bits=8):
     """<lanes x i{bits}> from a 1-d array at element off (an array of that width)."""
@@ -457,6 +461,37 @@ def _call(builder, name, ret, args):
 def _reduce_add(builder, vec):
     """The int32 sum of the lanes of an <n x i32>."""
     return _call(builder, f"llvm.vector.reduce.add.v{vec.type.count}i32", ir.IntType(32), [vec])
+
+
+def _halves(n_lanes, size):
+    """(first, second): the lane numbers of the first and the second half of each group of size lanes."""
+    first = [g * size + l for g in range(n_lanes // size) for l in range(size // 2)]
+    return first, [i + size // 2 for i in first]
+
+
+def _sums(builder, vecs):
+    """[the int32 sum of the lanes of each vec] of k <n x i32> (k a power of two, at most n), reduced together:
+    each step adds the first halves of two vectors' groups of partial sums to the second halves, into one
+    vector, in fewer shuffles than k reductions take."""
+    n = size = vecs[0].type.count  # lanes in a vector, lanes in one vec's group of partial sums
+    while len(vecs) > 1:
+        first, second = _halves(n, size)
+        vecs = [builder.add(_shuffle(builder, u, v, first + [n + i for i in first]),
+                            _shuffle(builder, u, v, second + [n + i for i in second]))
+                for u, v in zip(vecs[::2], vecs[1::2])]
+        size //= 2
+    vec = vecs[0]
+    while size > 1:
+        first, second = _halves(vec.type.count, size)
+        vec = builder.add(_shuffle(builder, vec, None, first), _shuffle(builder, vec, None, second))
+        size //= 2
+    return [builder.extract_element(vec, _i64(k)) for k in range(vec.type.count)]
+
+
+def _madd(builder, a, b):
+    """<n/2 x i32>: a[2k] * b[2k] + a[2k + 1] * b[2k + 1] for <n x i16> a, b (pmaddwd)."""
+    wide = ir.VectorType(ir.IntType(32), a.type.count)
+    return _pairs(builder, builder.mul(builder.sext(a, wide), builder.sext(b, wide)))
 
 
 def _dot_sum(builder, quants, xq, lanes):
@@ -503,10 +538,6 @@ def _madd_scaled(context, builder, quants, xq, scales):
     return _pairs(builder, scaled)
 
 
-def _i64(v):
-    return ir.Constant(ir.IntType(64), v)
-
-
 @intrinsic
 def dot_u8(typingctx, q, q_off, xq, x_off, n):
     """sum of (q[q_off + l] ^ 0x80) * xq[x_off + l] for l < n (a literal): Q8_0's int8 quants plus 128."""
@@ -523,8 +554,9 @@ def dot_u8(typingctx, q, q_off, xq, x_off, n):
 
 
 def _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
-    """[sum over its 8 runs j of sc_j * (q . xq), sum over j of m_j * (sum of xq over run j)], int32, of the
-    Q4_K block at row[o:o + 144] and x's block i (xq[256 i:256 i + 256], xs16[16 i:16 i + 16])."""
+    """[<8 x i32> summing to sum over its 8 runs j of sc_j * (q . xq), one summing to sum over j of
+    m_j * (sum of xq over run j)] of the Q4_K block at row[o:o + 144] and x's block i (xq[256 i:256 i + 256],
+    xs16[16 i:16 i + 16])."""
     i32 = ir.IntType(32)
     # the 12 scale bytes as 3 little-endian uint32 -> 8 scales, then 8 mins, a byte each (ggml's utmp)
     u = builder.bitcast(_load(context, builder, row_t, row, builder.add(o, _i64(4)), 12), ir.VectorType(i32, 3))
@@ -547,14 +579,14 @@ def _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
         x = _load(context, builder, xq_t, xq, builder.add(x0, _i64(64 * j)), 64)
         run_scales = _shuffle(builder, scales, None, [2 * j] * 16 + [2 * j + 1] * 16)
         acc = builder.add(acc, _madd_scaled(context, builder, quants, x, run_scales))
-    mins = builder.zext(_shuffle(builder, scale_bytes, None, range(8, 16)), ir.VectorType(i32, 8))
-    run_sums = _pairs(builder, _load(context, builder, xs_t, xs16, builder.mul(i, _i64(16)), 16, bits=32))
-    return [_reduce_add(builder, acc), _reduce_add(builder, builder.mul(mins, run_sums))]
+    mins = _shuffle(builder, scales, None, [8 + k // 2 for k in range(16)])  # each twice: runs of 32 = 2 x 16
+    sums16 = _load(context, builder, xs_t, xs16, builder.mul(i, _i64(16)), 16, bits=16)
+    return [_pairs(builder, acc), _madd(builder, mins, sums16)]
 
 
 def _q6_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
-    """sum over its 16 runs g of 16 values of sc_g * ((q - 32) . xq), int32, of the Q6_K block at
-    row[o:o + 210] and x's block i (xq[256 i:256 i + 256], xs16[16 i:16 i + 16])."""
+    """[<8 x i32> summing to sum over its 16 runs g of 16 values of sc_g * ((q - 32) . xq)] of the Q6_K block
+    at row[o:o + 210] and x's block i (xq[256 i:256 i + 256], xs16[16 i:16 i + 16])."""
     i32 = ir.IntType(32)
     scale_bytes = _load(context, builder, row_t, row, builder.add(o, _i64(192)), 16)  # int8, a run each
     scales = builder.sext(scale_bytes, ir.VectorType(ir.IntType(16), 16))
@@ -574,21 +606,21 @@ def _q6_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
             g = 8 * n + 4 * h  # the scales of these 4 runs of 16
             run_scales = _shuffle(builder, scales, None, [g] * 8 + [g + 1] * 8 + [g + 2] * 8 + [g + 3] * 8)
             acc = builder.add(acc, _madd_scaled(context, builder, quants, x, run_scales))
-    sums16 = _load(context, builder, xs_t, xs16, builder.mul(i, _i64(16)), 16, bits=32)
-    offset = _reduce_add(builder, builder.mul(builder.sext(scale_bytes, ir.VectorType(i32, 16)), sums16))
-    return [builder.sub(_reduce_add(builder, acc), builder.mul(offset, i32(32)))]
+    sums16 = _load(context, builder, xs_t, xs16, builder.mul(i, _i64(16)), 16, bits=16)
+    offset = builder.shl(_madd(builder, scales, sums16), ir.VectorType(i32, 8)([5] * 8))  # 32 * sc_g * sum
+    return [builder.sub(_pairs(builder, acc), offset)]
 
 
 def _two_rows(block, n_results):
-    """An intrinsic f(a, b, o, xq, xs16, i): the int32 results of block(...) for rows a and b at byte o, x's
-    block i; one function for both rows, so LLVM loads each byte of x once for the two."""
+    """An intrinsic f(a, b, o, xq, xs16, i): the int32 sums of the vectors of block(...) for rows a and b at
+    byte o, x's block i; one function for both rows, so LLVM loads each byte of x once for the two."""
     def typer(typingctx, a, b, o, xq, xs16, i):
         def codegen(context, builder, sig, args):
             a_t, b_t, _, xq_t, xs_t, _ = sig.args
             a, b, o, xq, xs16, i = args
-            results = (block(context, builder, a_t, a, o, xq_t, xq, xs_t, xs16, i)
-                       + block(context, builder, b_t, b, o, xq_t, xq, xs_t, xs16, i))
-            return context.make_tuple(builder, sig.return_type, results)
+            vecs = (block(context, builder, a_t, a, o, xq_t, xq, xs_t, xs16, i)
+                    + block(context, builder, b_t, b, o, xq_t, xq, xs_t, xs16, i))
+            return context.make_tuple(builder, sig.return_type, _sums(builder, vecs))
 
         return types.UniTuple(types.int32, 2 * n_results)(a, b, o, xq, xs16, i), codegen
 
@@ -602,7 +634,7 @@ dot_q6_k_blocks = _two_rows(_q6_k_block, 1)  # (dots a, dots b)
 @fast
 def quantize_q8(x, xq, xd, xs16):
     """x: float32 [n_tokens, n_cols] -> xq: int8 [n_tokens, n_cols] times xd: float32 [n_tokens, n_blocks], one
-    scale per block of n_cols // n_blocks values (to the nearest), xs16: int32 [n_tokens, n_cols // 16]."""
+    scale per block of n_cols // n_blocks values (to the nearest), xs16: int16 [n_tokens, n_cols // 16]."""
     size = x.shape[1] // xd.shape[1]
     for t in range(x.shape[0]):
         for b in range(xd.shape[1]):
@@ -759,7 +791,7 @@ def _matvec_int8(tid, w, x, out, f16, n_chunks):
     n_tokens, n_cols = x.shape
     xq = np.empty((n_tokens, n_cols), np.int8)
     xd = np.empty((n_tokens, n_cols // (32 if tid == Q8_0 else 256)), np.float32)  # x's blocks as the weight's
-    xs16 = np.empty((n_tokens, n_cols // 16), np.int32)
+    xs16 = np.empty((n_tokens, n_cols // 16), np.int16)
     quantize_q8(x, xq, xd, xs16)
     for c in nb.prange(n_chunks):
         r1 = (c + 1) * n_rows // n_chunks

@@ -32,7 +32,7 @@ def int8_x(x: np.ndarray, block: int) -> np.ndarray:
     """x as the int8 matvecs see it: float32 [n_tokens, n_cols], quantized by the kernels' quantize_q8."""
     xq = np.empty(x.shape, np.int8)
     xd = np.empty((x.shape[0], x.shape[1] // block), np.float32)
-    quantize_q8(x, xq, xd, np.empty((x.shape[0], x.shape[1] // 16), np.int32))
+    quantize_q8(x, xq, xd, np.empty((x.shape[0], x.shape[1] // 16), np.int16))
     return (xq.reshape(len(x), -1, block) * xd[:, :, None]).reshape(x.shape)
 
 
@@ -163,7 +163,7 @@ def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
     give the same integers as the one the kernels use here, which the tests above hold to x8 @ W.T."""
     w = random_weight(name, 2, 2048)
     xq = np.random.default_rng(3).integers(-127, 128, 2048).astype(np.int8)
-    xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int32)
+    xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int16)
     block_bytes = TYPES_BY_NAME[name].block_bytes
     dots = cpu_quant.dot_q4_k_blocks if name == "Q4_K" else cpu_quant.dot_q6_k_blocks
     n_results = 4 if name == "Q4_K" else 2
