@@ -557,28 +557,28 @@ def _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
     """[<8 x i32> summing to sum over its 8 runs j of sc_j * (q . xq), one summing to sum over j of
     m_j * (sum of xq over run j)] of the Q4_K block at row[o:o + 144] and x's block i (xq[256 i:256 i + 256],
     xs16[16 i:16 i + 16])."""
-    i32 = ir.IntType(32)
-    # the 12 scale bytes as 3 little-endian uint32 -> 8 scales, then 8 mins, a byte each (ggml's utmp)
-    u = builder.bitcast(_load(context, builder, row_t, row, builder.add(o, _i64(4)), 12), ir.VectorType(i32, 3))
-    u0, u1, u2 = (builder.extract_element(u, _i64(k)) for k in range(3))
-    low6, low4, top2 = i32(0x3F3F3F3F), i32(0x0F0F0F0F), i32(0x03030303)
-    top2_shl4 = lambda v: builder.shl(builder.and_(builder.lshr(v, i32(6)), top2), i32(4))  # noqa: E731
-    words = [builder.and_(u0, low6), builder.or_(builder.and_(u2, low4), top2_shl4(u0)),
-             builder.and_(u1, low6), builder.or_(builder.and_(builder.lshr(u2, i32(4)), low4), top2_shl4(u1))]
-    packed = ir.VectorType(i32, 4)(ir.Undefined)
-    for k, word in enumerate(words):
-        packed = builder.insert_element(packed, word, _i64(k))
-    scale_bytes = builder.bitcast(packed, ir.VectorType(ir.IntType(8), 16))
+    i32, v4 = ir.IntType(32), ir.VectorType(ir.IntType(32), 4)
+    # the 12 scale bytes as <4 x i32> u (its last lane quants) -> 8 scales, then 8 mins, a byte each: ggml's
+    # utmp lane-wise, word k = ((u[a_k] >> s_k) & mask_k) | ((u[b_k] >> 6) & top_k) << 4
+    u = builder.bitcast(_load(context, builder, row_t, row, builder.add(o, _i64(4)), 16), v4)
+    low6, low4, top2 = 0x3F3F3F3F, 0x0F0F0F0F, 0x03030303
+    low = builder.and_(builder.lshr(_shuffle(builder, u, None, [0, 2, 1, 2]), v4([0, 0, 0, 4])),
+                       v4([low6, low4, low6, low4]))
+    top = builder.shl(builder.and_(builder.lshr(_shuffle(builder, u, None, [0, 0, 1, 1]), v4([6] * 4)),
+                                   v4([0, top2, 0, top2])), v4([4] * 4))
+    scale_bytes = builder.bitcast(builder.or_(low, top), ir.VectorType(ir.IntType(8), 16))
     scales = builder.zext(scale_bytes, ir.VectorType(ir.IntType(16), 16))
     x0 = builder.mul(i, _i64(256))
     acc = ir.VectorType(i32, 16)([0] * 16)
-    for j in range(4):  # 64 values from 32 bytes: run 2j in the low nibbles, run 2j + 1 in the high
-        q = _load(context, builder, row_t, row, builder.add(o, _i64(16 + 32 * j)), 32)
-        quants = _shuffle(builder, builder.and_(q, _splat(builder, 0xF, 32)),
-                          builder.lshr(q, _splat(builder, 4, 32)), range(64))
-        x = _load(context, builder, xq_t, xq, builder.add(x0, _i64(64 * j)), 64)
-        run_scales = _shuffle(builder, scales, None, [2 * j] * 16 + [2 * j + 1] * 16)
-        acc = builder.add(acc, _madd_scaled(context, builder, quants, x, run_scales))
+    for h in range(2):  # 128 values from 64 bytes: runs 4h and 4h + 2 in the low nibbles, 4h + 1 and 4h + 3 high
+        q = _load(context, builder, row_t, row, builder.add(o, _i64(16 + 64 * h)), 64)
+        nibbles = builder.and_(q, _splat(builder, 0xF, 64)), builder.lshr(q, _splat(builder, 4, 64))
+        for j in (2 * h, 2 * h + 1):  # x[64 j:64 j + 64]: run 2j (low nibbles), run 2j + 1 (high)
+            lanes = range(32 * (j % 2), 32 * (j % 2) + 32)
+            quants = _shuffle(builder, nibbles[0], nibbles[1], [*lanes, *(64 + k for k in lanes)])
+            x = _load(context, builder, xq_t, xq, builder.add(x0, _i64(64 * j)), 64)
+            run_scales = _shuffle(builder, scales, None, [2 * j] * 16 + [2 * j + 1] * 16)
+            acc = builder.add(acc, _madd_scaled(context, builder, quants, x, run_scales))
     mins = _shuffle(builder, scales, None, [8 + k // 2 for k in range(16)])  # each twice: runs of 32 = 2 x 16
     sums16 = _load(context, builder, xs_t, xs16, builder.mul(i, _i64(16)), 16, bits=16)
     return [_pairs(builder, acc), _madd(builder, mins, sums16)]
