@@ -4,10 +4,10 @@ A weight W [n_rows, n_cols] arrives as its raw bytes w: uint8 [n_rows, row_bytes
 shape (n_cols, n_rows)). Nothing here dequantizes a whole matrix:
 - few tokens (generation): a matrix-vector kernel reads each row's blocks once and dots them with every
   token's x, rows spread over all cores (prange). Q4_K, Q6_K and Q8_0 (llama3-style q4_k_m and q8_0 files)
-  dot integers: x is quantized once per call to int8 in blocks of 32 (one float scale each, as llama.cpp
-  does on the CPU), so the result is x8 @ dequantize(W).T, x8 the dequantized int8 x, to float32 rounding;
-  |x8 - x| <= amax/254 per element (amax of its block of 32). Other types dot float32 x: Q4_0, Q4_1,
-  Q5_0, Q5_1 and Q5_K fused, Q2_K, Q3_K, F16 and BF16 decoded to a float32 row first.
+  dot integers: x is quantized once per call to int8 with one float scale per block of 256 (Q4_K, Q6_K) or
+  32 (Q8_0), as llama.cpp does on the CPU, so the result is x8 @ dequantize(W).T, x8 the dequantized int8 x,
+  to float32 rounding; |x8 - x| <= amax/254 per element (amax of its block of x). Other types dot float32
+  x: Q4_0, Q4_1, Q5_0, Q5_1 and Q5_K fused, Q2_K, Q3_K, F16 and BF16 decoded to a float32 row first.
 - many tokens (prompt): tiles of rows are dequantized to float32 and multiplied with numpy BLAS; these
   and the float32 matvecs match x @ dequantize(W).T to float32 rounding.
 
@@ -417,9 +417,10 @@ def dot_q6_k(row, x, xsum, f16, n16):
 # numba computes integers in int64, which hides byte dot products from LLVM's loop vectorizer (a numba loop
 # ran 4x slower), so the dots are intrinsics that emit LLVM vector IR. Q8_0's is generic (load, widen,
 # multiply, reduce.add), which the backend turns into vpdpbusd where there is VNNI. Q4_K's and Q6_K's take
-# a whole super-block of 256 as llama.cpp does: byte products summed in pairs to int16 (pmaddubsw), then
-# the pairs times their 6-bit run scales summed to int32 (pmaddwd), added up in one int32 vector and
-# reduced once per block. pmaddubsw takes unsigned quants, hence Q6_K's quants without their -32.
+# a whole super-block of 256 of two rows, as llama.cpp does for one: byte products summed in pairs to int16
+# (pmaddubsw), the pairs times their run scales summed to int32 (pmaddwd), added up in one int32 vector a
+# row, and the rows' vectors reduced together once per block. pmaddubsw takes unsigned quants, hence Q6_K's
+# quants without their -32.
 
 def _i64(v):
     return ir.Constant(ir.IntType(64), v)
