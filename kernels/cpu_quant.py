@@ -489,6 +489,12 @@ def _sums(builder, vecs):
     return [builder.extract_element(vec, _i64(k)) for k in range(vec.type.count)]
 
 
+def _fold(builder, vec):
+    """Its first half plus its second half: <n/2 x iN> of an <n x iN>, lanes summing to the same."""
+    n = vec.type.count
+    return builder.add(_shuffle(builder, vec, None, range(n // 2)), _shuffle(builder, vec, None, range(n // 2, n)))
+
+
 def _madd(builder, a, b):
     """<n/2 x i32>: a[2k] * b[2k] + a[2k + 1] * b[2k + 1] for <n x i16> a, b (pmaddwd)."""
     wide = ir.VectorType(ir.IntType(32), a.type.count)
@@ -557,7 +563,7 @@ def dot_u8(typingctx, q, q_off, xq, x_off, n):
 def _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
     """[<8 x i32> summing to sum over its 8 runs j of sc_j * (q . xq), one summing to sum over j of
     m_j * (sum of xq over run j)] of the Q4_K block at row[o:o + 144] and x's block i (xq[256 i:256 i + 256],
-    xs16[16 i:16 i + 16])."""
+    in q4_k_order; xs16[16 i:16 i + 16])."""
     i32, v4 = ir.IntType(32), ir.VectorType(ir.IntType(32), 4)
     # the 12 scale bytes as <4 x i32> u (its last lane quants) -> 8 scales, then 8 mins, a byte each: ggml's
     # utmp lane-wise, word k = ((u[a_k] >> s_k) & mask_k) | ((u[b_k] >> 6) & top_k) << 4
@@ -568,21 +574,23 @@ def _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
     top = builder.shl(builder.and_(builder.lshr(_shuffle(builder, u, None, [0, 0, 1, 1]), v4([6] * 4)),
                                    v4([0, top2, 0, top2])), v4([4] * 4))
     scale_bytes = builder.bitcast(builder.or_(low, top), ir.VectorType(ir.IntType(8), 16))
-    scales = builder.zext(scale_bytes, ir.VectorType(ir.IntType(16), 16))
+    # zero-extended by interleaving zero bytes: a zext would be moved past each run's shuffle of the scales
+    # below, to a byte permute plus a zext per run instead of one 16-bit permute
+    zero_bytes = ir.VectorType(ir.IntType(8), 16)([0] * 16)
+    scales = builder.bitcast(_shuffle(builder, scale_bytes, zero_bytes, [k // 2 + 16 * (k % 2) for k in range(32)]),
+                             ir.VectorType(ir.IntType(16), 16))
     x0 = builder.mul(i, _i64(256))
     acc = ir.VectorType(i32, 16)([0] * 16)
     for h in range(2):  # 128 values from 64 bytes: runs 4h and 4h + 2 in the low nibbles, 4h + 1 and 4h + 3 high
         q = _load(context, builder, row_t, row, builder.add(o, _i64(16 + 64 * h)), 64)
         nibbles = builder.and_(q, _splat(builder, 0xF, 64)), builder.lshr(q, _splat(builder, 4, 64))
-        for j in (2 * h, 2 * h + 1):  # x[64 j:64 j + 64]: run 2j (low nibbles), run 2j + 1 (high)
-            lanes = range(32 * (j % 2), 32 * (j % 2) + 32)
-            quants = _shuffle(builder, nibbles[0], nibbles[1], [*lanes, *(64 + k for k in lanes)])
-            x = _load(context, builder, xq_t, xq, builder.add(x0, _i64(64 * j)), 64)
-            run_scales = _shuffle(builder, scales, None, [2 * j] * 16 + [2 * j + 1] * 16)
+        for k, quants in enumerate(nibbles):  # xq in Q4_K order (see q4_k_order): runs 4h + k and 4h + k + 2
+            x = _load(context, builder, xq_t, xq, builder.add(x0, _i64(128 * h + 64 * k)), 64)
+            run_scales = _shuffle(builder, scales, None, [4 * h + k] * 16 + [4 * h + k + 2] * 16)
             acc = builder.add(acc, _madd_scaled(context, builder, quants, x, run_scales))
     mins = _shuffle(builder, scales, None, [8 + k // 2 for k in range(16)])  # each twice: runs of 32 = 2 x 16
     sums16 = _load(context, builder, xs_t, xs16, builder.mul(i, _i64(16)), 16, bits=16)
-    return [_pairs(builder, acc), _madd(builder, mins, sums16)]
+    return [_fold(builder, acc), _madd(builder, mins, sums16)]
 
 
 def _q6_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
@@ -609,7 +617,7 @@ def _q6_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
             acc = builder.add(acc, _madd_scaled(context, builder, quants, x, run_scales))
     sums16 = _load(context, builder, xs_t, xs16, builder.mul(i, _i64(16)), 16, bits=16)
     offset = builder.shl(_madd(builder, scales, sums16), ir.VectorType(i32, 8)([5] * 8))  # 32 * sc_g * sum
-    return [builder.sub(_pairs(builder, acc), offset)]
+    return [builder.sub(_fold(builder, acc), offset)]
 
 
 def _two_rows(block, n_results):
@@ -651,6 +659,18 @@ def quantize_q8(x, xq, xd, xs16):
             for l in range(16):
                 s += xq[t, 16 * g + l]
             xs16[t, g] = s
+
+
+@fast
+def q4_k_order(xq, xq4):
+    """xq4 = xq [n_tokens, n_cols] with the runs of 32 of each 128 values in the order 0, 2, 1, 3: the order
+    of the low, then the high nibbles of 64 bytes of Q4_K quants, so these dot xq4 as they lie."""
+    for t in range(xq.shape[0]):
+        for k in range(xq.shape[1] // 128):
+            for run in range(4):
+                o4, o = 128 * k + 32 * run, 128 * k + 32 * (2 * (run % 2) + run // 2)
+                for l in range(32):
+                    xq4[t, o4 + l] = xq[t, o + l]
 
 
 @fast
@@ -794,6 +814,10 @@ def _matvec_int8(tid, w, x, out, f16, n_chunks):
     xd = np.empty((n_tokens, n_cols // (32 if tid == Q8_0 else 256)), np.float32)  # x's blocks as the weight's
     xs16 = np.empty((n_tokens, n_cols // 16), np.int16)
     quantize_q8(x, xq, xd, xs16)
+    if tid == Q4_K:
+        xq_k = np.empty_like(xq)
+        q4_k_order(xq, xq_k)
+        xq = xq_k
     for c in nb.prange(n_chunks):
         r1 = (c + 1) * n_rows // n_chunks
         if tid == Q8_0:
