@@ -26,9 +26,10 @@ SHAPES = [
     ("Q4_0", 2048, 2048), ("Q5_1", 2048, 2048), ("Q2_K", 2048, 2048), ("Q3_K", 2048, 2048),
     ("Q5_K", 2048, 2048), ("F16", 2048, 2048), ("BF16", 2048, 2048), ("F32", 2048, 2048),
 ]
-# llama3-8b q4_k_m / q8_0: attn_q (attn_k, attn_v are 4096 x 1024), ffn_gate + ffn_up as one matrix, ffn_down
+# llama3-8b q4_k_m / q8_0: attn_q (attn_k, attn_v are 4096 x 1024; q4_k_m has Q6_K attn_v in some layers),
+# ffn_gate + ffn_up as one matrix, ffn_down
 LLAMA3_8B_SHAPES = [
-    ("Q4_K", 4096, 4096), ("Q4_K", 4096, 28672), ("Q4_K", 14336, 4096), ("Q6_K", 14336, 4096),
+    ("Q4_K", 4096, 4096), ("Q4_K", 4096, 28672), ("Q4_K", 14336, 4096), ("Q6_K", 14336, 4096), ("Q6_K", 4096, 1024),
     ("Q8_0", 4096, 4096), ("Q8_0", 4096, 28672), ("Q8_0", 14336, 4096),
 ]
 PROMPT_TOKENS = 128

@@ -4,10 +4,10 @@ A weight W [n_rows, n_cols] arrives as its raw bytes w: uint8 [n_rows, row_bytes
 shape (n_cols, n_rows)). Nothing here dequantizes a whole matrix:
 - few tokens (generation): a matrix-vector kernel reads each row's blocks once and dots them with every
   token's x, rows spread over all cores (prange). Q4_K, Q6_K and Q8_0 (llama3-style q4_k_m and q8_0 files)
-  dot integers: x is quantized once per call to int8 in blocks of 32 (one float scale each, as llama.cpp
-  does on the CPU), so the result is x8 @ dequantize(W).T, x8 the dequantized int8 x, to float32 rounding;
-  |x8 - x| <= amax/254 per element (amax of its block of 32). Other types dot float32 x: Q4_0, Q4_1,
-  Q5_0, Q5_1 and Q5_K fused, Q2_K, Q3_K, F16 and BF16 decoded to a float32 row first.
+  dot integers: x is quantized once per call to int8 with one float scale per block of 256 (Q4_K, Q6_K) or
+  32 (Q8_0), as llama.cpp does on the CPU, so the result is x8 @ dequantize(W).T, x8 the dequantized int8 x,
+  to float32 rounding; |x8 - x| <= amax/254 per element (amax of its block of x). Other types dot float32
+  x: Q4_0, Q4_1, Q5_0, Q5_1 and Q5_K fused, Q2_K, Q3_K, F16 and BF16 decoded to a float32 row first.
 - many tokens (prompt): tiles of rows are dequantized to float32 and multiplied with numpy BLAS; these
   and the float32 matvecs match x @ dequantize(W).T to float32 rounding.
 
@@ -411,37 +411,138 @@ def dot_q6_k(row, x, xsum, f16, n16):
 
 
 # ---- Integer dots: quantized rows . int8-quantized x --------------------------------------------------
-# x [n_tokens, n_cols] is quantized once per call: xq int8 (|xq| <= 127) times xd float32, one scale per 32
-# values, and xs16, the int32 sums of xq over each 16 (for block minimums, Q6_K's -32 and Q8_0's +128).
-# A row's quants are dotted with xq 32 (Q6_K: 16) at a time in int32 by the dot_* intrinsics below; the
-# block and run scales are applied to these sums in float32.
+# x [n_tokens, n_cols] is quantized once per call: xq int8 (|xq| <= 127) times xd float32, one scale per
+# block of x (256 values for Q4_K and Q6_K, as llama.cpp's q8_K; 32 for Q8_0, as its q8_0), and xs16, the
+# int16 sums of xq over each 16 (for block minimums, Q6_K's -32 and Q8_0's +128).
 # numba computes integers in int64, which hides byte dot products from LLVM's loop vectorizer (a numba loop
-# ran 4x slower), so the dots are written as LLVM's generic vector ops: load n bytes of quants and of xq,
-# widen, multiply, sum. The backend turns this into vpdpbusd (AVX-512 VNNI, AVX-VNNI) or pmaddwd where
-# there is no VNNI; it takes unsigned quants, hence Q6_K's quants without their -32 and Q8_0's plus 128.
+# ran 4x slower), so the dots are intrinsics that emit LLVM vector IR. Q8_0's is generic (load, widen,
+# multiply, reduce.add), which the backend turns into vpdpbusd where there is VNNI. Q4_K's and Q6_K's take
+# a whole super-block of 256 of two rows, as llama.cpp does for one: byte products summed in pairs to int16
+# (pmaddubsw), the pairs times their run scales summed to int32 (pmaddwd), added up in one int32 vector a
+# row, and the rows' vectors reduced together once per block. pmaddubsw takes unsigned quants, hence Q6_K's
+# quants without their -32.
+
+def _i64(v):
+    return ir.Constant(ir.IntType(64), v)
+
+
+def _load(context, builder, arr_type, arr, off, lanes, bits=8):
+    """<lanes x i{bits}> from a 1-d array at element off (an array of that width)."""
+    ptr = builder.gep(context.make_array(arr_type)(context, builder, arr).data, [off])
+    return builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(bits), lanes).as_pointer()), align=1)
+
 
 def _load_bytes(context, builder, arr_type, arr, off, lanes):
     """<lanes x i8> from arr[off:off + lanes] (a 1-d uint8 or int8 array)."""
-    ptr = builder.gep(context.make_array(arr_type)(context, builder, arr).data, [off])
-    return builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(8), lanes).as_pointer()), align=1)
+    return _load(context, builder, arr_type, arr, off, lanes)
 
 
-def _splat(builder, value, lanes):
-    """<lanes x i8> of the int64 value."""
-    v = builder.trunc(value, ir.IntType(8))
-    return builder.shuffle_vector(builder.insert_element(ir.VectorType(ir.IntType(8), lanes)(ir.Undefined), v,
-                                                         ir.Constant(ir.IntType(32), 0)),
-                                  ir.VectorType(ir.IntType(8), lanes)(ir.Undefined),
-                                  ir.VectorType(ir.IntType(32), lanes)([0] * lanes))
+def _splat(builder, value, lanes, bits=8):
+    """<lanes x i{bits}> of the integer value (an ir value or a Python int)."""
+    vec = ir.VectorType(ir.IntType(bits), lanes)
+    if isinstance(value, int):
+        return vec([value] * lanes)
+    v = builder.trunc(value, ir.IntType(bits)) if value.type.width > bits else value
+    return builder.shuffle_vector(builder.insert_element(vec(ir.Undefined), v, ir.Constant(ir.IntType(32), 0)),
+                                  vec(ir.Undefined), ir.VectorType(ir.IntType(32), lanes)([0] * lanes))
+
+
+def _shuffle(builder, a, b, idx):
+    """The lanes idx of a ++ b (b None: of a alone)."""
+    return builder.shuffle_vector(a, b if b is not None else a.type(ir.Undefined),
+                                  ir.VectorType(ir.IntType(32), len(idx))(list(idx)))
+
+
+def _call(builder, name, ret, args):
+    fn = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(ret, [a.type for a in args]),
+                                                         name=name)
+    return builder.call(fn, args)
+
+
+def _reduce_add(builder, vec):
+    """The int32 sum of the lanes of an <n x i32>."""
+    return _call(builder, f"llvm.vector.reduce.add.v{vec.type.count}i32", ir.IntType(32), [vec])
+
+
+def _halves(n_lanes, size):
+    """(first, second): the lane numbers of the first and the second half of each group of size lanes."""
+    first = [g * size + l for g in range(n_lanes // size) for l in range(size // 2)]
+    return first, [i + size // 2 for i in first]
+
+
+def _sums(builder, vecs):
+    """[the int32 sum of the lanes of each vec] of k <n x i32> (k a power of two, at most n), reduced together:
+    each step adds the first halves of two vectors' groups of partial sums to the second halves, into one
+    vector, in fewer shuffles than k reductions take."""
+    n = size = vecs[0].type.count  # lanes in a vector, lanes in one vec's group of partial sums
+    while len(vecs) > 1:
+        first, second = _halves(n, size)
+        vecs = [builder.add(_shuffle(builder, u, v, first + [n + i for i in first]),
+                            _shuffle(builder, u, v, second + [n + i for i in second]))
+                for u, v in zip(vecs[::2], vecs[1::2])]
+        size //= 2
+    vec = vecs[0]
+    while size > 1:
+        first, second = _halves(vec.type.count, size)
+        vec = builder.add(_shuffle(builder, vec, None, first), _shuffle(builder, vec, None, second))
+        size //= 2
+    return [builder.extract_element(vec, _i64(k)) for k in range(vec.type.count)]
+
+
+def _fold(builder, vec):
+    """Its first half plus its second half: <n/2 x iN> of an <n x iN>, lanes summing to the same."""
+    n = vec.type.count
+    return builder.add(_shuffle(builder, vec, None, range(n // 2)), _shuffle(builder, vec, None, range(n // 2, n)))
+
+
+def _madd(builder, a, b):
+    """<n/2 x i32>: a[2k] * b[2k] + a[2k + 1] * b[2k + 1] for <n x i16> a, b (pmaddwd)."""
+    wide = ir.VectorType(ir.IntType(32), a.type.count)
+    return _pairs(builder, builder.mul(builder.sext(a, wide), builder.sext(b, wide)))
 
 
 def _dot_sum(builder, quants, xq, lanes):
     """int32 sum of quants (<lanes x i8>, unsigned) times xq (<lanes x i8>, signed)."""
     ints = ir.VectorType(ir.IntType(32), lanes)
-    name = f"llvm.vector.reduce.add.v{lanes}i32"
-    reduce_add = builder.module.globals.get(name) or ir.Function(
-        builder.module, ir.FunctionType(ir.IntType(32), [ints]), name=name)
-    return builder.call(reduce_add, [builder.mul(builder.zext(quants, ints), builder.sext(xq, ints))])
+    return _reduce_add(builder, builder.mul(builder.zext(quants, ints), builder.sext(xq, ints)))
+
+
+def _pairs(builder, vec):
+    """Even plus odd lanes of vec: <n/2 x iN> of an <n x iN>."""
+    n = vec.type.count
+    return builder.add(_shuffle(builder, vec, None, range(0, n, 2)), _shuffle(builder, vec, None, range(1, n, 2)))
+
+
+def _simd(context):
+    """"avx512bw", "avx2" or "" (none): the widest pmaddubsw of the CPU the code is compiled for (the host, or
+    NUMBA_CPU_NAME and NUMBA_CPU_FEATURES)."""
+    features = context.codegen()._tm_features
+    return next((simd for simd in ("avx512bw", "avx2") if "+" + simd in features), "")
+
+
+def _madd_scaled(context, builder, quants, xq, scales):
+    """<16 x i32>: lane k = scales[2k] * (q.x of values 4k, 4k+1) + scales[2k+1] * (q.x of values 4k+2, 4k+3)
+    for quants <64 x i8> (unsigned, < 64), xq <64 x i8> (signed), scales <32 x i16>.
+
+    The x86 pmaddubsw + pmaddwd pair, 512 bits wide with AVX-512 BW, twice 256 with AVX2, else the same sums
+    in generic IR. pmaddubsw saturates its int16 pair sums, never here: 2 * 63 * 128 < 32767."""
+    simd = _simd(context)
+    i16, i32 = ir.IntType(16), ir.IntType(32)
+    if simd == "avx512bw":
+        pairs = _call(builder, "llvm.x86.avx512.pmaddubs.w.512", ir.VectorType(i16, 32), [quants, xq])
+        return _call(builder, "llvm.x86.avx512.pmaddw.d.512", ir.VectorType(i32, 16), [pairs, scales])
+    if simd == "avx2":
+        halves = []
+        for h in (range(0, 32), range(32, 64)):
+            pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(i16, 16),
+                          [_shuffle(builder, quants, None, h), _shuffle(builder, xq, None, h)])
+            halves.append(_call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(i32, 8),
+                                [pairs, _shuffle(builder, scales, None, range(h.start // 2, h.stop // 2))]))
+        return _shuffle(builder, halves[0], halves[1], range(16))
+    products = builder.mul(builder.zext(quants, ir.VectorType(i16, 64)), builder.sext(xq, ir.VectorType(i16, 64)))
+    scaled = builder.mul(builder.sext(_pairs(builder, products), ir.VectorType(i32, 32)),
+                         builder.sext(scales, ir.VectorType(i32, 32)))
+    return _pairs(builder, scaled)
 
 
 @intrinsic
@@ -453,60 +554,105 @@ def dot_u8(typingctx, q, q_off, xq, x_off, n):
 
     def codegen(context, builder, sig, args):
         quants = builder.xor(_load_bytes(context, builder, sig.args[0], args[0], args[1], lanes),
-                             _splat(builder, ir.Constant(ir.IntType(64), 0x80), lanes))
+                             _splat(builder, -128, lanes))  # 0x80
         return _dot_sum(builder, quants, _load_bytes(context, builder, sig.args[2], args[2], args[3], lanes), lanes)
 
     return types.int32(q, q_off, xq, x_off, n), codegen
 
 
-@intrinsic
-def dot_q4(typingctx, q, q_off, shift, xq, x_off, n):
-    """sum of ((q[q_off + l] >> shift) & 15) * xq[x_off + l] for l < n (a literal): Q4_K's nibbles."""
-    if not isinstance(n, types.IntegerLiteral):
-        return None
-    lanes = n.literal_value
+def _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
+    """[<8 x i32> summing to sum over its 8 runs j of sc_j * (q . xq), one summing to sum over j of
+    m_j * (sum of xq over run j)] of the Q4_K block at row[o:o + 144] and x's block i (xq[256 i:256 i + 256],
+    in q4_k_order; xs16[16 i:16 i + 16])."""
+    i32, v4 = ir.IntType(32), ir.VectorType(ir.IntType(32), 4)
+    # the 12 scale bytes as <4 x i32> u (its last lane quants) -> 8 scales, then 8 mins, a byte each: ggml's
+    # utmp lane-wise, word k = ((u[a_k] >> s_k) & mask_k) | ((u[b_k] >> 6) & top_k) << 4
+    u = builder.bitcast(_load(context, builder, row_t, row, builder.add(o, _i64(4)), 16), v4)
+    low6, low4, top2 = 0x3F3F3F3F, 0x0F0F0F0F, 0x03030303
+    low = builder.and_(builder.lshr(_shuffle(builder, u, None, [0, 2, 1, 2]), v4([0, 0, 0, 4])),
+                       v4([low6, low4, low6, low4]))
+    top = builder.shl(builder.and_(builder.lshr(_shuffle(builder, u, None, [0, 0, 1, 1]), v4([6] * 4)),
+                                   v4([0, top2, 0, top2])), v4([4] * 4))
+    scale_bytes = builder.bitcast(builder.or_(low, top), ir.VectorType(ir.IntType(8), 16))
+    # zero-extended by interleaving zero bytes: a zext would be moved past each run's shuffle of the scales
+    # below, to a byte permute plus a zext per run instead of one 16-bit permute
+    zero_bytes = ir.VectorType(ir.IntType(8), 16)([0] * 16)
+    scales = builder.bitcast(_shuffle(builder, scale_bytes, zero_bytes, [k // 2 + 16 * (k % 2) for k in range(32)]),
+                             ir.VectorType(ir.IntType(16), 16))
+    x0 = builder.mul(i, _i64(256))
+    acc = ir.VectorType(i32, 16)([0] * 16)
+    for h in range(2):  # 128 values from 64 bytes: runs 4h and 4h + 2 in the low nibbles, 4h + 1 and 4h + 3 high
+        q = _load(context, builder, row_t, row, builder.add(o, _i64(16 + 64 * h)), 64)
+        nibbles = builder.and_(q, _splat(builder, 0xF, 64)), builder.lshr(q, _splat(builder, 4, 64))
+        for k, quants in enumerate(nibbles):  # xq in Q4_K order (see q4_k_order): runs 4h + k and 4h + k + 2
+            x = _load(context, builder, xq_t, xq, builder.add(x0, _i64(128 * h + 64 * k)), 64)
+            run_scales = _shuffle(builder, scales, None, [4 * h + k] * 16 + [4 * h + k + 2] * 16)
+            acc = builder.add(acc, _madd_scaled(context, builder, quants, x, run_scales))
+    mins = _shuffle(builder, scales, None, [8 + k // 2 for k in range(16)])  # each twice: runs of 32 = 2 x 16
+    sums16 = _load(context, builder, xs_t, xs16, builder.mul(i, _i64(16)), 16, bits=16)
+    return [_fold(builder, acc), _madd(builder, mins, sums16)]
 
-    def codegen(context, builder, sig, args):
-        quants = builder.and_(builder.lshr(_load_bytes(context, builder, sig.args[0], args[0], args[1], lanes),
-                                           _splat(builder, args[2], lanes)),
-                              _splat(builder, ir.Constant(ir.IntType(64), 0xF), lanes))
-        return _dot_sum(builder, quants, _load_bytes(context, builder, sig.args[3], args[3], args[4], lanes), lanes)
 
-    return types.int32(q, q_off, shift, xq, x_off, n), codegen
+def _q6_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
+    """[<8 x i32> summing to sum over its 16 runs g of 16 values of sc_g * ((q - 32) . xq)] of the Q6_K block
+    at row[o:o + 210] and x's block i (xq[256 i:256 i + 256], xs16[16 i:16 i + 16])."""
+    i32 = ir.IntType(32)
+    scale_bytes = _load(context, builder, row_t, row, builder.add(o, _i64(192)), 16)  # int8, a run each
+    scales = builder.sext(scale_bytes, ir.VectorType(ir.IntType(16), 16))
+    c = lambda v: _splat(builder, v, 32)  # noqa: E731
+    x0 = builder.mul(i, _i64(256))
+    acc = ir.VectorType(i32, 16)([0] * 16)
+    for n in range(2):  # 128 values: 4 runs of 32 from ql[64 n:64 n + 64] and qh[32 n:32 n + 32], see decode_q6_k
+        ql0 = _load(context, builder, row_t, row, builder.add(o, _i64(64 * n)), 32)
+        ql1 = _load(context, builder, row_t, row, builder.add(o, _i64(64 * n + 32)), 32)
+        qh = _load(context, builder, row_t, row, builder.add(o, _i64(128 + 32 * n)), 32)
+        high = [builder.shl(builder.and_(builder.lshr(qh, c(2 * k)), c(3)), c(4)) for k in range(4)]
+        low = [builder.and_(ql0, c(0xF)), builder.and_(ql1, c(0xF)), builder.lshr(ql0, c(4)), builder.lshr(ql1, c(4))]
+        for h in range(2):  # runs 2h and 2h + 1: x[128 n + 64 h:][:64]
+            quants = _shuffle(builder, builder.or_(low[2 * h], high[2 * h]),
+                              builder.or_(low[2 * h + 1], high[2 * h + 1]), range(64))
+            x = _load(context, builder, xq_t, xq, builder.add(x0, _i64(128 * n + 64 * h)), 64)
+            g = 8 * n + 4 * h  # the scales of these 4 runs of 16
+            run_scales = _shuffle(builder, scales, None, [g] * 8 + [g + 1] * 8 + [g + 2] * 8 + [g + 3] * 8)
+            acc = builder.add(acc, _madd_scaled(context, builder, quants, x, run_scales))
+    sums16 = _load(context, builder, xs_t, xs16, builder.mul(i, _i64(16)), 16, bits=16)
+    offset = builder.shl(_madd(builder, scales, sums16), ir.VectorType(i32, 8)([5] * 8))  # 32 * sc_g * sum
+    return [builder.sub(_fold(builder, acc), offset)]
 
 
-@intrinsic
-def dot_q6(typingctx, q, lo_off, lo_shift, hi_off, hi_shift, xq, x_off, n):
-    """sum of (((q[lo_off + l] >> lo_shift) & 15) | (((q[hi_off + l] >> hi_shift) & 3) << 4)) * xq[x_off + l]
-    for l < n (a literal): Q6_K's 6-bit quants, 4 bits from ql and 2 from qh."""
-    if not isinstance(n, types.IntegerLiteral):
-        return None
-    lanes = n.literal_value
+def _two_rows(block, n_results):
+    """An intrinsic f(a, b, o, xq, xs16, i): the int32 sums of the vectors of block(...) for rows a and b at
+    byte o, x's block i; one function for both rows, so LLVM loads each byte of x once for the two."""
+    def typer(typingctx, a, b, o, xq, xs16, i):
+        def codegen(context, builder, sig, args):
+            a_t, b_t, _, xq_t, xs_t, _ = sig.args
+            a, b, o, xq, xs16, i = args
+            vecs = (block(context, builder, a_t, a, o, xq_t, xq, xs_t, xs16, i)
+                    + block(context, builder, b_t, b, o, xq_t, xq, xs_t, xs16, i))
+            return context.make_tuple(builder, sig.return_type, _sums(builder, vecs))
 
-    def codegen(context, builder, sig, args):
-        c = lambda v: _splat(builder, ir.Constant(ir.IntType(64), v), lanes)  # noqa: E731
-        lo = builder.and_(builder.lshr(_load_bytes(context, builder, sig.args[0], args[0], args[1], lanes),
-                                       _splat(builder, args[2], lanes)), c(0xF))
-        hi = builder.and_(builder.lshr(_load_bytes(context, builder, sig.args[0], args[0], args[3], lanes),
-                                       _splat(builder, args[4], lanes)), c(3))
-        quants = builder.or_(lo, builder.shl(hi, c(4)))
-        return _dot_sum(builder, quants, _load_bytes(context, builder, sig.args[5], args[5], args[6], lanes), lanes)
+        return types.UniTuple(types.int32, 2 * n_results)(a, b, o, xq, xs16, i), codegen
 
-    return types.int32(q, lo_off, lo_shift, hi_off, hi_shift, xq, x_off, n), codegen
+    return intrinsic(typer)
+
+
+dot_q4_k_blocks = _two_rows(_q4_k_block, 2)  # (dots a, mins a, dots b, mins b)
+dot_q6_k_blocks = _two_rows(_q6_k_block, 1)  # (dots a, dots b)
 
 
 @fast
 def quantize_q8(x, xq, xd, xs16):
-    """x: float32 [n_tokens, n_cols] -> xq: int8 [n_tokens, n_cols] times xd: float32 [n_tokens, n_cols // 32]
-    (to the nearest), xs16: int32 [n_tokens, n_cols // 16]."""
+    """x: float32 [n_tokens, n_cols] -> xq: int8 [n_tokens, n_cols] times xd: float32 [n_tokens, n_blocks], one
+    scale per block of n_cols // n_blocks values (to the nearest), xs16: int16 [n_tokens, n_cols // 16]."""
+    size = x.shape[1] // xd.shape[1]
     for t in range(x.shape[0]):
-        for b in range(x.shape[1] // 32):
+        for b in range(xd.shape[1]):
             amax = np.float32(0)
-            for l in range(32):
-                amax = max(amax, abs(x[t, 32 * b + l]))
+            for l in range(size):
+                amax = max(amax, abs(x[t, size * b + l]))
             inv = np.float32(127) / amax if amax > 0 else np.float32(0)
-            for l in range(32):
-                xq[t, 32 * b + l] = np.int8(np.rint(x[t, 32 * b + l] * inv))
+            for l in range(size):
+                xq[t, size * b + l] = np.int8(np.rint(x[t, size * b + l] * inv))
             xd[t, b] = amax / np.float32(127)
         for g in range(x.shape[1] // 16):
             s = 0
@@ -516,41 +662,48 @@ def quantize_q8(x, xq, xd, xs16):
 
 
 @fast
-def dot8_q4_k(row, xq, xd, xs16, out, r, f16):
-    """out[t, r] = row . x8[t] for every token t; row: uint8 [row_bytes] of Q4_K."""
+def q4_k_order(xq, xq4):
+    """xq4 = xq [n_tokens, n_cols] with the runs of 32 of each 128 values in the order 0, 2, 1, 3: the order
+    of the low, then the high nibbles of 64 bytes of Q4_K quants, so these dot xq4 as they lie."""
     for t in range(xq.shape[0]):
-        acc = np.float32(0)
-        for i in range(row.size // 144):
-            o = 144 * i
-            d = half(row, o, f16)
-            dmin = half(row, o + 2, f16)
-            for j in range(8):  # runs of 32 values: xd * (d * sc * (q . xq) - dmin * m * (sum of xq))
-                sc, mn = scale_min_k4(j, row, o + 4)
-                b = 8 * i + j
-                dot = sc * dot_q4(row, o + 16 + 32 * (j // 2), 4 * (j % 2), xq[t], 32 * b, 32)
-                acc += xd[t, b] * (d * np.float32(dot) - dmin * np.float32(mn * (xs16[t, 2 * b] + xs16[t, 2 * b + 1])))
-        out[t, r] = acc
+        for k in range(xq.shape[1] // 128):
+            for run in range(4):
+                o4, o = 128 * k + 32 * run, 128 * k + 32 * (2 * (run % 2) + run // 2)
+                for l in range(32):
+                    xq4[t, o4 + l] = xq[t, o + l]
 
 
 @fast
-def dot8_q6_k(row, xq, xd, xs16, out, r, f16):
-    """As dot8_q4_k for Q6_K: a scale per 16 values, each quant minus 32 (taken off as 32 * sum of xq)."""
-    scales = row.view(np.int8)
+def dot8_q4_k(a, b, xq, xd, xs16, out, ra, rb, f16):
+    """out[t, ra] = a . x8[t] and out[t, rb] = b . x8[t] for every token t; a, b: uint8 [row_bytes] of Q4_K rows
+    ra and rb, x in blocks of 256."""
     for t in range(xq.shape[0]):
-        acc = np.float32(0)
-        for i in range(row.size // 210):
+        xq_t, xs_t = xq[t], xs16[t]
+        acc_a = np.float32(0)
+        acc_b = np.float32(0)
+        for i in range(a.size // 144):  # xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq))
+            o = 144 * i
+            dots_a, mins_a, dots_b, mins_b = dot_q4_k_blocks(a, b, o, xq_t, xs_t, i)
+            acc_a += xd[t, i] * (half(a, o, f16) * np.float32(dots_a) - half(a, o + 2, f16) * np.float32(mins_a))
+            acc_b += xd[t, i] * (half(b, o, f16) * np.float32(dots_b) - half(b, o + 2, f16) * np.float32(mins_b))
+        out[t, ra] = acc_a
+        out[t, rb] = acc_b
+
+
+@fast
+def dot8_q6_k(a, b, xq, xd, xs16, out, ra, rb, f16):
+    """As dot8_q4_k for Q6_K."""
+    for t in range(xq.shape[0]):
+        xq_t, xs_t = xq[t], xs16[t]
+        acc_a = np.float32(0)
+        acc_b = np.float32(0)
+        for i in range(a.size // 210):
             o = 210 * i
-            blk = np.float32(0)
-            for j in range(8):  # runs of 32 values: half n of the block, its run k (see decode_q6_k)
-                n, k, b = j // 4, j % 4, 8 * i + j
-                lo, hi = o + 64 * n + 32 * (k % 2), o + 128 + 32 * n
-                s = np.int32(0)
-                for h in range(2):  # a scale per 16 values
-                    dot = dot_q6(row, lo + 16 * h, 4 * (k // 2), hi + 16 * h, 2 * k, xq[t], 32 * b + 16 * h, 16)
-                    s += np.int32(scales[o + 192 + 2 * j + h]) * (dot - 32 * xs16[t, 2 * b + h])
-                blk += xd[t, b] * np.float32(s)
-            acc += half(row, o + 208, f16) * blk
-        out[t, r] = acc
+            dots_a, dots_b = dot_q6_k_blocks(a, b, o, xq_t, xs_t, i)
+            acc_a += xd[t, i] * half(a, o + 208, f16) * np.float32(dots_a)
+            acc_b += xd[t, i] * half(b, o + 208, f16) * np.float32(dots_b)
+        out[t, ra] = acc_a
+        out[t, rb] = acc_b
 
 
 @fast
@@ -658,17 +811,29 @@ def _matvec_int8(tid, w, x, out, f16, n_chunks):
     n_rows = w.shape[0]
     n_tokens, n_cols = x.shape
     xq = np.empty((n_tokens, n_cols), np.int8)
-    xd = np.empty((n_tokens, n_cols // 32), np.float32)
-    xs16 = np.empty((n_tokens, n_cols // 16), np.int32)
+    xd = np.empty((n_tokens, n_cols // (32 if tid == Q8_0 else 256)), np.float32)  # x's blocks as the weight's
+    xs16 = np.empty((n_tokens, n_cols // 16), np.int16)
     quantize_q8(x, xq, xd, xs16)
+    if tid == Q4_K:
+        xq_k = np.empty_like(xq)
+        q4_k_order(xq, xq_k)
+        xq = xq_k
     for c in nb.prange(n_chunks):
-        for r in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
-            if tid == Q4_K:
-                dot8_q4_k(w[r], xq, xd, xs16, out, r, f16)
-            elif tid == Q6_K:
-                dot8_q6_k(w[r], xq, xd, xs16, out, r, f16)
-            else:
+        r1 = (c + 1) * n_rows // n_chunks
+        if tid == Q8_0:
+            for r in range(c * n_rows // n_chunks, r1):
                 dot8_q8_0(w[r], xq, xd, xs16, out, r, f16)
+            continue
+        r0 = c * n_rows // n_chunks
+        half_rows = (r1 - r0 + 1) // 2
+        for r in range(r0, r0 + half_rows):
+            # row r pairs with the row half a chunk on, so both walk on through memory (a pair of neighbours
+            # restarts two streams every pair: half the speed from DRAM); an odd last row pairs with itself
+            r_b = r + half_rows if r + half_rows < r1 else r
+            if tid == Q4_K:
+                dot8_q4_k(w[r], w[r_b], xq, xd, xs16, out, r, r_b, f16)
+            else:
+                dot8_q6_k(w[r], w[r_b], xq, xd, xs16, out, r, r_b, f16)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)

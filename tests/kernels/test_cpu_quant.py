@@ -1,7 +1,9 @@
 """The CPU kernels against gguf-py's reference dequantization (and ours, models/dequant.py), every type.
 
-The int8 matvecs (INT8_IDS, up to MATVEC_MAX_TOKENS tokens) are held to x8 @ W.T, x8 the int8-quantized x,
-as tightly as the float32 ones to x @ W.T; x8 itself is checked against x."""
+The int8 matvecs (INT8_IDS, up to MATVEC_MAX_TOKENS tokens) are held to x8 @ W.T, x8 the int8-quantized x
+(in blocks of 256 for Q4_K and Q6_K, 32 for Q8_0), as tightly as the float32 ones to x @ W.T; x8 itself is
+checked against x."""
+import numba as nb
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType
@@ -21,12 +23,17 @@ def reference(w: np.ndarray, name: str) -> np.ndarray:
     return dequantize(w, GGMLQuantizationType[name]).astype(np.float32)
 
 
-def int8_x(x: np.ndarray) -> np.ndarray:
+def x_block(name: str) -> int:
+    """The values of x under one scale in the int8 matvec of this weight type."""
+    return 32 if name == "Q8_0" else 256
+
+
+def int8_x(x: np.ndarray, block: int) -> np.ndarray:
     """x as the int8 matvecs see it: float32 [n_tokens, n_cols], quantized by the kernels' quantize_q8."""
     xq = np.empty(x.shape, np.int8)
-    xd = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
-    quantize_q8(x, xq, xd, np.empty((x.shape[0], x.shape[1] // 16), np.int32))
-    return (xq.reshape(len(x), -1, 32) * xd[:, :, None]).reshape(x.shape)
+    xd = np.empty((x.shape[0], x.shape[1] // block), np.float32)
+    quantize_q8(x, xq, xd, np.empty((x.shape[0], x.shape[1] // 16), np.int16))
+    return (xq.reshape(len(x), -1, block) * xd[:, :, None]).reshape(x.shape)
 
 
 def expected(w: np.ndarray, name: str, x: np.ndarray, W: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -34,7 +41,7 @@ def expected(w: np.ndarray, name: str, x: np.ndarray, W: np.ndarray | None = Non
     |terms|, where x is int8_x(x) for the int8 matvecs."""
     W = reference(w, name).astype(np.float64) if W is None else W.astype(np.float64)
     if TYPES_BY_NAME[name].id in INT8_IDS and len(x) <= MATVEC_MAX_TOKENS:
-        x = int8_x(x)
+        x = int8_x(x, x_block(name))
     x = x.astype(np.float64)
     return x @ W.T, 1e-5 * (np.abs(x) @ np.abs(W).T)
 
@@ -63,17 +70,19 @@ def test_matmul_matches_dequantized_reference(name, n_tokens, monkeypatch):
     assert np.all(np.abs(got - want) <= bound)
 
 
-def test_int8_x_is_x_to_half_a_step():
-    """|x8 - x| <= amax / 254 per element (amax of its block of 32), and the steps are as coarse as that."""
+@pytest.mark.parametrize("block", [32, 256])
+def test_int8_x_is_x_to_half_a_step(block):
+    """|x8 - x| <= amax / 254 per element (amax of its block), and the steps are as coarse as that."""
     rng = np.random.default_rng(0)
-    magnitudes = np.float32(10.0) ** rng.integers(-3, 4, (3, 16, 1)).astype(np.float32)  # one per block of 32
-    x = (rng.standard_normal((3, 16, 32), np.float32) * magnitudes).reshape(3, 512)
-    x[1, 64:96] = 0  # an all-zero block
-    step = np.abs(x).reshape(3, -1, 32).max(-1, keepdims=True) / 127
-    err = np.abs(int8_x(x) - x).reshape(3, -1, 32)
+    n_blocks = 2048 // block
+    magnitudes = np.float32(10.0) ** rng.integers(-3, 4, (3, n_blocks, 1)).astype(np.float32)  # one per block
+    x = (rng.standard_normal((3, n_blocks, block), np.float32) * magnitudes).reshape(3, 2048)
+    x[1, block:2 * block] = 0  # an all-zero block
+    step = np.abs(x).reshape(3, -1, block).max(-1, keepdims=True) / 127
+    err = np.abs(int8_x(x, block) - x).reshape(3, -1, block)
     assert np.all(err <= step * (0.5 + 1e-6))
     assert np.all(err.max(-1, keepdims=True) >= step * 0.3)  # a quantizer that kept more bits would be caught
-    assert np.all(int8_x(x)[1, 64:96] == 0)
+    assert np.all(int8_x(x, block)[1, block:2 * block] == 0)
 
 
 @pytest.mark.parametrize("name", sorted(n for n in TYPES if TYPES_BY_NAME[n].id in INT8_IDS))
@@ -84,8 +93,9 @@ def test_int8_matvec_error_against_float_x_and_a_wrong_weight_fails(name):
     x = np.random.default_rng(2).standard_normal((1, 1024), np.float32)
     W = reference(w, name).astype(np.float64)
     got = quantized_matmul(w, TYPES_BY_NAME[name], x)
-    step = np.abs(x).reshape(1, -1, 32).max(-1) / 254  # half the step of each block of 32
-    int8_bound = step.repeat(32, 1) @ np.abs(W).T + expected(w, name, x, W)[1]
+    block = x_block(name)
+    step = np.abs(x).reshape(1, -1, block).max(-1) / 254  # half the step of each block of x
+    int8_bound = step.repeat(block, 1) @ np.abs(W).T + expected(w, name, x, W)[1]
     assert np.all(np.abs(got - x.astype(np.float64) @ W.T) <= int8_bound)
 
     def fails(wrong_W):
@@ -145,3 +155,32 @@ def test_real_tensors_of_every_type_in_the_packaged_models(model, request):
             assert np.all(np.abs(quantized_matmul(w, t.type, x) - want) <= bound), (t.name, n_tokens)
     m.close()
     assert seen >= ({"Q4_1", "Q8_0"} if model == "smollm2" else {"Q4_K", "Q5_0", "Q6_K", "Q8_0"})
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
+    """The AVX2 and generic-IR versions of the super-block dots (compiled for CPUs this machine may not be)
+    give the same integers as the one the kernels use here, which the tests above hold to x8 @ W.T."""
+    w = random_weight(name, 2, 2048)
+    xq = np.random.default_rng(3).integers(-127, 128, 2048).astype(np.int8)
+    xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int16)
+    block_bytes = TYPES_BY_NAME[name].block_bytes
+    dots = cpu_quant.dot_q4_k_blocks if name == "Q4_K" else cpu_quant.dot_q6_k_blocks
+    n_results = 4 if name == "Q4_K" else 2
+    ir_names = {"avx512bw": "llvm.x86.avx512.pmaddubs.w.512", "avx2": "llvm.x86.avx2.pmadd.ub.sw", "": None}
+    results = {}
+    for simd, ir_name in ir_names.items():
+        monkeypatch.setattr(cpu_quant, "_simd", lambda context, simd=simd: simd)
+
+        @nb.njit  # not cached: compiled anew under each _simd
+        def block_dots(a, b, xq, xs16):
+            out = np.empty((a.size // block_bytes, n_results), np.int32)
+            for i in range(out.shape[0]):
+                out[i] = np.array(dots(a, b, block_bytes * i, xq, xs16, i))
+            return out
+
+        results[simd] = block_dots(w[0], w[1], xq, xs16)
+        llvm_ir = next(iter(block_dots.inspect_llvm().values()))
+        assert ("llvm.x86.avx" not in llvm_ir) if ir_name is None else (ir_name in llvm_ir)
+    np.testing.assert_array_equal(results["avx2"], results["avx512bw"])
+    np.testing.assert_array_equal(results[""], results["avx512bw"])
