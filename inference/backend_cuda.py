@@ -12,7 +12,7 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from inference.placement import PREFILL_CHUNK
+from inference.placement import PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.weights import LayerWeights, ModelWeights, QuantMatrix
 from kernels import cuda_ops, cuda_prefill
@@ -308,9 +308,10 @@ class CUDABackend:
         if s is None or s.x16.size < self.n * n_cols:
             cfg = self.cfg
             max_cols = max(cfg.n_embd, cfg.n_ff, cfg.n_heads * cfg.v_head_dim)
-            largest = max(cfg.n_ff * cfg.n_embd, cfg.n_heads * cfg.head_dim * cfg.n_embd)  # a tile of any weight
+            largest = max(cfg.n_ff * cfg.n_embd, cfg.n_heads * cfg.head_dim * cfg.n_embd)
+            tile = largest // PREFILL_TILE_ELEMS_DIVISOR
             with self.stream:
-                s = self._prefill_scratch = cuda_prefill.Scratch.empty(self.n, max_cols, largest)
+                s = self._prefill_scratch = cuda_prefill.Scratch.empty(self.n, max_cols, tile)
         return s
 
     def _set_cublas_stream(self) -> None:

@@ -10,7 +10,7 @@ Counted, from what the CUDA kernels allocate:
 - KV cache: float16 k [n_kv_heads, n_ctx, head_dim] and v [n_kv_heads, n_ctx, v_head_dim] per GPU layer
   (kernels/cuda_ops.kv_cache); sliding-window layers get the full context too, as the kernels index it.
 - scratch: the decode step's activations, logits and attention splits, the prefill Scratch of
-  kernels/cuda_prefill for PREFILL_CHUNK tokens with one tile as large as the largest layer matrix, and room
+  kernels/cuda_prefill for PREFILL_CHUNK tokens with a tile of half the largest layer matrix, and room
   for a CPU layer's largest matrix, which prompt chunks upload to multiply on the GPU (backend_cpu.py).
 - reserve: the CUDA context and runtime allocations outside our buffers (constants below).
 
@@ -34,8 +34,12 @@ CUDA_CONTEXT_BYTES = 528 * MiB
 # measured on the H100), kernel modules, CUDA graphs, and the memory pool rounding each buffer up.
 RUNTIME_RESERVE_BYTES = 256 * MiB
 # Prompt tokens the GPU backend takes a forward: each op costs ~30 us of Python and launch per chunk, so long
-# chunks amortize it (and dequantize each weight tile once per chunk), at 4 * n_ff bytes a token of scratch.
-PREFILL_CHUNK = 1024
+# chunks amortize it (and dequantize each weight tile once per chunk), at ~80 floats a token per 1024 of n_ff
+# of activations. 1024 put llama3-8b's peak VRAM at file + KV + 14% (issue 5 allows 10%): 512 halves that part.
+PREFILL_CHUNK = 512
+# The fp16 tile a prompt matmul dequantizes weight rows into: half the largest layer matrix (two tiles for it,
+# one cuBLAS call more) rather than all of it, 117 MB less VRAM on llama3-8b.
+PREFILL_TILE_ELEMS_DIVISOR = 2
 ATTN_SPLITS_MAX = 64  # kernels/cuda_ops.decode_scratch: at most 64 key splits per head
 SAMPLE_CHUNK, SAMPLE_K_MAX = 4096, 64  # kernels/cuda_ops.sample_scratch
 
@@ -130,7 +134,7 @@ def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig) -> int:
     largest, largest_bytes = max(t.n_elems for t in matrices), max(t.nbytes for t in matrices)
     prefill = (4 * PREFILL_CHUNK * token_floats  # float32 activations of a chunk
                + 2 * PREFILL_CHUNK * max_cols + PREFILL_CHUNK * q8_bytes  # Scratch.x16, Scratch.xq
-               + 2 * largest  # Scratch.w16: one fp16 tile as large as the largest layer matrix
+               + 2 * largest // PREFILL_TILE_ELEMS_DIVISOR  # Scratch.w16: the fp16 tile
                + 2 * largest_bytes)  # a CPU layer's matrix uploaded for a prompt chunk, as read and repacked
     return int(decode + prefill)
 

@@ -161,10 +161,10 @@ def test_out_of_vram_in_a_prompt_moves_layers_to_the_cpu(synth_1b):
     engine = load(synth_1b, device="cuda", ctx=2048)
     cpu = load(synth_1b, device="cpu", ctx=2048)
     n = engine.config.n_layers
-    ids = random_prompt(cpu, 1100)  # two chunks on the GPU, the first one 1024 tokens
+    ids = random_prompt(cpu, 1100)  # three chunks on the GPU, 512 tokens each but the last
     notices = []
     engine._notify = notices.append
-    hog = _hog_all_but(48 * MiB)  # below what a 1024-token chunk's activations and scratch take
+    hog = _hog_all_but(48 * MiB)  # below what a 512-token chunk's activations take (~90 MB on llama-1b)
     try:
         ours = engine.logits(ids)
     finally:
