@@ -56,7 +56,9 @@ def test_rope_rotates_the_right_pairs(style):
     np.testing.assert_array_equal(got[..., 8:], x[..., 8:])
 
 
-def test_rms_norm_and_glu():
+@pytest.mark.parametrize("parallel", [False, True])
+def test_rms_norm_and_glu(parallel, monkeypatch):
+    monkeypatch.setattr(cpu_ops, "GLU_PARALLEL_SIZE", 0 if parallel else 1 << 62)  # a big model's path, a small one's
     x = np.array([[3.0, 4.0]], np.float32)
     np.testing.assert_allclose(cpu_ops.rms_norm(x, np.array([1.0, 2.0], np.float32), 0.0),
                                [[3 / math.sqrt(12.5), 8 / math.sqrt(12.5)]], rtol=1e-6)
