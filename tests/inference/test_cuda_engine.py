@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from inference.sampling import SamplingParams
-from tests.inference.gpu_compare import assert_close_logits, greedy_steps, random_prompt
+from tests.inference.gpu_compare import (assert_close_logits, assert_graph_replay_equals_eager, greedy_steps,
+                                         random_prompt)
 
 pytestmark = pytest.mark.gpu
 
@@ -43,12 +44,7 @@ def test_teacher_forced_logits_match_cpu(engines):
 @pytest.mark.parametrize("engines", MODELS, indirect=True)
 def test_graph_replay_equals_eager(engines):
     _, graph, eager = engines
-    ids = random_prompt(graph, 12)
-    g_tokens, g_logits = greedy_steps(graph, ids, 40)
-    e_tokens, e_logits = greedy_steps(eager, ids, 40)
-    assert graph._decode.graphs and not eager._decode.graphs
-    assert g_tokens == e_tokens
-    assert np.array_equal(g_logits, e_logits)
+    assert_graph_replay_equals_eager(graph, eager)
 
 
 @pytest.mark.parametrize("engines", PARITY_MODELS, indirect=True)

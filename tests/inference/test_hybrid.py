@@ -5,12 +5,12 @@ The split engine against the CPU engine (teacher-forced and decode-step logits) 
 steps), its captured graph against the same step run eagerly, and VRAM budgets (one that splits, one too
 small). Out-of-memory is real: a buffer takes all but a measured amount of the card's free memory.
 """
-import numpy as np
 import pytest
 
 from inference.placement import GiB, MiB, VramBudgetError, split
 from models.gguf import open_gguf
-from tests.inference.gpu_compare import assert_close_logits, greedy_steps, random_prompt
+from tests.inference.gpu_compare import (assert_close_logits, assert_graph_replay_equals_eager, greedy_steps,
+                                         random_prompt)
 
 pytestmark = pytest.mark.gpu
 
@@ -74,12 +74,7 @@ def test_split_decode_steps_match_cpu_and_all_gpu(split_engines):
 @pytest.mark.parametrize("split_engines", MODELS, indirect=True)
 def test_split_graph_replay_equals_eager(split_engines):
     _, _, graph, eager = split_engines
-    ids = random_prompt(graph, 12)
-    g_tokens, g_logits = greedy_steps(graph, ids, 40)
-    e_tokens, e_logits = greedy_steps(eager, ids, 40)
-    assert graph._decode.graphs and not eager._decode.graphs
-    assert g_tokens == e_tokens
-    assert np.array_equal(g_logits, e_logits)
+    assert_graph_replay_equals_eager(graph, eager)
 
 
 @pytest.mark.parametrize("split_engines", ["synth_tiny"], indirect=True)
