@@ -1,5 +1,6 @@
 """`gguf-chat run` as a person or a script uses it: a subprocess with real stdin, stdout, stderr and signals."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -67,17 +68,17 @@ def test_ctrl_c_stops_cleanly_with_the_partial_text(smollm2):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
 
 
-def test_second_start_reaches_its_first_token_within_3_s(smollm2):
-    """Numba's on-disk caches make a second start cheap: no kernel is compiled again."""
-    def time_to_first_token() -> float:
-        t = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-m", "app.cli", "run", smollm2, "-p", "Hello!", "-n", "2"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True)
-        p.stdout.read(1)
-        elapsed = time.perf_counter() - t
-        p.communicate(timeout=60)
-        assert p.returncode == 0
-        return elapsed
-
-    time_to_first_token()  # fills the caches if this is the first start
-    assert time_to_first_token() < 3.0
+def test_second_start_compiles_nothing(smollm2):
+    """Numba's on-disk caches make a second start cheap (1-2 s to the first token on an idle 2-core machine):
+    every kernel it runs is loaded from the cache, none compiled. Checked by numba's own cache log rather than
+    a clock, which a loaded CI machine makes flaky; the time bound only catches a start that compiles again."""
+    args = [sys.executable, "-m", "app.cli", "run", smollm2, "-p", "Hello!", "-n", "2"]
+    subprocess.run(args, capture_output=True, cwd=ROOT, timeout=240, check=True)  # fills the caches if needed
+    t = time.perf_counter()
+    second = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=240,
+                            env=os.environ | {"NUMBA_DEBUG_CACHE": "1"})
+    elapsed = time.perf_counter() - t
+    assert second.returncode == 0, second.stderr
+    log = second.stdout + second.stderr
+    assert "[cache] data loaded from" in log and "[cache] data saved to" not in log
+    assert elapsed < 15.0
