@@ -4,6 +4,7 @@
     python -m kernels.cpu_bench Q8_0 Q4_K        # only these types
     python -m kernels.cpu_bench --model F.gguf   # every matrix of a real model: kernel time per token
     python -m kernels.cpu_bench --llama3-8b Q4_K # matvec only, at llama3-8b's shapes (the hybrid decode case)
+    python -m kernels.cpu_bench --layer          # one decode token's matmuls of a q4_k_m layer: 7 calls vs 4
 
 Weights are random valid blocks (speed does not depend on values, as long as the scales are normal
 floats: subnormal ones make BLAS crawl). Times are the best of several runs, since the machine may be
@@ -16,7 +17,7 @@ import time
 import numba as nb
 import numpy as np
 
-from kernels.cpu_quant import quantized_matmul
+from kernels.cpu_quant import quantized_matmul, quantized_matmuls
 from models.ggml_types import TYPES_BY_NAME
 
 # (type, n_cols, n_rows) as in SmolLM2-135M Q4_1 and Gemma-3-270M Q4_K_M
@@ -32,6 +33,13 @@ LLAMA3_8B_SHAPES = [
     ("Q4_K", 4096, 4096), ("Q4_K", 4096, 28672), ("Q4_K", 14336, 4096), ("Q6_K", 14336, 4096), ("Q6_K", 4096, 1024),
     ("Q8_0", 4096, 4096), ("Q8_0", 4096, 28672), ("Q8_0", 14336, 4096),
 ]
+# one q4_k_m layer's matrices as forward() groups them, (type, n_cols, n_rows): [q, k, v], [o], [gate, up], [down]
+LAYERS = {
+    "llama-1b": [[("Q4_K", 2048, 2048), ("Q4_K", 2048, 512), ("Q6_K", 2048, 512)], [("Q4_K", 2048, 2048)],
+                 [("Q4_K", 2048, 8192), ("Q4_K", 2048, 8192)], [("Q6_K", 8192, 2048)]],
+    "llama3-8b": [[("Q4_K", 4096, 4096), ("Q4_K", 4096, 1024), ("Q6_K", 4096, 1024)], [("Q4_K", 4096, 4096)],
+                  [("Q4_K", 4096, 14336), ("Q4_K", 4096, 14336)], [("Q6_K", 14336, 4096)]],
+}
 PROMPT_TOKENS = 128
 
 # where each block type keeps its f16 scales (random bytes there could be inf, nan or subnormal)
@@ -130,9 +138,40 @@ def bench_model(path: str) -> None:
     m.close()
 
 
+def bench_layer(name: str) -> None:
+    """One token through one layer's matmuls: one quantized_matmul a matrix (7 calls), then one
+    quantized_matmuls a group of matrices sharing x (4 calls, as CPUBackend makes them), alternated."""
+    rng = np.random.default_rng(0)
+    groups = [[(random_weight(t, n_rows, n_cols, seed=k), TYPES_BY_NAME[t]) for k, (t, n_cols, n_rows) in enumerate(g)]
+              for g in LAYERS[name]]
+    xs = [rng.standard_normal((1, g[0][1]), np.float32) for g in LAYERS[name]]
+    mb = sum(w.nbytes for g in groups for w, _ in g) / 1e6
+
+    def one_each():
+        for g, x in zip(groups, xs):
+            for w, qt in g:
+                quantized_matmul(w, qt, x)
+
+    def grouped():
+        for g, x in zip(groups, xs):
+            quantized_matmuls([w for w, _ in g], [qt for _, qt in g], x)
+
+    best = {"7 calls": [], "4 calls": []}
+    for _ in range(3):
+        best["7 calls"].append(best_seconds(one_each))
+        best["4 calls"].append(best_seconds(grouped))
+    print(f"{name} layer, {mb:.1f} MB, {nb.get_num_threads()} threads, 1 token, best of 3 rounds:")
+    for label, times in best.items():
+        t = min(times)
+        print(f"  {label}: {t * 1e3:.3f} ms  {mb / 1e3 / t:.1f} GB/s")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--model"]:
         bench_model(sys.argv[2])
+    elif sys.argv[1:2] == ["--layer"]:
+        for name in sys.argv[2:] or LAYERS:
+            bench_layer(name)
     elif sys.argv[1:2] == ["--llama3-8b"]:
         main(sys.argv[2:], LLAMA3_8B_SHAPES, prompt=False)
     else:

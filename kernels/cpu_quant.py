@@ -806,32 +806,59 @@ def _matvec_fused(tid, w, x, out, f16, n16, n_chunks):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def _matvec_int8(tid, w, x, out, f16, n_chunks):
-    """As _matvec_fused for the INT8_IDS types: x is quantized to int8 blocks first (see quantize_q8)."""
-    n_rows = w.shape[0]
+def _matvecs_int8(tids, ws, x, outs, f16, n_chunks):
+    """outs[m][t, r] = x[t] . row r of ws[m] for matrices of the INT8_IDS types tids[m] sharing x, in ONE
+    parallel region: x is quantized once per block size in use (see quantize_q8), and about n_chunks chunks
+    of rows, each matrix's number in proportion to its bytes (at most one a row), go to the threads.
+
+    One region instead of one per matrix, because numba splits a prange evenly between its threads, each
+    woken and joined per region; chunks of equal bytes keep that split even across matrices.
+    tids: tuple of type ids, ws: tuple of uint8 [n_rows_m, row_bytes_m], x: float32 [n_tokens, n_cols],
+    outs: tuple of float32 [n_tokens, n_rows_m]."""
     n_tokens, n_cols = x.shape
-    xq = np.empty((n_tokens, n_cols), np.int8)
-    xd = np.empty((n_tokens, n_cols // (32 if tid == Q8_0 else 256)), np.float32)  # x's blocks as the weight's
-    xs16 = np.empty((n_tokens, n_cols // 16), np.int16)
-    quantize_q8(x, xq, xd, xs16)
-    if tid == Q4_K:
-        xq_k = np.empty_like(xq)
-        q4_k_order(xq, xq_k)
-        xq = xq_k
-    for c in nb.prange(n_chunks):
-        r1 = (c + 1) * n_rows // n_chunks
+    n_mats = len(ws)
+    k_quant = q4_k = q8_0 = False
+    nbytes = 0
+    for m in range(n_mats):
+        q4_k |= tids[m] == Q4_K
+        k_quant |= tids[m] != Q8_0
+        q8_0 |= tids[m] == Q8_0
+        nbytes += ws[m].size
+    nk, n8 = n_cols if k_quant else 0, n_cols if q8_0 else 0  # x in blocks of 256 (Q4_K, Q6_K), of 32 (Q8_0)
+    xq, xd, xs16 = np.empty((n_tokens, nk), np.int8), np.empty((n_tokens, nk // 256), np.float32), np.empty(
+        (n_tokens, nk // 16), np.int16)
+    xq8, xd8, xs8 = np.empty((n_tokens, n8), np.int8), np.empty((n_tokens, n8 // 32), np.float32), np.empty(
+        (n_tokens, n8 // 16), np.int16)
+    xq4 = np.empty((n_tokens, nk if q4_k else 0), np.int8)  # xq in Q4_K's nibble order
+    if k_quant:
+        quantize_q8(x, xq, xd, xs16)
+    if q4_k:
+        q4_k_order(xq, xq4)
+    if q8_0:
+        quantize_q8(x, xq8, xd8, xs8)
+    first = np.empty(n_mats + 1, np.int64)  # matrix m has chunks first[m]..first[m + 1] - 1
+    first[0] = 0  # not np.zeros: under parallel=True that is a parallel region of its own (+9 us on 2 threads)
+    for m in range(n_mats):
+        share = (n_chunks * ws[m].size + nbytes // 2) // max(nbytes, 1)
+        first[m + 1] = first[m] + max(1, min(ws[m].shape[0], share))
+    for c in nb.prange(first[n_mats]):
+        m = 0
+        while c >= first[m + 1]:
+            m += 1
+        w, out, tid = ws[m], outs[m], tids[m]
+        k, j = first[m + 1] - first[m], c - first[m]
+        r0, r1 = j * w.shape[0] // k, (j + 1) * w.shape[0] // k
         if tid == Q8_0:
-            for r in range(c * n_rows // n_chunks, r1):
-                dot8_q8_0(w[r], xq, xd, xs16, out, r, f16)
+            for r in range(r0, r1):
+                dot8_q8_0(w[r], xq8, xd8, xs8, out, r, f16)
             continue
-        r0 = c * n_rows // n_chunks
         half_rows = (r1 - r0 + 1) // 2
         for r in range(r0, r0 + half_rows):
             # row r pairs with the row half a chunk on, so both walk on through memory (a pair of neighbours
             # restarts two streams every pair: half the speed from DRAM); an odd last row pairs with itself
             r_b = r + half_rows if r + half_rows < r1 else r
             if tid == Q4_K:
-                dot8_q4_k(w[r], w[r_b], xq, xd, xs16, out, r, r_b, f16)
+                dot8_q4_k(w[r], w[r_b], xq4, xd, xs16, out, r, r_b, f16)
             else:
                 dot8_q6_k(w[r], w[r_b], xq, xd, xs16, out, r, r_b, f16)
 
@@ -862,6 +889,14 @@ def _check(w: np.ndarray, qtype: GGMLType) -> None:
         raise ValueError("weight bytes must be C-contiguous")
 
 
+def _read_only(w: np.ndarray) -> np.ndarray:
+    """w, or a read-only view of it: a tuple of weights compiles as one type (and once) only if all are alike."""
+    if w.flags.writeable:
+        w = w.view()
+        w.flags.writeable = False
+    return w
+
+
 def n_cols_of(w: np.ndarray, qtype: GGMLType) -> int:
     return w.shape[1] // qtype.block_bytes * qtype.block_elems
 
@@ -881,10 +916,8 @@ def dequantize_rows(w: np.ndarray, qtype: GGMLType, rows: np.ndarray) -> np.ndar
     return out
 
 
-def quantized_matmul(w: np.ndarray, qtype: GGMLType, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """y = x @ W.T for W [n_rows, n_cols] given as its quantized bytes w: uint8 [n_rows, row_bytes].
-
-    x: float32 [n_tokens, n_cols] -> float32 [n_tokens, n_rows] (written into out when given)."""
+def _matmul_args(w: np.ndarray, qtype: GGMLType, x: np.ndarray, out: np.ndarray | None):
+    """(x, out) of y = x @ W.T checked: x C-contiguous, out allocated when None."""
     _check(w, qtype)
     n_rows, n_cols = w.shape[0], n_cols_of(w, qtype)
     if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != n_cols:
@@ -895,11 +928,20 @@ def quantized_matmul(w: np.ndarray, qtype: GGMLType, x: np.ndarray, out: np.ndar
         out = np.empty((n_tokens, n_rows), np.float32)
     elif out.shape != (n_tokens, n_rows) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be C-contiguous float32 [{n_tokens}, {n_rows}], got {out.dtype} {out.shape}")
+    return x, out
+
+
+def quantized_matmul(w: np.ndarray, qtype: GGMLType, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """y = x @ W.T for W [n_rows, n_cols] given as its quantized bytes w: uint8 [n_rows, row_bytes].
+
+    x: float32 [n_tokens, n_cols] -> float32 [n_tokens, n_rows] (written into out when given)."""
+    x, out = _matmul_args(w, qtype, x, out)
+    n_tokens, n_rows, n_cols = x.shape[0], w.shape[0], x.shape[1]
     if qtype.id == F32:
         np.matmul(x, w.view(np.float32).T, out=out)
     elif n_tokens <= MATVEC_MAX_TOKENS:
         if qtype.id in INT8_IDS:
-            _matvec_int8(qtype.id, w, x, out, F16_TO_F32, min(n_rows, MATVEC_CHUNKS))
+            _matvecs_int8((qtype.id,), (_read_only(w),), x, (out,), F16_TO_F32, MATVEC_CHUNKS)
         else:
             kernel = _matvec_fused if qtype.id in FUSED_IDS else _matvec_decoded
             kernel(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
@@ -911,3 +953,18 @@ def quantized_matmul(w: np.ndarray, qtype: GGMLType, x: np.ndarray, out: np.ndar
             _dequantize_rows(qtype.id, w, np.arange(r0, r1), tile[:r1 - r0], F16_TO_F32, N16)
             np.matmul(x, tile[:r1 - r0].T, out=out[:, r0:r1])
     return out
+
+
+def quantized_matmuls(ws: list[np.ndarray], qtypes: list[GGMLType], x: np.ndarray) -> list[np.ndarray]:
+    """[quantized_matmul(w, qtype, x) for each w], bit for bit, for matrices that multiply the same x (a layer's
+    q, k, v; gate, up). Up to MATVEC_MAX_TOKENS tokens, the INT8_IDS matrices go in one kernel call: x is
+    quantized once and all their rows run in one parallel region; the other matrices go one call each."""
+    few = x.ndim == 2 and len(x) <= MATVEC_MAX_TOKENS
+    fused = [i for i, qtype in enumerate(qtypes) if few and qtype.id in INT8_IDS]
+    outs = [None if i in fused else quantized_matmul(w, qtype, x) for i, (w, qtype) in enumerate(zip(ws, qtypes))]
+    if fused:
+        for i in fused:
+            x, outs[i] = _matmul_args(ws[i], qtypes[i], x, None)
+        _matvecs_int8(tuple(qtypes[i].id for i in fused), tuple(_read_only(ws[i]) for i in fused), x,
+                      tuple(outs[i] for i in fused), F16_TO_F32, MATVEC_CHUNKS)
+    return outs

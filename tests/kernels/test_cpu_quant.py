@@ -11,7 +11,8 @@ from gguf.quants import dequantize
 
 from kernels import cpu_quant
 from kernels.cpu_bench import F16_FIELDS, random_weight
-from kernels.cpu_quant import INT8_IDS, MATVEC_MAX_TOKENS, dequantize_rows, quantize_q8, quantized_matmul
+from kernels.cpu_quant import (INT8_IDS, MATVEC_MAX_TOKENS, dequantize_rows, quantize_q8, quantized_matmul,
+                               quantized_matmuls)
 from models import dequant
 from models.ggml_types import TYPES_BY_NAME
 
@@ -122,12 +123,31 @@ def test_matmul_writes_into_out_and_takes_strided_x(n_tokens):
     assert np.all(np.abs(out - want) <= bound)
 
 
+@pytest.mark.parametrize("n_tokens", [1, 3, 7])
+@pytest.mark.parametrize("names", [("Q4_K", "Q4_K", "Q6_K"), ("Q6_K", "Q8_0", "Q4_K", "Q5_K"), ("Q8_0", "Q8_0")])
+def test_matmuls_of_one_x_equal_one_matmul_each_bit_for_bit(names, n_tokens):
+    """One call for matrices sharing x (q4_k_m's Q4_K q, k next to a Q6_K v; mixed blocks of x; a type that is
+    not fused; a prompt) gives what one quantized_matmul per matrix gives: the same quantized x, the same dots,
+    whichever chunk of the one parallel region a row falls in."""
+    rows = [201, 64, 37, 3][:len(names)]  # chunks of unequal bytes, an odd last row, fewer rows than chunks
+    ws = [random_weight(name, n, 512, seed=k) for k, (name, n) in enumerate(zip(names, rows))]
+    qtypes = [TYPES_BY_NAME[name] for name in names]
+    x = np.random.default_rng(2).standard_normal((n_tokens, 512), np.float32)
+    got = quantized_matmuls(ws, qtypes, x)
+    assert len(got) == len(ws)
+    for w, qtype, y in zip(ws, qtypes, got):
+        np.testing.assert_array_equal(y, quantized_matmul(w, qtype, x))
+
+
 def test_bad_shapes_are_refused():
     w = random_weight("Q4_K", 4, 256)
     with pytest.raises(ValueError, match="x must be float32"):
         quantized_matmul(w, TYPES_BY_NAME["Q4_K"], np.ones((1, 255), np.float32))
     with pytest.raises(ValueError, match="weight must be uint8"):
         quantized_matmul(w[:, :100], TYPES_BY_NAME["Q4_K"], np.ones((1, 256), np.float32))
+    with pytest.raises(ValueError, match="x must be float32"):  # one matrix of another width
+        quantized_matmuls([w, random_weight("Q6_K", 4, 512)], [TYPES_BY_NAME["Q4_K"], TYPES_BY_NAME["Q6_K"]],
+                          np.ones((1, 256), np.float32))
     with pytest.raises(ValueError, match="no CPU kernel"):
         dequantize_rows(w, TYPES_BY_NAME["IQ2_XXS"], np.array([0]))
     with pytest.raises(IndexError):
