@@ -107,6 +107,28 @@ def _attention_loop_parallel(q, k, v, pos0, start, window, scale, out):
         _attend(q, k, v, hh // q.shape[1], hh % q.shape[1], pos0, start, window, scale, out)
 
 
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def _causal_softmax(scores, n, pos0, start, window, scale):
+    """scores [rows, T'] in place: row r is query r % n at position pos0 + r % n over keys start..; each row
+    scaled, masked (future keys, and keys window or more behind) and softmaxed. One pass a row on all cores:
+    numpy's mask, max, exp, sum and divide were five single-threaded passes, most of a prompt chunk's time
+    (llama3-8b's 32 heads x 256 queries x 512 keys: 141 ms a layer on 2 cores)."""
+    for r in nb.prange(scores.shape[0]):
+        p = pos0 + r % n
+        lo = max(start, p - window + 1) if window > 0 else start
+        row = scores[r]
+        best = -np.inf
+        for j in range(lo - start, p + 1 - start):
+            row[j] *= scale
+            best = max(best, row[j])
+        total = np.float32(0.0)
+        for j in range(lo - start, p + 1 - start):
+            row[j] = math.exp(row[j] - best)
+            total += row[j]
+        for j in range(row.shape[0]):
+            row[j] = row[j] / total if lo - start <= j <= p - start else np.float32(0.0)
+
+
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, window: int, scale: float) -> np.ndarray:
     """Causal grouped-query attention of n new queries against the cache.
 
@@ -125,18 +147,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, window: in
     group = n_heads // n_kv
     k, v = k[:, start:T], v[:, start:T]
     qg = q.reshape(n, n_kv, group, hd).transpose(1, 2, 0, 3).reshape(n_kv, group * n, hd)
-    scores = (qg @ k.transpose(0, 2, 1)) * np.float32(scale)  # [n_kv, group * n, T - start]
-    qpos = pos0 + np.arange(n)[:, None]
-    kpos = start + np.arange(T - start)[None, :]
-    masked = kpos > qpos
-    if window > 0:
-        masked |= qpos - kpos >= window
-    scores = scores.reshape(n_kv, group, n, T - start)
-    scores[:, :, masked] = -np.inf
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    out = scores.reshape(n_kv, group * n, T - start) @ v  # [n_kv, group * n, vd]
+    scores = qg @ k.transpose(0, 2, 1)  # [n_kv, group * n, T - start]
+    _causal_softmax(scores.reshape(-1, T - start), n, pos0, start, window, np.float32(scale))
+    out = scores @ v  # [n_kv, group * n, vd]
     return out.reshape(n_kv, group, n, vd).transpose(2, 0, 1, 3).reshape(n, n_heads * vd)
 
 
