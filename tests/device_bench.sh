@@ -10,6 +10,9 @@ set -uo pipefail
 tmp=${TMPDIR:-/tmp}
 OUT=${OUT:-$tmp/device_bench}
 files=$tmp/synth
+# where ../shared/bench/llamacpp_peer.sh builds llama.cpp (its own fixed folder); PEER overrides it
+PEER=${PEER:-/tmp/peer}
+peer=$PEER/build/bin/llama-bench
 mkdir -p "$OUT" $files
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 models="llama-1b:q4_k_m llama3-8b:q4_k_m llama3-8b:q8_0"
@@ -20,7 +23,6 @@ synth)
     [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset "${m%:*}" --ftype "${m#*:}"
   done ;;
 run)
-  peer=/tmp/peer/build/bin/llama-bench  # where ../shared/bench/llamacpp_peer.sh builds it
   for m in $models; do
     f=$files/${m/:/-}.gguf
     echo "== $m"
@@ -33,13 +35,12 @@ run)
       $peer -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>/dev/null | tee -a "$OUT/llamacpp.md"
       case $m in *q4_k_m) $peer -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -d 4096 -r 3 2>/dev/null | tail -n 3 | tee -a "$OUT/llamacpp.md" ;; esac
     else
-      echo "llama-bench not built (see /tmp/peer/build.log)"
+      echo "llama-bench not built (see $PEER/build.log)"
     fi
   done ;;
 hybrid)
   f=$files/llama3-8b-q4_k_m.gguf
   [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m
-  peer=/tmp/peer/build/bin/llama-bench
   for ngl in ${NGL:-32 24 16}; do
     echo "== llama3-8b q4_k_m, $ngl of 32 layers on the GPU"
     python3 -m app.cli bench "$f" --device cuda -ngl $ngl -p 512 -n 128 -r 3 | tail -n 2 | tee -a "$OUT/hybrid_ours.md"
