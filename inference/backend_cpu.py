@@ -94,9 +94,7 @@ class CPUBackend:
         return self.rope(q, base, scale)
 
     def attention(self, layer: int, q: np.ndarray, window: int, scale: float) -> np.ndarray:
-        end = self.pos + len(q)
-        return cpu_ops.attention(q, self.k_cache[layer][:, :end], self.v_cache[layer][:, :end],
-                                 self.pos, window, scale)
+        return cpu_ops.attention(q, self.k_cache[layer], self.v_cache[layer], self.pos, window, scale)
 
     def glu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return cpu_ops.glu(gate, up, self.cfg.activation)
