@@ -18,6 +18,7 @@ Layers: like llama.cpp's -ngl (llama-model.cpp: i_gpu_start = n_layer + 1 - n_gp
 the LAST layers go on the GPU, as one contiguous segment: a hybrid step runs layers 0..k-1 on the CPU, then
 one GPU segment (layers k..n-1, the head, sampling), one upload of n_embd floats a token.
 """
+import gc
 import math
 import re
 from dataclasses import dataclass, replace
@@ -206,9 +207,13 @@ def parse_vram_budget(text: str) -> int:
 
 
 def free_vram() -> int | None:
-    """Free bytes on the current CUDA device, or None without CUDA (no CuPy, driver or device)."""
+    """Free bytes on the current CUDA device for a new engine, or None without CUDA (no CuPy, driver or device).
+    An engine dropped but not yet collected (a chat switching models: its backends hold reference cycles) and
+    the blocks CuPy's pool keeps cached would otherwise count as taken: both are released first."""
     try:
         import cupy
+        gc.collect()
+        cupy.get_default_memory_pool().free_all_blocks()
         return cupy.cuda.runtime.memGetInfo()[0]
     except (ImportError, RuntimeError):  # CUDARuntimeError is a RuntimeError
         return None

@@ -1,11 +1,55 @@
-"""Comparisons the GPU tests share: random prompts, logits against a reference, greedy decode steps."""
+"""Comparisons the GPU tests share: prompts, the CPU reference's logits, logits against it, greedy decode steps."""
+from contextlib import contextmanager
+
 import numpy as np
 
 from inference.sampling import SamplingParams
+from kernels import cpu_quant
+
+REAL_MODELS = {"smollm2", "gemma3"}  # the packaged models' fixtures; the others are synthetic files
+TEXT = ("The history of the city begins with a small fishing village at the mouth of a wide river. Traders "
+        "came up the coast in spring, and by the twelfth century the village had a market, a stone bridge and "
+        "a church whose tower still stands. When the railway arrived in 1851, the population doubled within "
+        "twenty years: mills were built along the water, and workers moved into long rows of brick houses on "
+        "the hills above the harbour. The old town kept its narrow streets, where you can still find bakeries, "
+        "bookshops and small restaurants that serve fish stew with bread. Today about two hundred thousand "
+        "people live here. The university, founded in 1965, brought students from all over the country, and "
+        "the museum by the river explains how the city grew, with maps, photographs and models of the ships "
+        "that were built in its yards. Visitors often ask when to come: the summer is mild and dry, while the "
+        "autumn brings rain, storms from the sea and a music festival that fills every hall for two weeks.")
 
 
 def random_prompt(engine, n: int, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(3, engine.config.n_vocab, n).tolist()
+
+
+def teacher_prompt(request, engine, n: int, seed: int = 0) -> list[int]:
+    """n ids to teacher-force: English text (with the BOS the file asks for, repeated as needed) for a real model,
+    random ids for a synthetic file, whose random weights know no language. Random ids are far from anything a
+    real model saw in training: Gemma 3's activations then carry outliers, and the 8-bit rounding of activations
+    that the GPU matvecs share with llama.cpp's costs it 0.3-0.5% of correlation (kernels/NOTES_cpu.md)."""
+    if not REAL_MODELS & set(request.node.callspec.params.values()):
+        return random_prompt(engine, n, seed)
+    ids = engine.tokenizer.encode(TEXT)
+    return (ids + engine.tokenizer.encode(TEXT, add_special=False) * (n // len(ids)))[:n]
+
+
+@contextmanager
+def float_activations():
+    """The CPU engine with x kept in float32 in its matvecs: its one-to-four-token path rounds x to 8 bits for
+    speed (as llama.cpp's CPU does), which a reference must not."""
+    saved = cpu_quant.MATVEC_MAX_TOKENS
+    cpu_quant.MATVEC_MAX_TOKENS = 0
+    try:
+        yield
+    finally:
+        cpu_quant.MATVEC_MAX_TOKENS = saved
+
+
+def reference_logits(cpu, ids: list[int]) -> np.ndarray:
+    """The CPU engine's logits of ids [n, n_vocab], computed in float32 from the quantized weights."""
+    with float_activations():
+        return cpu.logits(ids)
 
 
 def assert_close_logits(ours: np.ndarray, ref: np.ndarray, what: str) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from inference.sampling import SamplingParams
 from tests.inference.gpu_compare import (assert_close_logits, assert_graph_replay_equals_eager, greedy_steps,
-                                         random_prompt)
+                                         reference_logits, teacher_prompt)
 
 pytestmark = pytest.mark.gpu
 
@@ -32,13 +32,13 @@ def engines(request):
 
 
 @pytest.mark.parametrize("engines", PARITY_MODELS, indirect=True)
-def test_teacher_forced_logits_match_cpu(engines):
+def test_teacher_forced_logits_match_cpu(engines, request):
     cpu, gpu, _ = engines
     for n in (1, 9, 70, 300):  # decode path, the few-token q8 matmul, the fp16 cuBLAS one, two prompt chunks
-        ids = random_prompt(cpu, n, seed=n)
+        ids = teacher_prompt(request, cpu, n, seed=n)
         ours = gpu.logits(ids)
         assert ours.shape == (n, cpu.config.n_vocab) and ours.dtype == np.float32
-        assert_close_logits(ours, cpu.logits(ids), f"{cpu.path.name} logits of {n} tokens")
+        assert_close_logits(ours, reference_logits(cpu, ids), f"{cpu.path.name} logits of {n} tokens")
 
 
 @pytest.mark.parametrize("engines", MODELS, indirect=True)
@@ -48,12 +48,13 @@ def test_graph_replay_equals_eager(engines):
 
 
 @pytest.mark.parametrize("engines", PARITY_MODELS, indirect=True)
-def test_decode_steps_match_cpu(engines):
+def test_decode_steps_match_cpu(engines, request):
     """The logits of each greedy decode step against the CPU engine's, teacher-forced on the same tokens."""
     cpu, graph, _ = engines
-    ids = random_prompt(cpu, 12)
+    ids = teacher_prompt(request, cpu, 12)
     tokens, logits = greedy_steps(graph, ids, 40)
-    assert_close_logits(logits, cpu.logits(ids + tokens[:-1])[len(ids):], f"{cpu.path.name} decode steps")
+    ref = reference_logits(cpu, ids + tokens[:-1])[len(ids):]
+    assert_close_logits(logits, ref, f"{cpu.path.name} decode steps")
 
 
 def _fresh_generate(engine, prompt: str, **kw) -> list:
@@ -153,4 +154,4 @@ def test_2000_tokens_neither_drift_nor_grow_memory(model, request):
     late = (pool.used_bytes(), pool.total_bytes(), cp.cuda.runtime.memGetInfo()[0])
     assert late == early, f"device memory (used, pool, free) grew from {early} to {late}"
     last = cp.asnumpy(gpu._decode.logits)  # [1, n_vocab]: the step on ids[-1]
-    assert_close_logits(last, cpu.logits(ids)[-1:], f"{path.name} after 2000 graph steps")
+    assert_close_logits(last, reference_logits(cpu, ids)[-1:], f"{path.name} after 2000 graph steps")
