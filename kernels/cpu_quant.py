@@ -3,11 +3,11 @@
 A weight W [n_rows, n_cols] arrives as its raw bytes w: uint8 [n_rows, row_bytes] (a ggml tensor of
 shape (n_cols, n_rows)). Nothing here dequantizes a whole matrix:
 - few tokens (generation): a matrix-vector kernel reads each row's blocks once and dots them with every
-  token's x, rows spread over all cores (prange). Q4_K, Q6_K and Q8_0 (llama3-style q4_k_m and q8_0 files)
-  dot integers: x is quantized once per call to int8 with one float scale per block of 256 (Q4_K, Q6_K) or
-  32 (Q8_0), as llama.cpp does on the CPU, so the result is x8 @ dequantize(W).T, x8 the dequantized int8 x,
-  to float32 rounding; |x8 - x| <= amax/254 per element (amax of its block of x). Other types dot float32
-  x: Q4_0, Q4_1, Q5_0, Q5_1 and Q5_K fused, Q2_K, Q3_K, F16 and BF16 decoded to a float32 row first.
+  token's x, rows spread over all cores (prange). Q4_K, Q6_K and the types in blocks of 32 (Q4_0, Q4_1,
+  Q5_0, Q5_1, Q8_0) dot integers: x is quantized once per call to int8 with one float scale per block of 256
+  (Q4_K, Q6_K) or 32 (the others), as llama.cpp does on the CPU, so the result is x8 @ dequantize(W).T, x8
+  the dequantized int8 x, to float32 rounding; |x8 - x| <= amax/254 per element (amax of its block of x).
+  Other types dot float32 x: Q5_K fused, Q2_K, Q3_K, F16 and BF16 decoded to a float32 row first.
 - many tokens (prompt): tiles of rows are dequantized to float32 and multiplied with numpy BLAS; these
   and the float32 matvecs match x @ dequantize(W).T to float32 rounding.
 
@@ -37,7 +37,8 @@ from models.ggml_types import GGMLType, UnsupportedTypeError
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
 DECODED_IDS = (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
 FUSED_IDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)  # types with a fused dot
-INT8_IDS = (Q4_K, Q6_K, Q8_0)  # fused dots of int8-quantized x (the rest of FUSED_IDS dot float32 x)
+BLOCK32_IDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)  # blocks of 32 values: x goes in int8 blocks of 32 alike
+INT8_IDS = (Q4_K, Q6_K) + BLOCK32_IDS  # fused dots of int8-quantized x (the rest of FUSED_IDS dot float32 x)
 
 MATVEC_MAX_TOKENS = 4  # up to this many tokens the matvec kernel beats dequantize + BLAS
 TILE_BYTES = 1 << 23  # float32 bytes of one dequantized tile of rows in the prompt path (few, big BLAS calls)
@@ -412,8 +413,9 @@ def dot_q6_k(row, x, xsum, f16, n16):
 
 # ---- Integer dots: quantized rows . int8-quantized x --------------------------------------------------
 # x [n_tokens, n_cols] is quantized once per call: xq int8 (|xq| <= 127) times xd float32, one scale per
-# block of x (256 values for Q4_K and Q6_K, as llama.cpp's q8_K; 32 for Q8_0, as its q8_0), and xs16, the
-# int16 sums of xq over each 16 (for block minimums, Q6_K's -32 and Q8_0's +128).
+# block of x (256 values for Q4_K and Q6_K, as llama.cpp's q8_K; 32 for the BLOCK32_IDS types, as its q8_0),
+# and xs16, the int16 sums of xq over each 16 (for block minimums and offsets: Q6_K's -32, Q8_0's +128,
+# Q4_0's -8, Q5_0's -16).
 # numba computes integers in int64, which hides byte dot products from LLVM's loop vectorizer (a numba loop
 # ran 4x slower), so the dots are intrinsics that emit LLVM vector IR. Q8_0's is generic (load, widen,
 # multiply, reduce.add), which the backend turns into vpdpbusd where there is VNNI. Q4_K's and Q6_K's take
@@ -558,6 +560,38 @@ def dot_u8(typingctx, q, q_off, xq, x_off, n):
         return _dot_sum(builder, quants, _load_bytes(context, builder, sig.args[2], args[2], args[3], lanes), lanes)
 
     return types.int32(q, q_off, xq, x_off, n), codegen
+
+
+def _nibbles32(context, builder, row_t, row, off):
+    """<32 x i8>: the low nibbles of row[off:off + 16], then the high ones (a Q4_0/Q4_1 block's values 0-15,
+    16-31)."""
+    q = _load_bytes(context, builder, row_t, row, off, 16)
+    return _shuffle(builder, builder.and_(q, _splat(builder, 0xF, 16)), builder.lshr(q, _splat(builder, 4, 16)),
+                    range(32))
+
+
+@intrinsic
+def dot_q4(typingctx, q, q_off, xq, x_off):
+    """sum over l < 32 of quant l * xq[x_off + l], the quants the nibbles of q[q_off:q_off + 16] (Q4_0, Q4_1)."""
+    def codegen(context, builder, sig, args):
+        quants = _nibbles32(context, builder, sig.args[0], args[0], args[1])
+        return _dot_sum(builder, quants, _load_bytes(context, builder, sig.args[2], args[2], args[3], 32), 32)
+
+    return types.int32(q, q_off, xq, x_off), codegen
+
+
+@intrinsic
+def dot_q5(typingctx, q, qh_off, q_off, xq, x_off):
+    """As dot_q4, with bit l of the little-endian uint32 at q[qh_off:] the 5th bit of quant l (Q5_0, Q5_1)."""
+    def codegen(context, builder, sig, args):
+        i32, lanes = ir.IntType(32), ir.VectorType(ir.IntType(32), 32)
+        qh = builder.bitcast(_load_bytes(context, builder, sig.args[0], args[0], args[1], 4), i32)
+        bits = builder.and_(builder.lshr(_splat(builder, qh, 32, bits=32), lanes(list(range(32)))), lanes([1] * 32))
+        high = builder.shl(builder.trunc(bits, ir.VectorType(ir.IntType(8), 32)), _splat(builder, 4, 32))
+        quants = builder.or_(_nibbles32(context, builder, sig.args[0], args[0], args[2]), high)
+        return _dot_sum(builder, quants, _load_bytes(context, builder, sig.args[3], args[3], args[4], 32), 32)
+
+    return types.int32(q, qh_off, q_off, xq, x_off), codegen
 
 
 def _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
@@ -708,12 +742,42 @@ def dot8_q6_k(a, b, xq, xd, xs16, out, ra, rb, f16):
 
 @fast
 def dot8_q8_0(row, xq, xd, xs16, out, r, f16):
-    """As dot8_q4_k for Q8_0, whose blocks of 32 match x's."""
+    """As dot8_q4_k for Q8_0, whose blocks of 32 match x's (its own function: inside dot8_b32's dispatch it ran
+    15% slower on one core)."""
     for t in range(xq.shape[0]):
         acc = np.float32(0)
         for b in range(row.size // 34):
             dot = dot_u8(row, 34 * b + 2, xq[t], 32 * b, 32) - 128 * (xs16[t, 2 * b] + xs16[t, 2 * b + 1])
             acc += half(row, 34 * b, f16) * xd[t, b] * np.float32(dot)
+        out[t, r] = acc
+
+
+@fast
+def dot8_b32(tid, row, xq, xd, xs16, out, r, f16):
+    """As dot8_q8_0 for one row of Q4_0, Q4_1, Q5_0 or Q5_1 (tid): a block is d * (q - 8) (Q4_0), d * (q - 16)
+    (Q5_0), d * q + m (Q4_1, Q5_1). One loop a type: a test of tid in the loop over blocks cost ~25%."""
+    n_blocks = xd.shape[1]
+    for t in range(xq.shape[0]):
+        xq_t, xs_t, xd_t = xq[t], xs16[t], xd[t]
+        acc = np.float32(0)
+        if tid == Q4_0:
+            for b in range(n_blocks):
+                dot = dot_q4(row, 18 * b + 2, xq_t, 32 * b) - 8 * (xs_t[2 * b] + xs_t[2 * b + 1])
+                acc += half(row, 18 * b, f16) * xd_t[b] * np.float32(dot)
+        elif tid == Q5_0:
+            for b in range(n_blocks):
+                dot = dot_q5(row, 22 * b + 2, 22 * b + 6, xq_t, 32 * b) - 16 * (xs_t[2 * b] + xs_t[2 * b + 1])
+                acc += half(row, 22 * b, f16) * xd_t[b] * np.float32(dot)
+        elif tid == Q4_1:
+            for b in range(n_blocks):
+                xsum = np.float32(xs_t[2 * b] + xs_t[2 * b + 1])
+                dot = np.float32(dot_q4(row, 20 * b + 4, xq_t, 32 * b))
+                acc += xd_t[b] * (half(row, 20 * b, f16) * dot + half(row, 20 * b + 2, f16) * xsum)
+        else:  # Q5_1
+            for b in range(n_blocks):
+                xsum = np.float32(xs_t[2 * b] + xs_t[2 * b + 1])
+                dot = np.float32(dot_q5(row, 24 * b + 4, 24 * b + 8, xq_t, 32 * b))
+                acc += xd_t[b] * (half(row, 24 * b, f16) * dot + half(row, 24 * b + 2, f16) * xsum)
         out[t, r] = acc
 
 
@@ -817,14 +881,14 @@ def _matvecs_int8(tids, ws, x, outs, f16, n_chunks):
     outs: tuple of float32 [n_tokens, n_rows_m]."""
     n_tokens, n_cols = x.shape
     n_mats = len(ws)
-    k_quant = q4_k = q8_0 = False
+    k_quant = q4_k = b32 = False
     nbytes = 0
     for m in range(n_mats):
         q4_k |= tids[m] == Q4_K
-        k_quant |= tids[m] != Q8_0
-        q8_0 |= tids[m] == Q8_0
+        k_quant |= tids[m] == Q4_K or tids[m] == Q6_K
+        b32 |= tids[m] != Q4_K and tids[m] != Q6_K
         nbytes += ws[m].size
-    nk, n8 = n_cols if k_quant else 0, n_cols if q8_0 else 0  # x in blocks of 256 (Q4_K, Q6_K), of 32 (Q8_0)
+    nk, n8 = n_cols if k_quant else 0, n_cols if b32 else 0  # x in blocks of 256 (Q4_K, Q6_K), of 32 (the rest)
     xq, xd, xs16 = np.empty((n_tokens, nk), np.int8), np.empty((n_tokens, nk // 256), np.float32), np.empty(
         (n_tokens, nk // 16), np.int16)
     xq8, xd8, xs8 = np.empty((n_tokens, n8), np.int8), np.empty((n_tokens, n8 // 32), np.float32), np.empty(
@@ -834,7 +898,7 @@ def _matvecs_int8(tids, ws, x, outs, f16, n_chunks):
         quantize_q8(x, xq, xd, xs16)
     if q4_k:
         q4_k_order(xq, xq4)
-    if q8_0:
+    if b32:
         quantize_q8(x, xq8, xd8, xs8)
     first = np.empty(n_mats + 1, np.int64)  # matrix m has chunks first[m]..first[m + 1] - 1
     first[0] = 0  # not np.zeros: under parallel=True that is a parallel region of its own (+9 us on 2 threads)
@@ -851,6 +915,10 @@ def _matvecs_int8(tids, ws, x, outs, f16, n_chunks):
         if tid == Q8_0:
             for r in range(r0, r1):
                 dot8_q8_0(w[r], xq8, xd8, xs8, out, r, f16)
+            continue
+        if tid != Q4_K and tid != Q6_K:
+            for r in range(r0, r1):
+                dot8_b32(tid, w[r], xq8, xd8, xs8, out, r, f16)
             continue
         half_rows = (r1 - r0 + 1) // 2
         for r in range(r0, r0 + half_rows):

@@ -1,8 +1,8 @@
 """The CPU kernels against gguf-py's reference dequantization (and ours, models/dequant.py), every type.
 
 The int8 matvecs (INT8_IDS, up to MATVEC_MAX_TOKENS tokens) are held to x8 @ W.T, x8 the int8-quantized x
-(in blocks of 256 for Q4_K and Q6_K, 32 for Q8_0), as tightly as the float32 ones to x @ W.T; x8 itself is
-checked against x."""
+(in blocks of 256 for Q4_K and Q6_K, 32 for the BLOCK32_IDS types), as tightly as the float32 ones to x @ W.T;
+x8 itself is checked against x."""
 import numba as nb
 import numpy as np
 import pytest
@@ -11,8 +11,8 @@ from gguf.quants import dequantize
 
 from kernels import cpu_quant
 from kernels.cpu_bench import F16_FIELDS, random_weight
-from kernels.cpu_quant import (INT8_IDS, MATVEC_MAX_TOKENS, dequantize_rows, quantize_q8, quantized_matmul,
-                               quantized_matmuls)
+from kernels.cpu_quant import (BLOCK32_IDS, INT8_IDS, MATVEC_MAX_TOKENS, dequantize_rows, quantize_q8,
+                               quantized_matmul, quantized_matmuls)
 from models import dequant
 from models.ggml_types import TYPES_BY_NAME
 
@@ -26,7 +26,7 @@ def reference(w: np.ndarray, name: str) -> np.ndarray:
 
 def x_block(name: str) -> int:
     """The values of x under one scale in the int8 matvec of this weight type."""
-    return 32 if name == "Q8_0" else 256
+    return 32 if TYPES_BY_NAME[name].id in BLOCK32_IDS else 256
 
 
 def int8_x(x: np.ndarray, block: int) -> np.ndarray:
@@ -105,7 +105,8 @@ def test_int8_matvec_error_against_float_x_and_a_wrong_weight_fails(name):
 
     assert fails(W * 1.001)
     blocks = w.reshape(-1, TYPES_BY_NAME[name].block_bytes).copy()
-    quants = {"Q4_K": slice(16, 144), "Q6_K": slice(0, 128), "Q8_0": slice(2, 34)}[name]  # Q6_K: its ql
+    quants = {"Q4_K": slice(16, 144), "Q6_K": slice(0, 128), "Q8_0": slice(2, 34), "Q4_0": slice(2, 18),
+              "Q4_1": slice(4, 20), "Q5_0": slice(6, 22), "Q5_1": slice(8, 24)}[name]  # Q6_K: its ql
     if name == "Q8_0":  # the two halves of each block swapped
         blocks[:, quants] = np.roll(blocks[:, quants], 16, axis=1)
     else:  # low and high nibbles swapped
