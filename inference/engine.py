@@ -73,6 +73,7 @@ class Engine:
         self._place(placement)
         self.chat_template = load_chat_template(gguf.metadata)  # None: the file has none
         self._cached: list[int] = []  # tokens whose keys and values are in the cache, from position 0
+        self._prompt_logits = None  # (ids, logits [1, n_vocab] of ids[-1]) of the last prompt prefilled
 
     def _place(self, placement: Placement) -> None:
         """Build the backends for placement: (backend, layers) segments in order, the GPU ones last; if the GPU
@@ -129,8 +130,14 @@ class Engine:
                                                             "processing the prompt")))
 
     def _prefill_chunks(self, ids: list[int], all_logits: bool):
-        # the last token always runs: its logits pick the next one
-        keep = min(_common_prefix(ids, self._cached), len(ids) - 1)
+        cached = _common_prefix(ids, self._cached)
+        if not all_logits and cached == len(ids) and self._prompt_logits and self._prompt_logits[0] == ids:
+            # the same prompt again (regenerate): its logits as they were, not its last token re-run alone,
+            # whose one-token matmuls round activations to 8 bits and may pick another greedy reply
+            self._cached = list(ids)  # what came after the prompt last time is overwritten from here on
+            return self._prompt_logits[1].copy()
+        # else the last token always runs: its logits pick the next one
+        keep = min(cached, len(ids) - 1)
         out = []
         size = min(be.prefill_chunk for be, _ in self._segments)  # the GPU alone takes longer chunks
         for start in range(keep, len(ids), size):
@@ -140,7 +147,10 @@ class Engine:
             logits = forward(self._segments, self.config, self._weights, all_logits=all_logits)
             out.append(self._be.to_host(logits) if all_logits else logits)
             self._cached = ids[:start + len(chunk)]
-        return np.concatenate(out).astype(np.float32, copy=False) if all_logits else out[-1]
+        if all_logits:
+            return np.concatenate(out).astype(np.float32, copy=False)
+        self._prompt_logits = (list(ids), out[-1].copy())
+        return out[-1]
 
     def _host_tokens(self, logits: np.ndarray, params: SamplingParams, seed: int | None,
                      history: list[int]) -> Iterator[int]:

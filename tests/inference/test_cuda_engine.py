@@ -95,6 +95,17 @@ def test_multi_turn_reuses_the_cache_on_the_gpu(engines):
     assert list(gpu.generate(text, max_tokens=1, temperature=0))[:-1] == again[:-1]
 
 
+@pytest.mark.parametrize("engines", MODELS, indirect=True)
+def test_the_same_prompt_again_gives_the_same_greedy_reply(engines):
+    """Regenerate: the prompt's cache and its last logits are kept (a device copy), and decoding starts over
+    right after the prompt, overwriting the first reply's cache rows."""
+    _, gpu, _ = engines
+    gpu._cached = []
+    first = list(gpu.generate("The history of the city", max_tokens=20, temperature=0, stop=()))
+    again = list(gpu.generate("The history of the city", max_tokens=20, temperature=0, stop=()))
+    assert "".join(again[:-1]) == "".join(first[:-1]) and again[-1].generated_tokens == first[-1].generated_tokens
+
+
 @pytest.mark.parametrize("engines", ["synth_qwen2", "synth_gemma3", "synth_1b"], indirect=True)
 def test_matmuls_fuse_the_matrices_of_one_type(engines):
     """q/k/v and gate/up of one type and width run as one weight (rows concatenated, biases too) and give what
