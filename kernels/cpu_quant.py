@@ -673,7 +673,79 @@ def _two_rows(block, n_results):
     return intrinsic(typer)
 
 
-dot_q4_k_blocks = _two_rows(_q4_k_block, 2)  # (dots a, mins a, dots b, mins b)
+def _array_data(context, builder, arr_t, arr):
+    return context.make_array(arr_t)(context, builder, arr)
+
+
+def _half_ir(context, builder, row_t, row, off, f16_t, f16):
+    """float32 of the little-endian IEEE half at row[off:off + 2] (an i64), looked up in the table f16."""
+    ptr = builder.bitcast(builder.gep(_array_data(context, builder, row_t, row).data, [off]), ir.IntType(16).as_pointer())
+    bits = builder.zext(builder.load(ptr, align=1), ir.IntType(64))
+    return builder.load(builder.gep(_array_data(context, builder, f16_t, f16).data, [bits]))
+
+
+def _splat_f(builder, value, lanes):
+    """<lanes x float> of the float ir value."""
+    vec = ir.VectorType(ir.FloatType(), lanes)
+    return builder.shuffle_vector(builder.insert_element(vec(ir.Undefined), value, ir.Constant(ir.IntType(32), 0)),
+                                  vec(ir.Undefined), ir.VectorType(ir.IntType(32), lanes)([0] * lanes))
+
+
+def _fsum(builder, vec):
+    """The float sum of the lanes of a <n x float> (n a power of two), by halves."""
+    while vec.type.count > 1:
+        n = vec.type.count
+        vec = builder.fadd(_shuffle(builder, vec, None, range(n // 2)), _shuffle(builder, vec, None, range(n // 2, n)))
+    return builder.extract_element(vec, _i64(0))
+
+
+@intrinsic
+def dot_q4_k_rows(typingctx, a, b, xq, xd, xs16, f16):
+    """(a . x8, b . x8) for two whole Q4_K rows a, b and one token's x8 (xq in q4_k_order, xd [n_blocks], xs16):
+    a loop over the blocks in IR that scales each block's int32 vectors of _q4_k_block by d * xd and dmin * xd
+    into one float vector a row, summed once a row; a numba loop over the blocks reduced every block's vectors
+    to scalars first (a shuffle tree a block, on the shuffle port that Q4_K is bound by)."""
+    def codegen(context, builder, sig, args):
+        a_t, b_t, xq_t, xd_t, xs_t, f16_t = sig.args
+        a, b, xq, xd, xs16, f16 = args
+        i64, f32 = ir.IntType(64), ir.FloatType()
+        vec = ir.VectorType(f32, 8)
+        zero = vec([0.0] * 8)
+        n_blocks = builder.udiv(builder.extract_value(_array_data(context, builder, a_t, a).shape, 0), _i64(144))
+        entry = builder.block
+        loop, done = builder.append_basic_block("q4k.loop"), builder.append_basic_block("q4k.done")
+        builder.cbranch(builder.icmp_signed(">", n_blocks, _i64(0)), loop, done)
+        builder.position_at_end(loop)
+        i = builder.phi(i64)
+        accs = [builder.phi(vec), builder.phi(vec)]
+        o = builder.mul(i, _i64(144))
+        xd_i = builder.load(builder.gep(_array_data(context, builder, xd_t, xd).data, [i]))
+        new = []
+        for row_t, row, acc in ((a_t, a, accs[0]), (b_t, b, accs[1])):
+            dots, mins = _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i)
+            d = builder.fmul(_half_ir(context, builder, row_t, row, o, f16_t, f16), xd_i)
+            dmin = builder.fmul(_half_ir(context, builder, row_t, row, builder.add(o, _i64(2)), f16_t, f16), xd_i)
+            scaled = builder.fsub(builder.fmul(builder.sitofp(dots, vec), _splat_f(builder, d, 8)),
+                                  builder.fmul(builder.sitofp(mins, vec), _splat_f(builder, dmin, 8)))
+            new.append(builder.fadd(acc, scaled))
+        i_next = builder.add(i, _i64(1))
+        i.add_incoming(_i64(0), entry)
+        i.add_incoming(i_next, builder.block)
+        for acc, value in zip(accs, new):
+            acc.add_incoming(zero, entry)
+            acc.add_incoming(value, builder.block)
+        builder.cbranch(builder.icmp_signed("<", i_next, n_blocks), loop, done)
+        last = builder.block
+        builder.position_at_end(done)
+        totals = [builder.phi(vec) for _ in new]  # phis first in their block
+        for total, value in zip(totals, new):
+            total.add_incoming(zero, entry)
+            total.add_incoming(value, last)
+        return context.make_tuple(builder, sig.return_type, [_fsum(builder, total) for total in totals])
+
+    return types.UniTuple(types.float32, 2)(a, b, xq, xd, xs16, f16), codegen
+
+
 dot_q6_k_blocks = _two_rows(_q6_k_block, 1)  # (dots a, dots b)
 
 
@@ -714,17 +786,8 @@ def q4_k_order(xq, xq4):
 def dot8_q4_k(a, b, xq, xd, xs16, out, ra, rb, f16):
     """out[t, ra] = a . x8[t] and out[t, rb] = b . x8[t] for every token t; a, b: uint8 [row_bytes] of Q4_K rows
     ra and rb, x in blocks of 256."""
-    for t in range(xq.shape[0]):
-        xq_t, xs_t = xq[t], xs16[t]
-        acc_a = np.float32(0)
-        acc_b = np.float32(0)
-        for i in range(a.size // 144):  # xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq))
-            o = 144 * i
-            dots_a, mins_a, dots_b, mins_b = dot_q4_k_blocks(a, b, o, xq_t, xs_t, i)
-            acc_a += xd[t, i] * (half(a, o, f16) * np.float32(dots_a) - half(a, o + 2, f16) * np.float32(mins_a))
-            acc_b += xd[t, i] * (half(b, o, f16) * np.float32(dots_b) - half(b, o + 2, f16) * np.float32(mins_b))
-        out[t, ra] = acc_a
-        out[t, rb] = acc_b
+    for t in range(xq.shape[0]):  # xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq)) a block
+        out[t, ra], out[t, rb] = dot_q4_k_rows(a, b, xq[t], xd[t], xs16[t], f16)
 
 
 @fast
