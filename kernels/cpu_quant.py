@@ -570,31 +570,14 @@ def _nibbles32(context, builder, row_t, row, off):
                     range(32))
 
 
-@intrinsic
-def dot_q4(typingctx, q, q_off, xq, x_off):
-    """sum over l < 32 of quant l * xq[x_off + l], the quants the nibbles of q[q_off:q_off + 16] (Q4_0, Q4_1)."""
-    def codegen(context, builder, sig, args):
-        quants = _nibbles32(context, builder, sig.args[0], args[0], args[1])
-        return _dot_sum(builder, quants, _load_bytes(context, builder, sig.args[2], args[2], args[3], 32), 32)
-
-    return types.int32(q, q_off, xq, x_off), codegen
-
-
-@intrinsic
-def dot_q5(typingctx, q, qh_off, q_off, xq, x_off):
-    """As dot_q4, with bit l of the little-endian uint32 at q[qh_off:] the 5th bit of quant l (Q5_0, Q5_1)."""
-    def codegen(context, builder, sig, args):
-        # bit l of qh is bit l % 8 of its byte l // 8: each byte spread over 8 lanes, tested against that bit
-        # (a byte shuffle and a compare: shifting 32 int32 lanes apart took a quarter longer a block)
-        qh = _shuffle(builder, _load_bytes(context, builder, sig.args[0], args[0], args[1], 4), None,
-                      [lane // 8 for lane in range(32)])
-        bit = builder.and_(qh, ir.VectorType(ir.IntType(8), 32)([1 << (lane % 8) for lane in range(32)]))
-        high = builder.select(builder.icmp_unsigned("!=", bit, _splat(builder, 0, 32)), _splat(builder, 16, 32),
-                              _splat(builder, 0, 32))
-        quants = builder.or_(_nibbles32(context, builder, sig.args[0], args[0], args[2]), high)
-        return _dot_sum(builder, quants, _load_bytes(context, builder, sig.args[3], args[3], args[4], 32), 32)
-
-    return types.int32(q, qh_off, q_off, xq, x_off), codegen
+def _high_bits32(context, builder, row_t, row, off):
+    """<32 x i8>: 16 where bit l of the little-endian uint32 at row[off:off + 4] is set, else 0 (the 5th bits of a
+    Q5_0/Q5_1 block). Bit l is bit l % 8 of byte l // 8: each byte spread over 8 lanes and tested against its bit
+    (a byte shuffle and a compare: shifting 32 int32 lanes apart took a quarter longer a block)."""
+    qh = _shuffle(builder, _load_bytes(context, builder, row_t, row, off, 4), None, [lane // 8 for lane in range(32)])
+    bit = builder.and_(qh, ir.VectorType(ir.IntType(8), 32)([1 << (lane % 8) for lane in range(32)]))
+    return builder.select(builder.icmp_unsigned("!=", bit, _splat(builder, 0, 32)), _splat(builder, 16, 32),
+                          _splat(builder, 0, 32))
 
 
 def _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
@@ -749,6 +732,77 @@ def dot_q4_k_rows(typingctx, a, b, xq, xd, xs16, f16):
 dot_q6_k_blocks = _two_rows(_q6_k_block, 1)  # (dots a, dots b)
 
 
+def _madd32(context, builder, quants, xq):
+    """<8 x i32>: lane k = the sum of quants[l] * xq[l] for l in 4k..4k + 3, quants <32 x i8> unsigned (< 64),
+    xq <32 x i8> signed: pmaddubsw + pmaddwd by ones, 256 bits wide where there is AVX2, else generic IR."""
+    i16, i32 = ir.IntType(16), ir.IntType(32)
+    if _simd(context):
+        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(i16, 16), [quants, xq])
+        return _call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(i32, 8), [pairs, ir.VectorType(i16, 16)([1] * 16)])
+    products = builder.mul(builder.zext(quants, ir.VectorType(i16, 32)), builder.sext(xq, ir.VectorType(i16, 32)))
+    return _pairs(builder, builder.sext(_pairs(builder, products), ir.VectorType(i32, 16)))
+
+
+def _b32_row(block_bytes, quants_at, qh_at, min_at, offset):
+    """An intrinsic f(row, xq, xd, xs16, f16) -> float32: row . x8 for one row of a 32-value block type and one
+    token's x8 (xq, xd a block, xs16), in one IR loop over the blocks: each block's int32 partial sums times
+    d * xd into a float vector, its minimum (min_at) or offset (-offset * d) times the sum of xq into a float;
+    one horizontal sum a row, where a numba loop paid one a block. qh_at: the 5th bits' word (Q5_*), or None."""
+    @intrinsic
+    def row_dot(typingctx, row, xq, xd, xs16, f16):
+        def codegen(context, builder, sig, args):
+            row_t, xq_t, xd_t, xs_t, f16_t = sig.args
+            row, xq, xd, xs16, f16 = args
+            f32, vec = ir.FloatType(), ir.VectorType(ir.FloatType(), 8)
+            n_blocks = builder.udiv(builder.extract_value(_array_data(context, builder, row_t, row).shape, 0),
+                                    _i64(block_bytes))
+            entry = builder.block
+            loop, done = builder.append_basic_block("b32.loop"), builder.append_basic_block("b32.done")
+            builder.cbranch(builder.icmp_signed(">", n_blocks, _i64(0)), loop, done)
+            builder.position_at_end(loop)
+            k, acc, acc_s = builder.phi(ir.IntType(64)), builder.phi(vec), builder.phi(f32)
+            o = builder.mul(k, _i64(block_bytes))
+            quants = _nibbles32(context, builder, row_t, row, builder.add(o, _i64(quants_at)))
+            if qh_at is not None:
+                quants = builder.or_(quants, _high_bits32(context, builder, row_t, row, builder.add(o, _i64(qh_at))))
+            x = _load_bytes(context, builder, xq_t, xq, builder.mul(k, _i64(32)), 32)
+            xd_k = builder.load(builder.gep(_array_data(context, builder, xd_t, xd).data, [k]))
+            d = builder.fmul(_half_ir(context, builder, row_t, row, o, f16_t, f16), xd_k)
+            sums = _load(context, builder, xs_t, xs16, builder.mul(k, _i64(2)), 2, bits=16)
+            xsum = builder.sitofp(builder.add(builder.sext(builder.extract_element(sums, _i64(0)), ir.IntType(32)),
+                                              builder.sext(builder.extract_element(sums, _i64(1)), ir.IntType(32))), f32)
+            if min_at is not None:
+                scale = builder.fmul(_half_ir(context, builder, row_t, row, builder.add(o, _i64(min_at)), f16_t, f16), xd_k)
+            else:
+                scale = builder.fmul(d, ir.Constant(f32, -float(offset)))
+            new = builder.fadd(acc, builder.fmul(builder.sitofp(_madd32(context, builder, quants, x), vec),
+                                                 _splat_f(builder, d, 8)))
+            new_s = builder.fadd(acc_s, builder.fmul(scale, xsum))
+            k_next = builder.add(k, _i64(1))
+            for phi, start, value in ((k, _i64(0), k_next), (acc, vec([0.0] * 8), new), (acc_s, ir.Constant(f32, 0.0), new_s)):
+                phi.add_incoming(start, entry)
+                phi.add_incoming(value, builder.block)
+            builder.cbranch(builder.icmp_signed("<", k_next, n_blocks), loop, done)
+            last = builder.block
+            builder.position_at_end(done)
+            total, total_s = builder.phi(vec), builder.phi(f32)
+            for phi, start, value in ((total, vec([0.0] * 8), new), (total_s, ir.Constant(f32, 0.0), new_s)):
+                phi.add_incoming(start, entry)
+                phi.add_incoming(value, last)
+            return builder.fadd(_fsum(builder, total), total_s)
+
+        return types.float32(row, xq, xd, xs16, f16), codegen
+
+    return row_dot
+
+
+# (block bytes, quants at, 5th bits at, minimum at, offset) of ggml's blocks: d f16 first in each
+dot_q4_0_row = _b32_row(18, 2, None, None, 8)
+dot_q4_1_row = _b32_row(20, 4, None, 2, 0)
+dot_q5_0_row = _b32_row(22, 6, 2, None, 16)
+dot_q5_1_row = _b32_row(24, 8, 4, 2, 0)
+
+
 @fast
 def quantize_q8(x, xq, xd, xs16):
     """x: float32 [n_tokens, n_cols] -> xq: int8 [n_tokens, n_cols] times xd: float32 [n_tokens, n_blocks], one
@@ -821,30 +875,16 @@ def dot8_q8_0(row, xq, xd, xs16, out, r, f16):
 @fast
 def dot8_b32(tid, row, xq, xd, xs16, out, r, f16):
     """As dot8_q8_0 for one row of Q4_0, Q4_1, Q5_0 or Q5_1 (tid): a block is d * (q - 8) (Q4_0), d * (q - 16)
-    (Q5_0), d * q + m (Q4_1, Q5_1). One loop a type: a test of tid in the loop over blocks cost ~25%."""
-    n_blocks = xd.shape[1]
+    (Q5_0), d * q + m (Q4_1, Q5_1)."""
     for t in range(xq.shape[0]):
-        xq_t, xs_t, xd_t = xq[t], xs16[t], xd[t]
-        acc = np.float32(0)
         if tid == Q4_0:
-            for b in range(n_blocks):
-                dot = dot_q4(row, 18 * b + 2, xq_t, 32 * b) - 8 * (xs_t[2 * b] + xs_t[2 * b + 1])
-                acc += half(row, 18 * b, f16) * xd_t[b] * np.float32(dot)
+            out[t, r] = dot_q4_0_row(row, xq[t], xd[t], xs16[t], f16)
         elif tid == Q5_0:
-            for b in range(n_blocks):
-                dot = dot_q5(row, 22 * b + 2, 22 * b + 6, xq_t, 32 * b) - 16 * (xs_t[2 * b] + xs_t[2 * b + 1])
-                acc += half(row, 22 * b, f16) * xd_t[b] * np.float32(dot)
+            out[t, r] = dot_q5_0_row(row, xq[t], xd[t], xs16[t], f16)
         elif tid == Q4_1:
-            for b in range(n_blocks):
-                xsum = np.float32(xs_t[2 * b] + xs_t[2 * b + 1])
-                dot = np.float32(dot_q4(row, 20 * b + 4, xq_t, 32 * b))
-                acc += xd_t[b] * (half(row, 20 * b, f16) * dot + half(row, 20 * b + 2, f16) * xsum)
-        else:  # Q5_1
-            for b in range(n_blocks):
-                xsum = np.float32(xs_t[2 * b] + xs_t[2 * b + 1])
-                dot = np.float32(dot_q5(row, 24 * b + 4, 24 * b + 8, xq_t, 32 * b))
-                acc += xd_t[b] * (half(row, 24 * b, f16) * dot + half(row, 24 * b + 2, f16) * xsum)
-        out[t, r] = acc
+            out[t, r] = dot_q4_1_row(row, xq[t], xd[t], xs16[t], f16)
+        else:
+            out[t, r] = dot_q5_1_row(row, xq[t], xd[t], xs16[t], f16)
 
 
 # ---- Kernels ------------------------------------------------------------------------------------------

@@ -212,3 +212,25 @@ def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
         assert ("llvm.x86.avx" not in llvm_ir) if ir_name is None else (ir_name in llvm_ir)
     np.testing.assert_array_equal(results["avx2"], results["avx512bw"])
     np.testing.assert_array_equal(results[""], results["avx512bw"])
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_block32_rows_agree_on_every_simd_path(name, monkeypatch):
+    """The generic-IR version of the 32-value block rows (for CPUs without AVX2) gives what the AVX2 one the
+    kernels use here gives, lane for lane, so the same float results."""
+    w = random_weight(name, 1, 2048)
+    xq = np.random.default_rng(3).integers(-127, 128, 2048).astype(np.int8)
+    xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int16)
+    xd = np.random.default_rng(4).random(64, np.float32)
+    results = {}
+    for simd in ("avx2", ""):
+        monkeypatch.setattr(cpu_quant, "_simd", lambda context, simd=simd: simd)
+        row_dot = getattr(cpu_quant, f"dot_{name.lower()}_row")
+
+        @nb.njit  # not cached: compiled anew under each _simd
+        def dot(row, xq, xd, xs16):
+            return row_dot(row, xq, xd, xs16, cpu_quant.F16_TO_F32)
+
+        results[simd] = dot(w[0], xq, xd, xs16)
+        assert ("llvm.x86.avx2.pmadd.ub.sw" in next(iter(dot.inspect_llvm().values()))) == (simd == "avx2")
+    assert results["avx2"] == results[""]
