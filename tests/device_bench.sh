@@ -6,6 +6,8 @@
 #   bash tests/device_bench.sh run      # gguf-chat bench and llama-bench, results under $OUT
 #   bash tests/device_bench.sh hybrid   # llama3-8b q4_k_m with 32, 24 and 16 of its 32 layers on the GPU
 #   bash tests/device_bench.sh vram     # its peak VRAM against file size + KV cache + 10%
+# With layers on the CPU, where the time goes: python3 tests/device_profile.py FILE N (per-op, per-token), and
+# the host's DRAM and PCIe rates: python3 tests/device_probe.py FILE (see inference/NOTES_gpu.md).
 set -uo pipefail
 tmp=${TMPDIR:-/tmp}
 OUT=${OUT:-$tmp/device_bench}
