@@ -214,7 +214,7 @@ def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
     np.testing.assert_array_equal(results[""], results["avx512bw"])
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_block32_rows_agree_on_every_simd_path(name, monkeypatch):
     """The generic-IR version of the 32-value block rows (for CPUs without AVX2) gives what the AVX2 one the
     kernels use here gives, lane for lane, so the same float results."""
