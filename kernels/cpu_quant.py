@@ -418,9 +418,9 @@ def dot_q6_k(row, x, xsum, f16, n16):
 # -16). numba computes integers in int64, which hides byte dot products from LLVM's loop vectorizer (a numba
 # loop ran 4x slower), so the dots are intrinsics that emit LLVM vector IR: byte products summed in pairs to
 # int16 (pmaddubsw, which takes one operand unsigned), the pairs times their scales summed to int32 (pmaddwd).
-# Q4_K, Q6_K: a whole super-block of 256 of two rows at a time, as llama.cpp does for one. Q4_K and the
-# 32-value blocks: a row's blocks in one IR loop, each block's int32 sums scaled into float accumulators and
-# one horizontal sum a row; Q6_K still reduces its two rows' vectors every block.
+# Q4_K, Q6_K: a whole super-block of 256 of two rows at a time, as llama.cpp does for one; the 32-value blocks
+# one row. Each loops over a row's blocks in IR, scales every block's int32 sums into float accumulators and
+# ends in one horizontal sum a row.
 
 def _i64(v):
     return ir.Constant(ir.IntType(64), v)
@@ -457,36 +457,6 @@ def _call(builder, name, ret, args):
     fn = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(ret, [a.type for a in args]),
                                                          name=name)
     return builder.call(fn, args)
-
-
-def _reduce_add(builder, vec):
-    """The int32 sum of the lanes of an <n x i32>."""
-    return _call(builder, f"llvm.vector.reduce.add.v{vec.type.count}i32", ir.IntType(32), [vec])
-
-
-def _halves(n_lanes, size):
-    """(first, second): the lane numbers of the first and the second half of each group of size lanes."""
-    first = [g * size + l for g in range(n_lanes // size) for l in range(size // 2)]
-    return first, [i + size // 2 for i in first]
-
-
-def _sums(builder, vecs):
-    """[the int32 sum of the lanes of each vec] of k <n x i32> (k a power of two, at most n), reduced together:
-    each step adds the first halves of two vectors' groups of partial sums to the second halves, into one
-    vector, in fewer shuffles than k reductions take."""
-    n = size = vecs[0].type.count  # lanes in a vector, lanes in one vec's group of partial sums
-    while len(vecs) > 1:
-        first, second = _halves(n, size)
-        vecs = [builder.add(_shuffle(builder, u, v, first + [n + i for i in first]),
-                            _shuffle(builder, u, v, second + [n + i for i in second]))
-                for u, v in zip(vecs[::2], vecs[1::2])]
-        size //= 2
-    vec = vecs[0]
-    while size > 1:
-        first, second = _halves(vec.type.count, size)
-        vec = builder.add(_shuffle(builder, vec, None, first), _shuffle(builder, vec, None, second))
-        size //= 2
-    return [builder.extract_element(vec, _i64(k)) for k in range(vec.type.count)]
 
 
 def _fold(builder, vec):
@@ -617,22 +587,6 @@ def _q6_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
     return [builder.sub(_fold(builder, acc), offset)]
 
 
-def _two_rows(block, n_results):
-    """An intrinsic f(a, b, o, xq, xs16, i): the int32 sums of the vectors of block(...) for rows a and b at
-    byte o, x's block i; one function for both rows, so LLVM loads each byte of x once for the two."""
-    def typer(typingctx, a, b, o, xq, xs16, i):
-        def codegen(context, builder, sig, args):
-            a_t, b_t, _, xq_t, xs_t, _ = sig.args
-            a, b, o, xq, xs16, i = args
-            vecs = (block(context, builder, a_t, a, o, xq_t, xq, xs_t, xs16, i)
-                    + block(context, builder, b_t, b, o, xq_t, xq, xs_t, xs16, i))
-            return context.make_tuple(builder, sig.return_type, _sums(builder, vecs))
-
-        return types.UniTuple(types.int32, 2 * n_results)(a, b, o, xq, xs16, i), codegen
-
-    return intrinsic(typer)
-
-
 def _array_data(context, builder, arr_t, arr):
     return context.make_array(arr_t)(context, builder, arr)
 
@@ -660,54 +614,60 @@ def _fsum(builder, vec):
     return builder.extract_element(vec, _i64(0))
 
 
-@intrinsic
-def dot_q4_k_rows(typingctx, a, b, xq, xd, xs16, f16):
-    """(a . x8, b . x8) for two whole Q4_K rows a, b and one token's x8 (xq in q4_k_order, xd [n_blocks], xs16):
-    a loop over the blocks in IR that scales each block's int32 vectors of _q4_k_block by d * xd and dmin * xd
-    into one float vector a row, summed once a row; a numba loop over the blocks reduced every block's vectors
-    to scalars first (a shuffle tree a block, on the shuffle port that Q4_K is bound by)."""
-    def codegen(context, builder, sig, args):
-        a_t, b_t, xq_t, xd_t, xs_t, f16_t = sig.args
-        a, b, xq, xd, xs16, f16 = args
-        i64, f32 = ir.IntType(64), ir.FloatType()
-        vec = ir.VectorType(f32, 8)
-        zero = vec([0.0] * 8)
-        n_blocks = builder.udiv(builder.extract_value(_array_data(context, builder, a_t, a).shape, 0), _i64(144))
-        entry = builder.block
-        loop, done = builder.append_basic_block("q4k.loop"), builder.append_basic_block("q4k.done")
-        builder.cbranch(builder.icmp_signed(">", n_blocks, _i64(0)), loop, done)
-        builder.position_at_end(loop)
-        i = builder.phi(i64)
-        accs = [builder.phi(vec), builder.phi(vec)]
-        o = builder.mul(i, _i64(144))
-        xd_i = builder.load(builder.gep(_array_data(context, builder, xd_t, xd).data, [i]))
-        new = []
-        for row_t, row, acc in ((a_t, a, accs[0]), (b_t, b, accs[1])):
-            dots, mins = _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i)
-            d = builder.fmul(_half_ir(context, builder, row_t, row, o, f16_t, f16), xd_i)
-            dmin = builder.fmul(_half_ir(context, builder, row_t, row, builder.add(o, _i64(2)), f16_t, f16), xd_i)
-            scaled = builder.fsub(builder.fmul(builder.sitofp(dots, vec), _splat_f(builder, d, 8)),
-                                  builder.fmul(builder.sitofp(mins, vec), _splat_f(builder, dmin, 8)))
-            new.append(builder.fadd(acc, scaled))
-        i_next = builder.add(i, _i64(1))
-        i.add_incoming(_i64(0), entry)
-        i.add_incoming(i_next, builder.block)
-        for acc, value in zip(accs, new):
-            acc.add_incoming(zero, entry)
-            acc.add_incoming(value, builder.block)
-        builder.cbranch(builder.icmp_signed("<", i_next, n_blocks), loop, done)
-        last = builder.block
-        builder.position_at_end(done)
-        totals = [builder.phi(vec) for _ in new]  # phis first in their block
-        for total, value in zip(totals, new):
-            total.add_incoming(zero, entry)
-            total.add_incoming(value, last)
-        return context.make_tuple(builder, sig.return_type, [_fsum(builder, total) for total in totals])
+def _k_rows(block, block_bytes, scales_at):
+    """An intrinsic f(a, b, xq, xd, xs16, f16) -> (a . x8, b . x8) for two whole rows of a k-quant and one
+    token's x8 (xq in the block's order, xd [n_blocks], xs16): a loop over the blocks in IR that scales the
+    int32 vectors of block(...) by their f16 scale at scales_at (byte offset, sign) times xd into one float
+    vector a row, summed once a row. A numba loop over the blocks reduced every block's vectors to scalars first:
+    a shuffle tree a block, on the shuffle port that Q4_K is bound by on the Xeon (llvm-mca)."""
+    @intrinsic
+    def rows_dot(typingctx, a, b, xq, xd, xs16, f16):
+        def codegen(context, builder, sig, args):
+            a_t, b_t, xq_t, xd_t, xs_t, f16_t = sig.args
+            a, b, xq, xd, xs16, f16 = args
+            vec = ir.VectorType(ir.FloatType(), 8)
+            zero = vec([0.0] * 8)
+            n_blocks = builder.udiv(builder.extract_value(_array_data(context, builder, a_t, a).shape, 0),
+                                    _i64(block_bytes))
+            entry = builder.block
+            loop, done = builder.append_basic_block("k.loop"), builder.append_basic_block("k.done")
+            builder.cbranch(builder.icmp_signed(">", n_blocks, _i64(0)), loop, done)
+            builder.position_at_end(loop)
+            i = builder.phi(ir.IntType(64))
+            accs = [builder.phi(vec), builder.phi(vec)]
+            o = builder.mul(i, _i64(block_bytes))
+            xd_i = builder.load(builder.gep(_array_data(context, builder, xd_t, xd).data, [i]))
+            new = []
+            for row_t, row, acc in ((a_t, a, accs[0]), (b_t, b, accs[1])):
+                for v, (at, sign) in zip(block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i), scales_at):
+                    scale = builder.fmul(_half_ir(context, builder, row_t, row, builder.add(o, _i64(at)), f16_t, f16),
+                                         xd_i)
+                    scaled = builder.fmul(builder.sitofp(v, vec), _splat_f(builder, scale, 8))
+                    acc = builder.fadd(acc, scaled) if sign > 0 else builder.fsub(acc, scaled)
+                new.append(acc)
+            i_next = builder.add(i, _i64(1))
+            i.add_incoming(_i64(0), entry)
+            i.add_incoming(i_next, builder.block)
+            for acc, value in zip(accs, new):
+                acc.add_incoming(zero, entry)
+                acc.add_incoming(value, builder.block)
+            builder.cbranch(builder.icmp_signed("<", i_next, n_blocks), loop, done)
+            last = builder.block
+            builder.position_at_end(done)
+            totals = [builder.phi(vec) for _ in new]  # phis first in their block
+            for total, value in zip(totals, new):
+                total.add_incoming(zero, entry)
+                total.add_incoming(value, last)
+            return context.make_tuple(builder, sig.return_type, [_fsum(builder, total) for total in totals])
 
-    return types.UniTuple(types.float32, 2)(a, b, xq, xd, xs16, f16), codegen
+        return types.UniTuple(types.float32, 2)(a, b, xq, xd, xs16, f16), codegen
+
+    return rows_dot
 
 
-dot_q6_k_blocks = _two_rows(_q6_k_block, 1)  # (dots a, dots b)
+# xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq)) a block; Q6_K: xd * d * sum of sc * ((q - 32) . xq)
+dot_q4_k_rows = _k_rows(_q4_k_block, 144, ((0, 1), (2, -1)))
+dot_q6_k_rows = _k_rows(_q6_k_block, 210, ((208, 1),))
 
 
 def _madd32(context, builder, quants, xq):
@@ -849,16 +809,7 @@ def dot8_q4_k(a, b, xq, xd, xs16, out, ra, rb, f16):
 def dot8_q6_k(a, b, xq, xd, xs16, out, ra, rb, f16):
     """As dot8_q4_k for Q6_K."""
     for t in range(xq.shape[0]):
-        xq_t, xs_t = xq[t], xs16[t]
-        acc_a = np.float32(0)
-        acc_b = np.float32(0)
-        for i in range(a.size // 210):
-            o = 210 * i
-            dots_a, dots_b = dot_q6_k_blocks(a, b, o, xq_t, xs_t, i)
-            acc_a += xd[t, i] * half(a, o + 208, f16) * np.float32(dots_a)
-            acc_b += xd[t, i] * half(b, o + 208, f16) * np.float32(dots_b)
-        out[t, ra] = acc_a
-        out[t, rb] = acc_b
+        out[t, ra], out[t, rb] = dot_q6_k_rows(a, b, xq[t], xd[t], xs16[t], f16)
 
 
 @fast

@@ -180,9 +180,8 @@ def test_real_tensors_of_every_type_in_the_packaged_models(model, request):
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
 def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
-    """The AVX2 and generic-IR versions of the super-block dots (compiled for CPUs this machine may not be)
-    give the same results as the one the kernels use here, which the tests above hold to x8 @ W.T: Q6_K's
-    integers a block, Q4_K's rows (scaled in float from the same integers)."""
+    """The AVX2 and generic-IR versions of the super-block rows (compiled for CPUs this machine may not be)
+    give the same results as the one the kernels use here, which the tests above hold to x8 @ W.T."""
     w = random_weight(name, 2, 2048)
     xq = np.random.default_rng(3).integers(-127, 128, 2048).astype(np.int8)
     xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int16)
@@ -191,21 +190,11 @@ def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
     results = {}
     for simd, ir_name in ir_names.items():
         monkeypatch.setattr(cpu_quant, "_simd", lambda context, simd=simd: simd)
-        if name == "Q4_K":
-            rows = cpu_quant.dot_q4_k_rows
+        rows = cpu_quant.dot_q4_k_rows if name == "Q4_K" else cpu_quant.dot_q6_k_rows
 
-            @nb.njit  # not cached: compiled anew under each _simd
-            def block_dots(a, b, xq, xs16):
-                return np.array(rows(a, b, xq, xd, xs16, cpu_quant.F16_TO_F32))
-        else:
-            dots = cpu_quant.dot_q6_k_blocks
-
-            @nb.njit
-            def block_dots(a, b, xq, xs16):
-                out = np.empty((a.size // 210, 2), np.int32)
-                for i in range(out.shape[0]):
-                    out[i] = np.array(dots(a, b, 210 * i, xq, xs16, i))
-                return out
+        @nb.njit  # not cached: compiled anew under each _simd
+        def block_dots(a, b, xq, xs16):
+            return np.array(rows(a, b, xq, xd, xs16, cpu_quant.F16_TO_F32))
 
         results[simd] = block_dots(w[0], w[1], xq, xs16)
         llvm_ir = next(iter(block_dots.inspect_llvm().values()))
