@@ -614,6 +614,30 @@ def _fsum(builder, vec):
     return builder.extract_element(vec, _i64(0))
 
 
+def _ir_loop(builder, n, starts, body):
+    """A counted loop in IR: values = body(i, values) for i in range(n) (an i64), from starts; returns the values
+    after it (starts when n is 0). The phis of the loop and of its exit lead their blocks, as LLVM requires."""
+    entry = builder.block
+    loop, done = builder.append_basic_block("loop"), builder.append_basic_block("done")
+    builder.cbranch(builder.icmp_signed(">", n, _i64(0)), loop, done)
+    builder.position_at_end(loop)
+    i = builder.phi(ir.IntType(64))
+    values = [builder.phi(start.type) for start in starts]
+    new = body(i, values)
+    i_next = builder.add(i, _i64(1))
+    last = builder.block
+    for phi, start, value in zip([i, *values], [_i64(0), *starts], [i_next, *new]):
+        phi.add_incoming(start, entry)
+        phi.add_incoming(value, last)
+    builder.cbranch(builder.icmp_signed("<", i_next, n), loop, done)
+    builder.position_at_end(done)
+    finals = [builder.phi(start.type) for start in starts]
+    for phi, start, value in zip(finals, starts, new):
+        phi.add_incoming(start, entry)
+        phi.add_incoming(value, last)
+    return finals
+
+
 def _k_rows(block, block_bytes, scales_at):
     """An intrinsic f(a, b, xq, xd, xs16, f16) -> (a . x8, b . x8) for two whole rows of a k-quant and one
     token's x8 (xq in the block's order, xd [n_blocks], xs16): a loop over the blocks in IR that scales the
@@ -626,38 +650,24 @@ def _k_rows(block, block_bytes, scales_at):
             a_t, b_t, xq_t, xd_t, xs_t, f16_t = sig.args
             a, b, xq, xd, xs16, f16 = args
             vec = ir.VectorType(ir.FloatType(), 8)
-            zero = vec([0.0] * 8)
             n_blocks = builder.udiv(builder.extract_value(_array_data(context, builder, a_t, a).shape, 0),
                                     _i64(block_bytes))
-            entry = builder.block
-            loop, done = builder.append_basic_block("k.loop"), builder.append_basic_block("k.done")
-            builder.cbranch(builder.icmp_signed(">", n_blocks, _i64(0)), loop, done)
-            builder.position_at_end(loop)
-            i = builder.phi(ir.IntType(64))
-            accs = [builder.phi(vec), builder.phi(vec)]
-            o = builder.mul(i, _i64(block_bytes))
-            xd_i = builder.load(builder.gep(_array_data(context, builder, xd_t, xd).data, [i]))
-            new = []
-            for row_t, row, acc in ((a_t, a, accs[0]), (b_t, b, accs[1])):
-                for v, (at, sign) in zip(block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i), scales_at):
-                    scale = builder.fmul(_half_ir(context, builder, row_t, row, builder.add(o, _i64(at)), f16_t, f16),
-                                         xd_i)
-                    scaled = builder.fmul(builder.sitofp(v, vec), _splat_f(builder, scale, 8))
-                    acc = builder.fadd(acc, scaled) if sign > 0 else builder.fsub(acc, scaled)
-                new.append(acc)
-            i_next = builder.add(i, _i64(1))
-            i.add_incoming(_i64(0), entry)
-            i.add_incoming(i_next, builder.block)
-            for acc, value in zip(accs, new):
-                acc.add_incoming(zero, entry)
-                acc.add_incoming(value, builder.block)
-            builder.cbranch(builder.icmp_signed("<", i_next, n_blocks), loop, done)
-            last = builder.block
-            builder.position_at_end(done)
-            totals = [builder.phi(vec) for _ in new]  # phis first in their block
-            for total, value in zip(totals, new):
-                total.add_incoming(zero, entry)
-                total.add_incoming(value, last)
+
+            def body(i, accs):  # one block of both rows: their accumulators plus the block's scaled vectors
+                o = builder.mul(i, _i64(block_bytes))
+                xd_i = builder.load(builder.gep(_array_data(context, builder, xd_t, xd).data, [i]))
+                new = []
+                for row_t, row, acc in ((a_t, a, accs[0]), (b_t, b, accs[1])):
+                    vecs = block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i)
+                    for v, (at, sign) in zip(vecs, scales_at):
+                        scale = builder.fmul(_half_ir(context, builder, row_t, row, builder.add(o, _i64(at)), f16_t,
+                                                      f16), xd_i)
+                        scaled = builder.fmul(builder.sitofp(v, vec), _splat_f(builder, scale, 8))
+                        acc = builder.fadd(acc, scaled) if sign > 0 else builder.fsub(acc, scaled)
+                    new.append(acc)
+                return new
+
+            totals = _ir_loop(builder, n_blocks, [vec([0.0] * 8)] * 2, body)
             return context.make_tuple(builder, sig.return_type, [_fsum(builder, total) for total in totals])
 
         return types.UniTuple(types.float32, 2)(a, b, xq, xd, xs16, f16), codegen
@@ -696,40 +706,26 @@ def _b32_row(block_bytes, operands, min_at, offset):
             f32, vec = ir.FloatType(), ir.VectorType(ir.FloatType(), 8)
             n_blocks = builder.udiv(builder.extract_value(_array_data(context, builder, row_t, row).shape, 0),
                                     _i64(block_bytes))
-            entry = builder.block
-            loop, done = builder.append_basic_block("b32.loop"), builder.append_basic_block("b32.done")
-            builder.cbranch(builder.icmp_signed(">", n_blocks, _i64(0)), loop, done)
-            builder.position_at_end(loop)
-            k, acc, acc_s = builder.phi(ir.IntType(64)), builder.phi(vec), builder.phi(f32)
-            o = builder.mul(k, _i64(block_bytes))
-            x = _load_bytes(context, builder, xq_t, xq, builder.mul(k, _i64(32)), 32)
-            unsigned, signed = operands(context, builder, row_t, row, o, x)
-            xd_k = builder.load(builder.gep(_array_data(context, builder, xd_t, xd).data, [k]))
-            d = builder.fmul(_half_ir(context, builder, row_t, row, o, f16_t, f16), xd_k)
-            sums = _load(context, builder, xs_t, xs16, builder.mul(k, _i64(2)), 2, bits=16)
-            halves = [builder.sext(builder.extract_element(sums, _i64(h)), ir.IntType(32)) for h in range(2)]
-            xsum = builder.sitofp(builder.add(*halves), f32)
-            if min_at is not None:
-                m = _half_ir(context, builder, row_t, row, builder.add(o, _i64(min_at)), f16_t, f16)
-                new_s = builder.fadd(acc_s, builder.fmul(builder.fmul(m, xd_k), xsum))
-            elif offset:
-                new_s = builder.fadd(acc_s, builder.fmul(builder.fmul(d, ir.Constant(f32, -float(offset))), xsum))
-            else:
-                new_s = acc_s
-            new = builder.fadd(acc, builder.fmul(builder.sitofp(_madd32(context, builder, unsigned, signed), vec),
-                                                 _splat_f(builder, d, 8)))
-            k_next = builder.add(k, _i64(1))
-            for phi, start, value in ((k, _i64(0), k_next), (acc, vec([0.0] * 8), new),
-                                      (acc_s, ir.Constant(f32, 0.0), new_s)):
-                phi.add_incoming(start, entry)
-                phi.add_incoming(value, builder.block)
-            builder.cbranch(builder.icmp_signed("<", k_next, n_blocks), loop, done)
-            last = builder.block
-            builder.position_at_end(done)
-            total, total_s = builder.phi(vec), builder.phi(f32)
-            for phi, start, value in ((total, vec([0.0] * 8), new), (total_s, ir.Constant(f32, 0.0), new_s)):
-                phi.add_incoming(start, entry)
-                phi.add_incoming(value, last)
+
+            def body(k, values):  # block k: (float vector of d * xd * sums, float of the minimums or offsets)
+                acc, acc_s = values
+                o = builder.mul(k, _i64(block_bytes))
+                x = _load_bytes(context, builder, xq_t, xq, builder.mul(k, _i64(32)), 32)
+                unsigned, signed = operands(context, builder, row_t, row, o, x)
+                xd_k = builder.load(builder.gep(_array_data(context, builder, xd_t, xd).data, [k]))
+                d = builder.fmul(_half_ir(context, builder, row_t, row, o, f16_t, f16), xd_k)
+                sums = _load(context, builder, xs_t, xs16, builder.mul(k, _i64(2)), 2, bits=16)
+                halves = [builder.sext(builder.extract_element(sums, _i64(h)), ir.IntType(32)) for h in range(2)]
+                xsum = builder.sitofp(builder.add(*halves), f32)
+                if min_at is not None:
+                    m = _half_ir(context, builder, row_t, row, builder.add(o, _i64(min_at)), f16_t, f16)
+                    acc_s = builder.fadd(acc_s, builder.fmul(builder.fmul(m, xd_k), xsum))
+                elif offset:
+                    acc_s = builder.fadd(acc_s, builder.fmul(builder.fmul(d, ir.Constant(f32, -float(offset))), xsum))
+                dots = builder.sitofp(_madd32(context, builder, unsigned, signed), vec)
+                return [builder.fadd(acc, builder.fmul(dots, _splat_f(builder, d, 8))), acc_s]
+
+            total, total_s = _ir_loop(builder, n_blocks, [vec([0.0] * 8), ir.Constant(f32, 0.0)], body)
             return builder.fadd(_fsum(builder, total), total_s)
 
         return types.float32(row, xq, xd, xs16, f16), codegen
