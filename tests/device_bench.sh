@@ -12,9 +12,9 @@ set -uo pipefail
 tmp=${TMPDIR:-/tmp}
 OUT=${OUT:-$tmp/device_bench}
 files=$tmp/synth
-# where ../shared/bench/llamacpp_peer.sh builds llama.cpp (its own fixed folder); PEER overrides it
-PEER=${PEER:-/tmp/peer}
-peer=$PEER/build/bin/llama-bench
+# llama.cpp's llama-bench: the path the peer script prints as its build's last line (it waits for a build under
+# way, or starts one); LLAMA_BENCH overrides it
+peer_bench() { echo "${LLAMA_BENCH:-$(bash .carry/llamacpp_peer.sh build .carry | tail -n 1)}"; }
 mkdir -p "$OUT" $files
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 models="llama-1b:q4_k_m llama3-8b:q4_k_m llama3-8b:q8_0"
@@ -25,6 +25,7 @@ synth)
     [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset "${m%:*}" --ftype "${m#*:}"
   done ;;
 run)
+  peer=$(peer_bench)
   for m in $models; do
     f=$files/${m/:/-}.gguf
     echo "== $m"
@@ -33,21 +34,22 @@ run)
       python3 -m app.cli bench "$f" --device cuda -p 512 -n 128 -r 3 -d 4096 | tail -n 2 | tee -a "$OUT/ours.md"
       python3 -m app.cli bench "$f" --device cuda -p 512 -n 128 -r 3 --no-graph | tail -n 2 | tee -a "$OUT/ours.md" ;;
     esac
-    if [ -x $peer ]; then
-      $peer -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>/dev/null | tee -a "$OUT/llamacpp.md"
-      case $m in *q4_k_m) $peer -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -d 4096 -r 3 2>/dev/null | tail -n 3 | tee -a "$OUT/llamacpp.md" ;; esac
+    if [ -x "$peer" ]; then
+      "$peer" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>/dev/null | tee -a "$OUT/llamacpp.md"
+      case $m in *q4_k_m) "$peer" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -d 4096 -r 3 2>/dev/null | tail -n 3 | tee -a "$OUT/llamacpp.md" ;; esac
     else
-      echo "llama-bench not built (see $PEER/build.log)"
+      echo "llama-bench not built: $peer"
     fi
   done ;;
 hybrid)
+  peer=$(peer_bench)
   f=$files/llama3-8b-q4_k_m.gguf
   [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m
   for ngl in ${NGL:-32 24 16}; do
     echo "== llama3-8b q4_k_m, $ngl of 32 layers on the GPU"
     python3 -m app.cli bench "$f" --device cuda -ngl $ngl -p 512 -n 128 -r 3 | tail -n 2 | tee -a "$OUT/hybrid_ours.md"
     # llama.cpp's -ngl counts the output layer as layer 33: -ngl 32 leaves it on the CPU, so all-GPU is 99
-    [ -x $peer ] && $peer -m "$f" -ngl $([ $ngl = 32 ] && echo 99 || echo $ngl) -fa 1 -p 512 -n 128 -r 3 2>/dev/null \
+    [ -x "$peer" ] && "$peer" -m "$f" -ngl $([ $ngl = 32 ] && echo 99 || echo $ngl) -fa 1 -p 512 -n 128 -r 3 2>/dev/null \
       | grep -E "pp512|tg128" | tee -a "$OUT/hybrid_llamacpp.md"
   done ;;
 vram)  # issue 5: peak VRAM of llama3-8b q4_k_m at ctx 4096 (a full 1024-token chunk, then decoding) vs file + KV + 10%
