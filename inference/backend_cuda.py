@@ -78,7 +78,7 @@ class CUDABackend:
             self._groups: dict[tuple, list[RowGroup]] = {}  # _group_key of a matmuls call -> its row groups
             for i in self.layers:
                 for ws, biases in _matmuls_calls(weights.layers[i]):
-                    self._groups[_group_key(ws, biases)] = _row_groups(ws, biases)
+                    self._groups[_group_key(ws, biases)] = row_groups(ws, biases)
             self._dev: dict[int, object] = {}  # id of a host weight -> its device copy
             for m in _host_tensors(weights, self.layers):
                 if id(m) not in self._dev:
@@ -336,8 +336,9 @@ def _group_key(ws: tuple, biases: tuple | None) -> tuple:
     return tuple(map(id, ws)) + tuple(map(id, biases or (None,) * len(ws)))
 
 
-def _row_groups(ws: tuple[QuantMatrix, ...], biases: tuple | None) -> list[RowGroup]:
-    """ws split by (type, width), each part uploaded as one weight (a Q4_K_M file's Q6_K attn_v stays apart)."""
+def row_groups(ws: tuple[QuantMatrix, ...], biases: tuple | None, place=to_device) -> list[RowGroup]:
+    """ws split by (type, width), each part uploaded as one weight (a Q4_K_M file's Q6_K attn_v stays apart);
+    place: to_device (VRAM) or to_pinned (host memory the GPU reads, gpu_share.py)."""
     biases = biases or (None,) * len(ws)
     by_kind: dict[tuple, list[int]] = {}
     for i, w in enumerate(ws):
@@ -350,7 +351,7 @@ def _row_groups(ws: tuple[QuantMatrix, ...], biases: tuple | None) -> list[RowGr
         if any(biases[i] is not None for i in idx):
             bias = cp.asarray(np.concatenate([np.zeros(ws[i].n_rows, np.float32) if biases[i] is None else biases[i]
                                               for i in idx]))
-        groups.append(RowGroup(to_device(raw, ws[idx[0]].qtype), bias,
+        groups.append(RowGroup(place(raw, ws[idx[0]].qtype), bias,
                                tuple(zip(idx, [0] + ends[:-1], ends))))
     return groups
 

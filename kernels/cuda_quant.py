@@ -14,6 +14,7 @@ launch on the given stream, so they can be captured into a CUDA graph.
 from dataclasses import dataclass
 
 import cupy as cp
+import cupyx
 import numpy as np
 
 from kernels.cuda_layout import ELEMS_PER_ITEM, META_SPLIT, repack
@@ -51,8 +52,8 @@ class Q8Vector:
         return cls(cp.empty(n, dtype=cp.int8), cp.empty((n // 32, 2), dtype=cp.float32))
 
 
-def to_device(raw: np.ndarray, qtype: GGMLType) -> DeviceWeight:
-    """raw uint8 [n_rows, row_bytes] (a tensor's bytes from the file) -> a weight in VRAM, repacked."""
+def _matrix_shape(raw: np.ndarray, qtype: GGMLType) -> tuple[int, int]:
+    """(n_rows, n_cols) of raw uint8 [n_rows, row_bytes], checked against what the kernels take."""
     if raw.dtype != np.uint8 or raw.ndim != 2:
         raise ValueError(f"expected uint8 [n_rows, row_bytes], got {raw.dtype} {raw.shape}")
     n_rows, row_bytes = raw.shape
@@ -63,7 +64,23 @@ def to_device(raw: np.ndarray, qtype: GGMLType) -> DeviceWeight:
         raise ValueError(f"{qtype.name}: the kernels need a multiple of 32 columns, got {n_cols}")
     if qtype.name not in META_SPLIT:
         raise ValueError(f"no CUDA matvec kernel for {qtype.name}")
+    return n_rows, n_cols
+
+
+def to_device(raw: np.ndarray, qtype: GGMLType) -> DeviceWeight:
+    """raw uint8 [n_rows, row_bytes] (a tensor's bytes from the file) -> a weight in VRAM, repacked."""
+    n_rows, n_cols = _matrix_shape(raw, qtype)
     return DeviceWeight(cp.asarray(repack(raw, qtype)), qtype, n_rows, n_cols)
+
+
+def to_pinned(raw: np.ndarray, qtype: GGMLType) -> DeviceWeight:
+    """raw -> a weight in pinned host memory, repacked as to_device does, that takes no VRAM: under unified
+    addressing the host pointer is valid in kernels, so matvec reads it over PCIe as it goes (zero-copy)."""
+    n_rows, n_cols = _matrix_shape(raw, qtype)
+    host = cupyx.empty_pinned(raw.size, np.uint8)
+    host[:] = repack(raw, qtype)
+    memory = cp.cuda.UnownedMemory(host.ctypes.data, host.nbytes, host)  # holds host, and so its pages
+    return DeviceWeight(cp.ndarray(host.shape, cp.uint8, cp.cuda.MemoryPointer(memory, 0)), qtype, n_rows, n_cols)
 
 
 def quantize_q8_1(x: cp.ndarray, xq: Q8Vector, stream: cp.cuda.Stream | None = None) -> None:
