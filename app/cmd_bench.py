@@ -101,7 +101,8 @@ def run(args) -> int:
                   **load_options(args))
     name = engine.path.name
     k, n = engine.placement.n_gpu_layers, engine.config.n_layers
-    ours = f"gguf-chat {engine.device}" + (f" {k}/{n} layers" if 0 < k < n else "") + \
+    share = f" (GPU share {engine.gpu_share.share:.2f})" if engine.gpu_share else ""
+    ours = f"gguf-chat {engine.device}" + (f" {k}/{n} layers{share}" if 0 < k < n else "") + \
         (" no-graph" if args.no_graph and engine.device == "cuda" else "")
     results = [(ours, test, rates) for test, rates in
                bench_ours(engine, args.n_prompt, args.n_gen, args.repetitions, args.depth).items()]

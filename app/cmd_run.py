@@ -56,7 +56,7 @@ def run(args) -> int:
     engine = load(args.model, ctx=args.ctx, progress=DownloadBar(), **load_options(args))
     load_seconds = time.perf_counter() - t0
     if args.verbose:
-        print(engine.placement.summary(), file=sys.stderr)
+        print(engine.summary(), file=sys.stderr)
     if args.raw:
         request = prompt
     else:

@@ -28,7 +28,9 @@ class CPUBackend:
     layers: the layers it runs (default all); with the GPU holding the rest, they are the first ones.
     gpu: the GPU backend of the other layers, if any: it multiplies this backend's matrices for prompt chunks of
     OFFLOAD_MIN_TOKENS or more, each matrix uploaded for the call (as llama.cpp does), because dequantizing
-    every weight for BLAS on the CPU (~70 tok/s on llama3-8b's 8 CPU layers) is far slower than the copy."""
+    every weight for BLAS on the CPU (~70 tok/s on llama3-8b's 8 CPU layers) is far slower than the copy.
+    share: a gpu_share.GpuShare, set after construction, through which the GPU multiplies the first rows of
+    this backend's matrices for one token while the CPU does the rest (None: the CPU does all)."""
 
     prefill_chunk = 256  # prompt tokens a forward: bounds the attention scores to [heads, 256, ctx]
 
@@ -37,6 +39,7 @@ class CPUBackend:
         self.n_ctx = n_ctx
         self.layers = range(cfg.n_layers) if layers is None else layers
         self.gpu = gpu
+        self.share = None
         self.k_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.head_dim)) for i in self.layers}
         self.v_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.v_head_dim)) for i in self.layers}
         self.tokens = np.zeros(0, np.int32)  # [n] the tokens of this step
@@ -61,6 +64,8 @@ class CPUBackend:
     def matmul(self, w: QuantMatrix, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         if self.gpu is not None and len(x) >= OFFLOAD_MIN_TOKENS:
             y = self.gpu.matmul_host_weight(w, x)
+        elif self.share is not None and len(x) == 1:
+            y = self.share.matmuls((w,), x)[0]
         else:
             y = quantized_matmul(w.data, w.qtype, x)  # [n, n_rows]
         return y + bias if bias is not None else y
@@ -70,7 +75,10 @@ class CPUBackend:
         all their rows in one parallel region: a layer's decode step makes 4 of each instead of 7."""
         if self.gpu is not None and len(x) >= OFFLOAD_MIN_TOKENS:
             return tuple(self.matmul(w, x, b) for w, b in zip(ws, biases or (None,) * len(ws)))
-        ys = quantized_matmuls([w.data for w in ws], [w.qtype for w in ws], x)  # [n, n_rows] each
+        if self.share is not None and len(x) == 1:
+            ys = self.share.matmuls(ws, x)
+        else:
+            ys = quantized_matmuls([w.data for w in ws], [w.qtype for w in ws], x)  # [n, n_rows] each
         return tuple(y + b if b is not None else y for y, b in zip(ys, biases or (None,) * len(ws)))
 
     def rope(self, x: np.ndarray, base: float, scale: float) -> np.ndarray:

@@ -61,13 +61,14 @@ class GenerationStats:
 
 class Engine:
     def __init__(self, path: Path, config: ModelConfig, weights, tokenizer, gguf, n_ctx: int, placement: Placement,
-                 cuda_graph: bool = True, notify=None):
+                 cuda_graph: bool = True, notify=None, gpu_share="auto"):
         self.path = path
         self.config = config
         self.tokenizer = tokenizer
         self.n_ctx = n_ctx
         self._weights = weights
         self._cuda_graph = cuda_graph
+        self._gpu_share = gpu_share  # of the CPU layers' rows, for their one-token matmuls (gpu_share.py)
         self._notify = notify or _to_stderr  # says what load and recovery decided (OOM retries)
         self._gguf = gguf  # keeps the memory map the weights view alive
         self._place(placement)
@@ -82,7 +83,8 @@ class Engine:
         while True:
             k = self.placement.n_gpu_layers
             try:
-                self._segments, self._decode = _build(self.config, self._weights, self.n_ctx, k, self._cuda_graph)
+                self._segments, self._decode = _build(self.config, self._weights, self.n_ctx, k, self._cuda_graph,
+                                                      self._gpu_share, self._notify)
                 break
             except Exception as e:
                 if k == 0 or not _out_of_vram(e):
@@ -91,6 +93,12 @@ class Engine:
             self.placement = self._with_gpu_layers(_fewer_layers(k, self._notify, "loading"))
         self.device = "cpu" if k == 0 else "cuda"
         self._be = self._segments[-1][0]  # gives the logits
+        first = self._segments[0][0]
+        self.gpu_share = first.share if isinstance(first, CPUBackend) else None  # a GpuShare or None
+
+    def summary(self) -> str:
+        """Where the model runs (run --verbose): the placement, and the GPU's share of the CPU layers if any."""
+        return self.placement.summary() + (f"\n  {self.gpu_share.describe()}" if self.gpu_share else "")
 
     def _with_gpu_layers(self, k: int) -> Placement:
         """The placement with only its last k layers on the GPU, after running out of VRAM."""
@@ -295,8 +303,10 @@ def cuda_available() -> bool:
         return False
 
 
-def _build(config: ModelConfig, weights, n_ctx: int, n_gpu_layers: int, cuda_graph: bool):
-    """(segments, decode step) with the last n_gpu_layers layers on the GPU (decode None: all on the CPU)."""
+def _build(config: ModelConfig, weights, n_ctx: int, n_gpu_layers: int, cuda_graph: bool, gpu_share="auto",
+           notify=None):
+    """(segments, decode step) with the last n_gpu_layers layers on the GPU (decode None: all on the CPU); the
+    GPU multiplies gpu_share ("auto": measured) of the CPU layers' rows in their decode steps."""
     n = config.n_layers
     if n_gpu_layers == 0:
         return [(CPUBackend(config, weights, n_ctx), range(n))], None
@@ -305,6 +315,9 @@ def _build(config: ModelConfig, weights, n_ctx: int, n_gpu_layers: int, cuda_gra
     first = n - n_gpu_layers
     gpu = CUDABackend(config, weights, n_ctx, range(first, n))
     cpu = CPUBackend(config, weights, n_ctx, range(first), gpu) if first else None
+    if cpu:
+        from inference.gpu_share import build_share  # noqa: PLC0415
+        cpu.share = build_share(gpu.stream, weights, cpu.layers, gpu_share, cuda_graph, notify or _to_stderr)
     segments = ([(cpu, cpu.layers)] if cpu else []) + [(gpu, gpu.layers)]
     return segments, DecodeStep(gpu, config, weights, cuda_graph, cpu)
 
@@ -353,12 +366,14 @@ def plan_gpu(gguf, config: ModelConfig, n_ctx: int | None, gpu_layers, vram_budg
 
 
 def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None, progress=None,
-         cuda_graph: bool = True, vram_budget: int | None = None, notify=None) -> Engine:
+         cuda_graph: bool = True, vram_budget: int | None = None, notify=None, gpu_share="auto") -> Engine:
     """Open a GGUF model ready to generate: model is a path, owner/repo[:QUANT] or a pulled name (None: the
     default model); progress reports a download. device "cuda", "cpu" or "auto" (CUDA when CuPy sees a GPU).
     gpu_layers: "auto" (as many of the last layers as fit) or how many go on the GPU; vram_budget: bytes to plan
     with as on a smaller card (placement.py). cuda_graph=False runs the GPU decode step eagerly instead of
-    replaying its captured graph. notify(message) hears about OOM retries (default: stderr)."""
+    replaying its captured graph. notify(message) hears about OOM retries (default: stderr). gpu_share: with
+    layers on the CPU, the fraction of their matrix rows the GPU multiplies each decode step, reading them from
+    pinned host memory over PCIe (gpu_share.py); "auto" measures both sides' rates at load, 0 is off."""
     if device not in ("auto", "cpu", "cuda"):
         raise DeviceError(f"device '{device}' is not available (use auto, cpu or cuda)")
     reason = "--device cpu"
@@ -378,4 +393,4 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
         placement = all_on_cpu(config.n_layers, n_ctx, reason)
     else:
         placement = plan_gpu(gguf, config, ctx, gpu_layers, vram_budget, free_vram())
-    return Engine(path, config, weights, tokenizer, gguf, placement.n_ctx, placement, cuda_graph, notify)
+    return Engine(path, config, weights, tokenizer, gguf, placement.n_ctx, placement, cuda_graph, notify, gpu_share)

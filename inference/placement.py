@@ -41,6 +41,8 @@ PREFILL_CHUNK = 512
 # The fp16 tile a prompt matmul dequantizes weight rows into: half the largest layer matrix (two tiles for it,
 # one cuBLAS call more) rather than all of it, 117 MB less VRAM on llama3-8b.
 PREFILL_TILE_ELEMS_DIVISOR = 2
+# The most of a CPU layer's matrix rows the GPU may multiply over PCIe (inference/gpu_share.py): the CPU keeps some
+MAX_GPU_SHARE = 0.9
 ATTN_SPLITS_MAX = 64  # kernels/cuda_ops.decode_scratch: at most 64 key splits per head
 SAMPLE_CHUNK, SAMPLE_K_MAX = 4096, 64  # kernels/cuda_ops.sample_scratch
 
@@ -50,6 +52,10 @@ class GpuLayersError(UserError, ValueError):
 
 
 class VramBudgetError(UserError, ValueError):
+    pass
+
+
+class GpuShareError(UserError, ValueError):
     pass
 
 
@@ -197,6 +203,19 @@ def parse_gpu_layers(text: str) -> int | str:
     return int(text)
 
 
+def parse_gpu_share(text: str) -> float | str:
+    """'auto' or a fraction 0..MAX_GPU_SHARE, as --gpu-share takes it."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        share = float(text)
+    except ValueError:
+        share = -1.0
+    if not 0 <= share <= MAX_GPU_SHARE:
+        raise GpuShareError(f"--gpu-share takes 'auto' or a fraction from 0 to {MAX_GPU_SHARE}, got '{text}'")
+    return share
+
+
 def parse_vram_budget(text: str) -> int:
     """'6', '6GB', '6.5GiB', '512MiB' -> bytes. GB and MB are read as GiB and MiB, as cards are sold."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(g|gb|gib|m|mb|mib)?\s*", text, re.IGNORECASE)
@@ -209,11 +228,13 @@ def parse_vram_budget(text: str) -> int:
 def free_vram() -> int | None:
     """Free bytes on the current CUDA device for a new engine, or None without CUDA (no CuPy, driver or device).
     An engine dropped but not yet collected (a chat switching models: its backends hold reference cycles) and
-    the blocks CuPy's pool keeps cached would otherwise count as taken: both are released first."""
+    the blocks CuPy's pool keeps cached would otherwise count as taken: both are released first, and the pinned
+    host blocks of its GPU share (gpu_share.py) go back to the system."""
     try:
         import cupy
         gc.collect()
         cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
         return cupy.cuda.runtime.memGetInfo()[0]
     except (ImportError, RuntimeError):  # CUDARuntimeError is a RuntimeError
         return None

@@ -161,7 +161,9 @@ class ChatApp(App):
         self.notify(f"{model_label(event.model)} loaded in {event.seconds:.1f} s", timeout=3)
         placement = self.engine.placement
         if 0 < placement.n_gpu_layers < len(placement.layers):  # a split is slower: say why it was made
-            self.notify(placement.summary().splitlines()[0], title="Placement", timeout=8)
+            share = self.engine.gpu_share
+            self.notify(placement.summary().splitlines()[0] + (f"; {share.describe()}" if share else ""),
+                        title="Placement", timeout=8)
         self.show_model_status()
         if self.reply_waits_for_model:
             self.start_generation()

@@ -53,6 +53,7 @@ def test_user_errors_are_one_line(smollm2, gemma3, tmp_path):
     assert_one_line_error(gguf_chat("run", gemma3, "-p", "hi"), "no chat template", "--raw")
     assert_one_line_error(gguf_chat("run", smollm2, "--gpu-layers", "most", "-p", "hi"), "--gpu-layers", "'most'")
     assert_one_line_error(gguf_chat("run", smollm2, "--vram-budget", "lots", "-p", "hi"), "--vram-budget", "'lots'")
+    assert_one_line_error(gguf_chat("run", smollm2, "--gpu-share", "2", "-p", "hi"), "--gpu-share", "'2'")
 
 
 def test_ctrl_c_stops_cleanly_with_the_partial_text(smollm2):

@@ -18,15 +18,20 @@ CTX = 512
 MODELS = ["smollm2", "gemma3", "synth_gemma3", "synth_qwen2", "synth_1b"]
 
 
+SHARE = 0.5  # of the CPU layers' rows the split engines' GPU multiplies in their decode steps (gpu_share.py)
+
+
 @pytest.fixture(scope="module")
 def split_engines(request):
-    """(cpu, all on the gpu, half the layers on the gpu with the graph, the same eager) engines of one model."""
+    """(cpu, all on the gpu, half the layers on the gpu with the graph, the same eager) engines of one model; the
+    split ones with the GPU multiplying SHARE of the CPU layers' rows for one token."""
     from inference import load
     path = request.getfixturevalue(request.param)
     cpu = load(path, device="cpu", ctx=CTX)
     half = cpu.config.n_layers // 2
-    return (cpu, load(path, device="cuda", ctx=CTX), load(path, device="cuda", ctx=CTX, gpu_layers=half),
-            load(path, device="cuda", ctx=CTX, gpu_layers=half, cuda_graph=False))
+    return (cpu, load(path, device="cuda", ctx=CTX),
+            load(path, device="cuda", ctx=CTX, gpu_layers=half, gpu_share=SHARE),
+            load(path, device="cuda", ctx=CTX, gpu_layers=half, cuda_graph=False, gpu_share=SHARE))
 
 
 @pytest.mark.parametrize("split_engines", MODELS, indirect=True)
@@ -43,6 +48,8 @@ def test_split_places_the_last_layers_on_the_gpu(split_engines):
     assert hybrid.placement.n_gpu_layers == k and hybrid.placement.embedding == "cpu"
     cpu = "layer 0" if n - k == 1 else f"layers 0-{n - k - 1}"
     assert hybrid.placement.summary().startswith(f"placement: {k}/{n} layers on GPU, {cpu} on CPU")
+    assert cpu_be.share is hybrid.gpu_share and hybrid.gpu_share.share == SHARE
+    assert "the GPU reads 50% of the CPU layers' matrix rows over PCIe" in hybrid.summary()
 
 
 @pytest.mark.parametrize("split_engines", MODELS, indirect=True)
@@ -86,9 +93,9 @@ def test_one_and_all_but_one_layer_on_the_gpu(split_engines, synth_tiny):
     n = cpu.config.n_layers
     ids = random_prompt(cpu, 20)
     ref = reference_logits(cpu, ids)
-    for k in (1, n - 1):
-        engine = load(synth_tiny, device="cuda", ctx=CTX, gpu_layers=k)
-        assert engine.placement.n_gpu_layers == k
+    for k, share in ((1, 0), (n - 1, "auto")):
+        engine = load(synth_tiny, device="cuda", ctx=CTX, gpu_layers=k, gpu_share=share)
+        assert engine.placement.n_gpu_layers == k and (share or engine.gpu_share is None)
         assert_close_logits(engine.logits(ids), ref, f"tiny, {k} of {n} layers on the GPU")
         sampled = list(engine.generate("Once upon a time", max_tokens=20, temperature=0.8, seed=3))
         assert sampled[-1].generated_tokens >= 1

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from inference.placement import (CUDA_CONTEXT_BYTES, GiB, MiB, RUNTIME_RESERVE_BYTES, GpuLayersError,
+from inference.placement import (CUDA_CONTEXT_BYTES, GiB, MiB, RUNTIME_RESERVE_BYTES, GpuLayersError, GpuShareError,
                                  PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR, VramBudgetError, all_on_cpu, free_vram, kv_bytes_per_layer,
-                                 layer_weight_bytes, parse_gpu_layers, parse_vram_budget, plan_placement,
+                                 layer_weight_bytes, parse_gpu_layers, parse_gpu_share, parse_vram_budget, plan_placement,
                                  scratch_bytes, split)
 from models.config import ModelConfig, config_from_metadata
 from models.ggml_types import TYPES_BY_NAME
@@ -281,6 +281,14 @@ def test_parse_gpu_layers():
     for bad in ("-1", "all", "2.5", ""):
         with pytest.raises(GpuLayersError, match="^--gpu-layers takes 'auto' or a number of layers"):
             parse_gpu_layers(bad)
+
+
+def test_parse_gpu_share():
+    assert parse_gpu_share("auto") == "auto" and parse_gpu_share(" Auto ") == "auto"
+    assert parse_gpu_share("0") == 0 and parse_gpu_share("0.45") == 0.45 and parse_gpu_share("0.9") == 0.9
+    for bad in ("-0.1", "0.95", "1", "half", "nan", "inf", ""):
+        with pytest.raises(GpuShareError, match=r"^--gpu-share takes 'auto' or a fraction from 0 to 0\.9, got"):
+            parse_gpu_share(bad)
 
 
 def test_free_vram_without_cupy(monkeypatch):
