@@ -4,7 +4,8 @@
 # build early in the lease (`setsid bash .carry/llamacpp_peer.sh build .carry &`), then:
 #   bash tests/device_bench.sh synth    # writes the files (a few minutes)
 #   bash tests/device_bench.sh run      # gguf-chat bench and llama-bench, results under $OUT
-#   bash tests/device_bench.sh hybrid   # llama3-8b q4_k_m with 32, 24 and 16 of its 32 layers on the GPU
+#   bash tests/device_bench.sh hybrid   # llama3-8b q4_k_m with 32, 24 and 16 of its 32 layers on the GPU, the
+#                                       # GPU's share of the CPU layers' rows at each of SHARES (default: 0 auto)
 #   bash tests/device_bench.sh vram     # its peak VRAM against file size + KV cache + 10%
 # With layers on the CPU, where the time goes: python3 tests/device_profile.py FILE N (per-op, per-token), and
 # the host's DRAM and PCIe rates: python3 tests/device_probe.py FILE (see inference/NOTES_gpu.md).
@@ -47,7 +48,10 @@ hybrid)
   [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m
   for ngl in ${NGL:-32 24 16}; do
     echo "== llama3-8b q4_k_m, $ngl of 32 layers on the GPU"
-    python3 -m app.cli bench "$f" --device cuda -ngl $ngl -p 512 -n 128 -r 3 | tail -n 2 | tee -a "$OUT/hybrid_ours.md"
+    for share in $([ $ngl = 32 ] && echo 0 || echo ${SHARES:-0 auto}); do
+      python3 -m app.cli bench "$f" --device cuda -ngl $ngl --gpu-share $share -p 512 -n 128 -r 3 | tail -n 2 \
+        | tee -a "$OUT/hybrid_ours.md"
+    done
     # llama.cpp's -ngl counts the output layer as layer 33: -ngl 32 leaves it on the CPU, so all-GPU is 99
     [ -x "$peer" ] && "$peer" -m "$f" -ngl $([ $ngl = 32 ] && echo 99 || echo $ngl) -fa 1 -p 512 -n 128 -r 3 2>/dev/null \
       | grep -E "pp512|tg128" | tee -a "$OUT/hybrid_llamacpp.md"
