@@ -64,13 +64,14 @@ class GpuShare:
     """For CPUBackend: matmuls of one token whose first rows the GPU multiplies (see the module's docstring).
 
     share: the fraction of each matrix's rows the GPU takes. use_graph=False launches each call's kernels
-    eagerly (the decode step's --no-graph)."""
+    eagerly (the decode step's --no-graph). rates: the (GPU, CPU) bytes a second it was chosen from, if measured."""
 
     def __init__(self, stream: cp.cuda.Stream, weights: ModelWeights, layers: range, share: float,
-                 use_graph: bool = True):
+                 use_graph: bool = True, rates: tuple[float, float] | None = None):
         self.stream = stream
         self.share = share
         self.use_graph = use_graph
+        self.rates = rates
         self._calls = {}  # ids of a call's matrices -> _Call
         with stream:
             for i in layers:
@@ -87,8 +88,10 @@ class GpuShare:
             self._y = cp.empty(rows, cp.float32)
 
     def describe(self) -> str:
+        measured = (f"; measured at load: the GPU's matvec {self.rates[0] / 1e9:.1f} GB/s over PCIe, the CPU's "
+                    f"{self.rates[1] / 1e9:.1f} GB/s") if self.rates else ""
         return (f"the GPU reads {self.share:.0%} of the CPU layers' matrix rows over PCIe each token "
-                f"({self.nbytes / 2**30:.2f} GiB of pinned host memory)")
+                f"({self.nbytes / 2**30:.2f} GiB of pinned host memory{measured})")
 
     def matmuls(self, ws: tuple[QuantMatrix, ...], x: np.ndarray) -> tuple[np.ndarray, ...]:
         """x [1, n_cols] @ W.T for each of ws: the GPU's rows and the CPU's at once, joined [1, n_rows] each."""
@@ -134,24 +137,26 @@ def build_share(stream: cp.cuda.Stream, weights: ModelWeights, layers: range, sh
     """The GpuShare of the CPU layers for share ("auto": measured, and none below MIN_SHARE; else a fraction),
     or None: share 0, too small, or no pinned host memory to be had (said through notify)."""
     try:
+        rates = None
         if share == "auto":
-            share = measure_share(stream, weights, layers)
+            rates = measure_rates(stream, weights, layers)
+            share = rates[0] / (rates[0] + rates[1]) if rates else 0.0
             if share < MIN_SHARE:
                 return None
-        return GpuShare(stream, weights, layers, min(share, MAX_GPU_SHARE), use_graph) if share > 0 else None
+        return GpuShare(stream, weights, layers, min(share, MAX_GPU_SHARE), use_graph, rates) if share > 0 else None
     except cp.cuda.runtime.CUDARuntimeError as e:  # cudaHostAlloc refused: no more lockable host memory
         notify(f"could not pin host memory for the GPU's share of the CPU layers ({e}): the CPU runs all of it")
         return None
 
 
-def measure_share(stream: cp.cuda.Stream, weights: ModelWeights, layers: range) -> float:
-    """The share of rows that keeps both readers busy for as long: g / (g + c), g the GB/s of the GPU's matvec
-    reading pinned host memory (on the first CPU layer's largest matrix), c the cores' GB/s over the CPU layers'
-    matrices (one token's matmuls, from DRAM: ~1 GiB is more than any L3)."""
+def measure_rates(stream: cp.cuda.Stream, weights: ModelWeights, layers: range) -> tuple[float, float] | None:
+    """(g, c) bytes a second: g of the GPU's matvec reading pinned host memory (the first CPU layer's largest
+    matrix), c of the cores over the CPU layers' matrices (one token's matmuls, from DRAM: ~1 GiB is more than
+    any L3); None if no matrix has a CUDA kernel. The share g / (g + c) keeps both busy for as long."""
     calls = [ws for i in layers for ws in _layer_calls(weights.layers[i])]
     w = max((w for ws in calls[:4] for w in ws if _gpu_rows(w, 1.0)), key=lambda w: w.data.nbytes, default=None)
     if w is None:
-        return 0.0
+        return None
     rows = max(1, min(w.n_rows, CALIBRATION_BYTES // w.data.shape[1]))
     with stream:
         pinned = to_pinned(w.data[:rows], w.qtype)
@@ -185,4 +190,4 @@ def measure_share(stream: cp.cuda.Stream, weights: ModelWeights, layers: range) 
     t = time.perf_counter()
     cpu_pass(timed)
     cpu_rate = nbytes / (time.perf_counter() - t)
-    return gpu_rate / (gpu_rate + cpu_rate)
+    return gpu_rate, cpu_rate

@@ -67,12 +67,15 @@ def test_measured_share_and_what_the_engine_says(synth_1b):
     import cupy as cp
 
     from inference import load
-    from inference.gpu_share import measure_share
+    from inference.gpu_share import measure_rates
     w = _weights(synth_1b)
-    share = measure_share(cp.cuda.Stream(non_blocking=True), w, range(8))
-    print(f"measured share on llama-1b's 8 CPU layers: {share:.3f}")
+    g, c = measure_rates(cp.cuda.Stream(non_blocking=True), w, range(8))
+    share = g / (g + c)
+    print(f"llama-1b's 8 CPU layers: GPU over PCIe {g / 1e9:.1f} GB/s, CPU {c / 1e9:.1f} GB/s, share {share:.3f}")
     assert 0.05 < share < 0.95
     engine = load(synth_1b, device="cuda", ctx=512, gpu_layers=8)
     assert engine.gpu_share is not None and engine.gpu_share.share == pytest.approx(share, abs=0.2)
-    assert f"the GPU reads {engine.gpu_share.share:.0%} of the CPU layers' matrix rows" in engine.summary()
+    text = engine.summary()
+    assert f"the GPU reads {engine.gpu_share.share:.0%} of the CPU layers' matrix rows" in text, text
+    assert "measured at load: the GPU's matvec" in text
     assert load(synth_1b, device="cuda", ctx=512, gpu_layers=8, gpu_share=0).gpu_share is None
