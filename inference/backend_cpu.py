@@ -54,6 +54,9 @@ class CPUBackend:
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
 
+    def copy(self, x: np.ndarray) -> np.ndarray:
+        return x.copy()
+
     def embed(self, table: QuantMatrix, scale: float) -> np.ndarray:
         x = dequantize_rows(table.data, table.qtype, self.tokens)  # [n, n_embd]
         return x * np.float32(scale) if scale != 1.0 else x

@@ -135,6 +135,12 @@ class CUDABackend:
     def to_host(self, x: cp.ndarray) -> np.ndarray:
         return x.get(stream=self.stream)
 
+    def copy(self, x: cp.ndarray) -> cp.ndarray:
+        """x copied on this backend's stream: after the ops that write x, before those that read the copy (CuPy
+        copies on the null stream by default, which this non-blocking stream does not wait for, nor it for)."""
+        with self.stream:
+            return x.copy()
+
     # ---- the hidden state from the CPU layers before this segment ----
 
     def receive(self, x: np.ndarray) -> cp.ndarray:

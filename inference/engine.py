@@ -143,7 +143,7 @@ class Engine:
             # the same prompt again (regenerate): its logits as they were, not its last token re-run alone,
             # whose one-token matmuls round activations to 8 bits and may pick another greedy reply
             self._cached = list(ids)  # what came after the prompt last time is overwritten from here on
-            return self._prompt_logits[1].copy()
+            return self._be.copy(self._prompt_logits[1])
         # else the last token always runs: its logits pick the next one
         keep = min(cached, len(ids) - 1)
         out = []
@@ -157,7 +157,7 @@ class Engine:
             self._cached = ids[:start + len(chunk)]
         if all_logits:
             return np.concatenate(out).astype(np.float32, copy=False)
-        self._prompt_logits = (list(ids), out[-1].copy())
+        self._prompt_logits = (list(ids), self._be.copy(out[-1]))
         return out[-1]
 
     def _host_tokens(self, logits: np.ndarray, params: SamplingParams, seed: int | None,
