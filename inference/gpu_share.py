@@ -16,7 +16,7 @@ import cupyx
 import numpy as np
 
 from inference.backend_cuda import row_groups
-from inference.placement import MAX_GPU_SHARE
+from inference.placement import MAX_GPU_SHARE, cap_gpu_share, host_memory_available
 from inference.weights import ModelWeights, QuantMatrix
 from kernels.cpu_quant import quantized_matmuls
 from kernels.cuda_layout import META_SPLIT
@@ -141,9 +141,17 @@ def build_share(stream: cp.cuda.Stream, weights: ModelWeights, layers: range, sh
         if share == "auto":
             rates = measure_rates(stream, weights, layers)
             share = rates[0] / (rates[0] + rates[1]) if rates else 0.0
-            if share < MIN_SHARE:
-                return None
-        return GpuShare(stream, weights, layers, min(share, MAX_GPU_SHARE), use_graph, rates) if share > 0 else None
+        share = min(share, MAX_GPU_SHARE)
+        matrices = sum(w.data.nbytes for i in layers for ws in _layer_calls(weights.layers[i]) for w in ws
+                       if _gpu_rows(w, 1.0))
+        available = host_memory_available()
+        capped = cap_gpu_share(share, matrices, available)
+        if capped < share:
+            notify(f"the GPU's share of the CPU layers lowered to {capped:.0%}: {share:.0%} would pin "
+                   f"{share * matrices / 2**30:.1f} GiB of the {available / 2**30:.1f} GiB of host memory available")
+        if capped <= 0 or (rates and capped < MIN_SHARE):
+            return None
+        return GpuShare(stream, weights, layers, capped, use_graph, rates)
     except cp.cuda.runtime.CUDARuntimeError as e:  # cudaHostAlloc refused: no more lockable host memory
         notify(f"could not pin host memory for the GPU's share of the CPU layers ({e}): the CPU runs all of it")
         return None

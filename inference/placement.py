@@ -20,6 +20,7 @@ one GPU segment (layers k..n-1, the head, sampling), one upload of n_embd floats
 """
 import gc
 import math
+import os
 import re
 from dataclasses import dataclass, replace
 
@@ -201,6 +202,22 @@ def parse_gpu_layers(text: str) -> int | str:
     if not text.strip().isdigit():
         raise GpuLayersError(f"--gpu-layers takes 'auto' or a number of layers, got '{text}'")
     return int(text)
+
+
+def cap_gpu_share(share: float, matrix_bytes: int, available: int) -> float:
+    """share lowered, if need be, so that the GPU's rows of the CPU layers (share of their matrix_bytes, pinned:
+    never paged out) take at most half the host memory available: the CPU's rows are file pages it reads every
+    token, and pinning them out of the page cache would make tokens wait on the disk."""
+    return min(share, available / 2 / matrix_bytes) if matrix_bytes > 0 else share
+
+
+def host_memory_available() -> int:
+    """Bytes the host can give without swapping (Linux's MemAvailable: free memory and reclaimable caches)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def parse_gpu_share(text: str) -> float | str:

@@ -1,12 +1,15 @@
 """Placement arithmetic on the CPU: real tensor tables of the packaged models and llama3-8b's built from shapes."""
+import os
+
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from inference.placement import (CUDA_CONTEXT_BYTES, GiB, MiB, RUNTIME_RESERVE_BYTES, GpuLayersError, GpuShareError,
-                                 PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR, VramBudgetError, all_on_cpu, free_vram, kv_bytes_per_layer,
-                                 layer_weight_bytes, parse_gpu_layers, parse_gpu_share, parse_vram_budget, plan_placement,
-                                 scratch_bytes, split)
+from inference.placement import (CUDA_CONTEXT_BYTES, PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR, RUNTIME_RESERVE_BYTES,
+                                 GiB, GpuLayersError, GpuShareError, MiB, VramBudgetError, all_on_cpu, cap_gpu_share,
+                                 free_vram, host_memory_available, kv_bytes_per_layer, layer_weight_bytes,
+                                 parse_gpu_layers, parse_gpu_share, parse_vram_budget, plan_placement, scratch_bytes,
+                                 split)
 from models.config import ModelConfig, config_from_metadata
 from models.ggml_types import TYPES_BY_NAME
 from models.gguf import TensorInfo, open_gguf
@@ -289,6 +292,13 @@ def test_parse_gpu_share():
     for bad in ("-0.1", "0.95", "1", "half", "nan", "inf", ""):
         with pytest.raises(GpuShareError, match=r"^--gpu-share takes 'auto' or a fraction from 0 to 0\.9, got"):
             parse_gpu_share(bad)
+
+
+def test_gpu_share_pins_at_most_half_the_available_memory():
+    assert cap_gpu_share(0.4, 10 * GiB, 64 * GiB) == 0.4  # 4 GiB pinned of 64
+    assert cap_gpu_share(0.4, 10 * GiB, 4 * GiB) == pytest.approx(0.2)  # 2 GiB: half of what is available
+    assert cap_gpu_share(0.4, 0, 1 * GiB) == 0.4  # no matrix the GPU can multiply
+    assert 0 < host_memory_available() <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def test_free_vram_without_cupy(monkeypatch):
