@@ -15,7 +15,10 @@ ATTENTION_LOOP_MAX_TOKENS = 4  # up to this many queries the loop kernel beats B
 # cores: 32 heads x 64 keys x 128 dims 0.065 -> 0.042 ms, SmolLM2's 9 heads x 128 keys x 64 0.024 -> 0.017 ms;
 # below ~64k the wake-up of the threads is most of it (SmolLM2 lost 15% a token with every step parallel).
 ATTENTION_PARALLEL_WORK = 1 << 16
-GLU_PARALLEL_SIZE = 1 << 12  # llama3-8b's 14336 values: ~0.15 ms on one core, ~0.01 on 16 (0.15 ms a CPU layer a token)
+# From this many values (a prompt's rows) GLU runs in numba on all cores; below (decode), numpy's SIMD exp and tanh
+# on one core beat a parallel region of scalar math.exp right after a matmul's: llama-1b's 8192 values on 2
+# cores 116-160 -> 30-66 us (median), where the device's profile had llama3-8b's 14336 at ~85 us a call on 16.
+GLU_PARALLEL_SIZE = 1 << 16
 
 
 @_jit
@@ -184,12 +187,6 @@ def _glu_one(g, u, gelu, table):
     return (g / (np.float32(1.0) + np.float32(math.exp(-g))) if g > -80.0 else np.float32(0.0)) * u
 
 
-@_jit
-def _glu(gate, up, gelu, table, out):  # all [size], flat
-    for j in range(gate.shape[0]):
-        out[j] = _glu_one(gate[j], up[j], gelu, table)
-
-
 @nb.njit(cache=True, nogil=True, parallel=True)
 def _glu_parallel(gate, up, gelu, table, out):
     for j in nb.prange(gate.shape[0]):
@@ -198,9 +195,13 @@ def _glu_parallel(gate, up, gelu, table, out):
 
 def glu(gate: np.ndarray, up: np.ndarray, activation: str) -> np.ndarray:
     """activation(gate) * up, both [n, n_ff]; activation "silu" or "gelu" (tanh approximation)."""
-    gate = np.ascontiguousarray(gate, np.float32)
+    gate, up = np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32)
+    if gate.size < GLU_PARALLEL_SIZE:
+        with np.errstate(over="ignore"):  # exp(-g) and g**3 reach inf for large |g|, where the results are right
+            if activation == "gelu":
+                inner = np.float32(math.sqrt(2 / math.pi)) * (gate + np.float32(0.044715) * gate * gate * gate)
+                return np.float32(0.5) * gate * (np.float32(1.0) + np.tanh(inner)) * up
+            return gate / (np.float32(1.0) + np.exp(-gate)) * up
     out = np.empty_like(gate)
-    glu_loop = _glu_parallel if gate.size >= GLU_PARALLEL_SIZE else _glu
-    glu_loop(gate.reshape(-1), np.ascontiguousarray(up, np.float32).reshape(-1), activation == "gelu", GELU_TABLE,
-             out.reshape(-1))
+    _glu_parallel(gate.reshape(-1), up.reshape(-1), activation == "gelu", GELU_TABLE, out.reshape(-1))
     return out
