@@ -6,16 +6,18 @@
 #   bash tests/device_session.sh bench   # llama3-8b q4_k_m at NGL (24 16) and SHARES (0 auto): ours and llama.cpp
 # TESTS picks the GPU tests (pytest -k; the real models are not on the machine), TEST_SECONDS bounds them.
 set -uo pipefail
-OUT=${OUT:-${TMPDIR:-/tmp}/device_session}
-mkdir -p "$OUT" /tmp/synth
-[ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SYNTH_GGUF=$PWD/.carry/synth_gguf.py OUT
+tmp=${TMPDIR:-/tmp}
+OUT=${OUT:-$tmp/device_session}
+site=$tmp/site  # gguf-py, installed from the carried wheel
+mkdir -p "$OUT" "$tmp/synth"
+[ -d "$site/gguf" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl
+export PYTHONPATH=$site:$PWD PYTHONUNBUFFERED=1 SYNTH_GGUF=$PWD/.carry/synth_gguf.py OUT
 case ${1:-} in
 tests)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   # the build takes every core for ~4.5 minutes: the tests meanwhile check results, not speed
   setsid bash .carry/llamacpp_peer.sh build .carry >"$OUT/peer_build.log" 2>&1 </dev/null &
-  f=/tmp/synth/llama3-8b-q4_k_m.gguf
+  f=$tmp/synth/llama3-8b-q4_k_m.gguf  # where device_bench.sh looks for it
   [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m >/dev/null
   timeout "${TEST_SECONDS:-480}" python3 -m pytest -m gpu tests/inference tests/kernels -q -rf -p no:cacheprovider \
     -k "${TESTS:-not smollm2 and (not gemma3 or synth_gemma3)}" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 30 ;;
