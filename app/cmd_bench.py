@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from app.device_args import add_device_args, load_options
 from models.errors import UserError
 
@@ -35,6 +33,7 @@ def register(sub) -> None:
 
 def _random_prompts(n_vocab: int, n: int, count: int, seed: int = 0) -> list[list[int]]:
     """Distinct random token sequences, so no run reuses another's cache."""
+    import numpy as np  # noqa: PLC0415  (heavy: only when a bench runs)
     rng = np.random.default_rng(seed)
     return [rng.integers(100, min(n_vocab, 30000), n).tolist() for _ in range(count)]
 
