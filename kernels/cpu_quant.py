@@ -14,13 +14,9 @@ shape (n_cols, n_rows)). Nothing here dequantizes a whole matrix:
 Kernels compile once per argument layout and are cached on disk (numba cache=True); w is meant to be a
 read-only view of the file's mmap: a writable w is a second signature, compiled (and cached) apart.
 """
-import os
+from kernels.cpu_threads import configure_thread_waits
 
-# numba's OpenMP threads otherwise spin ~300k iterations after every parallel region; on a busy machine a
-# spinning thread holds a core that the next region's other thread needs, and 2-thread matvecs ran 15x
-# slower than 1 thread (SmolLM2 layers: 405 ms vs 26 ms a token). Sleeping threads cost a wake-up each
-# region instead. Read when libgomp loads, i.e. at numba's first parallel launch; a user's setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+configure_thread_waits()  # before numba's first parallel region loads libgomp (numpy may be loaded already)
 
 import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
@@ -28,7 +24,7 @@ from llvmlite import ir  # noqa: E402
 from numba.core import types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from models.ggml_types import GGMLType, UnsupportedTypeError
+from models.ggml_types import GGMLType, UnsupportedTypeError  # noqa: E402
 
 # One file on purpose: numba's cache (cache=True) invalidates a kernel only when its own file changes, so
 # a kernel that inlined a decoder from another file would keep running the old decoder after an edit.

@@ -14,7 +14,7 @@ import os, sys
 class Watch:
     def find_spec(self, name, path, target=None):
         if name == "numpy":
-            print(os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OPENBLAS_THREAD_TIMEOUT"))
+            print(*(os.environ.get(v) for v in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT")))
             sys.meta_path.remove(self)
 sys.meta_path.insert(0, Watch())
 import {module}
@@ -23,7 +23,8 @@ import numpy
 
 
 def numpy_sees(module: str, **env) -> str:
-    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT")}
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT")}
     done = subprocess.run([sys.executable, "-c", WATCH.format(module=module)], capture_output=True, text=True,
                           cwd=ROOT, env=clean | {"PYTHONPATH": str(ROOT)} | env, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -32,8 +33,9 @@ def numpy_sees(module: str, **env) -> str:
 
 @pytest.mark.parametrize("module", ["app.cli", "inference"])
 def test_set_before_numpy_loads(module):
-    assert numpy_sees(module) == "10000 4"
+    assert numpy_sees(module) == "PASSIVE 10000 4"
 
 
 def test_the_users_settings_stay():
-    assert numpy_sees("app.cli", GOMP_SPINCOUNT="0", OPENBLAS_THREAD_TIMEOUT="10") == "0 10"
+    assert numpy_sees("app.cli", OMP_WAIT_POLICY="ACTIVE", GOMP_SPINCOUNT="0",
+                      OPENBLAS_THREAD_TIMEOUT="10") == "ACTIVE 0 10"
