@@ -8,8 +8,8 @@ def add_device_args(p) -> None:
                    help="how many of the last layers run on the GPU, the rest on the CPU (default auto: all that fit)")
     p.add_argument("--vram-budget", metavar="GB", help="use at most this much VRAM, as on a smaller card (e.g. 6, 6.5GiB)")
     p.add_argument("--gpu-share", default="auto", metavar="F",
-                   help="with layers on the CPU: the fraction of their weights the GPU multiplies each token, reading "
-                        "them over PCIe from pinned host memory (default auto: from rates measured at load; 0: off)")
+                   help="with layers on the CPU: the fraction of their weights the GPU multiplies each token, streamed "
+                        "over PCIe from pinned host memory (default auto: from rates measured at load; 0: off)")
     p.add_argument("--no-graph", action="store_true", help="GPU: run each decode step eagerly, not as a CUDA graph")
 
 

@@ -372,8 +372,8 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
     gpu_layers: "auto" (as many of the last layers as fit) or how many go on the GPU; vram_budget: bytes to plan
     with as on a smaller card (placement.py). cuda_graph=False runs the GPU decode step eagerly instead of
     replaying its captured graph. notify(message) hears about OOM retries (default: stderr). gpu_share: with
-    layers on the CPU, the fraction of their matrix rows the GPU multiplies each decode step, reading them from
-    pinned host memory over PCIe (gpu_share.py); "auto" measures both sides' rates at load, 0 is off."""
+    layers on the CPU, the fraction of their matrix rows the GPU multiplies each decode step, streamed over PCIe
+    from pinned host memory (gpu_share.py); "auto" measures both sides' rates at load, 0 is off."""
     if device not in ("auto", "cpu", "cuda"):
         raise DeviceError(f"device '{device}' is not available (use auto, cpu or cuda)")
     reason = "--device cpu"

@@ -11,7 +11,8 @@ Counted, from what the CUDA kernels allocate:
   (kernels/cuda_ops.kv_cache); sliding-window layers get the full context too, as the kernels index it.
 - scratch: the decode step's activations, logits and attention splits, the prefill Scratch of
   kernels/cuda_prefill for PREFILL_CHUNK tokens with a tile of half the largest layer matrix, and room
-  for a CPU layer's largest matrix, which prompt chunks upload to multiply on the GPU (backend_cpu.py).
+  for a CPU layer's largest matrix, which prompt chunks upload to multiply on the GPU (backend_cpu.py); with
+  layers on the CPU, the ring their decode steps stream the GPU's share of their rows through (gpu_share.py).
 - reserve: the CUDA context and runtime allocations outside our buffers (constants below).
 
 Layers: like llama.cpp's -ngl (llama-model.cpp: i_gpu_start = n_layer + 1 - n_gpu_layers, the output first),
@@ -44,6 +45,9 @@ PREFILL_CHUNK = 512
 PREFILL_TILE_ELEMS_DIVISOR = 2
 # The most of a CPU layer's matrix rows the GPU may multiply over PCIe (inference/gpu_share.py): the CPU keeps some
 MAX_GPU_SHARE = 0.9
+# The VRAM ring those rows stream through, in largest layer matrices: twice the largest call (gate and up) at the
+# most share, and on llama3-8b (192 MB) ~3.5 ms of copies ahead at 55 GB/s, about what its 16 GPU layers take
+SHARE_RING_MATRICES = 4
 ATTN_SPLITS_MAX = 64  # kernels/cuda_ops.decode_scratch: at most 64 key splits per head
 SAMPLE_CHUNK, SAMPLE_K_MAX = 4096, 64  # kernels/cuda_ops.sample_scratch
 
@@ -128,6 +132,11 @@ def kv_bytes_per_layer(cfg: ModelConfig, n_ctx: int) -> int:
     return 2 * cfg.n_kv_heads * n_ctx * (cfg.head_dim + cfg.v_head_dim)  # float16 k and v
 
 
+def share_ring_bytes(largest_matrix_bytes: int) -> int:
+    """VRAM of the ring the GPU's share of the CPU layers' rows streams through (gpu_share.py)."""
+    return SHARE_RING_MATRICES * largest_matrix_bytes
+
+
 def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig) -> int:
     """Decode and prefill buffers of the GPU engine (one set serves every layer: they run in turn)."""
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
@@ -190,9 +199,10 @@ def split(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int, k: int, 
                                                        "output_norm.weight", "rope_freqs.weight") if name in tensors)
     embd = 0 if tied else _vram_bytes(tensors["token_embd.weight"])  # only when every layer is on the GPU
     weights = head + sum(layer_weight_bytes(tensors, n)[n - k:]) + (embd if k == n else 0)
+    largest = max(t.nbytes for name, t in tensors.items() if name.startswith("blk.") and len(t.shape) == 2)
+    scratch = scratch_bytes(tensors, cfg) + (share_ring_bytes(largest) if k < n else 0)
     return Placement(("cpu",) * (n - k) + ("gpu",) * k, "gpu", "gpu" if k == n else "cpu", weights,
-                     k * kv_bytes_per_layer(cfg, n_ctx), scratch_bytes(tensors, cfg), reserve, budget, n_ctx,
-                     reason if k < n else "")
+                     k * kv_bytes_per_layer(cfg, n_ctx), scratch, reserve, budget, n_ctx, reason if k < n else "")
 
 
 def parse_gpu_layers(text: str) -> int | str:

@@ -9,7 +9,7 @@ from inference.placement import (CUDA_CONTEXT_BYTES, PREFILL_CHUNK, PREFILL_TILE
                                  GiB, GpuLayersError, GpuShareError, MiB, VramBudgetError, all_on_cpu, cap_gpu_share,
                                  free_vram, host_memory_available, kv_bytes_per_layer, layer_weight_bytes,
                                  parse_gpu_layers, parse_gpu_share, parse_vram_budget, plan_placement, scratch_bytes,
-                                 split)
+                                 share_ring_bytes, split)
 from models.config import ModelConfig, config_from_metadata
 from models.ggml_types import TYPES_BY_NAME
 from models.gguf import TensorInfo, open_gguf
@@ -331,6 +331,17 @@ def test_counts_cover_what_the_kernels_allocate(llama3):
                cuda_ops.decode_scratch(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim), cuda_ops.sample_scratch(cfg.n_vocab))
     kernel_bytes = pool.used_bytes() - before
     assert buffers and largest < kernel_bytes <= scratch_bytes(tensors, cfg)
+
+
+def test_the_share_ring_is_counted_only_with_layers_on_the_cpu(llama3):
+    """With CPU layers the GPU's share of their rows streams through a VRAM ring (gpu_share.py): 4 of the
+    largest layer matrix, llama3-8b's Q6_K ffn_down (14336 x 4096 at 210 bytes a 256): 192.7 MB."""
+    tensors, cfg = llama3
+    ring = share_ring_bytes(tensors["blk.0.ffn_down.weight"].nbytes)
+    assert ring == 4 * 14336 * 4096 // 256 * 210
+    assert split(tensors, cfg, 4096, 32, 80 * GiB, 0, "").scratch_bytes == scratch_bytes(tensors, cfg)
+    for k in (1, 16, 31):
+        assert split(tensors, cfg, 4096, k, 80 * GiB, 0, "").scratch_bytes == scratch_bytes(tensors, cfg) + ring
 
 
 def test_split_counts_and_the_status_bar_text(llama3):
