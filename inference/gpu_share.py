@@ -107,8 +107,9 @@ class GpuShare:
         sizes = [c.ring_span for c in self._order]
         ring_bytes = min(ring_bytes, sum(sizes))
         self._schedule = RingSchedule(sizes, ring_bytes)
+        with self.copy_stream:  # its blocks, once freed, serve only this stream: no copy still under way can
+            self.ring = cp.empty(ring_bytes, cp.uint8)  # write into memory handed out again (cudaFree syncs)
         with stream:
-            self.ring = cp.empty(ring_bytes, cp.uint8)
             cols = -(-max(c.n_cols for c in self._calls.values()) // 32) * 32  # whole q8_1 blocks
             rows = max(c.n_gpu_rows for c in self._calls.values())
             self._x = cp.empty(cols, cp.float32)
