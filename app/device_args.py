@@ -7,16 +7,18 @@ def add_device_args(p) -> None:
     p.add_argument("--gpu-layers", "-ngl", default="auto", metavar="N",
                    help="how many of the last layers run on the GPU, the rest on the CPU (default auto: all that fit)")
     p.add_argument("--vram-budget", metavar="GB", help="use at most this much VRAM, as on a smaller card (e.g. 6, 6.5GiB)")
-    p.add_argument("--gpu-share", default="auto", metavar="F",
+    p.add_argument("--gpu-share", metavar="F",
                    help="with layers on the CPU: the fraction of their weights the GPU multiplies each token, streamed "
-                        "over PCIe from pinned host memory (default auto: from rates measured at load; 0: off)")
+                        "over PCIe from pinned host memory (default 0.6; 0: off)")
     p.add_argument("--no-graph", action="store_true", help="GPU: run each decode step eagerly, not as a CUDA graph")
 
 
 def load_options(args) -> dict:
     """The keyword arguments of inference.load for these flags (bad values raise a UserError)."""
-    from inference.placement import parse_gpu_layers, parse_gpu_share, parse_vram_budget  # noqa: PLC0415
+    from inference.placement import (  # noqa: PLC0415
+        DEFAULT_GPU_SHARE, parse_gpu_layers, parse_gpu_share, parse_vram_budget)
 
     return {"device": args.device, "gpu_layers": parse_gpu_layers(args.gpu_layers),
             "vram_budget": parse_vram_budget(args.vram_budget) if args.vram_budget else None,
-            "cuda_graph": not args.no_graph, "gpu_share": parse_gpu_share(args.gpu_share)}
+            "cuda_graph": not args.no_graph,
+            "gpu_share": DEFAULT_GPU_SHARE if args.gpu_share is None else parse_gpu_share(args.gpu_share)}

@@ -10,7 +10,8 @@ import numpy as np
 
 from inference.backend_cpu import CPUBackend
 from inference.forward import forward
-from inference.placement import Placement, VramBudgetError, all_on_cpu, free_vram, plan_placement, split
+from inference.placement import (DEFAULT_GPU_SHARE, Placement, VramBudgetError, all_on_cpu, free_vram, plan_placement,
+                                 split)
 from inference.sampling import Sampler, SamplingParams
 from inference.weights import load_weights
 from models.chat_template import load_chat_template
@@ -61,7 +62,7 @@ class GenerationStats:
 
 class Engine:
     def __init__(self, path: Path, config: ModelConfig, weights, tokenizer, gguf, n_ctx: int, placement: Placement,
-                 cuda_graph: bool = True, notify=None, gpu_share="auto"):
+                 cuda_graph: bool = True, notify=None, gpu_share=DEFAULT_GPU_SHARE):
         self.path = path
         self.config = config
         self.tokenizer = tokenizer
@@ -303,10 +304,10 @@ def cuda_available() -> bool:
         return False
 
 
-def _build(config: ModelConfig, weights, n_ctx: int, n_gpu_layers: int, cuda_graph: bool, gpu_share="auto",
+def _build(config: ModelConfig, weights, n_ctx: int, n_gpu_layers: int, cuda_graph: bool, gpu_share=DEFAULT_GPU_SHARE,
            notify=None):
     """(segments, decode step) with the last n_gpu_layers layers on the GPU (decode None: all on the CPU); the
-    GPU multiplies gpu_share ("auto": measured) of the CPU layers' rows in their decode steps."""
+    GPU multiplies gpu_share of the CPU layers' rows in their decode steps."""
     n = config.n_layers
     if n_gpu_layers == 0:
         return [(CPUBackend(config, weights, n_ctx), range(n))], None
@@ -366,14 +367,15 @@ def plan_gpu(gguf, config: ModelConfig, n_ctx: int | None, gpu_layers, vram_budg
 
 
 def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None, progress=None,
-         cuda_graph: bool = True, vram_budget: int | None = None, notify=None, gpu_share="auto") -> Engine:
+         cuda_graph: bool = True, vram_budget: int | None = None, notify=None,
+         gpu_share: float = DEFAULT_GPU_SHARE) -> Engine:
     """Open a GGUF model ready to generate: model is a path, owner/repo[:QUANT] or a pulled name (None: the
     default model); progress reports a download. device "cuda", "cpu" or "auto" (CUDA when CuPy sees a GPU).
     gpu_layers: "auto" (as many of the last layers as fit) or how many go on the GPU; vram_budget: bytes to plan
     with as on a smaller card (placement.py). cuda_graph=False runs the GPU decode step eagerly instead of
     replaying its captured graph. notify(message) hears about OOM retries (default: stderr). gpu_share: with
     layers on the CPU, the fraction of their matrix rows the GPU multiplies each decode step, streamed over PCIe
-    from pinned host memory (gpu_share.py); "auto" measures both sides' rates at load, 0 is off."""
+    from pinned host memory (gpu_share.py); 0 is off."""
     if device not in ("auto", "cpu", "cuda"):
         raise DeviceError(f"device '{device}' is not available (use auto, cpu or cuda)")
     reason = "--device cpu"

@@ -12,9 +12,9 @@ placement counts (placement.share_ring_bytes).
 Session 4 had the matvec read the pinned rows itself (zero-copy): the share measured ~0.33 and took 16 GPU layers
 of llama3-8b from 18.8 to 27.4-28.6 tok/s, level with llama.cpp; the share implied the matvec read the rows more
 slowly than a plain read kernel (51 GB/s), and PCIe idled outside the calls (inference/NOTES_gpu.md).
+The share is a fraction given at load (placement.DEFAULT_GPU_SHARE unless the user sets one). Choosing it from
+rates measured at load failed: see DEFAULT_GPU_SHARE.
 """
-import time
-
 import cupy as cp
 import cupyx
 import numpy as np
@@ -28,9 +28,6 @@ from kernels.cuda_layout import META_SPLIT
 from kernels.cuda_quant import DeviceWeight, Q8Vector, matvec, quantize_q8_1, to_pinned
 
 ROW_ALIGN = 16  # the GPU takes a multiple of this many rows of a matrix, its first ones
-MIN_SHARE = 0.05  # below this the launches and joins cost more than the GPU's rows save
-CALIBRATION_BYTES = 64 << 20  # copied from pinned memory to time PCIe (~1.2 ms at 55 GB/s)
-CALIBRATION_CPU_BYTES = 1 << 30  # of CPU layers' matrices timed for the cores' rate (more than any L3)
 
 
 class _Call:
@@ -85,18 +82,17 @@ class GpuShare:
 
     share: the fraction of each matrix's rows the GPU takes. ring_bytes: the most VRAM the ring may take (it
     must hold two of the largest call's GPU rows). use_graph=False launches each call's kernels eagerly (the
-    decode step's --no-graph). rates: the (GPU, CPU) bytes a second it was chosen from, if measured.
+    decode step's --no-graph).
 
     The copy engine runs ahead of the calls on its own stream, as far as the ring and share_ring.RingSchedule
     allow."""
 
     def __init__(self, stream: cp.cuda.Stream, weights: ModelWeights, layers: range, share: float,
-                 ring_bytes: int, use_graph: bool = True, rates: tuple[float, float] | None = None):
+                 ring_bytes: int, use_graph: bool = True):
         self.stream = stream
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self.share = share
         self.use_graph = use_graph
-        self.rates = rates
         self._calls = {}  # ids of a call's matrices -> _Call
         with stream:
             for i in layers:
@@ -122,11 +118,9 @@ class GpuShare:
         self._y_host = cupyx.empty_pinned(rows, np.float32)
 
     def describe(self) -> str:
-        measured = (f"; measured at load: PCIe copies {self.rates[0] / 1e9:.1f} GB/s, the CPU's matmuls "
-                    f"{self.rates[1] / 1e9:.1f} GB/s") if self.rates else ""
         return (f"the GPU multiplies {self.share:.0%} of the CPU layers' matrix rows each token "
                 f"({self.nbytes / 2**30:.2f} GiB of pinned host memory, streamed through a "
-                f"{self.ring.nbytes / 2**20:.0f} MiB ring in VRAM{measured})")
+                f"{self.ring.nbytes / 2**20:.0f} MiB ring in VRAM)")
 
     def matmuls(self, ws: tuple[QuantMatrix, ...], x: np.ndarray) -> tuple[np.ndarray, ...]:
         """x [1, n_cols] @ W.T for each of ws: the GPU's rows and the CPU's at once, joined [1, n_rows] each."""
@@ -192,20 +186,17 @@ class GpuShare:
                                     cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
 
 
-def build_share(stream: cp.cuda.Stream, weights: ModelWeights, layers: range, share, use_graph: bool,
+def build_share(stream: cp.cuda.Stream, weights: ModelWeights, layers: range, share: float, use_graph: bool,
                 notify) -> GpuShare | None:
-    """The GpuShare of the CPU layers for share ("auto": measured, and none below MIN_SHARE; else a fraction),
-    or None: share 0, too small, or no pinned host memory to be had (said through notify)."""
+    """The GpuShare of the CPU layers for share (a fraction of their rows, lowered to what the ring and the host's
+    memory allow), or None: share 0, no CUDA matvec for their types, or no pinned host memory to be had (said
+    through notify)."""
     calls = [ws for i in layers for ws in _layer_calls(weights.layers[i])]
     ring = share_ring_bytes(max(w.data.nbytes for lw in weights.layers for ws in _layer_calls(lw) for w in ws))
     largest_call = max(sum(w.data.nbytes for w in ws if _gpu_rows(w, 1.0)) for ws in calls)
     if largest_call == 0:
         return None  # no CUDA matvec for any of their matrices
     try:
-        rates = None
-        if share == "auto":
-            rates = measure_rates(stream, weights, layers, ring)
-            share = rates[0] / (rates[0] + rates[1])
         share = min(share, MAX_GPU_SHARE, ring / 2 / largest_call)  # two calls in the ring at least
         matrices = sum(w.data.nbytes for ws in calls for w in ws if _gpu_rows(w, 1.0))
         available = host_memory_available()
@@ -213,51 +204,9 @@ def build_share(stream: cp.cuda.Stream, weights: ModelWeights, layers: range, sh
         if capped < share:
             notify(f"the GPU's share of the CPU layers lowered to {capped:.0%}: {share:.0%} would pin "
                    f"{share * matrices / 2**30:.1f} GiB of the {available / 2**30:.1f} GiB of host memory available")
-        if capped <= 0 or (rates and capped < MIN_SHARE):
+        if capped <= 0:
             return None
-        return GpuShare(stream, weights, layers, capped, ring, use_graph, rates)
+        return GpuShare(stream, weights, layers, capped, ring, use_graph)
     except cp.cuda.runtime.CUDARuntimeError as e:  # cudaHostAlloc refused: no more lockable host memory
         notify(f"could not pin host memory for the GPU's share of the CPU layers ({e}): the CPU runs all of it")
         return None
-
-
-def measure_rates(stream: cp.cuda.Stream, weights: ModelWeights, layers: range,
-                  ring_bytes: int) -> tuple[float, float]:
-    """(g, c) bytes a second: g of copies from pinned host memory to VRAM (as many bytes as the ring holds, up
-    to CALIBRATION_BYTES), c of the cores over the CPU layers' matrices (one token's matmuls, from DRAM: ~1 GiB
-    is more than any L3). The share g / (g + c) keeps both busy for as long in the matmuls; the copies also run
-    while the cores do the rest of a layer and the GPU its own layers, which this leaves unused."""
-    nbytes = min(CALIBRATION_BYTES, ring_bytes)
-    host = cupyx.empty_pinned(nbytes, np.uint8)
-    with stream:
-        device = cp.empty(nbytes, cp.uint8)
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        times = []
-        for _ in range(4):  # the first maps the pages
-            start.record(stream)
-            cp.cuda.runtime.memcpyAsync(device.data.ptr, host.ctypes.data, nbytes, cp.cuda.runtime.memcpyHostToDevice,
-                                        stream.ptr)
-            end.record(stream)
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
-        del device
-    gpu_rate = nbytes / min(times[1:])
-
-    calls = [ws for i in layers for ws in _layer_calls(weights.layers[i])]
-    x = np.random.default_rng(0).standard_normal((1, max(w.n_cols for ws in calls for w in ws)), np.float32)
-
-    def cpu_pass(calls):
-        for ws in calls:
-            quantized_matmuls([w.data for w in ws], [w.qtype for w in ws], x[:, :ws[0].n_cols])
-
-    timed, nbytes = [], 0
-    for ws in calls:
-        if nbytes >= CALIBRATION_CPU_BYTES:
-            break
-        timed.append(ws)
-        nbytes += sum(w.data.nbytes for w in ws)
-    cpu_pass(timed)  # numba's compiled kernels load and the file's pages are mapped, as in any later token
-    t = time.perf_counter()
-    cpu_pass(timed)
-    cpu_rate = nbytes / (time.perf_counter() - t)
-    return gpu_rate, cpu_rate

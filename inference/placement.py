@@ -45,6 +45,11 @@ PREFILL_CHUNK = 512
 PREFILL_TILE_ELEMS_DIVISOR = 2
 # The most of a CPU layer's matrix rows the GPU may multiply over PCIe (inference/gpu_share.py): the CPU keeps some
 MAX_GPU_SHARE = 0.9
+# The share by default: the fastest measured on the H100 machine, at 16 and at 24 of llama3-8b's 32 layers on the
+# GPU, in two leases (0.44-0.82 tried, BENCHMARKS.md, session 6). Rates measured at load were no guide: the cores'
+# pass over the CPU layers' matrices read 12-15 GB/s in 3 of 4 loads against the ~60 GB/s of their decode steps,
+# and even the good reading (69 GB/s, PCIe 54) gave 0.44, no faster than the CPU alone.
+DEFAULT_GPU_SHARE = 0.6
 # The VRAM ring those rows stream through, in largest layer matrices: twice the largest call (gate and up) at the
 # most share, and on llama3-8b (192 MB) ~3.5 ms of copies ahead at 55 GB/s, about what its 16 GPU layers take
 SHARE_RING_MATRICES = 4
@@ -230,16 +235,14 @@ def host_memory_available() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def parse_gpu_share(text: str) -> float | str:
-    """'auto' or a fraction 0..MAX_GPU_SHARE, as --gpu-share takes it."""
-    if text.strip().lower() == "auto":
-        return "auto"
+def parse_gpu_share(text: str) -> float:
+    """A fraction 0..MAX_GPU_SHARE, as --gpu-share takes it."""
     try:
         share = float(text)
     except ValueError:
         share = -1.0
     if not 0 <= share <= MAX_GPU_SHARE:
-        raise GpuShareError(f"--gpu-share takes 'auto' or a fraction from 0 to {MAX_GPU_SHARE}, got '{text}'")
+        raise GpuShareError(f"--gpu-share takes a fraction from 0 to {MAX_GPU_SHARE}, got '{text}'")
     return share
 
 

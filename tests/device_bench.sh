@@ -5,7 +5,7 @@
 #   bash tests/device_bench.sh synth    # writes the files (a few minutes)
 #   bash tests/device_bench.sh run      # gguf-chat bench and llama-bench, results under $OUT
 #   bash tests/device_bench.sh hybrid   # llama3-8b q4_k_m with 32, 24 and 16 of its 32 layers on the GPU, the
-#                                       # GPU's share of the CPU layers' rows at each of SHARES (default: 0 auto)
+#                                       # GPU's share of the CPU layers' rows at each of SHARES (default: 0 0.6)
 #   bash tests/device_bench.sh vram     # its peak VRAM against file size + KV cache + 10%
 # With layers on the CPU, where the time goes: python3 tests/device_profile.py FILE N (per-op, per-token), and
 # the host's DRAM and PCIe rates: python3 tests/device_probe.py FILE (see inference/NOTES_gpu.md).
@@ -48,7 +48,7 @@ hybrid)
   [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m
   for ngl in ${NGL:-32 24 16}; do
     echo "== llama3-8b q4_k_m, $ngl of 32 layers on the GPU"
-    for share in $([ $ngl = 32 ] && echo 0 || echo ${SHARES:-0 auto}); do
+    for share in $([ $ngl = 32 ] && echo 0 || echo ${SHARES:-0 0.6}); do
       python3 -m app.cli bench "$f" --device cuda -ngl $ngl --gpu-share $share -p 512 -n 128 -r 3 | tail -n 2 \
         | tee -a "$OUT/hybrid_ours.md"
     done

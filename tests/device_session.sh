@@ -3,8 +3,9 @@
 # warm ~30 s after a call, so make the second at once). Carry .whl (gguf-py's wheel: `pip download --no-deps
 # --only-binary=:all: --python-version 3.12 -d .whl gguf`) and .carry (tests/device_bench.sh says what).
 #   bash tests/device_session.sh tests   # installs gguf-py, starts llama.cpp's build, writes the 8b file, GPU tests
-#   bash tests/device_session.sh bench   # llama3-8b q4_k_m at NGL (24 16) and SHARES (0 auto): ours and llama.cpp
-# TESTS picks the GPU tests (pytest -k; the real models are not on the machine), TEST_SECONDS bounds them.
+#   bash tests/device_session.sh bench   # llama3-8b q4_k_m at NGL (24 16) and SHARES (0 0.6): ours and llama.cpp
+# TESTS picks the GPU tests (pytest -k; the real models are not on the machine), TEST_PATHS where from (default
+# tests/inference tests/kernels), TEST_SECONDS bounds them.
 set -uo pipefail
 tmp=${TMPDIR:-/tmp}
 OUT=${OUT:-$tmp/device_session}
@@ -19,10 +20,12 @@ tests)
   setsid bash .carry/llamacpp_peer.sh build .carry >"$OUT/peer_build.log" 2>&1 </dev/null &
   f=$tmp/synth/llama3-8b-q4_k_m.gguf  # where device_bench.sh looks for it
   [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m >/dev/null
-  timeout "${TEST_SECONDS:-480}" python3 -m pytest -m gpu tests/inference tests/kernels -q -rf -p no:cacheprovider \
-    -k "${TESTS:-not smollm2 and (not gemma3 or synth_gemma3)}" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 30 ;;
+  # each test's name and outcome go to the log as it ends, so a run stopped by the timeout still says which failed
+  timeout "${TEST_SECONDS:-480}" python3 -m pytest -m gpu ${TEST_PATHS:-tests/inference tests/kernels} -v -rf \
+    -p no:cacheprovider --durations=10 -k "${TESTS:-not smollm2 and (not gemma3 or synth_gemma3)}" 2>&1 \
+    | tee "$OUT/pytest_gpu.log" | grep -E "FAILED|ERROR|passed|failed|^[0-9.]+s " ;;
 bench)
-  NGL=${NGL:-24 16} SHARES=${SHARES:-0 auto} OUT=$OUT bash tests/device_bench.sh hybrid >"$OUT/hybrid.log" 2>&1
+  NGL=${NGL:-24 16} SHARES=${SHARES:-0 0.6} OUT=$OUT bash tests/device_bench.sh hybrid >"$OUT/hybrid.log" 2>&1
   grep -h "GPU share\|the GPU multiplies\|the GPU reads" "$OUT/hybrid.log" | sort -u
   echo "| model | engine | test | t/s |"
   grep -h "tg128\|pp512" "$OUT/hybrid_ours.md" "$OUT/hybrid_llamacpp.md" ;;

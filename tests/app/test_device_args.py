@@ -1,0 +1,26 @@
+"""The flags shared by run, chat and bench, as inference.load's keyword arguments."""
+import argparse
+
+import pytest
+
+from app.device_args import add_device_args, load_options
+from inference.placement import DEFAULT_GPU_SHARE, GpuShareError
+
+
+def _options(*argv: str) -> dict:
+    p = argparse.ArgumentParser()
+    add_device_args(p)
+    return load_options(p.parse_args(argv))
+
+
+def test_defaults():
+    assert _options() == {"device": "auto", "gpu_layers": "auto", "vram_budget": None, "cuda_graph": True,
+                          "gpu_share": DEFAULT_GPU_SHARE}
+
+
+def test_given_values():
+    options = _options("--device", "cuda", "-ngl", "16", "--vram-budget", "6GB", "--gpu-share", "0", "--no-graph")
+    assert options == {"device": "cuda", "gpu_layers": 16, "vram_budget": 6 * 2**30, "cuda_graph": False,
+                       "gpu_share": 0}
+    with pytest.raises(GpuShareError):
+        _options("--gpu-share", "auto")
