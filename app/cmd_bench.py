@@ -103,7 +103,7 @@ def run(args) -> int:
     k, n = engine.placement.n_gpu_layers, engine.config.n_layers
     share = f" (GPU share {engine.gpu_share.share:.2f})" if engine.gpu_share else ""
     if engine.gpu_share:
-        print(engine.gpu_share.describe(), file=sys.stderr)  # with the rates it was chosen from
+        print(engine.gpu_share.describe(), file=sys.stderr)  # the share, its pinned memory and its ring
     ours = f"gguf-chat {engine.device}" + (f" {k}/{n} layers{share}" if 0 < k < n else "") + \
         (" no-graph" if args.no_graph and engine.device == "cuda" else "")
     results = [(ours, test, rates) for test, rates in

@@ -74,8 +74,9 @@ def to_device(raw: np.ndarray, qtype: GGMLType) -> DeviceWeight:
 
 
 def to_pinned(raw: np.ndarray, qtype: GGMLType) -> DeviceWeight:
-    """raw -> a weight in pinned host memory, repacked as to_device does, that takes no VRAM: under unified
-    addressing the host pointer is valid in kernels, so matvec reads it over PCIe as it goes (zero-copy)."""
+    """raw -> a weight in pinned host memory, repacked as to_device does, that takes no VRAM: the copy engine
+    copies it into VRAM asynchronously (gpu_share.py's ring); under unified addressing a kernel could also read
+    it over PCIe directly."""
     n_rows, n_cols = _matrix_shape(raw, qtype)
     host = cupyx.empty_pinned(raw.size, np.uint8)
     host[:] = repack(raw, qtype)
