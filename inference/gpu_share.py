@@ -21,7 +21,7 @@ import numpy as np
 
 from inference.backend_cuda import row_groups
 from inference.placement import MAX_GPU_SHARE, cap_gpu_share, host_memory_available, share_ring_bytes
-from inference.share_ring import ALIGN, RingSchedule
+from inference.share_ring import RingSchedule, aligned
 from inference.weights import ModelWeights, QuantMatrix
 from kernels.cpu_quant import quantized_matmuls
 from kernels.cuda_layout import META_SPLIT
@@ -48,7 +48,7 @@ class _Call:
                 self.starts[members[j]] = at + first
             at += g.weight.n_rows
         self.nbytes = sum(g.weight.data.nbytes for g in self.pinned)
-        self.ring_span = sum(_aligned(g.weight.data.nbytes) for g in self.pinned)  # its place in the ring
+        self.ring_span = sum(aligned(g.weight.data.nbytes) for g in self.pinned)  # its place in the ring
         self.index = -1  # in GpuShare's order of calls; it sets this and the row groups' places in its ring
         self.ring: list[DeviceWeight] = []
         self.graph = None
@@ -59,11 +59,7 @@ class _Call:
         for g in self.pinned:
             w = g.weight
             self.ring.append(DeviceWeight(ring[offset:offset + w.data.nbytes], w.qtype, w.n_rows, w.n_cols))
-            offset += _aligned(w.data.nbytes)
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGN) * ALIGN
+            offset += aligned(w.data.nbytes)
 
 
 def _gpu_rows(w: QuantMatrix, share: float) -> int:

@@ -8,6 +8,11 @@ addresses); a copy may overwrite bytes only once the last call that read them is
 ALIGN = 256  # bytes: each call's place starts where a CUDA allocation would
 
 
+def aligned(nbytes: int) -> int:
+    """nbytes rounded up to a multiple of ALIGN."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
 def ring_offsets(sizes: list[int], ring_bytes: int) -> list[int]:
     """Each call's offset in the ring: packed in call order, back to 0 when a call does not fit before the end
     (every token starts again at 0)."""
@@ -18,7 +23,7 @@ def ring_offsets(sizes: list[int], ring_bytes: int) -> list[int]:
         if at + size > ring_bytes:
             at = 0
         offsets.append(at)
-        at += -(-size // ALIGN) * ALIGN
+        at += aligned(size)
     return offsets
 
 
