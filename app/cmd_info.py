@@ -65,6 +65,9 @@ def format_info(i) -> str:
         ("heads", heads),
         ("embedding", opt(i.embedding_length)),
         ("feed-forward", opt(i.feed_forward_length)),
+        *([("experts", f"{i.expert_count}, {opt(i.expert_used_count)} used a token, FFN {opt(i.expert_feed_forward_length)} "
+                       f"each; {mib(i.expert_bytes)} ({i.expert_bytes / i.file_size:.0%} of the file)"),
+           ("active", f"{count(i.active_parameters)} parameters a token")] if i.expert_count else []),
         ("tokenizer", tokenizer),
         ("vocabulary", opt(i.vocab_size)),
         ("chat template", "yes" if i.chat_template else "none"),

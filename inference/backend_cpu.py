@@ -3,7 +3,7 @@ import mmap
 
 import numpy as np
 
-from inference.weights import ModelWeights, QuantMatrix
+from inference.weights import ExpertFFN, ModelWeights, QuantMatrix
 from kernels import cpu_ops
 from kernels.cpu_quant import dequantize_rows, quantized_matmul, quantized_matmuls
 from models.config import ModelConfig
@@ -117,6 +117,21 @@ class CPUBackend:
         """x + W a, W a normalized by norm first when given (sandwich norms); the GPU fuses the add."""
         y = self.matmul(w, a)
         return x + (self.rms_norm(y, norm) if norm is not None else y)
+
+    def add_moe(self, x: np.ndarray, experts: ExpertFFN, h: np.ndarray, k: int) -> np.ndarray:
+        """x + the mixture of experts on h [n, n_embd]: each token's k chosen experts' SwiGLU outputs, weighted.
+        The tokens are grouped by expert, so each chosen expert's matrices are read once a call, and only the
+        chosen ones are read."""
+        ids, weights = cpu_ops.route(self.matmul(experts.router, h), k)  # [n, k] each
+        out = x.copy()
+        for e in np.unique(ids):
+            rows, slots = np.nonzero(ids == e)  # a token picks an expert at most once: rows are distinct
+            gate, up = experts.gate.expert(e), experts.up.expert(e)
+            g, u = quantized_matmuls([gate.data, up.data], [gate.qtype, up.qtype], h[rows])
+            down = experts.down.expert(e)
+            y = quantized_matmul(down.data, down.qtype, self.glu(g, u))
+            out[rows] += y * weights[rows, slots, None]
+        return out
 
     def logits(self, w: QuantMatrix, x: np.ndarray) -> np.ndarray:
         y = quantized_matmul(w.data, w.qtype, x)  # [n, n_vocab]

@@ -28,6 +28,8 @@ def layer(be, cfg: ModelConfig, lw: LayerWeights, i: int, x):
     x = be.add_matmul(x, lw.attn_output, a, lw.post_attention_norm if cfg.sandwich_norm else None)
 
     h = be.rms_norm(x, lw.ffn_norm)
+    if lw.experts is not None:
+        return be.add_moe(x, lw.experts, h, cfg.n_expert_used)
     gate, up = be.matmuls(lw.gate_up, h)
     return be.add_matmul(x, lw.ffn_down, be.glu(gate, up), lw.post_ffw_norm if cfg.sandwich_norm else None)
 

@@ -28,6 +28,29 @@ class QuantMatrix:
 
 
 @dataclass(frozen=True)
+class QuantExperts:
+    """n_expert matrices [n_rows, n_cols] stacked (a ggml tensor of shape (n_cols, n_rows, n_expert)), kept in
+    the file's blocks: data is uint8 [n_expert, n_rows, row_bytes]."""
+    data: np.ndarray
+    qtype: GGMLType
+    n_rows: int
+    n_cols: int
+
+    def expert(self, e: int) -> QuantMatrix:
+        """Expert e's matrix: a view, no copy."""
+        return QuantMatrix(self.data[e], self.qtype, self.n_rows, self.n_cols)
+
+
+@dataclass(frozen=True)
+class ExpertFFN:
+    """A mixture-of-experts FFN: the router scores every expert, the chosen ones run as SwiGLU FFNs."""
+    router: QuantMatrix  # ffn_gate_inp [n_expert, n_embd]
+    gate: QuantExperts  # ffn_gate_exps [n_expert, n_ff_exp, n_embd]
+    up: QuantExperts  # ffn_up_exps [n_expert, n_ff_exp, n_embd]
+    down: QuantExperts  # ffn_down_exps [n_expert, n_embd, n_ff_exp]
+
+
+@dataclass(frozen=True)
 class LayerWeights:
     attn_norm: np.ndarray  # [n_embd]
     attn_q: QuantMatrix  # [n_heads * head_dim, n_embd]
@@ -35,9 +58,10 @@ class LayerWeights:
     attn_v: QuantMatrix  # [n_kv_heads * v_head_dim, n_embd]
     attn_output: QuantMatrix  # [n_embd, n_heads * v_head_dim]
     ffn_norm: np.ndarray  # [n_embd]
-    ffn_gate: QuantMatrix  # [n_ff, n_embd]
-    ffn_up: QuantMatrix  # [n_ff, n_embd]
-    ffn_down: QuantMatrix  # [n_embd, n_ff]
+    ffn_gate: QuantMatrix | None  # [n_ff, n_embd]; None where the layer has experts
+    ffn_up: QuantMatrix | None  # [n_ff, n_embd]
+    ffn_down: QuantMatrix | None  # [n_embd, n_ff]
+    experts: ExpertFFN | None = None  # in place of ffn_gate, ffn_up and ffn_down (cfg.n_expert > 0)
     attn_q_bias: np.ndarray | None = None  # [n_heads * head_dim] (qwen2)
     attn_k_bias: np.ndarray | None = None  # [n_kv_heads * head_dim]
     attn_v_bias: np.ndarray | None = None  # [n_kv_heads * v_head_dim]
@@ -92,6 +116,25 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
             raise TensorShapeError(f"tensor '{name}' has the wrong shape for {cfg.arch} (want {n_rows} x {n_cols})")
         return m
 
+    def experts(name: str, n_rows: int, n_cols: int) -> QuantExperts:
+        m = tensor(name)
+        if not isinstance(m, QuantMatrix) or model.tensors[name].shape != (n_cols, n_rows, cfg.n_expert):
+            raise TensorShapeError(f"tensor '{name}' has the wrong shape for {cfg.arch} (want {cfg.n_expert} "
+                                   f"experts of {n_rows} x {n_cols})")
+        return QuantExperts(m.data.reshape(cfg.n_expert, n_rows, -1), m.qtype, n_rows, n_cols)
+
+    def ffn(p: str) -> dict:
+        """The layer's FFN: dense matrices, or the router and experts."""
+        if not cfg.n_expert:
+            return dict(ffn_gate=matrix(p + "ffn_gate.weight", cfg.n_ff, cfg.n_embd),
+                        ffn_up=matrix(p + "ffn_up.weight", cfg.n_ff, cfg.n_embd),
+                        ffn_down=matrix(p + "ffn_down.weight", cfg.n_embd, cfg.n_ff))
+        return dict(ffn_gate=None, ffn_up=None, ffn_down=None, experts=ExpertFFN(
+            router=matrix(p + "ffn_gate_inp.weight", cfg.n_expert, cfg.n_embd),
+            gate=experts(p + "ffn_gate_exps.weight", cfg.n_ff_exp, cfg.n_embd),
+            up=experts(p + "ffn_up_exps.weight", cfg.n_ff_exp, cfg.n_embd),
+            down=experts(p + "ffn_down_exps.weight", cfg.n_embd, cfg.n_ff_exp)))
+
     q_dim, kv_dim, v_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_kv_heads * cfg.v_head_dim
     layers = []
     for i in range(cfg.n_layers):
@@ -104,9 +147,7 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
             attn_v=matrix(p + "attn_v.weight", v_dim, cfg.n_embd),
             attn_output=matrix(p + "attn_output.weight", cfg.n_embd, cfg.n_heads * cfg.v_head_dim),
             ffn_norm=tensor(p + "ffn_norm.weight"),
-            ffn_gate=matrix(p + "ffn_gate.weight", cfg.n_ff, cfg.n_embd),
-            ffn_up=matrix(p + "ffn_up.weight", cfg.n_ff, cfg.n_embd),
-            ffn_down=matrix(p + "ffn_down.weight", cfg.n_embd, cfg.n_ff),
+            **ffn(p),
             attn_q_bias=tensor(p + "attn_q.bias") if cfg.qkv_bias else opt("attn_q.bias"),
             attn_k_bias=tensor(p + "attn_k.bias") if cfg.qkv_bias else opt("attn_k.bias"),
             attn_v_bias=tensor(p + "attn_v.bias") if cfg.qkv_bias else opt("attn_v.bias"),

@@ -205,3 +205,15 @@ def glu(gate: np.ndarray, up: np.ndarray, activation: str) -> np.ndarray:
     out = np.empty_like(gate)
     _glu_parallel(gate.reshape(-1), up.reshape(-1), activation == "gelu", GELU_TABLE, out.reshape(-1))
     return out
+
+
+def route(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """A mixture of experts' routing, as llama.cpp's (softmax gating, weights renormalized): logits [n, n_expert]
+    -> (ids int32 [n, k], weights float32 [n, k]), per token the k most probable experts, most probable first,
+    and their probabilities divided by their sum. Ties go to the lower id, as the GPU kernel's."""
+    logits = np.asarray(logits, np.float32)
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    ids = np.argsort(-p, axis=1, kind="stable")[:, :k].astype(np.int32)
+    w = np.take_along_axis(p, ids, axis=1)
+    return ids, (w / w.sum(axis=1, keepdims=True)).astype(np.float32)

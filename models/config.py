@@ -8,13 +8,14 @@ from dataclasses import dataclass
 
 from models.errors import UserError
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3")
 
 # What the GGUF keys do not say: llama.cpp's per-architecture choices (llama-model.cpp, llama-arch.cpp).
 ARCH_TRAITS = {
     "llama": dict(rope_style="normal", activation="silu"),  # Llama 2/3, Mistral, SmolLM
     "qwen2": dict(rope_style="neox", activation="silu", qkv_bias=True),
     "qwen3": dict(rope_style="neox", activation="silu", qk_norm=True),
+    "qwen3moe": dict(rope_style="neox", activation="silu", qk_norm=True),  # qwen3 with experts in every layer
     "gemma3": dict(rope_style="neox", activation="gelu", qk_norm=True, sandwich_norm=True,
                    swa_period=6, rope_base_local=10000.0),
 }
@@ -27,6 +28,10 @@ class UnsupportedArchitectureError(UserError, ValueError):
 class MissingConfigKeyError(UserError, KeyError):
     def __str__(self) -> str:  # KeyError would quote the message
         return self.args[0]
+
+
+class BadConfigValueError(UserError, ValueError):
+    pass
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,11 @@ class ModelConfig:
     swa_period: int = 0  # every swa_period-th layer is global, the others local; 0: all global
     rope_base_local: float = 0.0  # rope base of the local (sliding-window) layers
     final_softcap: float = 0.0  # logits = c * tanh(logits / c) when > 0
+    # Mixture of experts (qwen3moe; llama with experts, as Mixtral): every layer's FFN is n_expert SwiGLU experts
+    # of width n_ff_exp, of which a router picks n_expert_used per token (inference/forward.py)
+    n_expert: int = 0  # 0: a dense FFN of width n_ff
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
 
     def is_local(self, layer: int) -> bool:
         return self.sliding_window > 0 and self.swa_period > 0 and layer % self.swa_period < self.swa_period - 1
@@ -91,6 +101,15 @@ def config_from_metadata(metadata: dict) -> ModelConfig:
         return value
 
     n_embd = int(get("embedding_length"))
+    # experts: qwen3moe states their count and width; Mixtral (llama with experts) gives their width as the FFN's
+    moe_arch = arch == "qwen3moe"
+    n_expert = int(get("expert_count", None if moe_arch else 0))
+    n_expert_used = int(get("expert_used_count")) if n_expert else 0
+    if n_expert and not 0 < n_expert_used <= n_expert:
+        raise BadConfigValueError(f"the model file has {n_expert} experts but {arch}.expert_used_count is "
+                                  f"{n_expert_used} (want 1..{n_expert})")
+    n_ff = int(get("feed_forward_length", 0 if n_expert else None))
+    n_ff_exp = int(get("expert_feed_forward_length", None if moe_arch else n_ff)) if n_expert else 0
     n_heads = int(get("attention.head_count"))
     head_dim = int(get("attention.key_length", n_embd // n_heads))
     n_vocab = metadata.get(f"{arch}.vocab_size")
@@ -108,7 +127,7 @@ def config_from_metadata(metadata: dict) -> ModelConfig:
         arch=arch,
         n_layers=int(get("block_count")),
         n_embd=n_embd,
-        n_ff=int(get("feed_forward_length")),
+        n_ff=n_ff,
         n_heads=n_heads,
         n_kv_heads=int(get("attention.head_count_kv", n_heads)),
         head_dim=head_dim,
@@ -129,4 +148,7 @@ def config_from_metadata(metadata: dict) -> ModelConfig:
         swa_period=traits.get("swa_period", 0),
         rope_base_local=traits.get("rope_base_local", 0.0),
         final_softcap=float(metadata.get(f"{arch}.final_logit_softcapping", 0.0)),
+        n_expert=n_expert,
+        n_expert_used=n_expert_used,
+        n_ff_exp=n_ff_exp,
     )

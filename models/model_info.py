@@ -42,6 +42,11 @@ class ModelInfo:
     tokenizer_kind: str | None
     tokenizer_pre: str | None
     vocab_size: int | None
+    expert_count: int | None  # mixture of experts: experts a layer, None for a dense model
+    expert_used_count: int | None  # experts a token runs through
+    expert_feed_forward_length: int | None  # each expert's FFN width
+    expert_bytes: int  # bytes of the expert tensors (*_exps), 0 for a dense model
+    active_parameters: int  # parameters a token uses: all but the experts it does not run
     chat_template: bool
     tensor_count: int
     quant_mix: list[QuantShare]  # largest share first
@@ -58,6 +63,10 @@ def summarize(model: GGUFModel) -> ModelInfo:
         return _int(meta.get(f"{arch}.{key}")) if arch else None
 
     params = sum(t.n_elems for t in model.tensors.values())
+    experts = [t for name, t in model.tensors.items() if name.endswith("_exps.weight")]
+    n_expert, n_used = arch_int("expert_count"), arch_int("expert_used_count")
+    expert_params = sum(t.n_elems for t in experts)
+    active = params - expert_params + (expert_params * n_used // n_expert if n_expert and n_used else 0)
     tensor_bytes = sum(t.nbytes for t in model.tensors.values())
     shares: dict[str, list[int]] = {}
     for t in model.tensors.values():
@@ -81,6 +90,10 @@ def summarize(model: GGUFModel) -> ModelInfo:
         head_count=heads, head_count_kv=_int_or_ints(meta.get(f"{arch}.attention.head_count_kv")),
         head_dim=head_dim, tokenizer_model=tok_model, tokenizer_kind=TOKENIZER_KINDS.get(tok_model, tok_model),
         tokenizer_pre=_str(meta.get("tokenizer.ggml.pre")), vocab_size=vocab,
+        expert_count=n_expert or None, expert_used_count=n_used if n_expert else None,
+        expert_feed_forward_length=(arch_int("expert_feed_forward_length") or arch_int("feed_forward_length"))
+        if n_expert else None,
+        expert_bytes=sum(t.nbytes for t in experts), active_parameters=active,
         chat_template=isinstance(meta.get("tokenizer.chat_template"), str), tensor_count=len(model.tensors),
         quant_mix=[QuantShare(name, n, b) for name, (n, b) in
                    sorted(shares.items(), key=lambda item: -item[1][1])],

@@ -14,19 +14,35 @@ from models.gguf import open_gguf
 SHAPES = {
     "qwen2": (2, 256, 512, 8, 2, 32),
     "qwen3": (2, 256, 512, 8, 2, 64),  # a head size that does not divide n_embd
+    "qwen3moe": (2, 256, 128, 8, 2, 64),  # n_ff is each expert's width
     "gemma3": (6, 256, 512, 2, 1, 256),
 }
 # Layer matrices F16 for parity with llama.cpp: it rounds activations to 8 bits for quantized weights, and a
 # random network amplifies that noise far more than a trained one (top-1 agreement fell to 94% with Q8_0).
 F16_LAYERS = dict.fromkeys(["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"], T.F16)
+EXPERTS = (16, 4)  # qwen3moe: experts, used per token
 
 
-def write_synthetic(path, arch: str, vocab_from, shapes=None, types=F16_LAYERS, window: int = 16) -> None:
+def spm_vocab(n_vocab: int = 1024) -> dict:
+    """The tokenizer metadata of a made-up SentencePiece vocabulary (as ../shared/bench/synth_gguf.py's): the
+    control tokens, the 256 byte tokens and n_vocab - 259 words, for a file that needs no other file."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"\u2581t{i}" for i in range(n_vocab - len(tokens))]
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": [0.0] * 259 + [-float(i) for i in range(n_vocab - 259)],
+            "tokenizer.ggml.token_type": [2, 3, 3] + [6] * 256 + [1] * (n_vocab - 259),
+            "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
+
+
+def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAYERS, window: int = 16,
+                    experts=EXPERTS) -> None:
     """A random {arch} model at path with Q8_0 embeddings, layer matrices of `types` (name -> quant type):
     qwen2 with qkv biases and its own output matrix, qwen3 with q/k norms, gemma3 with q/k and sandwich norms
-    and a `window`-token sliding window; qwen3 and gemma3 tie the output to the embeddings."""
+    and a `window`-token sliding window; qwen3 and gemma3 tie the output to the embeddings. qwen3moe is qwen3
+    with `experts` = (count, used) in every layer, its expert matrices of the ffn_* types, its router F32
+    (as llama.cpp's quantizer leaves it). The vocabulary is vocab_from's (a GGUF file), else spm_vocab()'s."""
     rng = np.random.default_rng(0)
-    src = open_gguf(vocab_from).metadata
+    src = open_gguf(vocab_from).metadata if vocab_from else spm_vocab()
     n_vocab = len(src["tokenizer.ggml.tokens"])
     L, d, ff, nh, nkv, hd = shapes or SHAPES[arch]
 
@@ -43,6 +59,10 @@ def write_synthetic(path, arch: str, vocab_from, shapes=None, types=F16_LAYERS, 
     w.add_rope_freq_base(1e6)
     if arch == "gemma3":
         w.add_sliding_window(window)
+    if arch == "qwen3moe":
+        w.add_expert_count(experts[0])
+        w.add_expert_used_count(experts[1])
+        w.add_expert_feed_forward_length(ff)
     w.add_tokenizer_model(src["tokenizer.ggml.model"])
     if "tokenizer.ggml.pre" in src:
         w.add_tokenizer_pre(src["tokenizer.ggml.pre"])
@@ -55,10 +75,10 @@ def write_synthetic(path, arch: str, vocab_from, shapes=None, types=F16_LAYERS, 
     w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
     w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
 
-    def mat(name, rows, cols, std, qtype):
-        a = (rng.standard_normal((rows, cols)) * std).astype(np.float32)
-        if qtype == T.F16:
-            w.add_tensor(name, a.astype(np.float16))
+    def mat(name, rows, cols, std, qtype, n_expert=0):
+        a = (rng.standard_normal((n_expert, rows, cols) if n_expert else (rows, cols)) * std).astype(np.float32)
+        if qtype in (T.F32, T.F16):
+            w.add_tensor(name, a.astype(np.float16 if qtype == T.F16 else np.float32))
         else:
             w.add_tensor(name, quantize(a, qtype), raw_dtype=qtype)
 
@@ -83,9 +103,13 @@ def write_synthetic(path, arch: str, vocab_from, shapes=None, types=F16_LAYERS, 
             vec(p + "post_attention_norm.weight", d)
             vec(p + "post_ffw_norm.weight", d)
         vec(p + "ffn_norm.weight", d)
-        mat(p + "ffn_gate.weight", ff, d, 1 / np.sqrt(d), types["ffn_gate"])
-        mat(p + "ffn_up.weight", ff, d, 1 / np.sqrt(d), types["ffn_up"])
-        mat(p + "ffn_down.weight", d, ff, 1 / np.sqrt(ff), types["ffn_down"])
+        if arch == "qwen3moe":  # the router's logits spread by ~2: clear choices, few near-ties
+            mat(p + "ffn_gate_inp.weight", experts[0], d, 2 / np.sqrt(d), T.F32)
+        e, suffix = (experts[0], "_exps") if arch == "qwen3moe" else (0, "")
+        mat(p + f"ffn_gate{suffix}.weight", ff, d, 1 / np.sqrt(d), types["ffn_gate"], e)
+        mat(p + f"ffn_up{suffix}.weight", ff, d, 1 / np.sqrt(d), types["ffn_up"], e)
+        # an expert's output is weighted by ~1/used: twice the scale keeps the FFN's part of the residual
+        mat(p + f"ffn_down{suffix}.weight", d, ff, (2 if e else 1) / np.sqrt(ff), types["ffn_down"], e)
     vec("output_norm.weight", d)
     if arch == "qwen2":
         mat("output.weight", n_vocab, d, 0.5, T.Q8_0)
