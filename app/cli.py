@@ -9,10 +9,10 @@ from kernels.cpu_threads import configure_thread_waits
 
 configure_thread_waits()  # before numpy loads (cmd_bench and models import it): how the CPU thread pools wait
 
-from app import cmd_bench, cmd_chat, cmd_info, cmd_list, cmd_pull, cmd_rm, cmd_run  # noqa: E402
+from app import cmd_bench, cmd_chat, cmd_info, cmd_list, cmd_pull, cmd_rm, cmd_run, cmd_serve  # noqa: E402
 from models.errors import UserError  # noqa: E402
 
-COMMANDS = [cmd_info, cmd_pull, cmd_list, cmd_rm, cmd_run, cmd_bench, cmd_chat]
+COMMANDS = [cmd_info, cmd_pull, cmd_list, cmd_rm, cmd_run, cmd_bench, cmd_chat, cmd_serve]
 
 
 def build_parser() -> argparse.ArgumentParser:

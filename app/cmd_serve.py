@@ -1,0 +1,78 @@
+"""`gguf-chat serve [MODEL]`: the model behind OpenAI's and Ollama's HTTP APIs, for editors, agents, Open WebUI
+and scripts. One engine answers one request at a time, in order of arrival (app/server_worker.py)."""
+import os
+import sys
+
+from app.device_args import add_device_args, load_options
+from models.errors import UserError
+
+API_KEY_ENV = "GGUF_CHAT_API_KEY"
+
+
+class ServeError(UserError):
+    pass
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model over OpenAI's and Ollama's HTTP APIs")
+    p.add_argument("model", nargs="?", help="a .gguf path, owner/repo[:QUANT] or a pulled name (default: the configured "
+                   "default model); requests may name any pulled model, which then loads in its place")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: a free one, printed at start)")
+    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's, capped to memory)")
+    p.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),
+                   help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})")
+    p.add_argument("--max-queue", type=int, default=16, metavar="N",
+                   help="requests that may wait for the engine; more are answered 503 (default 16)")
+    add_device_args(p)
+    p.set_defaults(func=run)
+
+
+def build_app(worker, api_key: str | None):
+    from starlette.applications import Starlette  # noqa: PLC0415
+    from starlette.exceptions import HTTPException  # noqa: PLC0415
+    from starlette.routing import Route  # noqa: PLC0415
+
+    from app import server, server_ollama, server_openai  # noqa: PLC0415
+    from app.server_schema import ApiError  # noqa: PLC0415
+    routes = [
+        Route("/health", server.health), Route("/metrics", server.metrics),
+        Route("/v1/chat/completions", server_openai.chat_completions, methods=["POST"]),
+        Route("/v1/completions", server_openai.completions, methods=["POST"]),
+        Route("/v1/models", server_openai.models),
+        Route("/api/chat", server_ollama.chat, methods=["POST"]),
+        Route("/api/generate", server_ollama.generate, methods=["POST"]),
+        Route("/api/tags", server_ollama.tags), Route("/api/show", server_ollama.show, methods=["POST"]),
+        Route("/api/version", server_ollama.version),
+    ]
+    app = Starlette(routes=routes, exception_handlers={ApiError: server.on_api_error,
+                                                       HTTPException: server.on_http_error, Exception: server.on_bug})
+    app.state.worker = worker
+    return server.ApiKey(app, api_key) if api_key else app
+
+
+def run(args) -> int:
+    import socket  # noqa: PLC0415
+
+    import uvicorn  # noqa: PLC0415
+
+    from app.progress import DownloadBar  # noqa: PLC0415
+    from app.server_worker import EngineWorker  # noqa: PLC0415
+    from inference import load  # noqa: PLC0415  (heavy: numba, the model)
+    if args.max_queue < 1:
+        raise ServeError(f"--max-queue must be at least 1 (got {args.max_queue})")
+    options = load_options(args)
+    engine = load(args.model, ctx=args.ctx, progress=DownloadBar(), **options)
+    worker = EngineWorker(engine, args.model, load, options, args.ctx, args.max_queue)
+    try:
+        sock = socket.create_server((args.host, args.port))
+    except OSError as e:
+        raise ServeError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    host, port = sock.getsockname()[:2]
+    print(f"gguf-chat serve: {engine.path.name} ({engine.device}, context {engine.n_ctx}) on http://{host}:{port}"
+          f"  OpenAI: http://{host}:{port}/v1  Ollama: http://{host}:{port}" + ("  (API key required)" if args.api_key
+                                                                                    else ""), file=sys.stderr, flush=True)
+    config = uvicorn.Config(build_app(worker, args.api_key), log_level="info", timeout_graceful_shutdown=2)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0

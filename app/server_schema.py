@@ -1,0 +1,241 @@
+"""Request bodies of the OpenAI and Ollama APIs, checked and turned into one GenRequest for the engine worker.
+
+Every field we read is checked for type and range; a field we cannot honour (tools, logprobs, OpenAI's additive
+penalties...) is refused by name when it asks for something, and accepted at its no-op value, which many
+clients send anyway. Fields we do not know are ignored, as OpenAI's and Ollama's servers do.
+"""
+from dataclasses import dataclass, field
+
+ROLES = ("system", "user", "assistant")
+
+
+class ApiError(Exception):
+    """A request the server answers with an error: status, one clear message, OpenAI's type and code."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code = status, message, type, code
+
+
+def bad(message: str, code: str | None = None) -> ApiError:
+    return ApiError(400, message, code=code)
+
+
+@dataclass
+class GenRequest:
+    model: str | None                     # the name asked for; None: the loaded model
+    prompt: list[dict] | str | list[int] | None  # messages (chat template), text or token ids; None: load only
+    stream: bool = False
+    max_tokens: int | None = None         # None: until the context is full
+    sampling: dict = field(default_factory=dict)  # Engine.generate's names: temperature, top_k, top_p, ...
+    stop: tuple[str, ...] = ()
+    ctx: int | None = None                # the least context wanted (Ollama's num_ctx)
+    template_vars: dict = field(default_factory=dict)  # e.g. enable_thinking
+    include_usage: bool = False
+
+
+_KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+          dict: "an object", type(None): "null"}
+
+
+def _json_type(value) -> str:
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def get(body: dict, key: str, kind: type, default=None, where: str = ""):
+    """body[key] checked to be of kind (an integer is a number; a boolean is neither); absent or null: default."""
+    value = body.get(key)
+    if value is None:
+        return default
+    ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise bad(f"'{where}{key}' must be {_KINDS[kind]} (got {_json_type(value)})")
+    return value
+
+
+def number(body: dict, key: str, low: float, high: float, where: str = "") -> float | None:
+    value = get(body, key, float, where=where)
+    if value is not None and not low <= value <= high:
+        raise bad(f"'{where}{key}' must be between {low:g} and {high:g} (got {value:g})")
+    return value
+
+
+def _refuse(key: str, what: str) -> ApiError:
+    return bad(f"'{key}' is not supported by this server ({what})", code="unsupported_parameter")
+
+
+def messages(body: dict, allow_empty: bool = False) -> list[dict]:
+    """The conversation as the chat template takes it: [{"role", "content": str}], text parts joined."""
+    items = get(body, "messages", list)
+    if items is None:
+        raise bad("'messages' is required: a list of {\"role\", \"content\"} objects")
+    if not items and not allow_empty:
+        raise bad("'messages' must hold at least one message")
+    out = []
+    for i, m in enumerate(items):
+        where = f"messages[{i}]."
+        if not isinstance(m, dict):
+            raise bad(f"'messages[{i}]' must be an object with \"role\" and \"content\" (got {_json_type(m)})")
+        role = get(m, "role", str, where=where)
+        if role == "developer":  # OpenAI's newer name for the system role
+            role = "system"
+        if role not in ROLES:
+            shown = "missing" if role is None else f"'{role}'"
+            raise bad(f"'{where}role' must be one of {', '.join(ROLES)} (got {shown})")
+        if m.get("images"):
+            raise _refuse(f"{where}images", "the models it runs read text only")
+        if m.get("tool_calls"):
+            raise _refuse(f"{where}tool_calls", "no tool calling")
+        out.append({"role": role, "content": _content(m, where, required=role != "assistant")})
+    return out
+
+
+def _content(m: dict, where: str, required: bool) -> str:
+    content = m.get("content")
+    if content is None and not required:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI's content parts: text only
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad(f"'{where}content[{j}]' must be a text part {{\"type\": \"text\", \"text\": ...}}: "
+                          "this server reads text only")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad(f"'{where}content' must be a string or a list of text parts (got {_json_type(content)})")
+
+
+def stop_strings(value, key: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return tuple(value)
+    raise bad(f"'{key}' must be a string or a list of strings")
+
+
+def seed(body: dict, where: str = "") -> dict:
+    value = get(body, "seed", int, where=where)
+    return {} if value is None else {"seed": value}
+
+
+def _sampling(body: dict, where: str = "") -> dict:
+    """temperature, top_p and the llama.cpp extensions top_k, min_p, repeat_penalty, where given."""
+    out = {"temperature": number(body, "temperature", 0, 2, where), "top_p": number(body, "top_p", 0, 1, where),
+           "min_p": number(body, "min_p", 0, 1, where), "repeat_penalty": number(body, "repeat_penalty", 0.01, 10, where),
+           "top_k": get(body, "top_k", int, where=where)}
+    if out["top_k"] is not None and out["top_k"] < 0:
+        raise bad(f"'{where}top_k' must be 0 (off) or more (got {out['top_k']})")
+    return {k: v for k, v in out.items() if v is not None} | seed(body, where)
+
+
+def _no_additive_penalties(body: dict, where: str = "") -> None:
+    for key in ("presence_penalty", "frequency_penalty"):
+        if number(body, key, -2, 2, where):
+            raise _refuse(f"{where}{key}", "use 'repeat_penalty', llama.cpp's multiplicative one, e.g. 1.1")
+
+
+def _positive(value: int | None, key: str) -> int | None:
+    if value is not None and value < 1:
+        raise bad(f"'{key}' must be at least 1 (got {value})")
+    return value
+
+
+def _openai_common(body: dict) -> dict:
+    """What chat and completions share: model, stream, limits, sampling; refuses what we cannot do."""
+    _no_additive_penalties(body)
+    if get(body, "n", int, 1) != 1:
+        raise _refuse("n", "one choice per request")
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise _refuse("logprobs", "no log probabilities")
+    if body.get("logit_bias"):
+        raise _refuse("logit_bias", "no logit bias")
+    max_tokens = get(body, "max_completion_tokens", int)
+    key = "max_completion_tokens" if max_tokens is not None else "max_tokens"
+    max_tokens = _positive(max_tokens if max_tokens is not None else get(body, "max_tokens", int), key)
+    stream_options = get(body, "stream_options", dict, {})
+    return dict(model=get(body, "model", str), stream=get(body, "stream", bool, False), max_tokens=max_tokens,
+                sampling=_sampling(body), stop=stop_strings(body.get("stop"), "stop"),
+                include_usage=get(stream_options, "include_usage", bool, False, where="stream_options."))
+
+
+def openai_chat(body: dict) -> GenRequest:
+    if body.get("tools") or body.get("functions"):
+        raise _refuse("tools", "no tool calling")
+    response_format = get(body, "response_format", dict, {})
+    if response_format.get("type", "text") != "text":
+        raise _refuse("response_format", "text replies only")
+    return GenRequest(prompt=messages(body), **_openai_common(body))
+
+
+def openai_completion(body: dict) -> GenRequest:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    token_ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    if not isinstance(prompt, str) and not (token_ids and prompt):
+        raise bad("'prompt' must be a string or a list of token ids (one prompt per request)")
+    if get(body, "echo", bool, False):
+        raise _refuse("echo", "the reply comes without its prompt")
+    if body.get("suffix"):
+        raise _refuse("suffix", "no fill-in-the-middle")
+    if get(body, "best_of", int, 1) != 1:
+        raise _refuse("best_of", "one choice per request")
+    return GenRequest(prompt=prompt, **_openai_common(body))
+
+
+# Ollama: options by its names. Those that only tune speed or memory are ignored, as the engine decides them.
+_OLLAMA_NO_OP = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
+
+
+def _ollama_common(body: dict) -> dict:
+    options = get(body, "options", dict, {})
+    where = "options."
+    _no_additive_penalties(options, where)
+    for key, no_op in _OLLAMA_NO_OP.items():
+        if get(options, key, float, no_op, where) != no_op:
+            raise _refuse(where + key, "the samplers are llama.cpp's top_k, top_p, min_p and temperature")
+    num_predict = get(options, "num_predict", int, where=where)
+    if num_predict is not None and num_predict < 1 and num_predict not in (-1, -2):
+        raise bad(f"'options.num_predict' must be at least 1, or -1 (no limit) (got {num_predict})")
+    num_ctx = _positive(get(options, "num_ctx", int, where=where), "options.num_ctx")
+    if body.get("format"):
+        raise _refuse("format", "text replies only")
+    if body.get("tools"):
+        raise _refuse("tools", "no tool calling")
+    think = body.get("think")
+    if think is not None and not isinstance(think, bool | str):
+        raise bad(f"'think' must be true, false or a level (got {_json_type(think)})")
+    return dict(model=get(body, "model", str), stream=get(body, "stream", bool, True),
+                max_tokens=num_predict if num_predict is not None and num_predict > 0 else None,
+                sampling=_sampling(options, where), stop=stop_strings(options.get("stop"), "options.stop"),
+                ctx=num_ctx, template_vars={} if think is None else {"enable_thinking": think is not False})
+
+
+def ollama_chat(body: dict) -> GenRequest:
+    conversation = messages(body, allow_empty=True)
+    return GenRequest(prompt=conversation or None, **_ollama_common(body))  # no messages: load the model
+
+
+def ollama_generate(body: dict) -> GenRequest:
+    prompt, system = get(body, "prompt", str, ""), get(body, "system", str)
+    if body.get("images"):
+        raise _refuse("images", "the models it runs read text only")
+    if body.get("suffix"):
+        raise _refuse("suffix", "no fill-in-the-middle")
+    if body.get("template"):
+        raise _refuse("template", "the model's own chat template is used")
+    common = _ollama_common(body)
+    if not prompt:
+        return GenRequest(prompt=None, **common)  # Ollama's way to load a model
+    if get(body, "raw", bool, False):
+        if system:
+            raise bad("'system' needs the chat template: it cannot go with \"raw\": true")
+        return GenRequest(prompt=prompt, **common)
+    conversation = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return GenRequest(prompt=conversation, **common)

@@ -1,0 +1,373 @@
+"""`gguf-chat serve` as its users reach it: a real server process on 127.0.0.1, driven by OpenAI's and Ollama's
+own client packages (and raw HTTP for what a client library would never send). One server for the module."""
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import ollama
+import openai
+import pytest
+
+from tests.app.test_run import ROOT, gguf_chat
+
+KEY = "test-key-4c1d"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA = "tester/gemma-3-270m-GGUF:q4_k_m"  # as pulled into the module's Hub cache
+CTX = 512
+QUESTION = "What is the capital of France?"
+
+
+@dataclass
+class Server:
+    url: str
+    port: int
+    process: subprocess.Popen
+    log: Path
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(self.url + "/metrics", headers=AUTH).text
+        return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+    def wait_idle(self, timeout: float = 30) -> float:
+        """Seconds until the engine is free and nothing waits."""
+        t = time.perf_counter()
+        while self.metric("gguf_chat_busy") or self.metric("gguf_chat_requests_waiting"):
+            assert time.perf_counter() - t < timeout, "the engine stayed busy"
+            time.sleep(0.01)
+        return time.perf_counter() - t
+
+
+@pytest.fixture(scope="module")
+def hub_cache(tmp_path_factory, gemma3) -> Path:
+    """A Hugging Face cache holding Gemma 3 as if pulled: a second model a request can ask for."""
+    cache = tmp_path_factory.mktemp("hub")
+    repo = cache / "models--tester--gemma-3-270m-GGUF"
+    (repo / "snapshots" / "0123abcd").mkdir(parents=True)
+    (repo / "snapshots" / "0123abcd" / gemma3.name).symlink_to(gemma3)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    return cache
+
+
+@pytest.fixture(scope="module")
+def server(smollm2, hub_cache, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    env = {k: v for k, v in os.environ.items() if k != "GGUF_CHAT_API_KEY"} | {
+        "HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1"}
+    with open(log, "w") as out:
+        p = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(smollm2), "--port", "0", "--ctx", str(CTX),
+                              "--device", "cpu", "--max-queue", "8", "--api-key", KEY],
+                             stdout=out, stderr=out, cwd=ROOT, env=env)
+    deadline = time.monotonic() + 180
+    while not (m := re.search(r"on http://127\.0\.0\.1:(\d+)", log.read_text())):
+        assert p.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    port = int(m.group(1))
+    yield Server(f"http://127.0.0.1:{port}", port, p, log)
+    p.terminate()
+    p.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def oai(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def oll(server) -> ollama.Client:
+    return ollama.Client(host=server.url, headers=AUTH, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def http(server) -> httpx.Client:
+    return httpx.Client(base_url=server.url, headers=AUTH, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def run_answer(smollm2) -> dict:
+    """`gguf-chat run`'s greedy reply to QUESTION (12 tokens at most), with its stats."""
+    r = gguf_chat("run", smollm2, "--json", "-n", "12", "--temperature", "0", "--ctx", CTX, "-p", QUESTION)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def ask(oai, content: str, max_tokens: int = 12, **kw):
+    return oai.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": content}],
+                                       max_tokens=max_tokens, temperature=0, **kw)
+
+
+def test_openai_chat_equals_run_and_streams_the_same_text(oai, run_answer):
+    r = ask(oai, QUESTION)
+    assert r.choices[0].message.content == run_answer["text"] and run_answer["text"].strip()
+    stats = run_answer["stats"]
+    assert r.choices[0].finish_reason == ("stop" if stats["finish_reason"] == "stop" else "length")
+    assert r.usage.completion_tokens == stats["generated_tokens"]
+    assert r.usage.prompt_tokens == stats["prompt_tokens"]  # run's context was empty: it processed all of it
+    assert r.model_extra["timings"]["predicted_per_second"] > 0
+
+    chunks = list(ask(oai, QUESTION, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == run_answer["text"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == r.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_openai_completions_equal_run_raw_and_models_lists_the_loaded_one(oai, smollm2):
+    ran = gguf_chat("run", smollm2, "--raw", "--json", "-n", "10", "--temperature", "0", "--ctx", CTX,
+                    "-p", "Monday, Tuesday,")
+    expected = json.loads(ran.stdout)["text"]
+    r = oai.completions.create(model=SMOL, prompt="Monday, Tuesday,", max_tokens=10, temperature=0)
+    assert r.choices[0].text == expected and r.usage.completion_tokens == 10 and r.choices[0].finish_reason == "length"
+    streamed = oai.completions.create(model=SMOL, prompt="Monday, Tuesday,", max_tokens=10, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == expected
+    assert [m.id for m in oai.models.list()][0] == SMOL
+
+
+def test_ollama_chat_generate_list_show(oll, run_answer):
+    options = {"num_predict": 12, "temperature": 0}
+    messages = [{"role": "user", "content": QUESTION}]
+    r = oll.chat(model=SMOL, messages=messages, options=options)
+    assert r.message.content == run_answer["text"] and r.done and r.eval_count == run_answer["stats"]["generated_tokens"]
+    assert "".join(c.message.content for c in oll.chat(model=SMOL, messages=messages, options=options,
+                                                        stream=True)) == run_answer["text"]
+    generated = oll.generate(model=SMOL, prompt=QUESTION, options=options)  # through the chat template, as Ollama's
+    assert generated.response == run_answer["text"] and generated.prompt_eval_duration > 0
+    assert "".join(c.response for c in oll.generate(model=SMOL, prompt=QUESTION, options=options,
+                                                    stream=True)) == run_answer["text"]
+    assert [m.model for m in oll.list().models] == [SMOL, GEMMA]
+    assert oll.generate(model=SMOL).done_reason == "load"  # no prompt: Ollama's way to load a model
+    shown = oll.show(SMOL)
+    assert shown.details.family == "llama" and shown.details.quantization_level == "Q4_1"
+    assert "<|im_start|>" in shown.template
+
+
+def test_a_continued_conversation_reuses_the_cache(oai):
+    first = ask(oai, QUESTION)
+    history = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": first.choices[0].message.content},
+               {"role": "user", "content": "And of Germany?"}]
+    second = oai.chat.completions.create(model=SMOL, messages=history, max_tokens=8, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    assert second.model_extra["timings"]["prompt_n"] < second.usage.prompt_tokens - first.usage.prompt_tokens + 8
+
+
+PROMPTS = [f"Write one sentence about {topic}." for topic in
+           ("cats", "the sea", "bread", "winter", "music", "trains", "gold", "rain")]
+
+
+def test_eight_streaming_clients_get_their_own_answers(server, oai):
+    expected = {p: ask(oai, p, 10).choices[0].message.content for p in PROMPTS}
+    assert len(set(expected.values())) == len(PROMPTS)  # so that a mixed-up stream could not pass
+    results = []
+
+    def client(i: int):
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        for j in range(5):
+            prompt = PROMPTS[(i + j) % len(PROMPTS)]
+            try:
+                chunks = ask(c, prompt, 10, stream=True)
+                results.append((prompt, 200, "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)))
+            except openai.APIStatusError as e:
+                results.append((prompt, e.status_code, e.message))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300 - (time.perf_counter() - t0))
+    assert not any(t.is_alive() for t in threads), "the load test ran out of time"
+    assert len(results) == 40
+    for prompt, status, text in results:
+        assert (status, text) == (200, expected[prompt]) or (status == 503 and "busy" in text), (prompt, status, text)
+    assert sum(status == 200 for _, status, _ in results) >= 8
+    assert ask(oai, QUESTION).choices[0].message.content  # still serving
+
+
+def post_raw(server: Server, path: str, body: dict) -> socket.socket:
+    """A request sent whole on its own connection, not read: the client holds it open until it closes it."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json"
+              f"\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
+COUNTING = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 2000, "temperature": 0}  # runs until the context is full
+
+
+def test_a_client_that_leaves_frees_the_engine_at_once(server, oai):
+    cancelled = server.metric("gguf_chat_requests_cancelled_total")
+    stream = oai.completions.create(model=SMOL, stream=True, **COUNTING)
+    pieces = [next(stream).choices[0].text for _ in range(3)]
+    assert "".join(pieces).strip()
+    stream.close()
+    assert server.wait_idle() < 2.0  # the whole reply would take several seconds more
+    assert server.metric("gguf_chat_requests_cancelled_total") == cancelled + 1
+    # the same for a request that is not streamed: the client gives up waiting
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=COUNTING, headers=AUTH, timeout=1.0)
+    assert server.wait_idle() < 2.0
+    assert server.metric("gguf_chat_requests_cancelled_total") == cancelled + 2
+
+
+def test_a_full_queue_answers_503_and_the_server_recovers(server, http):
+    running = post_raw(server, "/v1/completions", COUNTING | {"stream": True})
+    while not server.metric("gguf_chat_busy"):
+        time.sleep(0.01)
+    waiting = [post_raw(server, "/v1/completions", COUNTING) for _ in range(8)]
+    while server.metric("gguf_chat_requests_waiting") < 8:
+        time.sleep(0.01)
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 503
+    assert r.json()["error"]["message"] == "the server is busy: 8 requests are already waiting; try again later"
+    for s in [running] + waiting:
+        s.close()
+    assert server.wait_idle() < 5.0
+    assert http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2}).status_code == 200
+
+
+def test_a_pulled_model_loads_on_demand_and_the_first_comes_back(oll, oai, gemma3, run_answer):
+    ran = gguf_chat("run", gemma3, "--raw", "--json", "-n", "6", "--temperature", "0", "--ctx", CTX,
+                    "-p", "The capital of France is")
+    r = oll.generate(model=GEMMA, prompt="The capital of France is", raw=True,
+                     options={"num_predict": 6, "temperature": 0})
+    assert r.response == json.loads(ran.stdout)["text"] and r.load_duration > 0
+    assert [m.id for m in oai.models.list()][:2] == [GEMMA, SMOL]  # the loaded one first
+    with pytest.raises(openai.BadRequestError, match="no chat template"):
+        oai.chat.completions.create(model=GEMMA, messages=[{"role": "user", "content": "hi"}])
+    assert ask(oai, QUESTION).choices[0].message.content == run_answer["text"]  # SmolLM2 loaded again
+
+
+USER = [{"role": "user", "content": "hi"}]
+BAD_INPUT = [  # (route, body, status, the error message or its start)
+    ("/v1/chat/completions", b"{not json", 400, "the body is not valid JSON: Expecting property name"),
+    ("/v1/chat/completions", b"[" * 100_000, 400, "the body is not valid JSON"),
+    ("/v1/chat/completions", b"[1, 2]", 400, "the body must be a JSON object"),
+    ("/v1/chat/completions", b"\xff\xfe{}", 400, "the body is not valid JSON"),
+    ("/v1/chat/completions", {}, 400, "'messages' is required"),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "'messages' must be an array (got a string)"),
+    ("/v1/chat/completions", {"messages": []}, 400, "'messages' must hold at least one message"),
+    ("/v1/chat/completions", {"messages": ["hi"]}, 400, "'messages[0]' must be an object"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400,
+     "'messages[0].role' must be one of system, user, assistant (got 'wizard')"),
+    ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "'messages[0].role' must be one of"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400,
+     "'messages[0].content' must be a string or a list of text parts (got an integer)"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, "'messages[0].content[0]' must be a text"),
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": -5}, 400, "'max_tokens' must be at least 1 (got -5)"),
+    ("/v1/chat/completions", {"messages": USER, "max_completion_tokens": 0}, 400,
+     "'max_completion_tokens' must be at least 1 (got 0)"),
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": "ten"}, 400,
+     "'max_tokens' must be an integer (got a string)"),
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": True}, 400, "'max_tokens' must be an integer (got a boolean)"),
+    ("/v1/chat/completions", {"messages": USER, "temperature": 3}, 400, "'temperature' must be between 0 and 2 (got 3)"),
+    ("/v1/chat/completions", {"messages": USER, "stream": "yes"}, 400, "'stream' must be a boolean (got a string)"),
+    ("/v1/chat/completions", {"messages": USER, "stop": 5}, 400, "'stop' must be a string or a list of strings"),
+    ("/v1/chat/completions", {"messages": USER, "presence_penalty": 0.5}, 400,
+     "'presence_penalty' is not supported by this server (use 'repeat_penalty'"),
+    ("/v1/chat/completions", {"messages": USER, "frequency_penalty": 1}, 400, "'frequency_penalty' is not supported"),
+    ("/v1/chat/completions", {"messages": USER, "n": 2}, 400, "'n' is not supported by this server"),
+    ("/v1/chat/completions", {"messages": USER, "tools": [{"type": "function"}]}, 400, "'tools' is not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 600}]}, 400,
+     f"the prompt is 631 tokens but the context holds {CTX}"),
+    ("/v1/chat/completions", {"model": "nope", "messages": USER}, 404,
+     f"model 'nope' not found; available: {SMOL}, {GEMMA}"),
+    ("/v1/completions", {"prompt": 5}, 400, "'prompt' must be a string or a list of token ids"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "'prompt' must be a string or a list of token ids"),
+    ("/v1/completions", {"prompt": "hi", "echo": True}, 400, "'echo' is not supported"),
+    ("/api/chat", {"model": SMOL, "messages": USER, "options": {"num_predict": -5}}, 400,
+     "'options.num_predict' must be at least 1, or -1 (no limit) (got -5)"),
+    ("/api/chat", {"model": SMOL, "messages": USER, "options": {"temperature": "hot"}}, 400,
+     "'options.temperature' must be a number (got a string)"),
+    ("/api/chat", {"model": SMOL, "messages": USER, "options": {"mirostat": 2}}, 400, "'options.mirostat' is not supported"),
+    ("/api/chat", {"model": SMOL, "messages": [{"role": "robot", "content": "hi"}]}, 400,
+     "'messages[0].role' must be one of system, user, assistant (got 'robot')"),
+    ("/api/generate", {"model": SMOL, "prompt": "hi", "options": []}, 400, "'options' must be an object (got an array)"),
+    ("/api/generate", {"model": SMOL, "prompt": "hi", "format": "json"}, 400, "'format' is not supported"),
+    ("/api/generate", {"model": "nope", "prompt": "hi"}, 404, "model 'nope' not found"),
+    ("/api/show", {"model": "nope"}, 404, "model 'nope' not found"),
+]
+
+
+@pytest.mark.parametrize("route, body, status, message", BAD_INPUT)
+def test_bad_input_is_a_clear_error(http, route, body, status, message):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = http.post(route, content=content, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    text = error if route.startswith("/api/") else error["message"]  # Ollama's shape under /api/, else OpenAI's
+    assert text.startswith(message), text
+    if not route.startswith("/api/"):
+        assert error["type"] in ("invalid_request_error", "server_error")
+
+
+def test_the_prompt_too_long_error_carries_openais_code(http):
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "word " * 600}]})
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_the_api_key_guards_every_route_but_health(server):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        r = httpx.post(server.url + "/v1/chat/completions", json={"messages": USER}, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert "Authorization: Bearer KEY" in r.json()["error"]["message"]
+        r = httpx.get(server.url + "/api/tags", headers=headers)
+        assert r.status_code == 401 and "API key" in r.json()["error"]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_routes_and_methods_that_do_not_exist(http):
+    r = http.get("/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["message"] == "no route GET /v1/nothing"
+    r = http.get("/v1/chat/completions")
+    assert r.status_code == 405 and r.json()["error"]["message"] == "no route GET /v1/chat/completions"
+
+
+def test_bodies_over_the_limit_are_413(server, http):
+    r = http.post("/v1/chat/completions", content=b" " * (9 * 2**20), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["message"] == "the body is 9,437,184 bytes; the limit is 8,388,608"
+    r = http.post("/v1/chat/completions", content=(b" " * 2**20 for _ in range(9)))  # chunked: no length declared
+    assert r.status_code == 413 and r.json()["error"]["message"] == "the body is over the limit of 8,388,608 bytes"
+    s = socket.create_connection(("127.0.0.1", server.port))  # declares a huge body: refused before it is sent
+    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {KEY}\r\n"
+              f"Content-Length: {10**12}\r\n\r\n".encode())
+    answer = b""
+    while not answer.endswith(b"}}") and (chunk := s.recv(4096)):
+        answer += chunk
+    s.close()
+    assert answer.startswith(b"HTTP/1.1 413") and b"the body is 1,000,000,000,000 bytes" in answer
+
+
+def test_half_requests_and_garbage_do_not_hurt_the_server(server, oai):
+    for raw in (b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n{\"mess",
+                b"POST /v1/chat/comp", b"\x16\x03\x01 not http at all\r\n\r\n", b"GET / HTTP/1.1\r\nHost"):
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.sendall(raw)
+        s.close()  # and vanishes
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert ask(oai, QUESTION, 3).choices[0].message.content
+
+
+def test_ollamas_num_ctx_reloads_the_model_with_a_larger_context(oll):
+    long = "word " * 600  # 631 tokens with the template: more than the server's --ctx 512
+    r = oll.generate(model=SMOL, prompt=long, options={"num_ctx": 1024, "num_predict": 2})
+    assert r.load_duration > 0 and r.prompt_eval_count >= 631
+    r = oll.generate(model=SMOL, prompt=long, options={"num_ctx": 700, "num_predict": 2})  # fits: no reload
+    assert r.load_duration == 0
+
+
+def test_no_traceback_reached_the_log(server):
+    """After everything above: the server is up and wrote no traceback (nor sent one: the errors are JSON)."""
+    assert server.process.poll() is None
+    assert "Traceback" not in server.log.read_text(), server.log.read_text()[-3000:]
