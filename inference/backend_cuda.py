@@ -14,8 +14,8 @@ import numpy as np
 
 from inference.placement import PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR
 from inference.sampling import REPEAT_LAST_N, SamplingParams
-from inference.weights import LayerWeights, ModelWeights, QuantMatrix
-from kernels import cuda_ops, cuda_prefill
+from inference.weights import ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
+from kernels import cuda_moe, cuda_ops, cuda_prefill
 from kernels.cuda_quant import DeviceWeight, Q8Vector, matvec, quantize_q8_1, to_device
 from models.config import ModelConfig
 
@@ -45,7 +45,8 @@ def _step_arena_bytes(cfg: ModelConfig) -> int:
     """An upper bound on what one token's forward and sampling take from the arena."""
     e, f = cfg.n_embd, cfg.n_ff
     q, kv = cfg.n_heads * max(cfg.head_dim, cfg.v_head_dim), cfg.n_kv_heads * max(cfg.head_dim, cfg.v_head_dim)
-    floats = 12 * e + 3 * q + 3 * kv + 4 * f  # activations of a layer, q8_1 copies counted as floats
+    experts = cfg.n_expert + 2 * cfg.n_expert_used + 4 * cfg.n_expert_used * cfg.n_ff_exp  # logits, choice, ffn
+    floats = 12 * e + 3 * q + 3 * kv + 4 * f + experts  # activations of a layer, q8_1 copies counted as floats
     per_layer = 4 * floats + 32 * ALIGN
     return cfg.n_layers * per_layer + 4 * (4 * e + cfg.n_vocab) + 16 * ALIGN + (1 << 20)
 
@@ -82,7 +83,9 @@ class CUDABackend:
             self._dev: dict[int, object] = {}  # id of a host weight -> its device copy
             for m in _host_tensors(weights, self.layers):
                 if id(m) not in self._dev:
-                    self._dev[id(m)] = to_device(m.data, m.qtype) if isinstance(m, QuantMatrix) else cp.asarray(m)
+                    self._dev[id(m)] = (to_device(m.data, m.qtype) if isinstance(m, QuantMatrix) else
+                                        cuda_moe.experts_to_device(m.data, m.qtype) if isinstance(m, QuantExperts)
+                                        else cp.asarray(m))
             self._rope_freqs = weights.rope_freqs
             self.caches = {i: cuda_ops.kv_cache(cfg.n_kv_heads, n_ctx, cfg.head_dim) for i in self.layers}
             self.token = cp.zeros(1, dtype=cp.int32)  # the decode step's input; the sampler writes the next
@@ -262,6 +265,36 @@ class CUDABackend:
         cuda_ops.glu(gate, up, out, self.cfg.activation, xq=xq, stream=self.stream)
         return out
 
+    def add_moe(self, x: cp.ndarray, experts: ExpertFFN, h: cp.ndarray, k: int) -> cp.ndarray:
+        """x + the mixture of experts on h [n, n_embd] (kernels/cuda_moe.py): the router's logits, the choice
+        of k experts a token (kept on the device), the chosen experts' gate and up in one launch, glu, then
+        their down projections weighted, summed and added to x in one launch."""
+        n = h.shape[0]
+        router = self._dev[id(experts.router)]
+        if n > 1 and router.qtype.name == "F32":  # float32 cuBLAS: the prompt matmuls' fp16 tiles could flip a
+            logits = self._empty((n, router.n_rows))  # near-tie choice against the decode step's
+            self._set_cublas_stream()
+            with self.stream:
+                cp.matmul(h, router.data.view(cp.float32).reshape(router.n_rows, -1).T, out=logits)
+        else:
+            logits = self._matmul(router, h, None)
+        ids, weights = self._empty((n, k), cp.int32), self._empty((n, k))
+        cuda_moe.route(logits, ids, weights, stream=self.stream)
+        hq = self._q8(h)
+        gate, up = self._dev[id(experts.gate)], self._dev[id(experts.up)]
+        gate_up = self._empty((2, n * k, gate.n_rows))
+        if gate.qtype == up.qtype:
+            cuda_moe.gate_up((gate, up), ids, hq, gate_up, stream=self.stream)
+        else:
+            for i, w in enumerate((gate, up)):
+                cuda_moe.gate_up((w,), ids, hq, gate_up[i:i + 1], stream=self.stream)
+        act = self._empty((n * k, gate.n_rows))
+        act_q = Q8Vector(self._empty((act.size,), cp.int8), self._empty((act.size // 32, 2)))
+        cuda_ops.glu(gate_up[0], gate_up[1], act, self.cfg.activation, xq=act_q, stream=self.stream)
+        out = self._empty(x.shape)
+        cuda_moe.down(self._dev[id(experts.down)], ids, weights, act_q, out, x, stream=self.stream)
+        return out
+
     def add(self, x: cp.ndarray, y: cp.ndarray) -> cp.ndarray:
         out = self._empty(x.shape)
         cuda_ops.add(x, y, out, stream=self.stream)
@@ -335,7 +368,8 @@ class CUDABackend:
 def _matmuls_calls(lw: LayerWeights):
     """The (matrices, biases) of forward()'s matmuls calls in a layer."""
     yield lw.qkv, lw.qkv_bias
-    yield lw.gate_up, None
+    if lw.experts is None:
+        yield lw.gate_up, None
 
 
 def _group_key(ws: tuple, biases: tuple | None) -> tuple:
@@ -363,8 +397,8 @@ def row_groups(ws: tuple[QuantMatrix, ...], biases: tuple | None, place=to_devic
 
 
 def _host_tensors(w: ModelWeights, layers: range):
-    """Every weight forward() hands to an op on its own in these layers and the head: matrices and norm vectors
-    (not the matmuls calls'); token_embd only with the first layer (else the CPU embeds)."""
+    """Every weight forward() hands to an op on its own in these layers and the head: matrices, expert stacks and
+    norm vectors (not the matmuls calls'); token_embd only with the first layer (else the CPU embeds)."""
     if layers.start == 0:
         yield w.token_embd
     yield w.output
@@ -373,5 +407,7 @@ def _host_tensors(w: ModelWeights, layers: range):
         grouped = {id(t) for ws, biases in _matmuls_calls(lw) for t in ws + (biases or ())}
         for name in lw.__dataclass_fields__:
             t = getattr(lw, name)
-            if t is not None and id(t) not in grouped:
+            if isinstance(t, ExpertFFN):
+                yield from (t.router, t.gate, t.up, t.down)
+            elif t is not None and id(t) not in grouped:
                 yield t

@@ -69,8 +69,10 @@ def _gpu_rows(w: QuantMatrix, share: float) -> int:
 
 
 def _layer_calls(lw):
-    """The matrices of each matmuls / matmul call forward() makes in a layer."""
-    return lw.qkv, (lw.attn_output,), lw.gate_up, (lw.ffn_down,)
+    """The matrices of each matmuls / matmul call forward() makes in a layer (of a mixture of experts, the
+    router's: which experts run changes every token, and they stay on the CPU)."""
+    ffn = ((lw.experts.router,),) if lw.experts else (lw.gate_up, (lw.ffn_down,))
+    return lw.qkv, (lw.attn_output,), *ffn
 
 
 class GpuShare:

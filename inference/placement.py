@@ -146,8 +146,9 @@ def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig) -> int:
     """Decode and prefill buffers of the GPU engine (one set serves every layer: they run in turn)."""
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
     attn_dim = cfg.n_heads * cfg.v_head_dim
-    token_floats = 3 * cfg.n_embd + q_dim + kv_dim + attn_dim + 3 * cfg.n_ff  # x, residual, norm; q, k, v; ffn
-    max_cols = max(cfg.n_embd, cfg.n_ff, attn_dim)  # the widest matmul input
+    experts = cfg.n_expert + 2 * cfg.n_expert_used + 3 * cfg.n_expert_used * cfg.n_ff_exp  # logits, choice, ffn
+    token_floats = 3 * cfg.n_embd + q_dim + kv_dim + attn_dim + 3 * cfg.n_ff + experts  # x, residual, norm; q, k, v; ffn
+    max_cols = max(cfg.n_embd, cfg.n_ff, attn_dim, cfg.n_expert_used * cfg.n_ff_exp)  # the widest matmul input
     q8_bytes = max_cols * (1 + 8 / 32)  # q8_1: a byte a value + float32 (d, s) a block of 32
     decode = (4 * (token_floats + cfg.n_vocab) + q8_bytes
               + 4 * cfg.n_heads * ATTN_SPLITS_MAX * (cfg.head_dim + 2)  # attention splits

@@ -52,7 +52,7 @@ class Q8Vector:
         return cls(cp.empty(n, dtype=cp.int8), cp.empty((n // 32, 2), dtype=cp.float32))
 
 
-def _matrix_shape(raw: np.ndarray, qtype: GGMLType) -> tuple[int, int]:
+def matrix_shape(raw: np.ndarray, qtype: GGMLType) -> tuple[int, int]:
     """(n_rows, n_cols) of raw uint8 [n_rows, row_bytes], checked against what the kernels take."""
     if raw.dtype != np.uint8 or raw.ndim != 2:
         raise ValueError(f"expected uint8 [n_rows, row_bytes], got {raw.dtype} {raw.shape}")
@@ -69,7 +69,7 @@ def _matrix_shape(raw: np.ndarray, qtype: GGMLType) -> tuple[int, int]:
 
 def to_device(raw: np.ndarray, qtype: GGMLType) -> DeviceWeight:
     """raw uint8 [n_rows, row_bytes] (a tensor's bytes from the file) -> a weight in VRAM, repacked."""
-    n_rows, n_cols = _matrix_shape(raw, qtype)
+    n_rows, n_cols = matrix_shape(raw, qtype)
     return DeviceWeight(cp.asarray(repack(raw, qtype)), qtype, n_rows, n_cols)
 
 
@@ -77,7 +77,7 @@ def to_pinned(raw: np.ndarray, qtype: GGMLType) -> DeviceWeight:
     """raw -> a weight in pinned host memory, repacked as to_device does, that takes no VRAM: the copy engine
     copies it into VRAM asynchronously (gpu_share.py's ring); under unified addressing a kernel could also read
     it over PCIe directly."""
-    n_rows, n_cols = _matrix_shape(raw, qtype)
+    n_rows, n_cols = matrix_shape(raw, qtype)
     host = cupyx.empty_pinned(raw.size, np.uint8)
     host[:] = repack(raw, qtype)
     memory = cp.cuda.UnownedMemory(host.ctypes.data, host.nbytes, host)  # holds host, and so its pages

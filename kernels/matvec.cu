@@ -135,3 +135,73 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const fl
 MATVEC_F(matvec_f32, F32W)
 MATVEC_F(matvec_f16, F16W)
 MATVEC_F(matvec_bf16, BF16W)
+
+// ---- Mixture of experts: matvecs over the experts the router chose, their ids read from device memory (a
+// captured graph serves any choice). An expert stack holds n_expert matrices of expert_bytes each, one after
+// another, each in cuda_layout.py's layout. A pair p = (token p / k, its slot p % k) runs expert ids[p].
+
+// out[z][p][row] = W_z[ids[p]] . x[p / k], z = 0 .. gridDim.z - 1 the stacks w0, w1 (gate and up, which read
+// the same x): grid (row blocks, pairs, stacks). x: q8_1 of [n_tok, n_cols]; out float32 [gridDim.z, pairs, n_rows].
+template <class T>
+__device__ __forceinline__ void moe_matvec_q(const uint8_t* w0, const uint8_t* w1, long long expert_bytes,
+                                             const int* __restrict__ ids, int k, const int8_t* __restrict__ xq,
+                                             const float2* __restrict__ xds, float* out, int n_rows, int nb,
+                                             int tpr) {
+    int pair = blockIdx.y;
+    const uint8_t* w = (blockIdx.z ? w1 : w0) + (size_t)ids[pair] * expert_bytes;
+    size_t x0 = (size_t)(pair / k) * nb * T::QK;
+    int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
+    float acc = row < n_rows ? row_dot<T>(w, row, n_rows, nb, threadIdx.x % tpr, tpr, xq + x0, xds + x0 / 32) : 0.0f;
+    row_store(acc, row, n_rows, tpr, out + ((size_t)blockIdx.z * gridDim.y + pair) * n_rows, out, 0);
+}
+
+// out[t][row] = res[t][row] + sum over j < k of weights[p] * W[ids[p]] . x[p], p = t * k + j: the chosen
+// experts' down projections, weighted, summed and added to the residual in one launch (out may be res).
+// grid (row blocks, tokens); a row's items of all k experts are shared out among its tpr threads.
+// x: q8_1 of [n_tok * k, n_cols].
+template <class T>
+__device__ __forceinline__ void moe_down_q(const uint8_t* w, long long expert_bytes, const int* __restrict__ ids,
+                                           const float* __restrict__ weights, int k, const int8_t* __restrict__ xq,
+                                           const float2* __restrict__ xds, float* out, const float* res,
+                                           int n_rows, int nb, int tpr) {
+    int t = blockIdx.y;
+    int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
+    float acc = 0.0f;
+    if (row < n_rows) {
+        int per_expert = nb * T::ITEMS;
+        for (int i = threadIdx.x % tpr; i < k * per_expert; i += tpr) {
+            int p = t * k + i / per_expert, item = i % per_expert, blk = item / T::ITEMS;
+            const uint8_t* we = w + (size_t)ids[p] * expert_bytes;
+            const uint8_t* bulk = we + ((size_t)row * nb + blk) * T::BULK;
+            const uint8_t* meta = we + (size_t)n_rows * nb * T::BULK + ((size_t)row * nb + blk) * T::META;
+            size_t x0 = ((size_t)p * nb + blk) * T::QK;
+            acc += weights[p] * T::dot(bulk, meta, item % T::ITEMS, xq + x0, xds + x0 / 32);
+        }
+    }
+    row_store(acc, row, n_rows, tpr, out + (size_t)t * n_rows, res + (size_t)t * n_rows, 1);
+}
+
+#define MOE_Q(SUFFIX, T)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(128)                                                         \
+        moe_matvec_##SUFFIX(const uint8_t* w0, const uint8_t* w1, long long expert_bytes, const int* ids,     \
+                            int k, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb,       \
+                            int tpr) {                                                                        \
+        moe_matvec_q<T>(w0, w1, expert_bytes, ids, k, xq, xds, out, n_rows, nb, tpr);                         \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128)                                                         \
+        moe_down_##SUFFIX(const uint8_t* w, long long expert_bytes, const int* ids, const float* weights,     \
+                          int k, const int8_t* xq, const float2* xds, float* out, const float* res,           \
+                          int n_rows, int nb, int tpr) {                                                      \
+        moe_down_q<T>(w, expert_bytes, ids, weights, k, xq, xds, out, res, n_rows, nb, tpr);                  \
+    }
+
+MOE_Q(q4_0, Q4_0)
+MOE_Q(q4_1, Q4_1)
+MOE_Q(q5_0, Q5_0)
+MOE_Q(q5_1, Q5_1)
+MOE_Q(q8_0, Q8_0)
+MOE_Q(q2_k, Q2_K)
+MOE_Q(q3_k, Q3_K)
+MOE_Q(q4_k, Q4_K)
+MOE_Q(q5_k, Q5_K)
+MOE_Q(q6_k, Q6_K)

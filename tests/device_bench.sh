@@ -7,6 +7,7 @@
 #   bash tests/device_bench.sh hybrid   # llama3-8b q4_k_m with 32, 24 and 16 of its 32 layers on the GPU, the
 #                                       # GPU's share of the CPU layers' rows at each of SHARES (default: 0 0.6)
 #   bash tests/device_bench.sh vram     # its peak VRAM against file size + KV cache + 10%
+#   bash tests/device_bench.sh moe      # Qwen3-30B-A3B's shapes (qwen3moe q4_k_m, 17.3 GiB) all on the GPU
 # With layers on the CPU, where the time goes: python3 tests/device_profile.py FILE N (per-op, per-token), and
 # the host's DRAM and PCIe rates: python3 tests/device_probe.py FILE (see inference/NOTES_gpu.md).
 set -uo pipefail
@@ -56,6 +57,18 @@ hybrid)
     [ -x "$peer" ] && "$peer" -m "$f" -ngl $([ $ngl = 32 ] && echo 99 || echo $ngl) -fa 1 -p 512 -n 128 -r 3 2>/dev/null \
       | grep -E "pp512|tg128" | tee -a "$OUT/hybrid_llamacpp.md"
   done ;;
+moe)  # issue 17: 128 experts, 8 a token; pp512, tg128, tg128 after 4096 tokens, ours then llama.cpp's
+  peer=$(peer_bench)
+  f=$files/qwen3moe-30b-a3b-q4_k_m.gguf
+  [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset qwen3moe-30b-a3b --ftype q4_k_m
+  python3 -m app.cli bench "$f" --device cuda -p 512 -n 128 -r ${REPS:-3} | tee -a "$OUT/moe_ours.md"
+  python3 -m app.cli bench "$f" --device cuda -p 512 -n 128 -r ${REPS:-3} -d 4096 | tail -n 2 | tee -a "$OUT/moe_ours.md"
+  if [ -x "$peer" ]; then
+    "$peer" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r ${REPS:-3} 2>/dev/null | tee -a "$OUT/moe_llamacpp.md"
+    "$peer" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -d 4096 -r ${REPS:-3} 2>/dev/null | tail -n 3 | tee -a "$OUT/moe_llamacpp.md"
+  else
+    echo "llama-bench not built: $peer"
+  fi ;;
 vram)  # issue 5: peak VRAM of llama3-8b q4_k_m at ctx 4096 (a full 1024-token chunk, then decoding) vs file + KV + 10%
   f=$files/llama3-8b-q4_k_m.gguf
   [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m

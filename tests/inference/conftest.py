@@ -53,6 +53,14 @@ def synth_qwen2(tmp_path_factory, synth_tiny):
     return path
 
 
+@pytest.fixture(scope="session")
+def synth_qwen3moe(tmp_path_factory):
+    """qwen3moe, 16 experts of which 4 run a token, with a vocabulary of its own (nothing outside the repo)."""
+    path = tmp_path_factory.mktemp("synth") / "qwen3moe.gguf"
+    _write_small(path, "qwen3moe", vocab_from=None)
+    return path
+
+
 def _synth(factory, preset: str, ftype: str):
     path = factory.mktemp("synth") / f"{preset}.gguf"
     subprocess.run([sys.executable, SYNTH_GGUF, str(path), "--preset", preset, "--ftype", ftype], check=True)
@@ -62,10 +70,12 @@ def _synth(factory, preset: str, ftype: str):
 def _write_small(path, arch: str, vocab_from) -> None:
     """A small random model with vocab_from's SentencePiece vocabulary (tests/inference/synthetic.py), its
     matrices Q8_0, Q5_0, Q4_1 and F16 so that the GPU runs several matvec and prefill types. gemma3: 6 layers,
-    five of them with a 16-token sliding window, head_dim 256; qwen2: qkv biases, its own output matrix."""
+    five of them with a 16-token sliding window, head_dim 256; qwen2: qkv biases, its own output matrix;
+    qwen3moe: Q4_1 gate and up experts, Q5_0 down experts (the GPU's expert kernels take quantized types)."""
     from gguf import GGMLQuantizationType as T  # noqa: PLC0415
 
     gemma = arch == "gemma3"
     types = dict(attn_q=T.Q8_0, attn_k=T.Q8_0, attn_v=T.Q5_0, attn_output=T.Q8_0, ffn_gate=T.F16 if gemma else T.Q4_1,
                  ffn_up=T.F16 if gemma else T.Q4_1, ffn_down=T.Q5_0)
-    write_synthetic(path, arch, vocab_from, shapes=None if gemma else (2, 256, 512, 4, 2, 64), types=types)
+    shapes = None if gemma else (2, 256, 256 if arch == "qwen3moe" else 512, 4, 2, 64)
+    write_synthetic(path, arch, vocab_from, shapes=shapes, types=types)

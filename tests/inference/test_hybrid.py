@@ -15,7 +15,7 @@ from tests.inference.gpu_compare import (assert_close_logits, assert_graph_repla
 pytestmark = pytest.mark.gpu
 
 CTX = 512
-MODELS = ["smollm2", "gemma3", "synth_gemma3", "synth_qwen2", "synth_1b"]
+MODELS = ["smollm2", "gemma3", "synth_gemma3", "synth_qwen2", "synth_1b", "synth_qwen3moe"]
 
 
 SHARE = 0.5  # of the CPU layers' rows the split engines' GPU multiplies in their decode steps (gpu_share.py)

@@ -1,0 +1,130 @@
+"""The mixture-of-experts kernels (kernels/cuda_moe.py) against numpy: routing against kernels/cpu_ops.route,
+the expert matvecs against models/dequant.py. Needs a GPU.
+
+As in test_cuda_quant.py, the reference multiplies the dequantized weights by the q8_1 activation the kernel
+read back from the device, in float64, so only float32 rounding remains (REL_TOL of the output's norm).
+"""
+import numpy as np
+import pytest
+
+from kernels.bench_cuda import TYPES, random_weight_bytes
+from kernels.cpu_ops import route
+from models.dequant import dequantize
+from models.ggml_types import TYPES_BY_NAME
+
+pytestmark = pytest.mark.gpu
+
+REL_TOL = 1e-5
+QUANT_TYPES = [t for t in TYPES if t not in ("F16", "BF16", "F32")]
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    import cupy as cp
+
+    import kernels.cuda_moe as moe
+    import kernels.cuda_quant as cq
+
+    return cp, cq, moe
+
+
+@pytest.mark.parametrize("n_tok, n_expert, k", [(1, 128, 8), (7, 128, 8), (300, 60, 4), (3, 8, 8)])
+def test_route_matches_cpu(cuda, n_tok, n_expert, k):
+    cp, _, moe = cuda
+    logits = np.random.default_rng(n_tok).standard_normal((n_tok, n_expert)).astype(np.float32) * 3
+    logits[0, [5, 2]] = 20.0  # a tie at the top: the lower id first
+    ids, weights = cp.full((n_tok, k), -1, cp.int32), cp.full((n_tok, k), cp.nan, cp.float32)
+    moe.route(cp.asarray(logits), ids, weights)
+    ref_ids, ref_weights = route(logits, k)
+    np.testing.assert_array_equal(cp.asnumpy(ids), ref_ids)
+    np.testing.assert_allclose(cp.asnumpy(weights), ref_weights, rtol=1e-5, atol=1e-7)
+    assert list(cp.asnumpy(ids)[0, :2]) == [2, 5]
+
+
+def _stack(name, n_expert, n_rows, n_cols, seed):
+    qtype = TYPES_BY_NAME[name]
+    raw = np.stack([random_weight_bytes(qtype, n_rows, n_cols, seed=seed + e) for e in range(n_expert)])
+    return raw, qtype
+
+
+def _dense(raw, qtype, e):
+    n_rows = raw.shape[1]
+    return dequantize(raw[e], qtype, (raw[e].size // n_rows // qtype.block_bytes * qtype.block_elems, n_rows))
+
+
+def _q8(cp, cq, x):
+    """x [n, cols] quantized on the device, and the float64 values the kernels read."""
+    xq = cq.Q8Vector.empty(x.size)
+    cq.quantize_q8_1(cp.asarray(x.reshape(-1)), xq)
+    used = cp.asnumpy(xq.qs).astype(np.float64).reshape(-1, 32) * cp.asnumpy(xq.ds)[:, :1]
+    return xq, used.reshape(x.shape)
+
+
+def _ids(n_tok, n_expert, k, seed):
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.permutation(n_expert)[:k] for _ in range(n_tok)]).astype(np.int32)
+
+
+def _rel_err(out, ref):
+    assert np.isfinite(out).all(), f"{np.isnan(out).sum()} outputs not written"
+    return np.linalg.norm(out - ref) / np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize("n_tok", [1, 5])
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_gate_up_matches_reference(cuda, name, n_tok):
+    """Two stacks (gate, up) of 16 experts [768, 2048] (Qwen3-30B-A3B's expert shape), 4 chosen a token."""
+    cp, cq, moe = cuda
+    n_expert, k, rows, cols = 16, 4, 768, 2048
+    stacks = [_stack(name, n_expert, rows, cols, seed) for seed in (0, 100)]
+    ws = tuple(moe.experts_to_device(raw, qtype) for raw, qtype in stacks)
+    ids = _ids(n_tok, n_expert, k, n_tok)
+    x = np.random.default_rng(1).standard_normal((n_tok, cols)).astype(np.float32)
+    xq, x_used = _q8(cp, cq, x)
+    out = cp.full((2, n_tok * k, rows), cp.nan, cp.float32)
+    moe.gate_up(ws, cp.asarray(ids), xq, out)
+    out = cp.asnumpy(out)
+    for z, (raw, qtype) in enumerate(stacks):
+        for p in range(n_tok * k):
+            ref = _dense(raw, qtype, ids.flat[p]).astype(np.float64) @ x_used[p // k]
+            assert _rel_err(out[z, p], ref) < REL_TOL, (name, z, p)
+
+
+@pytest.mark.parametrize("n_tok", [1, 5])
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_down_weights_sums_and_adds_the_residual(cuda, name, n_tok):
+    """16 experts [2048, 768], 4 a token: out = residual + the weighted sum of the chosen experts' products."""
+    cp, cq, moe = cuda
+    n_expert, k, rows, cols = 16, 4, 2048, 768
+    raw, qtype = _stack(name, n_expert, rows, cols, 7)
+    w = moe.experts_to_device(raw, qtype)
+    ids = _ids(n_tok, n_expert, k, 10 + n_tok)
+    rng = np.random.default_rng(2)
+    weights = rng.dirichlet(np.ones(k), n_tok).astype(np.float32)
+    x = rng.standard_normal((n_tok * k, cols)).astype(np.float32)
+    residual = rng.standard_normal((n_tok, rows)).astype(np.float32)
+    xq, x_used = _q8(cp, cq, x)
+    out = cp.full((n_tok, rows), cp.nan, cp.float32)
+    moe.down(w, cp.asarray(ids), cp.asarray(weights), xq, out, cp.asarray(residual))
+    ref = residual.astype(np.float64)
+    for t in range(n_tok):
+        for j in range(k):
+            ref[t] += weights[t, j] * (_dense(raw, qtype, ids[t, j]).astype(np.float64) @ x_used[t * k + j])
+    assert _rel_err(cp.asnumpy(out) - residual, ref - residual) < REL_TOL
+    # in place: out is the residual
+    res = cp.asarray(residual)
+    moe.down(w, cp.asarray(ids), cp.asarray(weights), xq, res, res)
+    assert _rel_err(cp.asnumpy(res) - residual, ref - residual) < REL_TOL
+
+
+def test_an_expert_is_read_from_its_own_place(cuda):
+    """Choosing expert 3 gives expert 3's product, not a neighbour's: each expert repacked on its own."""
+    cp, cq, moe = cuda
+    raw, qtype = _stack("Q6_K", 6, 256, 512, 3)  # Q6_K repacks (its d moves to the meta part)
+    w = moe.experts_to_device(raw, qtype)
+    xq, x_used = _q8(cp, cq, np.random.default_rng(4).standard_normal((1, 512)).astype(np.float32))
+    out = cp.full((1, 1, 256), cp.nan, cp.float32)
+    moe.gate_up((w,), cp.asarray([[3]], dtype=cp.int32), xq, out)
+    got = cp.asnumpy(out)[0, 0]
+    errs = [_rel_err(got, _dense(raw, qtype, e).astype(np.float64) @ x_used[0]) for e in range(6)]
+    assert np.argmin(errs) == 3 and errs[3] < REL_TOL, errs
