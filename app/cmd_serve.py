@@ -62,14 +62,14 @@ def run(args) -> int:
     from inference import load  # noqa: PLC0415  (heavy: numba, the model)
     if args.max_queue < 1:
         raise ServeError(f"--max-queue must be at least 1 (got {args.max_queue})")
-    options = load_options(args)
-    engine = load(args.model, ctx=args.ctx, progress=DownloadBar(), **options)
-    worker = EngineWorker(engine, args.model, load, options, args.ctx, args.max_queue)
-    try:
+    try:  # before the model loads, so that a port in use says so at once
         sock = socket.create_server((args.host, args.port))
     except OSError as e:
         raise ServeError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     host, port = sock.getsockname()[:2]
+    options = load_options(args)
+    engine = load(args.model, ctx=args.ctx, progress=DownloadBar(), **options)
+    worker = EngineWorker(engine, args.model, load, options, args.ctx, args.max_queue)
     print(f"gguf-chat serve: {engine.path.name} ({engine.device}, context {engine.n_ctx}) on http://{host}:{port}"
           f"  OpenAI: http://{host}:{port}/v1  Ollama: http://{host}:{port}" + ("  (API key required)" if args.api_key
                                                                                     else ""), file=sys.stderr, flush=True)

@@ -16,7 +16,7 @@ import ollama
 import openai
 import pytest
 
-from tests.app.test_run import ROOT, gguf_chat
+from tests.app.test_run import ROOT, assert_one_line_error, gguf_chat
 
 KEY = "test-key-4c1d"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -365,6 +365,12 @@ def test_ollamas_num_ctx_reloads_the_model_with_a_larger_context(oll):
     assert r.load_duration > 0 and r.prompt_eval_count >= 631
     r = oll.generate(model=SMOL, prompt=long, options={"num_ctx": 700, "num_predict": 2})  # fits: no reload
     assert r.load_duration == 0
+
+
+def test_command_line_errors_are_one_line(server, smollm2):
+    assert_one_line_error(gguf_chat("serve", smollm2, "--port", server.port), "cannot listen on 127.0.0.1:",
+                          "Address already in use")
+    assert_one_line_error(gguf_chat("serve", smollm2, "--max-queue", "0"), "--max-queue must be at least 1")
 
 
 def test_no_traceback_reached_the_log(server):
