@@ -88,10 +88,13 @@ async def start_reply(request: Request, r: GenRequest) -> Reply:
     job = Job(r, path, asyncio.get_running_loop())
     worker.submit(job)  # or 503
     reply = Reply(job, model, asyncio.create_task(_cancel_on_disconnect(request, job)))
-    first = await job.items.get()
-    if not isinstance(first, Started):
+    try:
+        first = await job.items.get()
+        if not isinstance(first, Started):
+            raise as_api_error(first)
+    except BaseException:  # an error, or this handler cancelled: the job goes too
         reply.close()
-        raise as_api_error(first)
+        raise
     reply.started = first
     return reply
 

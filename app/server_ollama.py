@@ -49,6 +49,7 @@ async def _reply(request: Request, r, part):
     t0 = time.perf_counter()
     reply = await start_reply(request, r)
     if r.prompt is None:  # a request with no prompt loads the model, as Ollama's do
+        reply.close()
         return JSONResponse({"model": reply.model, "created_at": now(), "done": True, "done_reason": "load"}
                             | part("", ""))
     if not r.stream:
