@@ -119,19 +119,14 @@ def stop_strings(value, key: str) -> tuple[str, ...]:
     raise bad(f"'{key}' must be a string or a list of strings")
 
 
-def seed(body: dict, where: str = "") -> dict:
-    value = get(body, "seed", int, where=where)
-    return {} if value is None else {"seed": value}
-
-
 def _sampling(body: dict, where: str = "") -> dict:
     """temperature, top_p and the llama.cpp extensions top_k, min_p, repeat_penalty, where given."""
     out = {"temperature": number(body, "temperature", 0, 2, where), "top_p": number(body, "top_p", 0, 1, where),
            "min_p": number(body, "min_p", 0, 1, where), "repeat_penalty": number(body, "repeat_penalty", 0.01, 10, where),
-           "top_k": get(body, "top_k", int, where=where)}
+           "top_k": get(body, "top_k", int, where=where), "seed": get(body, "seed", int, where=where)}
     if out["top_k"] is not None and out["top_k"] < 0:
         raise bad(f"'{where}top_k' must be 0 (off) or more (got {out['top_k']})")
-    return {k: v for k, v in out.items() if v is not None} | seed(body, where)
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _no_additive_penalties(body: dict, where: str = "") -> None:

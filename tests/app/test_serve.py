@@ -102,7 +102,7 @@ def run_answer(smollm2) -> dict:
 
 def ask(oai, content: str, max_tokens: int = 12, **kw):
     return oai.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": content}],
-                                       max_tokens=max_tokens, temperature=0, **kw)
+                                       max_tokens=max_tokens, **{"temperature": 0} | kw)
 
 
 def test_openai_chat_equals_run_and_streams_the_same_text(oai, run_answer):
@@ -147,6 +147,19 @@ def test_ollama_chat_generate_list_show(oll, run_answer):
     shown = oll.show(SMOL)
     assert shown.details.family == "llama" and shown.details.quantization_level == "Q4_1"
     assert "<|im_start|>" in shown.template
+
+
+def test_seed_and_stop_reach_the_sampler(oai, oll, run_answer):
+    sampled = [ask(oai, QUESTION, temperature=1.0, top_p=1, seed=7, extra_body={"min_p": 0, "top_k": 0}).choices[0].message.content
+               for _ in range(2)]
+    assert sampled[0] == sampled[1] and sampled[0] != run_answer["text"]
+    text = run_answer["text"]
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    r = ask(oai, QUESTION, stop=[stop])
+    assert r.choices[0].message.content == text[:text.index(stop)] and r.choices[0].finish_reason == "stop"
+    r = oll.chat(model=SMOL, messages=[{"role": "user", "content": QUESTION}],
+                 options={"num_predict": 12, "temperature": 0, "stop": [stop]})
+    assert r.message.content == text[:text.index(stop)] and r.done_reason == "stop"
 
 
 def test_a_continued_conversation_reuses_the_cache(oai):
