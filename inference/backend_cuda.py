@@ -12,7 +12,7 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from inference.placement import PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR
+from inference.placement import EXPERT_TILE_BYTES, GROUPED_MAX_PADDING, PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.weights import ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
 from kernels import cuda_moe, cuda_ops, cuda_prefill
@@ -97,10 +97,12 @@ class CUDABackend:
             self._sample_scratch = cuda_ops.sample_scratch(cfg.n_vocab)
             self._arena = Arena(_step_arena_bytes(cfg))
             self._hidden = cp.empty((1, cfg.n_embd), dtype=cp.float32)  # a one-token step's input from the CPU
+            self._route_done = cp.zeros(1, dtype=cp.uint32)  # cuda_moe.router_route's count of finished blocks
         self._hidden_host = cupyx.empty_pinned((1, cfg.n_embd), dtype=np.float32)  # pinned: copied in by the graph
         self._staging = None  # pinned bytes of a CPU layer's matrix on its way up (matmul_host_weight)
         self._inv_freq = {}  # (base, scale) -> float64 [rope_dim // 2]
         self._prefill_scratch = None  # cuda_prefill.Scratch, grown to the largest chunk seen
+        self._expert_scratch = None  # fp16 [EXPERT_TILE_BYTES / 2]: experts dequantized for a prompt chunk
         self.ids = self.token  # [n] int32 the tokens of this forward
         self.n = 1
         self._q8_of = None  # (address of x, its Q8Vector): q, k and v (gate and up) share one quantization
@@ -266,34 +268,78 @@ class CUDABackend:
         return out
 
     def add_moe(self, x: cp.ndarray, experts: ExpertFFN, h: cp.ndarray, k: int) -> cp.ndarray:
-        """x + the mixture of experts on h [n, n_embd] (kernels/cuda_moe.py): the router's logits, the choice
-        of k experts a token (kept on the device), the chosen experts' gate and up in one launch, glu, then
-        their down projections weighted, summed and added to x in one launch."""
+        """x + the mixture of experts on h [n, n_embd] (kernels/cuda_moe.py): the router's logits and the choice
+        of k experts a token, kept on the device, then the experts' FFNs. One token (or a prompt whose pairs
+        crowd into few experts): per (token, slot) pair, the chosen experts' gate, up and glu in one launch,
+        then their down projections weighted, summed and added to x in one launch. A prompt chunk: grouped by
+        expert (_experts_grouped)."""
         n = h.shape[0]
         router = self._dev[id(experts.router)]
-        if n > 1 and router.qtype.name == "F32":  # float32 cuBLAS: the prompt matmuls' fp16 tiles could flip a
-            logits = self._empty((n, router.n_rows))  # near-tie choice against the decode step's
-            self._set_cublas_stream()
-            with self.stream:
-                cp.matmul(h, router.data.view(cp.float32).reshape(router.n_rows, -1).T, out=logits)
-        else:
-            logits = self._matmul(router, h, None)
         ids, weights = self._empty((n, k), cp.int32), self._empty((n, k))
-        cuda_moe.route(logits, ids, weights, stream=self.stream)
-        hq = self._q8(h)
-        gate, up = self._dev[id(experts.gate)], self._dev[id(experts.up)]
-        gate_up = self._empty((2, n * k, gate.n_rows))
-        if gate.qtype == up.qtype:
-            cuda_moe.gate_up((gate, up), ids, hq, gate_up, stream=self.stream)
+        if n == 1 and router.qtype.name == "F32" and router.n_cols % 4 == 0:  # router and choice in one launch
+            cuda_moe.router_route(router, h.reshape(-1), self._empty((router.n_rows,)), ids, weights,
+                                  self._route_done, stream=self.stream)
         else:
-            for i, w in enumerate((gate, up)):
-                cuda_moe.gate_up((w,), ids, hq, gate_up[i:i + 1], stream=self.stream)
+            cuda_moe.route(self._router_logits(router, h), ids, weights, stream=self.stream)
+        gate, up, down = (self._dev[id(m)] for m in (experts.gate, experts.up, experts.down))
+        if n > 1:
+            with self.stream:
+                slots, chosen, m = cuda_moe.group_pairs(ids, gate.n_expert)
+            if len(chosen) * m <= GROUPED_MAX_PADDING * n * k:
+                return self._experts_grouped(x, h, gate, up, down, slots, chosen, m, weights)
+        hq = self._q8(h)
         act = self._empty((n * k, gate.n_rows))
         act_q = Q8Vector(self._empty((act.size,), cp.int8), self._empty((act.size // 32, 2)))
-        cuda_ops.glu(gate_up[0], gate_up[1], act, self.cfg.activation, xq=act_q, stream=self.stream)
+        if gate.qtype == up.qtype and gate.n_rows % 32 == 0:
+            cuda_moe.gate_up_glu(gate, up, ids, hq, act, act_q, self.cfg.activation, stream=self.stream)
+        else:
+            gate_up = self._empty((2, n * k, gate.n_rows))
+            for i, w in enumerate((gate, up)):
+                cuda_moe.gate_up((w,), ids, hq, gate_up[i:i + 1], stream=self.stream)
+            cuda_ops.glu(gate_up[0], gate_up[1], act, self.cfg.activation, xq=act_q, stream=self.stream)
         out = self._empty(x.shape)
-        cuda_moe.down(self._dev[id(experts.down)], ids, weights, act_q, out, x, stream=self.stream)
+        cuda_moe.down(down, ids, weights, act_q, out, x, stream=self.stream)
         return out
+
+    def _router_logits(self, router: DeviceWeight, h: cp.ndarray) -> cp.ndarray:
+        """h [n, n_embd] @ router.T: an F32 router in float32 cuBLAS for a prompt chunk (the prompt matmuls'
+        fp16 tiles could flip a near-tie choice against the decode step's), else as any matrix."""
+        if h.shape[0] == 1 or router.qtype.name != "F32":
+            return self._matmul(router, h, None)
+        logits = self._empty((h.shape[0], router.n_rows))
+        self._set_cublas_stream()
+        with self.stream:
+            cp.matmul(h, router.data.view(cp.float32).reshape(router.n_rows, -1).T, out=logits)
+        return logits
+
+    def _experts_grouped(self, x, h, gate, up, down, slots: cp.ndarray, chosen: np.ndarray, m: int,
+                         weights: cp.ndarray) -> cp.ndarray:
+        """The experts of a prompt chunk: its (token, slot) pairs gathered by expert into [len(chosen), m] rows
+        (cuda_moe.group_pairs), each chosen expert's matrices dequantized once and multiplied by all its rows
+        in strided-batched cuBLAS calls (cuda_prefill.matmul_experts), the rows weighted back onto their tokens."""
+        n, k = weights.shape
+        n_used, n_ff, n_embd, n_expert = len(chosen), gate.n_rows, gate.n_cols, gate.n_expert
+        tile = self._expert_tile(gate, up, down)
+        self._set_cublas_stream()
+        with self.stream:
+            x16 = cp.zeros((n_used, m, n_embd), cp.float16)
+            x16.reshape(-1, n_embd)[slots] = h.astype(cp.float16)[cp.arange(n * k) // k]
+            g, u = cp.empty((n_used, m, n_ff), cp.float32), cp.empty((n_used, m, n_ff), cp.float32)
+            cuda_prefill.matmul_experts(gate.weight, n_expert, chosen, x16, g, tile)
+            cuda_prefill.matmul_experts(up.weight, n_expert, chosen, x16, u, tile)
+            cuda_ops.glu(g, u, g, self.cfg.activation)
+            y = cp.empty((n_used, m, n_embd), cp.float32)
+            cuda_prefill.matmul_experts(down.weight, n_expert, chosen, g.astype(cp.float16), y, tile)
+            return x + (y.reshape(-1, n_embd)[slots].reshape(n, k, n_embd) * weights[:, :, None]).sum(axis=1)
+
+    def _expert_tile(self, *stacks) -> cp.ndarray:
+        """The fp16 scratch the prompt path dequantizes experts into: EXPERT_TILE_BYTES, or one expert of the
+        largest stack if that is more."""
+        if self._expert_scratch is None:
+            one = max(s.n_rows * s.n_cols for s in stacks)
+            with self.stream:
+                self._expert_scratch = cp.empty(max(one, EXPERT_TILE_BYTES // 2), cp.float16)
+        return self._expert_scratch
 
     def add(self, x: cp.ndarray, y: cp.ndarray) -> cp.ndarray:
         out = self._empty(x.shape)

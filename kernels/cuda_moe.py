@@ -11,9 +11,10 @@ from dataclasses import dataclass
 import cupy as cp
 import numpy as np
 
-from kernels.cuda_layout import ELEMS_PER_ITEM, META_SPLIT, repack
+from kernels.cuda_layout import ELEMS_PER_ITEM
 from kernels.cuda_module import kernel
-from kernels.cuda_quant import FLOAT_TYPES, THREADS, Q8Vector, matrix_shape, default_threads_per_row
+from kernels.cuda_ops import GLU_ACTIVATIONS
+from kernels.cuda_quant import FLOAT_TYPES, THREADS, DeviceWeight, Q8Vector, default_threads_per_row, to_device
 from models.ggml_types import GGMLType
 
 MAX_USED = 32  # moe_route keeps one choice a lane of a warp
@@ -21,32 +22,30 @@ MAX_USED = 32  # moe_route keeps one choice a lane of a warp
 
 @dataclass(frozen=True)
 class DeviceExperts:
-    """n_expert matrices [n_rows, n_cols] in VRAM, each in cuda_layout's layout, one after another."""
-    data: cp.ndarray  # uint8 [n_expert * expert_bytes]
-    qtype: GGMLType
+    """n_expert matrices [n_rows, n_cols] in VRAM as one weight of n_expert * n_rows rows (expert e's rows are
+    e * n_rows ..), in cuda_layout's layout: the matvecs index it by expert, the prompt path dequantizes runs of
+    experts at once."""
+    weight: DeviceWeight
     n_expert: int
-    n_rows: int
-    n_cols: int
 
     @property
-    def expert_bytes(self) -> int:
-        return self.data.size // self.n_expert
+    def n_rows(self) -> int:
+        return self.weight.n_rows // self.n_expert
+
+    @property
+    def n_cols(self) -> int:
+        return self.weight.n_cols
+
+    @property
+    def qtype(self) -> GGMLType:
+        return self.weight.qtype
 
 
 def experts_to_device(raw: np.ndarray, qtype: GGMLType) -> DeviceExperts:
-    """raw uint8 [n_expert, n_rows, row_bytes] (a stacked tensor's bytes from the file) -> VRAM, each expert
-    repacked on its own (so that every expert's matrix is laid out as a DeviceWeight's)."""
+    """raw uint8 [n_expert, n_rows, row_bytes] (a stacked tensor's bytes from the file) -> VRAM."""
     if qtype.name in FLOAT_TYPES:
         raise ValueError(f"no CUDA expert kernels for {qtype.name} experts")
-    n_expert = raw.shape[0]
-    n_rows, n_cols = matrix_shape(raw[0], qtype)
-    if META_SPLIT[qtype.name] == (0, 0):  # blocks kept as in the file (Q4_K, Q5_K): the stack as it is
-        return DeviceExperts(cp.asarray(raw.reshape(-1)), qtype, n_expert, n_rows, n_cols)
-    data = cp.empty(raw.size, cp.uint8)
-    step = raw[0].size
-    for e in range(n_expert):  # one expert at a time: no second host copy of the whole stack
-        data[e * step:(e + 1) * step].set(repack(raw[e], qtype))
-    return DeviceExperts(data, qtype, n_expert, n_rows, n_cols)
+    return DeviceExperts(to_device(raw.reshape(-1, raw.shape[2]), qtype), raw.shape[0])
 
 
 def route(logits: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, stream=None) -> None:
@@ -60,6 +59,20 @@ def route(logits: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, stream=None)
     with stream or cp.cuda.get_current_stream():
         kernel("moe.cu", "moe_route")((n_tok,), (32,), (logits, np.int32(n_expert), np.int32(k), ids, weights),
                                       shared_mem=4 * n_expert)
+
+
+def router_route(router: DeviceWeight, x: cp.ndarray, logits: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
+                 done: cp.ndarray, stream=None) -> None:
+    """One token's router (F32 [n_expert, n_embd]) times x float32 [n_embd] into logits [n_expert], then route's
+    choice into ids [1, k] and weights [1, k], in one launch. done: uint32 [1], zero, and zero again after."""
+    n_expert, k = router.n_rows, ids.shape[1]
+    if router.qtype.name != "F32" or router.n_cols % 4 or x.shape != (router.n_cols,) or logits.shape != (n_expert,):
+        raise ValueError("router_route: an F32 router with a multiple of 4 columns, x [n_cols], logits [n_expert]")
+    if not 0 < k <= min(n_expert, MAX_USED) or ids.shape != (1, k) or weights.shape != (1, k):
+        raise ValueError(f"router_route: ids and weights must be [1, k], 0 < k <= {min(n_expert, MAX_USED)}")
+    args = (router.data, x, np.int32(router.n_cols), np.int32(n_expert), np.int32(k), logits, ids, weights, done)
+    with stream or cp.cuda.get_current_stream():
+        kernel("moe.cu", "moe_router_route")((n_expert,), (128,), args, shared_mem=4 * n_expert)
 
 
 def _grid_args(w: DeviceExperts, n_items: int, n_matrices: int) -> tuple[int, int]:
@@ -79,10 +92,27 @@ def gate_up(ws: tuple[DeviceExperts, ...], ids: cp.ndarray, xq: Q8Vector, out: c
     if xq.qs.size != n_tok * w.n_cols or out.shape != (len(ws), n_tok * k, w.n_rows) or out.dtype != cp.float32:
         raise ValueError(f"gate_up: xq of {n_tok} x {w.n_cols}, out float32 [{len(ws)}, {n_tok * k}, {w.n_rows}]")
     blocks, tpr = _grid_args(w, w.n_cols // ELEMS_PER_ITEM[w.qtype.name], len(ws) * n_tok * k)
-    args = (w.data, ws[-1].data, np.int64(w.expert_bytes), ids, np.int32(k), xq.qs, xq.ds, out,
-            np.int32(w.n_rows), np.int32(w.n_cols // w.qtype.block_elems), np.int32(tpr))
+    args = (w.weight.data, ws[-1].weight.data, ids, np.int32(k), xq.qs, xq.ds, out, np.int32(w.n_rows),
+            np.int32(w.weight.n_rows), np.int32(w.n_cols // w.qtype.block_elems), np.int32(tpr))
     with stream or cp.cuda.get_current_stream():
         kernel("matvec.cu", "moe_matvec_" + w.qtype.name.lower())((blocks, n_tok * k, len(ws)), (THREADS,), args)
+
+
+def gate_up_glu(gate: DeviceExperts, up: DeviceExperts, ids: cp.ndarray, xq: Q8Vector, out: cp.ndarray,
+                out_q: Q8Vector, activation: str, stream=None) -> None:
+    """out[p] = activation(gate[ids[p]] . x[p // k]) * (up[ids[p]] . x[p // k]), and out quantized into out_q, in one
+    launch: the gate, up and glu of the chosen experts. Stacks of one type and shape, n_rows a multiple of 32.
+    ids int32 [n_tok, k]; xq: q8_1 of x [n_tok, n_cols]; out float32 [n_tok * k, n_rows]."""
+    n_tok, k = ids.shape
+    if (gate.qtype, gate.n_rows, gate.n_cols) != (up.qtype, up.n_rows, up.n_cols) or gate.n_rows % 32:
+        raise ValueError("gate_up_glu: gate and up stacks of one type and shape, rows a multiple of 32")
+    if xq.qs.size != n_tok * gate.n_cols or out.shape != (n_tok * k, gate.n_rows) or out_q.qs.size != out.size:
+        raise ValueError(f"gate_up_glu: xq of {n_tok} x {gate.n_cols}, out and out_q of {n_tok * k} x {gate.n_rows}")
+    args = (gate.weight.data, up.weight.data, ids, np.int32(k), xq.qs, xq.ds, out, out_q.qs, out_q.ds,
+            np.int32(gate.n_rows), np.int32(gate.weight.n_rows), np.int32(gate.n_cols // gate.qtype.block_elems),
+            np.int32(GLU_ACTIVATIONS[activation]))
+    with stream or cp.cuda.get_current_stream():
+        kernel("matvec.cu", "moe_gate_up_glu_" + gate.qtype.name.lower())((gate.n_rows // 32, n_tok * k), (256,), args)
 
 
 def down(w: DeviceExperts, ids: cp.ndarray, weights: cp.ndarray, xq: Q8Vector, out: cp.ndarray,
@@ -98,7 +128,28 @@ def down(w: DeviceExperts, ids: cp.ndarray, weights: cp.ndarray, xq: Q8Vector, o
         if a.dtype != cp.float32 or a.shape != (n_tok, w.n_rows) or not a.flags.c_contiguous:
             raise ValueError(f"down: {name} must be contiguous float32 ({n_tok}, {w.n_rows}), got {a.dtype} {a.shape}")
     blocks, tpr = _grid_args(w, k * w.n_cols // ELEMS_PER_ITEM[w.qtype.name], n_tok)
-    args = (w.data, np.int64(w.expert_bytes), ids, weights, np.int32(k), xq.qs, xq.ds, out, residual,
-            np.int32(w.n_rows), np.int32(w.n_cols // w.qtype.block_elems), np.int32(tpr))
+    args = (w.weight.data, ids, weights, np.int32(k), xq.qs, xq.ds, out, residual, np.int32(w.n_rows),
+            np.int32(w.weight.n_rows), np.int32(w.n_cols // w.qtype.block_elems), np.int32(tpr))
     with stream or cp.cuda.get_current_stream():
         kernel("matvec.cu", "moe_down_" + w.qtype.name.lower())((blocks, n_tok), (THREADS,), args)
+
+
+def group_pairs(ids: cp.ndarray, n_expert: int) -> tuple[cp.ndarray, np.ndarray, int]:
+    """The prompt path's grouping of (token, slot) pairs by expert: (slots int32 [n_tok * k], experts, m). experts:
+    the ids of the experts any pair chose, ascending (host); pair p goes to row slots[p] of an
+    [len(experts) * m, ...] layout, the j-th chosen expert's pairs in rows j * m .. (m: the most pairs any
+    expert has; the rest of an expert's rows are padding). Reads the counts back to the host (one sync).
+    Current stream."""
+    flat = ids.reshape(-1)
+    counts_dev = cp.bincount(flat, minlength=n_expert)
+    counts = counts_dev.get()
+    experts = np.flatnonzero(counts)
+    m = int(counts.max())
+    index = np.zeros(n_expert, np.int32)
+    index[experts] = np.arange(len(experts), dtype=np.int32)
+    order = cp.argsort(flat)
+    chosen = flat[order]
+    rank = cp.arange(flat.size, dtype=cp.int32) - (cp.cumsum(counts_dev) - counts_dev)[chosen].astype(cp.int32)
+    slots = cp.empty(flat.size, cp.int32)
+    slots[order] = cp.asarray(index)[chosen] * m + rank
+    return slots, experts, m

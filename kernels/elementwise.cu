@@ -3,12 +3,6 @@
 #include "ops_common.cuh"
 #include "q8_1.cuh"
 
-// act 0: silu, 1: gelu with the tanh approximation (gemma).
-__device__ __forceinline__ float activation(float g, int act) {
-    if (act == 0) return g / (1.0f + expf(-g));
-    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-}
-
 // out = act(gate) * up. out may be gate or up.
 extern "C" __global__ void glu(const float* gate, const float* up, float* out, int n, int act) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -4,6 +4,7 @@
 // (quant_dot.cuh). Float W (F32, F16, BF16): x stays float32.
 // Launch: blockDim.x = 128; `tpr` threads (32, 64 or 128) work on one row, so a block does 128/tpr rows.
 #include "quant_dot.cuh"
+#include "ops_common.cuh"
 #include "q8_1.cuh"
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -137,22 +138,51 @@ MATVEC_F(matvec_f16, F16W)
 MATVEC_F(matvec_bf16, BF16W)
 
 // ---- Mixture of experts: matvecs over the experts the router chose, their ids read from device memory (a
-// captured graph serves any choice). An expert stack holds n_expert matrices of expert_bytes each, one after
-// another, each in cuda_layout.py's layout. A pair p = (token p / k, its slot p % k) runs expert ids[p].
+// captured graph serves any choice). An expert stack is one matrix of n_expert * n_rows rows in cuda_layout.py's
+// layout (expert e's rows are e * n_rows ..), n_total rows in all. A pair p = (token p / k, its slot p % k)
+// runs expert ids[p].
 
 // out[z][p][row] = W_z[ids[p]] . x[p / k], z = 0 .. gridDim.z - 1 the stacks w0, w1 (gate and up, which read
 // the same x): grid (row blocks, pairs, stacks). x: q8_1 of [n_tok, n_cols]; out float32 [gridDim.z, pairs, n_rows].
 template <class T>
-__device__ __forceinline__ void moe_matvec_q(const uint8_t* w0, const uint8_t* w1, long long expert_bytes,
-                                             const int* __restrict__ ids, int k, const int8_t* __restrict__ xq,
-                                             const float2* __restrict__ xds, float* out, int n_rows, int nb,
-                                             int tpr) {
+__device__ __forceinline__ void moe_matvec_q(const uint8_t* w0, const uint8_t* w1, const int* __restrict__ ids,
+                                             int k, const int8_t* __restrict__ xq, const float2* __restrict__ xds,
+                                             float* out, int n_rows, int n_total, int nb, int tpr) {
     int pair = blockIdx.y;
-    const uint8_t* w = (blockIdx.z ? w1 : w0) + (size_t)ids[pair] * expert_bytes;
     size_t x0 = (size_t)(pair / k) * nb * T::QK;
     int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
-    float acc = row < n_rows ? row_dot<T>(w, row, n_rows, nb, threadIdx.x % tpr, tpr, xq + x0, xds + x0 / 32) : 0.0f;
+    float acc = row < n_rows ? row_dot<T>(blockIdx.z ? w1 : w0, ids[pair] * n_rows + row, n_total, nb,
+                                          threadIdx.x % tpr, tpr, xq + x0, xds + x0 / 32)
+                             : 0.0f;
     row_store(acc, row, n_rows, tpr, out + ((size_t)blockIdx.z * gridDim.y + pair) * n_rows, out, 0);
+}
+
+// The same for gate and up at once, and glu: out[p][row] = act(Wg[ids[p]] . x) * (Wu[ids[p]] . x), also as q8_1
+// (oq, ods) for the down projection, in one launch. Block 256: 32 rows of 8 threads, so one warp can quantize
+// the block's 32 outputs; grid (n_rows / 32, pairs). n_rows a multiple of 32.
+template <class T>
+__device__ __forceinline__ void moe_gate_up_glu_q(const uint8_t* wg, const uint8_t* wu, const int* __restrict__ ids,
+                                                  int k, const int8_t* __restrict__ xq, const float2* __restrict__ xds,
+                                                  float* __restrict__ out, int8_t* __restrict__ oq,
+                                                  float2* __restrict__ ods, int n_rows, int n_total, int nb, int act) {
+    __shared__ float v[32];
+    int pair = blockIdx.y, r = threadIdx.x >> 3, t = threadIdx.x & 7;
+    int row = ids[pair] * n_rows + blockIdx.x * 32 + r;
+    size_t x0 = (size_t)(pair / k) * nb * T::QK;
+    float g = row_dot<T>(wg, row, n_total, nb, t, 8, xq + x0, xds + x0 / 32);
+    float u = row_dot<T>(wu, row, n_total, nb, t, 8, xq + x0, xds + x0 / 32);
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) {
+        g += __shfl_xor_sync(0xffffffffu, g, o);
+        u += __shfl_xor_sync(0xffffffffu, u, o);
+    }
+    if (t == 0) v[r] = activation(g, act) * u;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        size_t i = (size_t)pair * n_rows + blockIdx.x * 32 + threadIdx.x;
+        out[i] = v[threadIdx.x];
+        store_q8_1(v[threadIdx.x], i, oq, ods);
+    }
 }
 
 // out[t][row] = res[t][row] + sum over j < k of weights[p] * W[ids[p]] . x[p], p = t * k + j: the chosen
@@ -160,10 +190,10 @@ __device__ __forceinline__ void moe_matvec_q(const uint8_t* w0, const uint8_t* w
 // grid (row blocks, tokens); a row's items of all k experts are shared out among its tpr threads.
 // x: q8_1 of [n_tok * k, n_cols].
 template <class T>
-__device__ __forceinline__ void moe_down_q(const uint8_t* w, long long expert_bytes, const int* __restrict__ ids,
+__device__ __forceinline__ void moe_down_q(const uint8_t* w, const int* __restrict__ ids,
                                            const float* __restrict__ weights, int k, const int8_t* __restrict__ xq,
                                            const float2* __restrict__ xds, float* out, const float* res,
-                                           int n_rows, int nb, int tpr) {
+                                           int n_rows, int n_total, int nb, int tpr) {
     int t = blockIdx.y;
     int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
     float acc = 0.0f;
@@ -171,37 +201,43 @@ __device__ __forceinline__ void moe_down_q(const uint8_t* w, long long expert_by
         int per_expert = nb * T::ITEMS;
         for (int i = threadIdx.x % tpr; i < k * per_expert; i += tpr) {
             int p = t * k + i / per_expert, item = i % per_expert, blk = item / T::ITEMS;
-            const uint8_t* we = w + (size_t)ids[p] * expert_bytes;
-            const uint8_t* bulk = we + ((size_t)row * nb + blk) * T::BULK;
-            const uint8_t* meta = we + (size_t)n_rows * nb * T::BULK + ((size_t)row * nb + blk) * T::META;
+            size_t b = (size_t)(ids[p] * n_rows + row) * nb + blk;  // the block's index in the stack
             size_t x0 = ((size_t)p * nb + blk) * T::QK;
-            acc += weights[p] * T::dot(bulk, meta, item % T::ITEMS, xq + x0, xds + x0 / 32);
+            acc += weights[p] * T::dot(w + b * T::BULK, w + (size_t)n_total * nb * T::BULK + b * T::META,
+                                       item % T::ITEMS, xq + x0, xds + x0 / 32);
         }
     }
     row_store(acc, row, n_rows, tpr, out + (size_t)t * n_rows, res + (size_t)t * n_rows, 1);
 }
 
-#define MOE_Q(SUFFIX, T)                                                                                      \
+// MIN_BLOCKS: blocks of moe_gate_up_glu a multiprocessor must hold (2 caps registers at 128 a thread, so that
+// Qwen3-30B-A3B's 192 blocks run in one wave on an H100; Q3_K spills at 128 and keeps 1).
+#define MOE_Q(SUFFIX, T, MIN_BLOCKS)                                                                          \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
-        moe_matvec_##SUFFIX(const uint8_t* w0, const uint8_t* w1, long long expert_bytes, const int* ids,     \
-                            int k, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb,       \
-                            int tpr) {                                                                        \
-        moe_matvec_q<T>(w0, w1, expert_bytes, ids, k, xq, xds, out, n_rows, nb, tpr);                         \
+        moe_matvec_##SUFFIX(const uint8_t* w0, const uint8_t* w1, const int* ids, int k, const int8_t* xq,    \
+                            const float2* xds, float* out, int n_rows, int n_total, int nb, int tpr) {        \
+        moe_matvec_q<T>(w0, w1, ids, k, xq, xds, out, n_rows, n_total, nb, tpr);                              \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)                                             \
+        moe_gate_up_glu_##SUFFIX(const uint8_t* wg, const uint8_t* wu, const int* ids, int k,                 \
+                                 const int8_t* xq, const float2* xds, float* out, int8_t* oq, float2* ods,    \
+                                 int n_rows, int n_total, int nb, int act) {                                  \
+        moe_gate_up_glu_q<T>(wg, wu, ids, k, xq, xds, out, oq, ods, n_rows, n_total, nb, act);                \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
-        moe_down_##SUFFIX(const uint8_t* w, long long expert_bytes, const int* ids, const float* weights,     \
-                          int k, const int8_t* xq, const float2* xds, float* out, const float* res,           \
-                          int n_rows, int nb, int tpr) {                                                      \
-        moe_down_q<T>(w, expert_bytes, ids, weights, k, xq, xds, out, res, n_rows, nb, tpr);                  \
+        moe_down_##SUFFIX(const uint8_t* w, const int* ids, const float* weights, int k, const int8_t* xq,    \
+                          const float2* xds, float* out, const float* res, int n_rows, int n_total, int nb,   \
+                          int tpr) {                                                                          \
+        moe_down_q<T>(w, ids, weights, k, xq, xds, out, res, n_rows, n_total, nb, tpr);                       \
     }
 
-MOE_Q(q4_0, Q4_0)
-MOE_Q(q4_1, Q4_1)
-MOE_Q(q5_0, Q5_0)
-MOE_Q(q5_1, Q5_1)
-MOE_Q(q8_0, Q8_0)
-MOE_Q(q2_k, Q2_K)
-MOE_Q(q3_k, Q3_K)
-MOE_Q(q4_k, Q4_K)
-MOE_Q(q5_k, Q5_K)
-MOE_Q(q6_k, Q6_K)
+MOE_Q(q4_0, Q4_0, 2)
+MOE_Q(q4_1, Q4_1, 2)
+MOE_Q(q5_0, Q5_0, 2)
+MOE_Q(q5_1, Q5_1, 2)
+MOE_Q(q8_0, Q8_0, 2)
+MOE_Q(q2_k, Q2_K, 2)
+MOE_Q(q3_k, Q3_K, 1)
+MOE_Q(q4_k, Q4_K, 2)
+MOE_Q(q5_k, Q5_K, 2)
+MOE_Q(q6_k, Q6_K, 2)

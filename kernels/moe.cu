@@ -2,15 +2,11 @@
 // where the expert matvecs (matvec.cu) read them, so a captured decode graph serves any choice of experts.
 #include "ops_common.cuh"
 
-// logits [n_tok, n_expert] -> ids [n_tok, k], weights [n_tok, k]: softmax gating as llama.cpp's (softmax over
-// all experts, the k most probable, their probabilities renormalized to sum 1), most probable first, ties to
-// the lower id (as kernels/cpu_ops.route). One warp a token; the probabilities in shared memory (n_expert
-// floats, dynamic). k <= 32.
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_expert, int k, int* __restrict__ ids,
-                                     float* __restrict__ weights) {
-    extern __shared__ float p[];
-    const float* l = logits + (size_t)blockIdx.x * n_expert;
-    int lane = threadIdx.x;
+// One token's routing by one warp: logits [n_expert] -> ids [k], weights [k], softmax gating as llama.cpp's
+// (softmax over all experts, the k most probable, their probabilities renormalized to sum 1), most probable
+// first, ties to the lower id (as kernels/cpu_ops.route). p: n_expert floats of shared memory. k <= 32.
+__device__ __forceinline__ void route_token(const float* l, int n_expert, int k, float* p, int* ids, float* weights) {
+    int lane = threadIdx.x & 31;
     float m = NEG_INF;
     for (int e = lane; e < n_expert; e += 32) m = fmaxf(m, l[e]);
     m = warp_max_f(m);
@@ -41,7 +37,47 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_exp
         __syncwarp();
     }
     if (lane < k) {
-        ids[(size_t)blockIdx.x * k + lane] = my_id;
-        weights[(size_t)blockIdx.x * k + lane] = my_w / chosen;
+        ids[lane] = my_id;
+        weights[lane] = my_w / chosen;
     }
+}
+
+// logits [n_tok, n_expert] -> ids [n_tok, k], weights [n_tok, k] (route_token). One warp a token (grid n_tok,
+// block 32); dynamic shared memory: n_expert floats.
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_expert, int k, int* __restrict__ ids,
+                                     float* __restrict__ weights) {
+    extern __shared__ float p[];
+    size_t t = blockIdx.x;
+    route_token(logits + t * n_expert, n_expert, k, p, ids + t * k, weights + t * k);
+}
+
+// One token's router and routing in one launch: logits[e] = router[e] . x (router float32 [n_expert, n_embd],
+// n_embd a multiple of 4), a block of 128 threads a row (grid n_expert: every multiprocessor reads a share of the
+// router); the block that finishes last routes them (route_token) and sets *done back to 0 for the next launch.
+// Dynamic shared memory: n_expert floats.
+extern "C" __global__ void moe_router_route(const float* __restrict__ router, const float* __restrict__ x, int n_embd,
+                                            int n_expert, int k, float* logits, int* __restrict__ ids,
+                                            float* __restrict__ weights, unsigned int* done) {
+    extern __shared__ float p[];
+    __shared__ bool last;
+    const float4* r = reinterpret_cast<const float4*>(router + (size_t)blockIdx.x * n_embd);
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    float acc = 0.0f;
+    for (int c = threadIdx.x; c < n_embd / 4; c += blockDim.x) {
+        float4 a = __ldg(r + c), b = __ldg(x4 + c);
+        acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+    }
+    acc = block_sum_f(acc);
+    if (threadIdx.x == 0) {
+        logits[blockIdx.x] = acc;
+        __threadfence();  // the logit is visible before this block counts itself done
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x >= 32) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < n_expert; i += 32) p[i] = __ldcg(logits + i);  // past L1: other blocks wrote them
+    __syncwarp();
+    route_token(p, n_expert, k, p, ids, weights);
+    if (threadIdx.x == 0) *done = 0;
 }

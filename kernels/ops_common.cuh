@@ -1,4 +1,5 @@
-// Shared helpers of the non-matmul op kernels (embed.cu, norm_rope.cu, attention.cu, sample.cu).
+// Shared helpers of the op kernels (embed.cu, norm_rope.cu, attention.cu, sample.cu, elementwise.cu, moe.cu,
+// and matvec.cu's expert kernels).
 #pragma once
 #include <cuda_fp16.h>
 #ifdef __CUDACC_RTC__  // NVRTC (CuPy) has no <stdint.h>; same typedefs as quant_dot.cuh, so a repeat is harmless
@@ -33,6 +34,12 @@ __device__ __forceinline__ float block_sum_f(float v) {
     __syncthreads();
     v = lane < n_warps ? part[lane] : 0.0f;
     return warp_sum_f(v);
+}
+
+// The gate's activation in a gated FFN. act 0: silu, 1: gelu with the tanh approximation (gemma).
+__device__ __forceinline__ float activation(float g, int act) {
+    if (act == 0) return g / (1.0f + expf(-g));
+    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
 }
 
 #define NEG_INF __int_as_float(0xff800000)

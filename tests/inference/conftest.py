@@ -40,25 +40,19 @@ def synth_1b(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def synth_gemma3(tmp_path_factory, synth_tiny):
-    path = tmp_path_factory.mktemp("synth") / "gemma3.gguf"
-    _write_small(path, "gemma3", vocab_from=synth_tiny)
-    return path
+def synth_gemma3(tmp_path_factory):
+    return _write_small(tmp_path_factory, "gemma3")
 
 
 @pytest.fixture(scope="session")
-def synth_qwen2(tmp_path_factory, synth_tiny):
-    path = tmp_path_factory.mktemp("synth") / "qwen2.gguf"
-    _write_small(path, "qwen2", vocab_from=synth_tiny)
-    return path
+def synth_qwen2(tmp_path_factory):
+    return _write_small(tmp_path_factory, "qwen2")
 
 
 @pytest.fixture(scope="session")
 def synth_qwen3moe(tmp_path_factory):
-    """qwen3moe, 16 experts of which 4 run a token, with a vocabulary of its own (nothing outside the repo)."""
-    path = tmp_path_factory.mktemp("synth") / "qwen3moe.gguf"
-    _write_small(path, "qwen3moe", vocab_from=None)
-    return path
+    """16 experts, 4 of them run a token."""
+    return _write_small(tmp_path_factory, "qwen3moe")
 
 
 def _synth(factory, preset: str, ftype: str):
@@ -67,9 +61,9 @@ def _synth(factory, preset: str, ftype: str):
     return path
 
 
-def _write_small(path, arch: str, vocab_from) -> None:
-    """A small random model with vocab_from's SentencePiece vocabulary (tests/inference/synthetic.py), its
-    matrices Q8_0, Q5_0, Q4_1 and F16 so that the GPU runs several matvec and prefill types. gemma3: 6 layers,
+def _write_small(factory, arch: str):
+    """The path of a small random model (tests/inference/synthetic.py) with a made-up SentencePiece vocabulary of
+    its own (nothing outside the repository), its matrices Q8_0, Q5_0, Q4_1 and F16 so that the GPU runs several matvec and prefill types. gemma3: 6 layers,
     five of them with a 16-token sliding window, head_dim 256; qwen2: qkv biases, its own output matrix;
     qwen3moe: Q4_1 gate and up experts, Q5_0 down experts (the GPU's expert kernels take quantized types)."""
     from gguf import GGMLQuantizationType as T  # noqa: PLC0415
@@ -78,4 +72,6 @@ def _write_small(path, arch: str, vocab_from) -> None:
     types = dict(attn_q=T.Q8_0, attn_k=T.Q8_0, attn_v=T.Q5_0, attn_output=T.Q8_0, ffn_gate=T.F16 if gemma else T.Q4_1,
                  ffn_up=T.F16 if gemma else T.Q4_1, ffn_down=T.Q5_0)
     shapes = None if gemma else (2, 256, 256 if arch == "qwen3moe" else 512, 4, 2, 64)
-    write_synthetic(path, arch, vocab_from, shapes=shapes, types=types)
+    path = factory.mktemp("synth") / f"{arch}.gguf"
+    write_synthetic(path, arch, shapes=shapes, types=types)
+    return path

@@ -118,7 +118,7 @@ def test_down_weights_sums_and_adds_the_residual(cuda, name, n_tok):
 
 
 def test_an_expert_is_read_from_its_own_place(cuda):
-    """Choosing expert 3 gives expert 3's product, not a neighbour's: each expert repacked on its own."""
+    """Choosing expert 3 gives expert 3's product, not a neighbour's, in a type whose blocks the layout splits."""
     cp, cq, moe = cuda
     raw, qtype = _stack("Q6_K", 6, 256, 512, 3)  # Q6_K repacks (its d moves to the meta part)
     w = moe.experts_to_device(raw, qtype)
@@ -128,3 +128,77 @@ def test_an_expert_is_read_from_its_own_place(cuda):
     got = cp.asnumpy(out)[0, 0]
     errs = [_rel_err(got, _dense(raw, qtype, e).astype(np.float64) @ x_used[0]) for e in range(6)]
     assert np.argmin(errs) == 3 and errs[3] < REL_TOL, errs
+
+
+@pytest.mark.parametrize("n_expert, k", [(128, 8), (60, 4), (8, 2)])
+def test_router_route_is_the_router_then_route(cuda, n_expert, k):
+    """One launch: the F32 router's logits, then the choice of the block that finishes last, twice in a row (the
+    finished-blocks count goes back to zero)."""
+    cp, cq, moe = cuda
+    rng = np.random.default_rng(n_expert)
+    router = (rng.standard_normal((n_expert, 2048)) / 20).astype(np.float32)
+    w = cq.to_device(router.view(np.uint8), TYPES_BY_NAME["F32"])
+    done = cp.zeros(1, cp.uint32)
+    for seed in (1, 2):
+        x = np.random.default_rng(seed).standard_normal(2048).astype(np.float32)
+        logits = cp.full(n_expert, cp.nan, cp.float32)
+        ids, weights = cp.full((1, k), -1, cp.int32), cp.full((1, k), cp.nan, cp.float32)
+        moe.router_route(w, cp.asarray(x), logits, ids, weights, done)
+        ref_logits = router.astype(np.float64) @ x
+        np.testing.assert_allclose(cp.asnumpy(logits), ref_logits, rtol=1e-4, atol=1e-4)
+        ref_ids, ref_weights = route(cp.asnumpy(logits)[None], k)  # the choice from the logits it computed
+        np.testing.assert_array_equal(cp.asnumpy(ids), ref_ids)
+        np.testing.assert_allclose(cp.asnumpy(weights), ref_weights, rtol=1e-5, atol=1e-7)
+        assert int(done[0]) == 0
+
+
+@pytest.mark.parametrize("n_tok", [1, 3])
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_gate_up_glu_matches_reference(cuda, name, n_tok):
+    """gate, up and silu(gate) * up of the chosen experts in one launch, and its q8_1 copy, against gate_up's
+    outputs (themselves checked against models/dequant.py above) and glu."""
+    cp, cq, moe = cuda
+    from kernels.cuda_ops import glu
+    n_expert, k, rows, cols = 16, 4, 768, 2048
+    ws = tuple(moe.experts_to_device(*_stack(name, n_expert, rows, cols, seed)) for seed in (0, 100))
+    ids = cp.asarray(_ids(n_tok, n_expert, k, n_tok))
+    xq, _ = _q8(cp, cq, np.random.default_rng(1).standard_normal((n_tok, cols)).astype(np.float32))
+    gate_up = cp.empty((2, n_tok * k, rows), cp.float32)
+    moe.gate_up(ws, ids, xq, gate_up)
+    ref = cp.empty((n_tok * k, rows), cp.float32)
+    glu(gate_up[0], gate_up[1], ref, "silu")
+    out, out_q = cp.full((n_tok * k, rows), cp.nan, cp.float32), cq.Q8Vector.empty(n_tok * k * rows)
+    moe.gate_up_glu(*ws, ids, xq, out, out_q, "silu")
+    out, ref = cp.asnumpy(out), cp.asnumpy(ref)
+    assert _rel_err(out, ref) < REL_TOL
+    back = cp.asnumpy(out_q.qs).astype(np.float64).reshape(-1, 32) * cp.asnumpy(out_q.ds)[:, :1]
+    assert np.abs(back.reshape(out.shape) - out).max() <= np.abs(out).max() / 127  # within a q8_1 step
+
+
+def test_group_pairs_puts_each_pair_in_its_experts_rows(cuda):
+    cp, _, moe = cuda
+    ids = np.array([[3, 0], [3, 7], [0, 3], [9, 7]], np.int32)
+    slots, experts, m = moe.group_pairs(cp.asarray(ids), 12)
+    slots = cp.asnumpy(slots)
+    assert list(experts) == [0, 3, 7, 9] and m == 3  # expert 3 has the most pairs
+    assert len(set(slots)) == ids.size  # every pair its own row
+    for p, e in enumerate(ids.reshape(-1)):
+        assert slots[p] // m == list(experts).index(e)
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_matmul_experts_multiplies_each_chosen_expert(cuda, name):
+    """Chosen experts with gaps between their ids (a dequant call a run of consecutive ids) and a scratch of 2
+    experts (groups of 2, one cuBLAS call each): every expert's rows against models/dequant.py in float64."""
+    cp, cq, moe = cuda
+    from kernels.cuda_prefill import matmul_experts
+    n_expert, rows, cols, m = 10, 256, 512, 5
+    raw, qtype = _stack(name, n_expert, rows, cols, 11)
+    w = moe.experts_to_device(raw, qtype)
+    chosen = np.array([0, 1, 2, 5, 9])
+    x = np.random.default_rng(3).standard_normal((len(chosen), m, cols)).astype(np.float16)
+    out = cp.full((len(chosen), m, rows), cp.nan, cp.float32)
+    matmul_experts(w.weight, n_expert, chosen, cp.asarray(x), out, cp.empty(2 * rows * cols, cp.float16))
+    for j, e in enumerate(chosen):
+        ref = x[j].astype(np.float64) @ _dense(raw, qtype, e).astype(np.float64).T
+        assert _rel_err(cp.asnumpy(out[j]), ref) < 2e-3, (name, e)  # fp16 weights and inputs

@@ -1,0 +1,114 @@
+"""Where an all-GPU decode step's time goes, on the GPU machine: the step's wall time through the captured graph,
+and each kernel's time in the same step run eagerly, read by Nsight Compute.
+
+    python3 tests/device_kernel_times.py FILE.gguf step      # ms a token through the graph (200 steps)
+    ncu --nvtx --nvtx-include "step/" --metrics gpu__time_duration.sum --csv \
+        python3 tests/device_kernel_times.py FILE.gguf kernels > ncu.csv
+    python3 tests/device_kernel_times.py ncu.csv table       # per kernel: launches, total us, share
+    python3 tests/device_kernel_times.py FILE.gguf prefill   # ms of a 512-token prompt, and of its parts
+
+A kernel runs as long in the graph as eagerly; the step's time less the kernels' sum is what launching and the
+gaps between nodes cost.
+"""
+import collections
+import csv
+import sys
+import time
+
+import numpy as np
+
+
+def step_ms(path: str) -> None:
+    import cupy as cp
+
+    from inference import load
+    engine = load(path, device="cuda", ctx=1024)
+    ids = list(range(100, 164))
+    list(engine.generate(ids, max_tokens=8, temperature=0))  # compile, capture the graph
+    decode = engine._decode
+    times = []
+    for _ in range(3):
+        decode.wait()
+        t = time.perf_counter()
+        for i in range(200):
+            decode(True, 0, 64 + i)
+        decode.wait()
+        times.append((time.perf_counter() - t) / 200 * 1e3)
+    print(f"graph step: {' '.join(f'{t:.3f}' for t in times)} ms ({cp.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
+
+
+def kernels(path: str) -> None:
+    import cupy as cp
+
+    from inference import load
+    engine = load(path, device="cuda", ctx=1024, cuda_graph=False)
+    list(engine.generate(list(range(100, 164)), max_tokens=8, temperature=0))
+    engine._decode.wait()
+    cp.cuda.nvtx.RangePush("step")
+    engine._decode(True, 0, 72)
+    engine._decode.wait()
+    cp.cuda.nvtx.RangePop()
+
+
+def prefill(path: str) -> None:
+    """A 512-token prompt's wall time (3 runs after a warm-up), then the same with the device synchronized
+    around each timed part: the MoE op and the grouped path's pieces (their sum runs slower than the whole)."""
+    import cupy as cp
+
+    import inference.backend_cuda as backend_cuda
+    from inference import load
+    from kernels import cuda_moe, cuda_prefill
+    engine = load(path, device="cuda", ctx=1024)
+
+    def run(seed):
+        engine._cached = []
+        ids = np.random.default_rng(seed).integers(3, engine.config.n_vocab, 512).tolist()
+        engine._be.stream.synchronize()
+        t = time.perf_counter()
+        engine._prefill(ids, all_logits=False)
+        engine._be.stream.synchronize()
+        return (time.perf_counter() - t) * 1e3
+
+    run(0)
+    print("512-token prompt:", " ".join(f"{run(s):.1f}" for s in (1, 2, 3)), "ms")
+    times = collections.defaultdict(float)
+
+    def timed(owner, name):
+        f = getattr(owner, name)
+
+        def wrapper(*a, **kw):
+            cp.cuda.get_current_stream().synchronize()
+            engine._be.stream.synchronize()
+            t = time.perf_counter()
+            out = f(*a, **kw)
+            engine._be.stream.synchronize()
+            times[name] += (time.perf_counter() - t) * 1e3
+            return out
+        setattr(owner, name, wrapper)
+
+    for owner, name in ((backend_cuda.CUDABackend, "add_moe"), (backend_cuda.CUDABackend, "_experts_grouped"),
+                        (cuda_moe, "group_pairs"), (cuda_prefill, "matmul_experts"), (cuda_prefill, "dequantize_rows")):
+        timed(owner, name)
+    whole = run(4)
+    print(f"synchronized: {whole:.1f} ms; " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
+
+
+def table(csv_path: str) -> None:
+    rows = [r for r in csv.reader(open(csv_path)) if len(r) > 10]
+    head = rows[0]
+    name_at, value_at = head.index("Kernel Name"), head.index("Metric Value")
+    unit_at = head.index("Metric Unit")
+    total, count = collections.defaultdict(float), collections.Counter()
+    for r in rows[1:]:
+        scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}[r[unit_at]]
+        name = r[name_at].split("(")[0]
+        total[name] += float(r[value_at].replace(",", "")) * scale
+        count[name] += 1
+    s = sum(total.values())
+    print(f"{sum(count.values())} kernels, {s:.1f} us in all")
+    for name, us in sorted(total.items(), key=lambda kv: -kv[1]):
+        print(f"{name:<40} {count[name]:>5} {us:>9.1f} us {us / s:6.1%} {us / count[name]:7.2f} us each")
+
+
+if __name__ == "__main__":
+    {"step": step_ms, "kernels": kernels, "table": table, "prefill": prefill}[sys.argv[2]](sys.argv[1])
