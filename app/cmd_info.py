@@ -1,6 +1,8 @@
 """`gguf-chat info MODEL [--json]`: what a model file is, without reading its weights."""
 import json
 
+from app.device_args import add_expert_args
+
 
 def register(sub) -> None:
     p = sub.add_parser("info", help="show a model's architecture, size, quant mix and tokenizer")
@@ -10,6 +12,7 @@ def register(sub) -> None:
     p.add_argument("--ctx", type=int, help="--plan: context size in tokens (default: as run and chat choose it)")
     p.add_argument("--gpu-layers", default="auto", help="--plan: 'auto' or how many of the last layers (default auto)")
     p.add_argument("--vram-budget", metavar="GB", help="--plan: plan as on a card of this size (e.g. 6, 6.5GiB)")
+    add_expert_args(p)
     p.set_defaults(func=run)
 
 
@@ -32,7 +35,7 @@ def run(args) -> int:
 def placement_summary(model, args) -> str:
     """Where the layers would run, counted before anything is uploaded (what load() will decide)."""
     from inference.engine import plan_gpu
-    from inference.placement import free_vram, parse_gpu_layers, parse_vram_budget
+    from inference.placement import free_vram, parse_cpu_moe, parse_gpu_layers, parse_vram_budget
     from models.config import config_from_metadata
 
     cfg = config_from_metadata(model.metadata)
@@ -40,7 +43,8 @@ def placement_summary(model, args) -> str:
     free = free_vram()
     if free is None and budget is None:
         return "placement: no CUDA GPU found (CuPy, driver, device): every layer on the CPU; --vram-budget plans for a card"
-    plan = plan_gpu(model, cfg, args.ctx, parse_gpu_layers(args.gpu_layers), budget, budget if free is None else free)
+    plan = plan_gpu(model, cfg, args.ctx, parse_gpu_layers(args.gpu_layers), budget, budget if free is None else free,
+                    parse_cpu_moe(args.cpu_moe, args.n_cpu_moe))
     return plan.summary()
 
 

@@ -5,7 +5,7 @@ import numpy as np
 
 from inference.weights import ExpertFFN, ModelWeights, QuantMatrix
 from kernels import cpu_ops
-from kernels.cpu_quant import dequantize_rows, quantized_matmul, quantized_matmuls
+from kernels.cpu_quant import dequantize_rows, quantized_matmul, quantized_matmuls, quantized_matvecs_own_rows
 from models.config import ModelConfig
 
 
@@ -17,6 +17,27 @@ def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
     """
     n = int(np.prod(shape))
     return np.frombuffer(mmap.mmap(-1, max(1, n) * 4), np.float32)[:n].reshape(shape)
+
+
+def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.ndarray,
+                activation: str) -> np.ndarray:
+    """The weighted sum [n, n_embd] of the chosen experts' FFNs on h [n, n_embd]; ids, weights [n, k] (the
+    router's choice). Only the chosen experts are read; of several tokens, grouped by expert, so each chosen
+    expert's matrices are read once a call."""
+    if len(h) == 1:  # one token: its experts' gate and up in one parallel region, their downs in another
+        chosen = [(experts.gate.expert(e), experts.up.expert(e), experts.down.expert(e)) for e in ids[0]]
+        gate_up = quantized_matmuls([m.data for g, u, _ in chosen for m in (g, u)],
+                                    [m.qtype for g, u, _ in chosen for m in (g, u)], h)
+        act = cpu_ops.glu(np.concatenate(gate_up[0::2]), np.concatenate(gate_up[1::2]), activation)  # [k, n_ff]
+        ys = quantized_matvecs_own_rows([d.data for _, _, d in chosen], [d.qtype for _, _, d in chosen], act)
+        return sum(w * y for w, y in zip(weights[0], ys))
+    out = np.zeros_like(h)
+    for e in np.unique(ids):
+        rows, slots = np.nonzero(ids == e)  # a token picks an expert at most once: rows are distinct
+        gate, up, down = experts.gate.expert(e), experts.up.expert(e), experts.down.expert(e)
+        g, u = quantized_matmuls([gate.data, up.data], [gate.qtype, up.qtype], np.ascontiguousarray(h[rows]))
+        out[rows] += quantized_matmul(down.data, down.qtype, cpu_ops.glu(g, u, activation)) * weights[rows, slots, None]
+    return out
 
 
 OFFLOAD_MIN_TOKENS = 32  # llama.cpp's threshold for running a CPU weight's matmul on the GPU
@@ -119,19 +140,9 @@ class CPUBackend:
         return x + (self.rms_norm(y, norm) if norm is not None else y)
 
     def add_moe(self, x: np.ndarray, experts: ExpertFFN, h: np.ndarray, k: int) -> np.ndarray:
-        """x + the mixture of experts on h [n, n_embd]: each token's k chosen experts' SwiGLU outputs, weighted.
-        The tokens are grouped by expert, so each chosen expert's matrices are read once a call, and only the
-        chosen ones are read."""
+        """x + the mixture of experts on h [n, n_embd]: each token's k chosen experts' SwiGLU outputs, weighted."""
         ids, weights = cpu_ops.route(self.matmul(experts.router, h), k)  # [n, k] each
-        out = x.copy()
-        for e in np.unique(ids):
-            rows, slots = np.nonzero(ids == e)  # a token picks an expert at most once: rows are distinct
-            gate, up = experts.gate.expert(e), experts.up.expert(e)
-            g, u = quantized_matmuls([gate.data, up.data], [gate.qtype, up.qtype], h[rows])
-            down = experts.down.expert(e)
-            y = quantized_matmul(down.data, down.qtype, self.glu(g, u))
-            out[rows] += y * weights[rows, slots, None]
-        return out
+        return x + moe_experts(experts, h, ids, weights, self.cfg.activation)
 
     def logits(self, w: QuantMatrix, x: np.ndarray) -> np.ndarray:
         y = quantized_matmul(w.data, w.qtype, x)  # [n, n_vocab]

@@ -12,10 +12,11 @@ import cupy as cp
 import cupyx
 import numpy as np
 
+from inference.backend_cpu import OFFLOAD_MIN_TOKENS, moe_experts
 from inference.placement import EXPERT_TILE_BYTES, GROUPED_MAX_PADDING, PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.weights import ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
-from kernels import cuda_moe, cuda_ops, cuda_prefill
+from kernels import cpu_ops, cuda_moe, cuda_ops, cuda_prefill
 from kernels.cuda_quant import DeviceWeight, Q8Vector, matvec, quantize_q8_1, to_device
 from models.config import ModelConfig
 
@@ -66,11 +67,14 @@ class CUDABackend:
 
     layers: the layers it runs (default all). Without the first layer the CPU runs the ones before (placement.py):
     token_embd stays on the host and each forward starts from the hidden state receive() brings over; the output
-    head is always here."""
+    head is always here. host_experts: layers whose experts stay in host memory, where the CPU's kernels run
+    them for this backend (the router and the choice stay here: only the hidden row, the ids and the weights
+    go down, the experts' sum comes back)."""
 
     prefill_chunk = PREFILL_CHUNK
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None,
+                 host_experts: range = range(0)):
         self.cfg = cfg
         self.n_ctx = n_ctx
         self.layers = range(cfg.n_layers) if layers is None else layers
@@ -81,7 +85,7 @@ class CUDABackend:
                 for ws, biases in _matmuls_calls(weights.layers[i]):
                     self._groups[_group_key(ws, biases)] = row_groups(ws, biases)
             self._dev: dict[int, object] = {}  # id of a host weight -> its device copy
-            for m in _host_tensors(weights, self.layers):
+            for m in _host_tensors(weights, self.layers, host_experts):
                 if id(m) not in self._dev:
                     self._dev[id(m)] = (to_device(m.data, m.qtype) if isinstance(m, QuantMatrix) else
                                         cuda_moe.experts_to_device(m.data, m.qtype) if isinstance(m, QuantExperts)
@@ -99,6 +103,8 @@ class CUDABackend:
             self._hidden = cp.empty((1, cfg.n_embd), dtype=cp.float32)  # a one-token step's input from the CPU
             self._route_done = cp.zeros(1, dtype=cp.uint32)  # cuda_moe.router_route's count of finished blocks
         self._hidden_host = cupyx.empty_pinned((1, cfg.n_embd), dtype=np.float32)  # pinned: copied in by the graph
+        self._experts_io = _HostExpertsIO.empty(cfg) if host_experts else None  # a step's experts on the host
+        self._pieces = None  # while a decode step is captured: its graphs so far and the host work between them
         self._staging = None  # pinned bytes of a CPU layer's matrix on its way up (matmul_host_weight)
         self._inv_freq = {}  # (base, scale) -> float64 [rope_dim // 2]
         self._prefill_scratch = None  # cuda_prefill.Scratch, grown to the largest chunk seen
@@ -205,16 +211,33 @@ class CUDABackend:
         """x [n, n_cols] @ W.T for a prompt chunk of a layer on the CPU: W goes up for this call only (its
         VRAM returns to the pool), x up, y [n, n_rows] back. This backend has the same chunk as input."""
         assert self.n == len(x) > 1, "set_input gives every segment the chunk before the forward"
-        # through pinned memory: a copy straight from the file's pages ran at ~1.6 GB/s on the H100 machine
-        if self._staging is None or self._staging.size < w.data.size:
-            self._staging = cupyx.empty_pinned(w.data.size, np.uint8)  # grows to the largest matrix
-        staged = self._staging[:w.data.size].reshape(w.data.shape)
-        np.copyto(staged, w.data)  # free: the last call's copy from it ended before its result came back
         with self.stream:
-            raw = cp.empty(w.data.shape, cp.uint8)
-            raw.set(staged, stream=self.stream)
-            y = self._matmul(to_device(raw, w.qtype), cp.asarray(np.ascontiguousarray(x, np.float32)), None)
+            y = self._matmul(to_device(self._upload(w.data), w.qtype),
+                             cp.asarray(np.ascontiguousarray(x, np.float32)), None)
         return y.get(stream=self.stream)
+
+    def _upload(self, data: np.ndarray) -> cp.ndarray:
+        """A host weight's bytes in VRAM for one prompt chunk (its VRAM returns to the pool after): through
+        pinned memory, as a copy straight from the file's pages ran at ~1.6 GB/s on the H100 machine, filled by
+        all cores. Waits for the copy: the pinned buffer serves the next upload."""
+        if self._staging is None or self._staging.size < data.size:
+            self._staging = cupyx.empty_pinned(data.size, np.uint8)  # grows to the largest weight
+        staged = self._staging[:data.size].reshape(data.shape)
+        cpu_ops.parallel_copy(data.reshape(-1), staged.reshape(-1))
+        with self.stream:
+            raw = cp.empty(data.shape, cp.uint8)
+            raw.set(staged, stream=self.stream)
+        self.stream.synchronize()
+        return raw
+
+    def _upload_experts(self, experts: ExpertFFN) -> tuple:
+        """A host layer's expert stacks in VRAM for one prompt chunk, as llama.cpp does for weights in host
+        memory: ~0.34 GB a layer of Qwen3-30B-A3B over PCIe beats the CPU multiplying 128 experts' matrices."""
+        def up(stack: QuantExperts) -> cuda_moe.DeviceExperts:
+            raw = self._upload(stack.data).reshape(-1, stack.data.shape[2])
+            with self.stream:
+                return cuda_moe.DeviceExperts(to_device(raw, stack.qtype), stack.data.shape[0])
+        return up(experts.gate), up(experts.up), up(experts.down)
 
     def add_matmul(self, x: cp.ndarray, w: QuantMatrix, a: cp.ndarray, norm: np.ndarray | None = None) -> cp.ndarray:
         """x + W a, W a normalized by norm first when given (sandwich norms); one launch in a one-token step."""
@@ -281,7 +304,12 @@ class CUDABackend:
                                   self._route_done, stream=self.stream)
         else:
             cuda_moe.route(self._router_logits(router, h), ids, weights, stream=self.stream)
-        gate, up, down = (self._dev[id(m)] for m in (experts.gate, experts.up, experts.down))
+        if id(experts.gate) in self._dev:
+            gate, up, down = (self._dev[id(m)] for m in (experts.gate, experts.up, experts.down))
+        elif n >= OFFLOAD_MIN_TOKENS:  # this layer's experts stay on the host: up for this chunk
+            gate, up, down = self._upload_experts(experts)
+        else:
+            return self._add_moe_on_host(x, experts, h, ids, weights)
         if n > 1:
             with self.stream:
                 slots, chosen, m = cuda_moe.group_pairs(ids, gate.n_expert)
@@ -300,6 +328,51 @@ class CUDABackend:
         out = self._empty(x.shape)
         cuda_moe.down(down, ids, weights, act_q, out, x, stream=self.stream)
         return out
+
+    def _add_moe_on_host(self, x, experts: ExpertFFN, h, ids, weights) -> cp.ndarray:
+        """x + the experts chosen on the device, run by the CPU (backend_cpu.moe_experts) from host memory. A
+        prompt chunk reads h, ids and weights back and waits; a decode step copies them into pinned buffers and
+        leaves the host's work to host_point, so that a captured step is graphs with the host's work between."""
+        cfg, out = self.cfg, self._empty(x.shape)
+        if h.shape[0] > 1:
+            y = moe_experts(experts, self.to_host(h), self.to_host(ids), self.to_host(weights), cfg.activation)
+            with self.stream:
+                y_dev = cp.asarray(y)
+            cuda_ops.add(x, y_dev, out, stream=self.stream)
+            return out
+        io = self._experts_io
+        down = cp.cuda.runtime.memcpyDeviceToHost
+        for dst, src in ((io.h, h), (io.ids, ids), (io.weights, weights)):
+            _copy(dst, src, dst.nbytes, down, self.stream)
+
+        def run() -> None:  # on the host, once the copies are done
+            io.y[:] = moe_experts(experts, io.h, io.ids, io.weights, cfg.activation)
+
+        self.host_point(run)
+        y = self._empty(x.shape)
+        _copy(y, io.y, io.y.nbytes, cp.cuda.runtime.memcpyHostToDevice, self.stream)
+        cuda_ops.add(x, y, out, stream=self.stream)
+        return out
+
+    def host_point(self, work) -> None:
+        """Host work in the middle of a step: run now, after the device's queued work; while a decode step is
+        captured, end the graph so far, keep work as the next piece and capture on (see begin_pieces)."""
+        if self._pieces is None:
+            self.stream.synchronize()
+            work()
+            return
+        self._pieces += [self.stream.end_capture(), work]
+        self.stream.begin_capture()
+
+    def begin_pieces(self) -> None:
+        """A decode step is about to be captured: host_point splits it into pieces."""
+        self._pieces = []
+
+    def end_pieces(self, last) -> list:
+        """The captured step's pieces in order: graphs (launch them) and host work (wait for the stream, then
+        call it); last: the graph captured after the last host point."""
+        pieces, self._pieces = self._pieces + [last], None
+        return pieces
 
     def _router_logits(self, router: DeviceWeight, h: cp.ndarray) -> cp.ndarray:
         """h [n, n_embd] @ router.T: an F32 router in float32 cuBLAS for a prompt chunk (the prompt matmuls'
@@ -442,18 +515,42 @@ def row_groups(ws: tuple[QuantMatrix, ...], biases: tuple | None, place=to_devic
     return groups
 
 
-def _host_tensors(w: ModelWeights, layers: range):
-    """Every weight forward() hands to an op on its own in these layers and the head: matrices, expert stacks and
-    norm vectors (not the matmuls calls'); token_embd only with the first layer (else the CPU embeds)."""
+@dataclass(frozen=True)
+class _HostExpertsIO:
+    """Pinned buffers a decode step's host experts read (the layer's hidden row, ids, weights) and write (their
+    weighted sum), copied by the step's graphs; one set serves every layer, as the host runs them in turn."""
+    h: np.ndarray
+    ids: np.ndarray
+    weights: np.ndarray
+    y: np.ndarray
+
+    @classmethod
+    def empty(cls, cfg: ModelConfig) -> "_HostExpertsIO":
+        k, d = cfg.n_expert_used, cfg.n_embd
+        return cls(*(cupyx.empty_pinned((1, n), dtype=t) for n, t in ((d, np.float32), (k, np.int32),
+                                                                        (k, np.float32), (d, np.float32))))
+
+
+def _copy(dst, src, nbytes: int, kind, stream) -> None:
+    """An asynchronous copy between pinned host memory and the device on stream (a graph node when captured)."""
+    ptr = lambda a: a.data.ptr if isinstance(a, cp.ndarray) else a.ctypes.data  # noqa: E731
+    cp.cuda.runtime.memcpyAsync(ptr(dst), ptr(src), nbytes, kind, stream.ptr)
+
+
+def _host_tensors(w: ModelWeights, layers: range, host_experts: range = range(0)):
+    """Every weight forward() hands to an op on its own in these layers and the head: matrices, expert stacks (but
+    those of host_experts' layers) and norm vectors (not the matmuls calls'); token_embd only with the first layer
+    (else the CPU embeds)."""
     if layers.start == 0:
         yield w.token_embd
     yield w.output
     yield w.output_norm
-    for lw in (w.layers[i] for i in layers):
+    for i in layers:
+        lw = w.layers[i]
         grouped = {id(t) for ws, biases in _matmuls_calls(lw) for t in ws + (biases or ())}
         for name in lw.__dataclass_fields__:
             t = getattr(lw, name)
             if isinstance(t, ExpertFFN):
-                yield from (t.router, t.gate, t.up, t.down)
+                yield from (t.router,) if i in host_experts else (t.router, t.gate, t.up, t.down)
             elif t is not None and id(t) not in grouped:
                 yield t

@@ -9,6 +9,10 @@ step eagerly (the same ops), so the graph's effect can be measured.
 With the first layers on the CPU (placement.py) a step starts on the host: the CPU backend embeds the token
 just read back and runs its layers, stage() puts the hidden state in pinned memory, and the GPU part (its
 copy onto the GPU, the GPU layers, the head and the sampler) is the graph.
+
+With experts on the host (GPU layers whose experts stay in host memory), the GPU part is captured as pieces:
+graphs, and between them the host's work (the CPU runs a layer's chosen experts), which the backend's
+host_point marks; a replay launches each graph and waits for the stream before each piece of host work.
 """
 from collections.abc import Iterator
 
@@ -30,7 +34,7 @@ class DecodeStep:
         self.cfg = cfg
         self.weights = weights
         self.use_graph = use_graph
-        self.graphs = {}  # greedy (bool) -> cupy.cuda.Graph
+        self.graphs = {}  # greedy (bool) -> the captured step: cupy.cuda.Graph pieces and host work between them
         self.logits = None  # [1, n_vocab] in the arena: the latest step's logits (the same buffer every step)
 
     def _gpu_part(self, greedy: bool):
@@ -48,20 +52,26 @@ class DecodeStep:
             self.cpu.set_input(np.array([token], np.int32), pos)
             x = layers(self.cpu, self.cfg, self.weights, embed(self.cpu, self.cfg, self.weights), self.cpu.layers)
             self.be.stage(x)
-        graph = self.graphs.get(greedy)
-        if graph is not None:
-            graph.launch(self.be.stream)
+        pieces = self.graphs.get(greedy)
+        if pieces is not None:
+            for piece in pieces:
+                if callable(piece):  # host work: after the graphs before it
+                    self.be.stream.synchronize()
+                    piece()
+                else:
+                    piece.launch(self.be.stream)
             return
         self.logits = self._gpu_part(greedy)
         if self.use_graph:
             stream = self.be.stream
+            self.be.begin_pieces()
             stream.begin_capture()
             try:
                 logits = self._gpu_part(greedy)
             finally:
-                graph = stream.end_capture()
+                pieces = self.be.end_pieces(stream.end_capture())
             assert logits.data.ptr == self.logits.data.ptr, "the captured step must reuse the warm-up's buffers"
-            self.graphs[greedy] = graph
+            self.graphs[greedy] = pieces
 
     def wait(self) -> None:
         """Until the device has done everything asked of it."""

@@ -85,7 +85,7 @@ class Engine:
             k = self.placement.n_gpu_layers
             try:
                 self._segments, self._decode = _build(self.config, self._weights, self.n_ctx, k, self._cuda_graph,
-                                                      self._gpu_share, self._notify)
+                                                      self._gpu_share, self._notify, self.placement.cpu_expert_layers)
                 break
             except Exception as e:
                 if k == 0 or not _out_of_vram(e):
@@ -106,7 +106,8 @@ class Engine:
         p, reason = self.placement, "out of GPU memory"
         if k == 0:
             return all_on_cpu(self.config.n_layers, self.n_ctx, reason)
-        return split(self._gguf.tensors, self.config, self.n_ctx, k, p.budget_bytes, p.reserve_bytes, reason)
+        return split(self._gguf.tensors, self.config, self.n_ctx, k, p.budget_bytes, p.reserve_bytes, reason,
+                     p.cpu_expert_layers)
 
     def logits(self, ids) -> np.ndarray:
         """Teacher-forced logits [len(ids), n_vocab] float32 of a fresh context."""
@@ -305,16 +306,17 @@ def cuda_available() -> bool:
 
 
 def _build(config: ModelConfig, weights, n_ctx: int, n_gpu_layers: int, cuda_graph: bool, gpu_share=DEFAULT_GPU_SHARE,
-           notify=None):
+           notify=None, cpu_expert_layers: int = 0):
     """(segments, decode step) with the last n_gpu_layers layers on the GPU (decode None: all on the CPU); the
-    GPU multiplies gpu_share of the CPU layers' rows in their decode steps."""
+    GPU multiplies gpu_share of the CPU layers' rows in their decode steps; the experts of layers
+    0 .. cpu_expert_layers - 1 stay on the host (of GPU layers, the CPU runs them for the GPU backend)."""
     n = config.n_layers
     if n_gpu_layers == 0:
         return [(CPUBackend(config, weights, n_ctx), range(n))], None
     from inference.backend_cuda import CUDABackend  # noqa: PLC0415  (CuPy only on this path)
     from inference.cuda_graph import DecodeStep  # noqa: PLC0415
     first = n - n_gpu_layers
-    gpu = CUDABackend(config, weights, n_ctx, range(first, n))
+    gpu = CUDABackend(config, weights, n_ctx, range(first, n), host_experts=range(first, cpu_expert_layers))
     cpu = CPUBackend(config, weights, n_ctx, range(first), gpu) if first else None
     if cpu:
         from inference.gpu_share import build_share  # noqa: PLC0415
@@ -349,33 +351,35 @@ def _to_stderr(message: str) -> None:
 
 
 def plan_gpu(gguf, config: ModelConfig, n_ctx: int | None, gpu_layers, vram_budget: int | None,
-             free: int) -> Placement:
+             free: int, cpu_moe="auto") -> Placement:
     """Where the layers go on a GPU with free bytes of VRAM (what load() decides; info --plan shows it).
     Without a --ctx, a context too large for every layer to fit shrinks (halving, not below 4096) before layers
     leave the GPU: a fast reply matters more than a context the conversation may never fill."""
     ctx = n_ctx if n_ctx is not None else _default_ctx(config, gguf.file_size)
     try:
-        plan = plan_placement(gguf.tensors, config, ctx, free, gpu_layers, vram_budget)
+        plan = plan_placement(gguf.tensors, config, ctx, free, gpu_layers, vram_budget, cpu_moe)
     except VramBudgetError:
         if vram_budget is not None or gpu_layers != "auto":
             raise  # asked for: say why it cannot be
         return all_on_cpu(config.n_layers, ctx, f"{free / 2**30:.2f} GiB of free VRAM holds no layer")
-    while n_ctx is None and gpu_layers == "auto" and plan.n_gpu_layers < config.n_layers and ctx > 4096:
+    while (n_ctx is None and gpu_layers == "auto" and ctx > 4096
+           and (plan.n_gpu_layers < config.n_layers or (cpu_moe == "auto" and plan.cpu_expert_layers))):
         ctx = max(4096, ctx // 2)
-        plan = plan_placement(gguf.tensors, config, ctx, free, gpu_layers, vram_budget)
+        plan = plan_placement(gguf.tensors, config, ctx, free, gpu_layers, vram_budget, cpu_moe)
     return plan
 
 
 def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None, progress=None,
          cuda_graph: bool = True, vram_budget: int | None = None, notify=None,
-         gpu_share: float = DEFAULT_GPU_SHARE) -> Engine:
+         gpu_share: float = DEFAULT_GPU_SHARE, cpu_moe="auto") -> Engine:
     """Open a GGUF model ready to generate: model is a path, owner/repo[:QUANT] or a pulled name (None: the
     default model); progress reports a download. device "cuda", "cpu" or "auto" (CUDA when CuPy sees a GPU).
     gpu_layers: "auto" (as many of the last layers as fit) or how many go on the GPU; vram_budget: bytes to plan
     with as on a smaller card (placement.py). cuda_graph=False runs the GPU decode step eagerly instead of
     replaying its captured graph. notify(message) hears about OOM retries (default: stderr). gpu_share: with
     layers on the CPU, the fraction of their matrix rows the GPU multiplies each decode step, streamed over PCIe
-    from pinned host memory (gpu_share.py); 0 is off."""
+    from pinned host memory (gpu_share.py); 0 is off. cpu_moe (a model with experts): how many of the first
+    layers keep their experts on the CPU ("all", a count, or "auto": as few as make the rest fit)."""
     if device not in ("auto", "cpu", "cuda"):
         raise DeviceError(f"device '{device}' is not available (use auto, cpu or cuda)")
     reason = "--device cpu"
@@ -394,5 +398,5 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
         n_ctx = ctx if ctx is not None else _default_ctx(config, gguf.file_size)
         placement = all_on_cpu(config.n_layers, n_ctx, reason)
     else:
-        placement = plan_gpu(gguf, config, ctx, gpu_layers, vram_budget, free_vram())
+        placement = plan_gpu(gguf, config, ctx, gpu_layers, vram_budget, free_vram(), cpu_moe)
     return Engine(path, config, weights, tokenizer, gguf, placement.n_ctx, placement, cuda_graph, notify, gpu_share)

@@ -87,7 +87,9 @@ class Placement:
     reserve_bytes: int  # VRAM held outside our buffers (CUDA context, cuBLAS, modules)
     budget_bytes: int  # the VRAM it planned against: free VRAM, or --vram-budget
     n_ctx: int
-    reason: str  # why layers are on the CPU ("" when none are)
+    reason: str  # why layers (or experts) are on the CPU ("" when none are)
+    cpu_expert_layers: int = 0  # the experts of layers 0 .. this - 1 stay on the CPU, the rest of those layers not
+    cpu_expert_bytes: int = 0  # what those experts of GPU layers would take in VRAM
 
     @property
     def n_gpu_layers(self) -> int:
@@ -110,6 +112,10 @@ class Placement:
         if k < n:
             cpu = "layer 0" if self.first_gpu_layer == 1 else f"layers 0-{self.first_gpu_layer - 1}"
             head += f", {cpu} on CPU: {self.reason}"
+        if self.cpu_expert_layers > self.first_gpu_layer:  # of GPU layers: the CPU ones have all on the CPU
+            first, last = self.first_gpu_layer, self.cpu_expert_layers - 1
+            layers = f"layer {first}" if first == last else f"layers {first}-{last}"
+            head += f"; experts of {layers} on CPU ({_gib(self.cpu_expert_bytes)}): {self.reason}"
         gpu = f"layer {n - 1}" if k == 1 else f"layers {self.first_gpu_layer}-{n - 1}"
         vram = (f"  VRAM {_gib(self.total_bytes)} of {_gib(self.budget_bytes)} budget: weights "
                 f"{_gib(self.weights_bytes)} ({gpu} + output head), KV cache {_gib(self.kv_bytes)} "
@@ -173,25 +179,45 @@ def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig) -> int:
 
 
 def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int, free_vram: int,
-                   gpu_layers: int | str = "auto", vram_budget: int | None = None) -> Placement:
+                   gpu_layers: int | str = "auto", vram_budget: int | None = None,
+                   cpu_moe: int | str = "auto") -> Placement:
     """Decide which layers run on the GPU. gpu_layers: "auto" (as many of the last layers as fit) or a count
-    0..n_layers (0: all on the CPU). vram_budget: plan as on a card of this many bytes (at most what is free)."""
+    0..n_layers (0: all on the CPU). vram_budget: plan as on a card of this many bytes (at most what is free).
+    cpu_moe (a model with experts): how many of the first layers keep their experts on the CPU while the rest of
+    them (attention, router, norms, KV cache) runs on the GPU, as llama.cpp's --n-cpu-moe ("all": every layer's);
+    "auto": none if all fits, else as few as make every layer (or gpu_layers of them) fit; only past all of them
+    do layers move."""
     n = cfg.n_layers
+    cpu_moe = n if cpu_moe == "all" else cpu_moe
     if gpu_layers != "auto" and not (isinstance(gpu_layers, int) and 0 <= gpu_layers <= n):
         raise GpuLayersError(f"--gpu-layers must be 'auto' or 0..{n} (the model has {n} layers), got {gpu_layers}")
+    if cpu_moe != "auto" and not (isinstance(cpu_moe, int) and 0 <= cpu_moe <= n):
+        raise GpuLayersError(f"--n-cpu-moe must be 0..{n} (the model has {n} layers), got {cpu_moe}")
     if vram_budget is None:
         budget, reserve = free_vram, RUNTIME_RESERVE_BYTES
     else:
         budget, reserve = min(vram_budget, free_vram + CUDA_CONTEXT_BYTES), RUNTIME_RESERVE_BYTES + CUDA_CONTEXT_BYTES
     if gpu_layers == 0:
         return replace(all_on_cpu(n, n_ctx, "--gpu-layers 0"), budget_bytes=budget)
+    experts = 0 if not cfg.n_expert else cpu_moe if cpu_moe != "auto" else None  # None: to choose
 
-    def need(k: int) -> int:
-        return split(tensors, cfg, n_ctx, k, budget, reserve, "").total_bytes
+    def need(k: int, experts_on_cpu: int | None = None) -> int:
+        return split(tensors, cfg, n_ctx, k, budget, reserve, "",
+                     experts if experts_on_cpu is None else experts_on_cpu).total_bytes
+
+    if experts is None:  # the experts of as few first layers as make the layers wanted fit
+        want = n if gpu_layers == "auto" else gpu_layers
+        experts = next((e for e in range(n + 1) if need(want, e) <= budget), n)
+        if need(want) <= budget:
+            return split(tensors, cfg, n_ctx, want, budget, reserve, "VRAM budget exhausted" if experts else
+                         f"--gpu-layers {gpu_layers}", experts)
+    reason_experts = f"--n-cpu-moe {cpu_moe}" if experts and cpu_moe != "auto" else ""
+    if gpu_layers == "auto" and need(n) <= budget:
+        return split(tensors, cfg, n_ctx, n, budget, reserve, reason_experts, experts)
 
     if need(1) > budget:
-        one = split(tensors, cfg, n_ctx, 1, budget, reserve, "")
-        head = one.weights_bytes - layer_weight_bytes(tensors, n)[-1]
+        one = split(tensors, cfg, n_ctx, 1, budget, reserve, "", experts)
+        head = one.weights_bytes - (layer_weight_bytes(tensors, n)[-1] - one.cpu_expert_bytes)
         raise VramBudgetError(
             f"VRAM budget {_gib(budget)} is too small for the GPU: the output head ({_gib(head)}), one layer "
             f"({_gib(one.weights_bytes - head)} weights + {_gib(one.kv_bytes)} KV cache at ctx {n_ctx}), scratch "
@@ -199,26 +225,36 @@ def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int,
             "--gpu-layers 0 (CPU), a smaller --ctx or model")
     fits = max(k for k in range(1, n + 1) if need(k) <= budget)
     if gpu_layers == "auto":
-        return split(tensors, cfg, n_ctx, fits, budget, reserve, "VRAM budget exhausted")
+        return split(tensors, cfg, n_ctx, fits, budget, reserve, "VRAM budget exhausted", experts)
     if need(gpu_layers) > budget:
         raise VramBudgetError(f"--gpu-layers {gpu_layers} needs {_gib(need(gpu_layers))} of VRAM at ctx {n_ctx}, "
                               f"the budget is {_gib(budget)}: at most {fits} layers fit")
-    return split(tensors, cfg, n_ctx, gpu_layers, budget, reserve, f"--gpu-layers {gpu_layers}")
+    return split(tensors, cfg, n_ctx, gpu_layers, budget, reserve,
+                 ", ".join(filter(None, (f"--gpu-layers {gpu_layers}", reason_experts))), experts)
 
 
 def split(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int, k: int, budget: int, reserve: int,
-          reason: str) -> Placement:
-    """The last k (>= 1) layers on the GPU, counted; reason: why the others are not (kept only when some are)."""
+          reason: str, cpu_experts: int = 0) -> Placement:
+    """The last k (>= 1) layers on the GPU, counted, the experts of layers 0 .. cpu_experts - 1 on the CPU;
+    reason: why layers or experts are on the CPU (kept only when some are)."""
     n = cfg.n_layers
     tied = "output.weight" not in tensors
     head = sum(_vram_bytes(tensors[name]) for name in ("token_embd.weight" if tied else "output.weight",
                                                        "output_norm.weight", "rope_freqs.weight") if name in tensors)
     embd = 0 if tied else _vram_bytes(tensors["token_embd.weight"])  # only when every layer is on the GPU
-    weights = head + sum(layer_weight_bytes(tensors, n)[n - k:]) + (embd if k == n else 0)
+    by_layer = [0] * n  # bytes of each GPU layer's experts that stay on the host
+    for name, t in tensors.items():
+        if name.endswith("_exps.weight") and n - k <= int(name.split(".")[1]) < cpu_experts:
+            by_layer[int(name.split(".")[1])] += t.nbytes
+    host_experts = sum(by_layer)
+    weights = head + sum(layer_weight_bytes(tensors, n)[n - k:]) + (embd if k == n else 0) - host_experts
     largest = max(t.nbytes for name, t in tensors.items() if name.startswith("blk.") and len(t.shape) == 2)
-    scratch = scratch_bytes(tensors, cfg) + (share_ring_bytes(largest) if k < n else 0)
+    # a prompt chunk uploads a host layer's experts (backend_cuda._upload_experts): as read, and repacked
+    scratch = scratch_bytes(tensors, cfg) + (share_ring_bytes(largest) if k < n else 0) + 2 * max(by_layer)
+    some_on_cpu = k < n or host_experts > 0
     return Placement(("cpu",) * (n - k) + ("gpu",) * k, "gpu", "gpu" if k == n else "cpu", weights,
-                     k * kv_bytes_per_layer(cfg, n_ctx), scratch, reserve, budget, n_ctx, reason if k < n else "")
+                     k * kv_bytes_per_layer(cfg, n_ctx), scratch, reserve, budget, n_ctx,
+                     reason if some_on_cpu else "", cpu_experts if host_experts else 0, host_experts)
 
 
 def parse_gpu_layers(text: str) -> int | str:
@@ -244,6 +280,20 @@ def host_memory_available() -> int:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration):
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def parse_cpu_moe(cpu_moe: bool, n_cpu_moe: str | None) -> int | str:
+    """--cpu-moe (every layer's experts on the CPU) and --n-cpu-moe N -> plan_placement's cpu_moe ("all", N or,
+    with neither, "auto")."""
+    if cpu_moe and n_cpu_moe is not None:
+        raise GpuLayersError("--cpu-moe and --n-cpu-moe say the same thing: give one")
+    if cpu_moe:
+        return "all"
+    if n_cpu_moe is None:
+        return "auto"
+    if not n_cpu_moe.strip().isdigit():
+        raise GpuLayersError(f"--n-cpu-moe takes a number of layers, got '{n_cpu_moe}'")
+    return int(n_cpu_moe)
 
 
 def parse_gpu_share(text: str) -> float:

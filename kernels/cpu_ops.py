@@ -217,3 +217,18 @@ def route(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     ids = np.argsort(-p, axis=1, kind="stable")[:, :k].astype(np.int32)
     w = np.take_along_axis(p, ids, axis=1)
     return ids, (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def _parallel_copy(src, dst, n_chunks):
+    n = src.size
+    for c in nb.prange(n_chunks):
+        dst[c * n // n_chunks:(c + 1) * n // n_chunks] = src[c * n // n_chunks:(c + 1) * n // n_chunks]
+
+
+def parallel_copy(src: np.ndarray, dst: np.ndarray) -> None:
+    """dst[:] = src for 1-D uint8 arrays, by all cores: one core copies from a file's cached pages at a fraction
+    of the memory's rate (a weight on its way to pinned memory and the GPU)."""
+    if src.shape != dst.shape or src.dtype != np.uint8 or dst.dtype != np.uint8:
+        raise ValueError(f"parallel_copy: two uint8 arrays of one shape, got {src.dtype} {src.shape}, {dst.dtype} {dst.shape}")
+    _parallel_copy(src, dst, max(1, min(256, src.size >> 20)))  # chunks of >= 1 MiB

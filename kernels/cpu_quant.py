@@ -916,10 +916,12 @@ def _matvec_fused(tid, w, x, out, f16, n16, n_chunks):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def _matvecs_int8(tids, ws, x, outs, f16, n_chunks):
+def _matvecs_int8(tids, ws, x, outs, f16, n_chunks, own_row=False):
     """outs[m][t, r] = x[t] . row r of ws[m] for matrices of the INT8_IDS types tids[m] sharing x, in ONE
     parallel region: x is quantized once per block size in use (see quantize_q8), and about n_chunks chunks
     of rows, each matrix's number in proportion to its bytes (at most one a row), go to the threads.
+    own_row: matrix m multiplies row m of x alone (outs[m] [1, n_rows_m]): the chosen experts' down
+    projections of one token, each of its own activation.
 
     One region instead of one per matrix, because numba splits a prange evenly between its threads, each
     woken and joined per region; chunks of equal bytes keep that split even across matrices.
@@ -958,13 +960,14 @@ def _matvecs_int8(tids, ws, x, outs, f16, n_chunks):
         w, out, tid = ws[m], outs[m], tids[m]
         k, j = first[m + 1] - first[m], c - first[m]
         r0, r1 = j * w.shape[0] // k, (j + 1) * w.shape[0] // k
+        t0, t1 = (m, m + 1) if own_row else (0, n_tokens)  # the rows of x this matrix multiplies
         if tid == Q8_0:
             for r in range(r0, r1):
-                dot8_q8_0(w[r], xq8, xd8, xs8, out, r, f16)
+                dot8_q8_0(w[r], xq8[t0:t1], xd8[t0:t1], xs8[t0:t1], out, r, f16)
             continue
         if tid != Q4_K and tid != Q6_K:
             for r in range(r0, r1):
-                dot8_b32(tid, w[r], xq8, xd8, xs8, out, r, f16)
+                dot8_b32(tid, w[r], xq8[t0:t1], xd8[t0:t1], xs8[t0:t1], out, r, f16)
             continue
         half_rows = (r1 - r0 + 1) // 2
         for r in range(r0, r0 + half_rows):
@@ -972,9 +975,9 @@ def _matvecs_int8(tids, ws, x, outs, f16, n_chunks):
             # restarts two streams every pair: half the speed from DRAM); an odd last row pairs with itself
             r_b = r + half_rows if r + half_rows < r1 else r
             if tid == Q4_K:
-                dot8_q4_k(w[r], w[r_b], xq4, xd, xs16, out, r, r_b, f16)
+                dot8_q4_k(w[r], w[r_b], xq4[t0:t1], xd[t0:t1], xs16[t0:t1], out, r, r_b, f16)
             else:
-                dot8_q6_k(w[r], w[r_b], xq, xd, xs16, out, r, r_b, f16)
+                dot8_q6_k(w[r], w[r_b], xq[t0:t1], xd[t0:t1], xs16[t0:t1], out, r, r_b, f16)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
@@ -1067,6 +1070,20 @@ def quantized_matmul(w: np.ndarray, qtype: GGMLType, x: np.ndarray, out: np.ndar
             _dequantize_rows(qtype.id, w, np.arange(r0, r1), tile[:r1 - r0], F16_TO_F32, N16)
             np.matmul(x, tile[:r1 - r0].T, out=out[:, r0:r1])
     return out
+
+
+def quantized_matvecs_own_rows(ws: list[np.ndarray], qtypes: list[GGMLType], x: np.ndarray) -> list[np.ndarray]:
+    """[quantized_matmul(w, qtype, x[m:m + 1]) for the m-th w]: each matrix by its own row of x, in one parallel
+    region when all are INT8_IDS types (a token's chosen experts' down projections), else one call each."""
+    if len(ws) != len(x) or any(q.id not in INT8_IDS for q in qtypes):
+        return [quantized_matmul(w, q, x[m:m + 1]) for m, (w, q) in enumerate(zip(ws, qtypes))]
+    x = _matmul_args(ws[0], qtypes[0], np.ascontiguousarray(x, np.float32), None)[0]
+    outs = tuple(np.empty((1, w.shape[0]), np.float32) for w in ws)
+    for w, q in zip(ws, qtypes):
+        _check(w, q)
+    _matvecs_int8(tuple(q.id for q in qtypes), tuple(_read_only(w) for w in ws), x, outs, F16_TO_F32, MATVEC_CHUNKS,
+                  True)
+    return list(outs)
 
 
 def quantized_matmuls(ws: list[np.ndarray], qtypes: list[GGMLType], x: np.ndarray) -> list[np.ndarray]:

@@ -8,6 +8,7 @@
 #                                       # GPU's share of the CPU layers' rows at each of SHARES (default: 0 0.6)
 #   bash tests/device_bench.sh vram     # its peak VRAM against file size + KV cache + 10%
 #   bash tests/device_bench.sh moe      # Qwen3-30B-A3B's shapes (qwen3moe q4_k_m, 17.3 GiB) all on the GPU
+#   bash tests/device_bench.sh moe_host # the same with all experts / those of 24 layers in host memory
 # With layers on the CPU, where the time goes: python3 tests/device_profile.py FILE N (per-op, per-token), and
 # the host's DRAM and PCIe rates: python3 tests/device_probe.py FILE (see inference/NOTES_gpu.md).
 set -uo pipefail
@@ -68,6 +69,20 @@ moe)  # issue 17: 128 experts, 8 a token; pp512, tg128, tg128 after 4096 tokens,
     "$peer" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -d 4096 -r ${REPS:-3} 2>/dev/null | tail -n 3 | tee -a "$OUT/moe_llamacpp.md"
   else
     echo "llama-bench not built: $peer"
+  fi ;;
+moe_host)  # issue 17: experts in host memory (--cpu-moe, --n-cpu-moe 24) next to llama.cpp's -ot exps=CPU, -ncmoe 24
+  peer=$(peer_bench)
+  f=$files/qwen3moe-30b-a3b-q4_k_m.gguf
+  [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset qwen3moe-30b-a3b --ftype q4_k_m
+  for flags in "--cpu-moe" "--n-cpu-moe 24"; do
+    python3 -m app.cli bench "$f" --device cuda $flags -p 512 -n 64 -r ${REPS:-3} | tail -n 2 | sed "s/gguf-chat cuda/gguf-chat cuda $flags/" \
+      | tee -a "$OUT/moe_host_ours.md"
+  done
+  if [ -x "$peer" ]; then
+    for flags in "-ot exps=CPU" "-ncmoe 24"; do
+      "$peer" -m "$f" -ngl 99 -fa 1 $flags -t 16 -p 512 -n 64 -r ${REPS:-3} 2>/dev/null | grep -E "pp512|tg64" \
+        | sed "s/CUDA /CUDA $flags /" | tee -a "$OUT/moe_host_llamacpp.md"
+    done
   fi ;;
 vram)  # issue 5: peak VRAM of llama3-8b q4_k_m at ctx 4096 (a full 1024-token chunk, then decoding) vs file + KV + 10%
   f=$files/llama3-8b-q4_k_m.gguf

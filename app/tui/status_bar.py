@@ -25,8 +25,11 @@ class StatusBar(Static):
 
 
 def placement_text(engine) -> str:
-    """Where the layers run: 'GPU 32/32 layers', 'GPU 24 · CPU 8 layers' or 'CPU 30/30 layers'."""
-    n, k = len(engine.placement.layers), engine.placement.n_gpu_layers
-    if 0 < k < n:
-        return f"GPU {k} · CPU {n - k} layers"
-    return f"{'GPU' if k else 'CPU'} {n}/{n} layers"
+    """Where the layers run: 'GPU 32/32 layers', 'GPU 24 · CPU 8 layers' or 'CPU 30/30 layers', and where
+    experts stay on the CPU: 'GPU 48/48 layers · experts of 24 on CPU'."""
+    p = engine.placement
+    n, k = len(p.layers), p.n_gpu_layers
+    text = f"GPU {k} · CPU {n - k} layers" if 0 < k < n else f"{'GPU' if k else 'CPU'} {n}/{n} layers"
+    if k and p.cpu_expert_layers > p.first_gpu_layer:
+        text += f" · experts of {p.cpu_expert_layers - p.first_gpu_layer} on CPU"
+    return text

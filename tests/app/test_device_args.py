@@ -4,7 +4,7 @@ import argparse
 import pytest
 
 from app.device_args import add_device_args, load_options
-from inference.placement import DEFAULT_GPU_SHARE, GpuShareError
+from inference.placement import DEFAULT_GPU_SHARE, GpuLayersError, GpuShareError
 
 
 def _options(*argv: str) -> dict:
@@ -15,12 +15,19 @@ def _options(*argv: str) -> dict:
 
 def test_defaults():
     assert _options() == {"device": "auto", "gpu_layers": "auto", "vram_budget": None, "cuda_graph": True,
-                          "gpu_share": DEFAULT_GPU_SHARE}
+                          "gpu_share": DEFAULT_GPU_SHARE, "cpu_moe": "auto"}
 
 
 def test_given_values():
     options = _options("--device", "cuda", "-ngl", "16", "--vram-budget", "6GB", "--gpu-share", "0", "--no-graph")
     assert options == {"device": "cuda", "gpu_layers": 16, "vram_budget": 6 * 2**30, "cuda_graph": False,
-                       "gpu_share": 0}
+                       "gpu_share": 0, "cpu_moe": "auto"}
     with pytest.raises(GpuShareError):
         _options("--gpu-share", "auto")
+
+
+def test_expert_flags():
+    assert _options("--cpu-moe")["cpu_moe"] == "all"
+    assert _options("--n-cpu-moe", "24")["cpu_moe"] == 24
+    with pytest.raises(GpuLayersError, match="give one"):
+        _options("--cpu-moe", "--n-cpu-moe", "3")

@@ -183,3 +183,63 @@ def test_out_of_vram_in_a_prompt_moves_layers_to_the_cpu(synth_1b):
     ref = reference_logits(cpu, ids)
     assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.8  # random 16 layers: see test_cuda_engine's note
     assert len(list(engine.generate("The history of the city", max_tokens=8, temperature=0))) >= 2
+
+
+# ---- experts on the host: every layer on the GPU but the first layers' experts, which the CPU runs
+
+@pytest.fixture(scope="module", params=[1, "all"], ids=["experts of layer 0", "all experts"])
+def host_expert_engines(request, synth_qwen3moe):
+    """(cpu, all on the gpu, experts on the host with the graph, the same eager) engines of the qwen3moe file."""
+    from inference import load
+    path, cpu_moe = synth_qwen3moe, request.param
+    return (load(path, device="cpu", ctx=CTX), load(path, device="cuda", ctx=CTX),
+            load(path, device="cuda", ctx=CTX, cpu_moe=cpu_moe),
+            load(path, device="cuda", ctx=CTX, cpu_moe=cpu_moe, cuda_graph=False))
+
+
+def test_host_experts_stay_on_the_host(host_expert_engines):
+    _, gpu, host, _ = host_expert_engines
+    n = host.config.n_layers
+    k = host.placement.cpu_expert_layers
+    assert host.placement.n_gpu_layers == n and k in (1, n)
+    be = host._be
+    for i, lw in enumerate(host._weights.layers):
+        assert (id(lw.experts.gate) in be._dev) == (i >= k) and id(lw.experts.router) in be._dev
+    assert host.placement.weights_bytes < gpu.placement.weights_bytes
+    assert f"experts of layer{'s 0-1' if k == n else ' 0'} on CPU" in host.placement.summary()
+
+
+def test_host_experts_logits_match_cpu(host_expert_engines, request):
+    cpu, _, host, _ = host_expert_engines
+    for n in (1, 9, 70):
+        ids = teacher_prompt(request, cpu, n, seed=n)
+        assert_close_logits(host.logits(ids), reference_logits(cpu, ids), f"host experts, logits of {n} tokens")
+
+
+def test_host_experts_decode_matches_all_gpu(host_expert_engines):
+    """The captured step with host work between its graphs: the same tokens and logits as the all-GPU
+    engine's (the host's experts dot float32 x where the GPU's round it to 8 bits: close, not equal), and
+    bit-equal to the same step run eagerly."""
+    cpu, gpu, host, eager = host_expert_engines
+    ids = random_prompt(cpu, 12)
+    tokens, logits = greedy_steps(host, ids, 30)
+    gpu_tokens, gpu_logits = greedy_steps(gpu, ids, 30)
+    agree = next((i for i, (a, b) in enumerate(zip(tokens, gpu_tokens)) if a != b), len(tokens))
+    assert agree > 10, (tokens, gpu_tokens)
+    assert_close_logits(logits[:agree - 1], gpu_logits[:agree - 1], "host experts decode vs all-GPU")
+    assert len(host._decode.graphs[True]) == 2 * host.placement.cpu_expert_layers + 1  # graphs around host work
+    assert_graph_replay_equals_eager(host, eager)
+
+
+def test_layers_on_the_cpu_and_experts_on_the_host(synth_qwen3moe):
+    """Layer 0 wholly on the CPU, layer 1 on the GPU with its experts on the host."""
+    from inference import load
+    cpu = load(synth_qwen3moe, device="cpu", ctx=CTX)
+    mixed = load(synth_qwen3moe, device="cuda", ctx=CTX, gpu_layers=1, cpu_moe="all")
+    assert mixed.placement.n_gpu_layers == 1 and mixed.placement.cpu_expert_layers == 2
+    assert "layer 0 on CPU" in mixed.placement.summary() and "experts of layer 1 on CPU" in mixed.placement.summary()
+    ids = random_prompt(cpu, 40, seed=3)
+    assert_close_logits(mixed.logits(ids), reference_logits(cpu, ids), "layer 0 on the CPU, layer 1's experts too")
+    tokens, logits = greedy_steps(mixed, ids, 10)
+    ref = reference_logits(cpu, ids + tokens[:-1])[len(ids):]
+    assert_close_logits(logits, ref, "its decode steps")

@@ -8,8 +8,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from inference.placement import (CUDA_CONTEXT_BYTES, PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR, RUNTIME_RESERVE_BYTES,
                                  GiB, GpuLayersError, GpuShareError, MiB, VramBudgetError, all_on_cpu, cap_gpu_share,
                                  free_vram, host_memory_available, kv_bytes_per_layer, layer_weight_bytes,
-                                 parse_gpu_layers, parse_gpu_share, parse_vram_budget, plan_placement, scratch_bytes,
-                                 share_ring_bytes, split)
+                                 parse_cpu_moe, parse_gpu_layers, parse_gpu_share, parse_vram_budget, plan_placement,
+                                 scratch_bytes, share_ring_bytes, split)
 from models.config import ModelConfig, config_from_metadata
 from models.ggml_types import TYPES_BY_NAME
 from models.gguf import TensorInfo, open_gguf
@@ -356,3 +356,87 @@ def test_split_counts_and_the_status_bar_text(llama3):
     assert placement_text(SimpleNamespace(placement=p)) == "GPU 24 · CPU 8 layers"
     assert placement_text(SimpleNamespace(placement=split(tensors, cfg, 4096, 32, 0, 0, ""))) == "GPU 32/32 layers"
     assert placement_text(SimpleNamespace(placement=all_on_cpu(32, 4096, "--device cpu"))) == "CPU 32/32 layers"
+
+
+def qwen3moe_30b_q4_k_m() -> tuple[dict[str, TensorInfo], ModelConfig]:
+    """Qwen3-30B-A3B's tensors as ../shared/bench/synth_gguf.py writes its q4_k_m: 48 layers of 128 experts
+    [768 x 2048] (Q4_K gate and up, Q6_K down in the use_more_bits layers), an F32 router, Q4_K attention."""
+    L, d, ff, n_exp, nh, nkv, hd, vocab = 48, 2048, 768, 128, 32, 4, 128, 151936
+    t = [tensor("token_embd.weight", (d, vocab), "Q4_K"), tensor("output.weight", (d, vocab), "Q6_K"),
+         tensor("output_norm.weight", (d,), "F32")]
+    for i in range(L):
+        more_bits = i < L // 8 or i >= 7 * L // 8 or (i - L // 8) % 3 == 2
+        p = f"blk.{i}."
+        t += [tensor(p + "attn_norm.weight", (d,), "F32"), tensor(p + "ffn_norm.weight", (d,), "F32"),
+              tensor(p + "attn_q.weight", (d, nh * hd), "Q4_K"), tensor(p + "attn_k.weight", (d, nkv * hd), "Q4_K"),
+              tensor(p + "attn_v.weight", (d, nkv * hd), "Q6_K" if more_bits else "Q4_K"),
+              tensor(p + "attn_output.weight", (nh * hd, d), "Q4_K"),
+              tensor(p + "attn_q_norm.weight", (hd,), "F32"), tensor(p + "attn_k_norm.weight", (hd,), "F32"),
+              tensor(p + "ffn_gate_inp.weight", (d, n_exp), "F32"),
+              tensor(p + "ffn_gate_exps.weight", (d, ff, n_exp), "Q4_K"),
+              tensor(p + "ffn_up_exps.weight", (d, ff, n_exp), "Q4_K"),
+              tensor(p + "ffn_down_exps.weight", (ff, d, n_exp), "Q6_K" if more_bits else "Q4_K")]
+    cfg = ModelConfig(arch="qwen3moe", n_layers=L, n_embd=d, n_ff=ff, n_heads=nh, n_kv_heads=nkv, head_dim=hd,
+                      v_head_dim=hd, n_vocab=vocab, n_ctx_train=40960, rms_eps=1e-6, rope_base=1e6, rope_dim=hd,
+                      rope_scale=1.0, rope_style="neox", activation="silu", qk_norm=True, n_expert=n_exp,
+                      n_expert_used=8, n_ff_exp=ff)
+    return {x.name: x for x in t}, cfg
+
+
+@pytest.fixture(scope="module")
+def qwen3moe():
+    return qwen3moe_30b_q4_k_m()
+
+
+def test_qwen3moe_size_matches_the_synthetic_file(qwen3moe):
+    tensors, _ = qwen3moe
+    assert 18.5e9 < sum(t.nbytes for t in tensors.values()) < 18.6e9  # synth_gguf.py printed 18.55 GB of weights
+
+
+def test_experts_leave_the_gpu_before_any_layer(qwen3moe):
+    """Short of VRAM, the first layers' experts go to the host, as few as make every layer fit; the rest of each
+    layer (attention, router, KV cache) stays on the GPU. Only a budget too small for that moves whole layers."""
+    tensors, cfg = qwen3moe
+    full = plan_placement(tensors, cfg, 4096, H100_FREE)
+    assert (full.n_gpu_layers, full.cpu_expert_layers, full.cpu_expert_bytes) == (48, 0, 0)
+    p = plan_placement(tensors, cfg, 4096, H100_FREE, vram_budget=8 * GiB)
+    assert p.n_gpu_layers == 48 and 0 < p.cpu_expert_layers < 48 and p.total_bytes <= 8 * GiB
+    fewer = plan_placement(tensors, cfg, 4096, H100_FREE, vram_budget=8 * GiB, cpu_moe=p.cpu_expert_layers - 1)
+    assert fewer.n_gpu_layers < 48  # one layer's experts fewer on the host: a whole layer must leave
+    experts = sum(t.nbytes for n, t in tensors.items() if n.endswith("_exps.weight")
+                  and int(n.split(".")[1]) < p.cpu_expert_layers)
+    assert p.cpu_expert_bytes == experts and full.weights_bytes - p.weights_bytes == experts
+    head = p.summary().splitlines()[0]
+    assert head == (f"placement: 48/48 layers on GPU; experts of layers 0-{p.cpu_expert_layers - 1} on CPU "
+                    f"({experts / GiB:.2f} GiB): VRAM budget exhausted")
+    tight = plan_placement(tensors, cfg, 4096, H100_FREE, vram_budget=2.5 * GiB)  # all but the experts: 3.4 GiB
+    assert tight.cpu_expert_layers == 48 and 0 < tight.n_gpu_layers < 48
+    assert "experts of layers" in tight.summary().splitlines()[0]
+
+
+def test_cpu_moe_flags(qwen3moe):
+    tensors, cfg = qwen3moe
+    all_host = plan_placement(tensors, cfg, 4096, H100_FREE, cpu_moe=parse_cpu_moe(True, None))
+    assert all_host.cpu_expert_layers == 48 and all_host.n_gpu_layers == 48
+    assert all_host.summary().splitlines()[0].endswith("experts of layers 0-47 on CPU (16.35 GiB): --n-cpu-moe 48")
+    some = plan_placement(tensors, cfg, 4096, H100_FREE, cpu_moe=parse_cpu_moe(False, "24"))
+    assert some.cpu_expert_layers == 24 and "experts of layers 0-23 on CPU" in some.summary()
+    assert plan_placement(tensors, cfg, 4096, H100_FREE, cpu_moe=0).cpu_expert_layers == 0
+    assert parse_cpu_moe(False, None) == "auto"
+    for args, message in (((True, "3"), "give one"), ((False, "x"), "takes a number")):
+        with pytest.raises(GpuLayersError, match=message):
+            parse_cpu_moe(*args)
+    with pytest.raises(GpuLayersError, match="--n-cpu-moe must be 0..48"):
+        plan_placement(tensors, cfg, 4096, H100_FREE, cpu_moe=49)
+    llama, llama_cfg = llama3_8b_q4_k_m()  # no experts: the flag changes nothing
+    assert plan_placement(llama, llama_cfg, 4096, H100_FREE, cpu_moe="all") == plan_placement(llama, llama_cfg, 4096,
+                                                                                               H100_FREE)
+
+
+def test_status_bar_says_where_experts_are(qwen3moe):
+    from types import SimpleNamespace
+
+    from app.tui.status_bar import placement_text
+    tensors, cfg = qwen3moe
+    p = plan_placement(tensors, cfg, 4096, H100_FREE, cpu_moe=24)
+    assert placement_text(SimpleNamespace(placement=p)) == "GPU 48/48 layers · experts of 24 on CPU"

@@ -223,3 +223,16 @@ def test_block32_rows_agree_on_every_simd_path(name, monkeypatch):
         results[simd] = dot(w[0], xq, xd, xs16)
         assert ("llvm.x86.avx2.pmadd.ub.sw" in next(iter(dot.inspect_llvm().values()))) == (simd == "avx2")
     assert results["avx2"] == results[""]
+
+
+@pytest.mark.parametrize("names", [("Q4_K",) * 8, ("Q6_K", "Q8_0", "Q4_0", "Q4_K"), ("Q5_K", "Q4_K")])
+def test_matvecs_of_own_rows_match_one_by_one(names):
+    """Each matrix by its own row of x, in one parallel region (or one call each where a type has no int8
+    kernel): bit for bit what quantized_matmul gives that row alone."""
+    from kernels.cpu_quant import quantized_matvecs_own_rows
+    qtypes = [TYPES_BY_NAME[n] for n in names]
+    ws = [random_weight(n, 96, 512, seed=m) for m, n in enumerate(names)]
+    x = np.random.default_rng(len(names)).standard_normal((len(ws), 512)).astype(np.float32)
+    outs = quantized_matvecs_own_rows(ws, qtypes, x)
+    for m, (w, q) in enumerate(zip(ws, qtypes)):
+        assert np.array_equal(outs[m], quantized_matmul(w, q, x[m:m + 1])), names[m]
