@@ -15,12 +15,13 @@ SHAPES = {
     "qwen2": (2, 256, 512, 8, 2, 32),
     "qwen3": (2, 256, 512, 8, 2, 64),  # a head size that does not divide n_embd
     "qwen3moe": (2, 256, 128, 8, 2, 64),  # n_ff is each expert's width
+    "llama": (2, 256, 128, 8, 2, 32),  # with experts (Mixtral's kind): n_ff is each expert's width
     "gemma3": (6, 256, 512, 2, 1, 256),
 }
 # Layer matrices F16 for parity with llama.cpp: it rounds activations to 8 bits for quantized weights, and a
 # random network amplifies that noise far more than a trained one (top-1 agreement fell to 94% with Q8_0).
 F16_LAYERS = dict.fromkeys(["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"], T.F16)
-EXPERTS = (16, 4)  # qwen3moe: experts, used per token
+EXPERTS = (16, 4)  # qwen3moe's experts, used per token
 
 
 def spm_vocab(n_vocab: int = 1024) -> dict:
@@ -35,13 +36,15 @@ def spm_vocab(n_vocab: int = 1024) -> dict:
 
 
 def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAYERS, window: int = 16,
-                    experts=EXPERTS) -> None:
+                    experts=None) -> None:
     """A random {arch} model at path with Q8_0 embeddings, layer matrices of `types` (name -> quant type):
     qwen2 with qkv biases and its own output matrix, qwen3 with q/k norms, gemma3 with q/k and sandwich norms
     and a `window`-token sliding window; qwen3 and gemma3 tie the output to the embeddings. qwen3moe is qwen3
-    with `experts` = (count, used) in every layer, its expert matrices of the ffn_* types, its router F32
-    (as llama.cpp's quantizer leaves it). The vocabulary is vocab_from's (a GGUF file), else spm_vocab()'s."""
+    with experts = (count, used) in every layer (default EXPERTS), its expert matrices of the ffn_* types, its
+    router F32 (as llama.cpp's quantizer leaves it); llama takes experts too (Mixtral's kind: no expert width of
+    its own). The vocabulary is vocab_from's (a GGUF file), else spm_vocab()'s."""
     rng = np.random.default_rng(0)
+    experts = experts or (EXPERTS if arch == "qwen3moe" else None)
     src = open_gguf(vocab_from).metadata if vocab_from else spm_vocab()
     n_vocab = len(src["tokenizer.ggml.tokens"])
     L, d, ff, nh, nkv, hd = shapes or SHAPES[arch]
@@ -59,10 +62,11 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     w.add_rope_freq_base(1e6)
     if arch == "gemma3":
         w.add_sliding_window(window)
-    if arch == "qwen3moe":
+    if experts:
         w.add_expert_count(experts[0])
         w.add_expert_used_count(experts[1])
-        w.add_expert_feed_forward_length(ff)
+        if arch == "qwen3moe":
+            w.add_expert_feed_forward_length(ff)
     w.add_tokenizer_model(src["tokenizer.ggml.model"])
     if "tokenizer.ggml.pre" in src:
         w.add_tokenizer_pre(src["tokenizer.ggml.pre"])
@@ -96,16 +100,16 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
         if arch == "qwen2":
             for t, n in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
                 vec(p + f"attn_{t}.bias", n, 0.0, 0.5)
-        else:
+        elif arch != "llama":
             vec(p + "attn_q_norm.weight", hd)
             vec(p + "attn_k_norm.weight", hd)
         if arch == "gemma3":
             vec(p + "post_attention_norm.weight", d)
             vec(p + "post_ffw_norm.weight", d)
         vec(p + "ffn_norm.weight", d)
-        if arch == "qwen3moe":  # the router's logits spread by ~2: clear choices, few near-ties
+        if experts:  # the router's logits spread by ~2: clear choices, few near-ties
             mat(p + "ffn_gate_inp.weight", experts[0], d, 2 / np.sqrt(d), T.F32)
-        e, suffix = (experts[0], "_exps") if arch == "qwen3moe" else (0, "")
+        e, suffix = (experts[0], "_exps") if experts else (0, "")
         mat(p + f"ffn_gate{suffix}.weight", ff, d, 1 / np.sqrt(d), types["ffn_gate"], e)
         mat(p + f"ffn_up{suffix}.weight", ff, d, 1 / np.sqrt(d), types["ffn_up"], e)
         # an expert's output is weighted by ~1/used: twice the scale keeps the FFN's part of the residual

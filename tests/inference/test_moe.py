@@ -153,6 +153,23 @@ def test_qwen3moe_matches_llama_cpp(moe_engine, moe_oracle):
     _check_moe_parity(m)
 
 
+def test_llama_with_experts_matches_llama_cpp(tmp_path, smollm2):
+    """Mixtral's kind: the llama architecture with llama.expert_count, 8 experts of which 2 run a token, the
+    experts as wide as llama.feed_forward_length says; the same op as qwen3moe's."""
+    from inference import load
+    path = tmp_path / "llama-moe.gguf"
+    write_synthetic(path, "llama", vocab_from=smollm2, types=F32_LAYERS, experts=(8, 2))
+    engine = load(path, device="cpu", ctx=64)
+    assert (engine.config.arch, engine.config.n_expert, engine.config.n_expert_used, engine.config.n_ff_exp) == (
+        "llama", 8, 2, 128)
+    cases = oracle_logits(path)
+    ours = [engine.logits(ids) for ids, _ in cases]
+    assert np.corrcoef(ours[0][-1], ours[1][-1])[0, 1] < 0.5
+    m = parity(ours, [ref for _, ref in cases])
+    print("llama with experts", m)
+    _check_moe_parity(m)
+
+
 def test_parity_catches_routing_without_renormalized_weights(moe_engine, moe_oracle, monkeypatch):
     """A planted fault: the top-k probabilities used as they are, not divided by their sum (as qwen2moe does,
     but not qwen3moe). The comparison above must fail on it."""
