@@ -123,7 +123,9 @@ class EngineWorker:
         ids, thinks = prompt_ids(engine, r)
         job.send(Started(len(ids), thinks, load_seconds))
         max_tokens = r.max_tokens if r.max_tokens is not None else engine.n_ctx  # None: until the context is full
-        pieces = engine.generate(ids, max_tokens=max_tokens, stop=r.stop, **r.sampling)
+        # cancelled: a client that leaves during a long prompt frees the engine at the next prompt chunk
+        pieces = engine.generate(ids, max_tokens=max_tokens, stop=r.stop, cancelled=job.cancelled.is_set,
+                                 **r.sampling)
         try:
             for piece in pieces:
                 if job.cancelled.is_set():

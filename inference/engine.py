@@ -44,7 +44,7 @@ class GenerationStats:
     prompt_seconds: float
     generated_tokens: int
     generation_seconds: float
-    finish_reason: str  # "stop", "length" or "context full"
+    finish_reason: str  # "stop", "length", "context full" or "cancelled" (during the prompt)
     context_tokens: int  # tokens in the context after the reply: the prompt (all of it) and the reply
 
     @property
@@ -123,13 +123,13 @@ class Engine:
             raise PromptTooLongError(f"the prompt is {n} tokens but the context holds {self.n_ctx} "
                                      "(raise it with --ctx)")
 
-    def _prefill(self, ids: list[int], all_logits: bool):
+    def _prefill(self, ids: list[int], all_logits: bool, cancelled=None):
         """Process ids after the longest prefix already cached. all_logits: numpy [n_new, n_vocab] of every new
         token; else the last token's logits [1, n_vocab], left on the backend's device. If the prompt's buffers
         do not fit in VRAM next to the layers, layers move to the CPU (said) and the prompt starts over."""
         while True:
             try:
-                return self._prefill_chunks(ids, all_logits)
+                return self._prefill_chunks(ids, all_logits, cancelled)
             except Exception as e:
                 if self.device != "cuda" or not _out_of_vram(e):
                     raise
@@ -139,7 +139,7 @@ class Engine:
             self._place(self._with_gpu_layers(_fewer_layers(self.placement.n_gpu_layers, self._notify,
                                                             "processing the prompt")))
 
-    def _prefill_chunks(self, ids: list[int], all_logits: bool):
+    def _prefill_chunks(self, ids: list[int], all_logits: bool, cancelled=None):
         cached = _common_prefix(ids, self._cached)
         if not all_logits and cached == len(ids) and self._prompt_logits and self._prompt_logits[0] == ids:
             # the same prompt again (regenerate): its logits as they were, not its last token re-run alone,
@@ -151,6 +151,8 @@ class Engine:
         out = []
         size = min(be.prefill_chunk for be, _ in self._segments)  # the GPU alone takes longer chunks
         for start in range(keep, len(ids), size):
+            if cancelled is not None and cancelled():
+                return None  # the chunks so far stay cached: a later prompt that shares them goes on from there
             chunk = np.array(ids[start:start + size], np.int32)
             for be, _ in self._segments:
                 be.set_input(chunk, start)
@@ -202,8 +204,10 @@ class Engine:
 
     def generate(self, prompt, max_tokens: int = 512, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
-                 stop=(), chat_template: str | None = None, drop_old_turns: bool = False) -> Iterator:
-        """Yield the reply as text pieces, then one GenerationStats. Closing the generator stops it.
+                 stop=(), chat_template: str | None = None, drop_old_turns: bool = False, cancelled=None) -> Iterator:
+        """Yield the reply as text pieces, then one GenerationStats. Closing the generator stops it; cancelled()
+        returning True stops a long prompt between its chunks (finish_reason "cancelled", no text), where
+        nothing else could: the prompt runs before the first piece.
         drop_old_turns: messages that do not fit lose their oldest turns (never a system message or the last
         message) until the reply has room for max_tokens or half the context, whichever is less."""
         if drop_old_turns and isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
@@ -215,7 +219,11 @@ class Engine:
         eog = self.tokenizer.eog_ids
         t0 = time.perf_counter()
         n_reused = min(len(ids) - 1, _common_prefix(ids, self._cached))
-        logits = self._prefill(ids, all_logits=False)
+        logits = self._prefill(ids, all_logits=False, cancelled=cancelled)
+        if logits is None:
+            processed = max(0, _common_prefix(ids, self._cached) - n_reused)
+            yield GenerationStats(processed, time.perf_counter() - t0, 0, 0.0, "cancelled", len(self._cached))
+            return
         if self._decode:
             self._decode.wait()  # the GPU works asynchronously: count the prompt's time in its stats
         t1 = time.perf_counter()

@@ -231,6 +231,20 @@ def test_a_client_that_leaves_frees_the_engine_at_once(server, oai):
     assert server.metric("gguf_chat_requests_cancelled_total") == cancelled + 2
 
 
+def test_a_client_that_leaves_during_its_prompt_stops_it_between_chunks(server, oai):
+    """A prompt of two chunks (256 tokens each on the CPU) whose client gives up during the first: the engine
+    stops before the second, so the same prompt again finds at most the first chunk cached (without the stop,
+    all of it but its last token)."""
+    prompt = "Other: " + " ".join(f"item {i}," for i in range(90))  # ~450 tokens, no prefix cached
+    server.wait_idle()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1}, headers=AUTH, timeout=0.2)
+    server.wait_idle()
+    again = oai.completions.create(model=SMOL, prompt=prompt, max_tokens=1)
+    assert 300 < again.usage.prompt_tokens < 512
+    assert again.usage.prompt_tokens_details.cached_tokens <= 256, again.usage
+
+
 def test_a_full_queue_answers_503_and_the_server_recovers(server, http):
     running = post_raw(server, "/v1/completions", COUNTING | {"stream": True})
     while not server.metric("gguf_chat_busy"):

@@ -139,3 +139,26 @@ def test_old_turns_are_dropped_when_asked(smollm2):
     rendered = engine.tokenizer.decode(kept, special=True)
     assert "Answer in one word." in rendered and "And the grass?" in rendered and "number 0:" not in rendered
     assert rendered.split("<|im_start|>")[2].startswith("user")  # the first turn after the system prompt
+
+
+def test_a_long_prompt_stops_between_chunks_when_cancelled(smollm2_engine):
+    """cancelled() is asked before each prompt chunk (256 tokens on the CPU): True after the first ends the call
+    with finish_reason "cancelled" and no text; the chunk done stays cached, and the same prompt again goes on
+    from it to what a fresh run gives."""
+    engine = smollm2_engine
+    ids = engine.tokenizer.encode(" ".join(["The history of the city begins with a small fishing village."] * 35))[:400]
+    assert len(ids) > engine._segments[0][0].prefill_chunk  # two chunks, in a context of 512
+    engine._cached = []
+    asked = []
+
+    def after_one_chunk() -> bool:
+        asked.append(1)
+        return len(asked) > 1
+
+    pieces = list(engine.generate(ids, max_tokens=4, temperature=0, cancelled=after_one_chunk))
+    assert len(pieces) == 1 and pieces[0].finish_reason == "cancelled" and pieces[0].generated_tokens == 0
+    assert pieces[0].prompt_tokens == len(engine._cached) == engine._segments[0][0].prefill_chunk
+    text, stats = run(engine, ids, max_tokens=4, temperature=0)
+    assert stats.prompt_tokens == len(ids) - engine._segments[0][0].prefill_chunk  # went on from the cached chunk
+    engine._cached = []
+    assert run(engine, ids, max_tokens=4, temperature=0)[0] == text
