@@ -11,9 +11,24 @@ class NoPromptError(UserError):
     pass
 
 
+class MaxTokensError(UserError):
+    pass
+
+
+def max_tokens(n: int, n_ctx: int) -> int:
+    """-n as the engine takes it: a count of at least 1, or -1 for the rest of the context."""
+    if n == -1:
+        return n_ctx
+    if n < 1:
+        raise MaxTokensError(f"-n/--max-tokens takes a count of at least 1, or -1 for 'until the context is full'; "
+                             f"got {n}")
+    return n
+
+
 def add_sampling_args(p) -> None:
     """The sampling and context flags `run` and `chat` share."""
-    p.add_argument("-n", "--max-tokens", type=int, default=512, help="most tokens to generate (default 512)")
+    p.add_argument("-n", "--max-tokens", type=int, default=512,
+                   help="most tokens to generate (default 512; -1: until the context is full)")
     p.add_argument("--temperature", "--temp", type=float, default=0.8, help="0 for greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=40, help="0 to disable (default 40)")
     p.add_argument("--top-p", type=float, default=0.95, help="1 to disable (default 0.95)")
@@ -33,7 +48,10 @@ def register(sub) -> None:
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the reply contains TEXT (repeatable)")
     add_sampling_args(p)
     add_device_args(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object (text, stats) instead of streaming")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (text, thinking, stats) instead of streaming")
+    p.add_argument("--hide-thinking", action="store_true",
+                   help="leave out a reasoning model's <think>...</think> text (else it goes to stderr, dimmed)")
     p.add_argument("--verbose", action="store_true", help="print where the layers run, load time and speeds to stderr")
     p.set_defaults(func=run)
 
@@ -48,10 +66,12 @@ def read_prompt(args) -> str:
 
 def run(args) -> int:
     from app.progress import DownloadBar  # noqa: PLC0415
+    from app.think_split import ThinkSplitter  # noqa: PLC0415
     from inference import load  # noqa: PLC0415  (heavy: numba, the model)
     prompt = read_prompt(args)
     if args.raw and (args.system or args.chat_template):
         raise NoPromptError("--raw is plain completion: it takes no --system or --chat-template")
+    max_tokens(args.max_tokens, 1)  # a bad -n fails before the model loads
     t0 = time.perf_counter()
     engine = load(args.model, ctx=args.ctx, progress=DownloadBar(), **load_options(args))
     load_seconds = time.perf_counter() - t0
@@ -62,23 +82,32 @@ def run(args) -> int:
     else:
         request = ([{"role": "system", "content": args.system}] if args.system else []) + \
                   [{"role": "user", "content": prompt}]
-    pieces = engine.generate(request, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                             top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                             seed=args.seed, stop=tuple(args.stop), chat_template=args.chat_template)
-    text, stats = [], None
+    pieces = engine.generate(request, max_tokens=max_tokens(args.max_tokens, engine.n_ctx),
+                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                             repeat_penalty=args.repeat_penalty, seed=args.seed, stop=tuple(args.stop),
+                             chat_template=args.chat_template)
+    split = ThinkSplitter(prompt_opened=opens_thinking(engine, request, args.chat_template))
+    show = Shown(args)
+    text, thinking, stats = [], [], None
     try:
         for piece in pieces:
             if isinstance(piece, str):
-                text.append(piece)
-                if not args.json:
-                    sys.stdout.write(piece)
-                    sys.stdout.flush()
+                reasoning, answer = split.feed(piece)
+                thinking.append(reasoning)
+                text.append(answer)
+                show(reasoning, answer)
             else:
+                reasoning, answer = split.feed("", final=True)
+                thinking.append(reasoning)
+                text.append(answer)
+                show(reasoning, answer)
                 stats = piece
     except KeyboardInterrupt:
         pieces.close()  # Ctrl-C: what was generated stays printed, then a clean exit
+    show.end()
     if args.json:
-        out = {"text": "".join(text), "stats": stats.to_dict() if stats else {"finish_reason": "interrupted"}}
+        out = {"text": "".join(text), "thinking": "".join(thinking),
+               "stats": stats.to_dict() if stats else {"finish_reason": "interrupted"}}
         print(json.dumps(out, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
@@ -90,3 +119,40 @@ def run(args) -> int:
                   f"{stats.generated_tokens} tokens, {stats.generation_tok_s:.1f} tok/s | {stats.finish_reason}",
                   file=sys.stderr)
     return 0 if stats else 130
+
+
+def opens_thinking(engine, request, chat_template: str | None) -> bool:
+    """Whether the prompt leaves the reply inside <think> (the DeepSeek-R1 distills' templates end with it)."""
+    text = request if isinstance(request, str) else engine.prompt_text(request, chat_template)
+    return text.rstrip().endswith("<think>")
+
+
+class Shown:
+    """Where run's pieces go: the answer to stdout, the reasoning to stderr, dimmed where stderr is a terminal
+    (--hide-thinking: nowhere); --json: nothing until the end."""
+
+    def __init__(self, args):
+        self.quiet, self.hide = args.json, args.hide_thinking
+        self.dim = sys.stderr.isatty()
+        self.thinking = False  # inside a reasoning run on stderr
+
+    def __call__(self, reasoning: str, answer: str) -> None:
+        if self.quiet:
+            return
+        if reasoning and not self.hide:
+            if not self.thinking and self.dim:
+                sys.stderr.write("\x1b[2m")
+            self.thinking = True
+            sys.stderr.write(reasoning)
+            sys.stderr.flush()
+        if answer:
+            self.end()
+            sys.stdout.write(answer)
+            sys.stdout.flush()
+
+    def end(self) -> None:
+        """Close a reasoning run on stderr (its dim style, and a line break before the answer)."""
+        if self.thinking:
+            sys.stderr.write("\x1b[0m\n" if self.dim else "\n")
+            sys.stderr.flush()
+            self.thinking = False

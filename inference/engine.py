@@ -183,11 +183,15 @@ class Engine:
             return [int(t) for t in prompt]
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
+        return self.tokenizer.encode_prompt(self.prompt_text(prompt, chat_template))
+
+    def prompt_text(self, messages: list[dict], chat_template: str | None = None) -> str:
+        """Messages rendered with the model's chat template (or the built-in one named)."""
         template = load_chat_template(self._gguf.metadata, chat_template) if chat_template else self.chat_template
         if template is None:
             raise NoChatTemplateError("this model has no chat template: use plain completion (--raw) "
                                       "or name one with --chat-template")
-        return self.tokenizer.encode_prompt(template.render(prompt))
+        return template.render(messages)
 
     def _fit_messages(self, messages: list[dict], chat_template: str | None, room: int) -> list[int]:
         messages = list(messages)

@@ -83,3 +83,29 @@ def test_second_start_compiles_nothing(smollm2):
     log = second.stdout + second.stderr
     assert "[cache] data loaded from" in log and "[cache] data saved to" not in log
     assert elapsed < 15.0
+
+
+def test_thinking_goes_apart_from_the_answer(smollm2):
+    """A prompt that opens <think> (as the DeepSeek-R1 distills' templates do): what follows is reasoning until
+    </think>, which SmolLM2 never writes. It goes to --json's "thinking" and to stderr, not to stdout or "text";
+    --hide-thinking drops it."""
+    args = ("run", smollm2, "--raw", "-p", "Is 17 a prime number? <think>", "-n", "8", "--temperature", "0")
+    as_json = json.loads(gguf_chat(*args, "--json").stdout)
+    assert as_json["thinking"].strip() and as_json["text"] == ""
+    streamed = gguf_chat(*args)
+    assert streamed.returncode == 0 and streamed.stdout == "\n"
+    assert as_json["thinking"].strip() in streamed.stderr
+    hidden = gguf_chat(*args, "--hide-thinking")
+    assert hidden.stdout == "\n" and as_json["thinking"].strip() not in hidden.stderr
+    plain = json.loads(gguf_chat("run", smollm2, "--raw", "-p", "Monday, Tuesday,", "-n", "8", "--temperature", "0",
+                                 "--json").stdout)
+    assert plain["text"].strip() and plain["thinking"] == ""
+
+
+def test_max_tokens_below_one_is_an_error_but_minus_one(smollm2):
+    for n in ("-5", "0"):
+        assert_one_line_error(gguf_chat("run", smollm2, "-p", "hi", "-n", n), "-n/--max-tokens", n)
+    r = gguf_chat("run", smollm2, "--raw", "-p", "1, 2, 3,", "-n", "-1", "--ctx", "24", "--json", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    stats = json.loads(r.stdout)["stats"]
+    assert stats["finish_reason"] in ("context full", "stop"), stats  # not "length": -1 set no count
