@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Ours vs llama.cpp on the GPU machine, in one run, on the synthetic files of ../shared/bench/ANCHORS.md.
-# Carry .carry/ (llamacpp_peer.sh, llamacpp.tar.xz, synth_gguf.py: see llamacpp_peer.sh prepare); start the peer
+# Carry .carry/ (llamacpp_peer.sh, llamacpp.tar.xz: see llamacpp_peer.sh prepare); start the peer
 # build early in the lease (`setsid bash .carry/llamacpp_peer.sh build .carry &`), then:
 #   bash tests/device_bench.sh synth    # writes the files (a few minutes)
 #   bash tests/device_bench.sh run      # gguf-chat bench and llama-bench, results under $OUT
@@ -25,7 +25,7 @@ case ${1:-} in
 synth)
   for m in $models; do
     f=$files/${m/:/-}.gguf
-    [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset "${m%:*}" --ftype "${m#*:}"
+    [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset "${m%:*}" --ftype "${m#*:}"
   done ;;
 run)
   peer=$(peer_bench)
@@ -47,7 +47,7 @@ run)
 hybrid)
   peer=$(peer_bench)
   f=$files/llama3-8b-q4_k_m.gguf
-  [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m
+  [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m
   for ngl in ${NGL:-32 24 16}; do
     echo "== llama3-8b q4_k_m, $ngl of 32 layers on the GPU"
     for share in $([ $ngl = 32 ] && echo 0 || echo ${SHARES:-0 0.6}); do
@@ -61,7 +61,7 @@ hybrid)
 moe)  # issue 17: 128 experts, 8 a token; pp512, tg128, tg128 after 4096 tokens, ours then llama.cpp's
   peer=$(peer_bench)
   f=$files/qwen3moe-30b-a3b-q4_k_m.gguf
-  [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset qwen3moe-30b-a3b --ftype q4_k_m
+  [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset qwen3moe-30b-a3b --ftype q4_k_m
   python3 -m app.cli bench "$f" --device cuda -p 512 -n 128 -r ${REPS:-3} | tee -a "$OUT/moe_ours.md"
   python3 -m app.cli bench "$f" --device cuda -p 512 -n 128 -r ${REPS:-3} -d 4096 | tail -n 2 | tee -a "$OUT/moe_ours.md"
   if [ -x "$peer" ]; then
@@ -73,7 +73,7 @@ moe)  # issue 17: 128 experts, 8 a token; pp512, tg128, tg128 after 4096 tokens,
 moe_host)  # issue 17: experts in host memory (--cpu-moe, --n-cpu-moe 24) next to llama.cpp's -ot exps=CPU, -ncmoe 24
   peer=$(peer_bench)
   f=$files/qwen3moe-30b-a3b-q4_k_m.gguf
-  [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset qwen3moe-30b-a3b --ftype q4_k_m
+  [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset qwen3moe-30b-a3b --ftype q4_k_m
   for flags in "--cpu-moe" "--n-cpu-moe 24"; do
     python3 -m app.cli bench "$f" --device cuda $flags -p 512 -n 64 -r ${REPS:-3} | tail -n 2 | sed "s/gguf-chat cuda/gguf-chat cuda $flags/" \
       | tee -a "$OUT/moe_host_ours.md"
@@ -86,7 +86,7 @@ moe_host)  # issue 17: experts in host memory (--cpu-moe, --n-cpu-moe 24) next t
   fi ;;
 vram)  # issue 5: peak VRAM of llama3-8b q4_k_m at ctx 4096 (a full 1024-token chunk, then decoding) vs file + KV + 10%
   f=$files/llama3-8b-q4_k_m.gguf
-  [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m
+  [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m
   python3 - "$f" <<'PY' | tee -a "$OUT/vram.md"
 import os, sys, threading, time
 import cupy as cp

@@ -12,14 +12,14 @@ OUT=${OUT:-$tmp/device_session}
 site=$tmp/site  # gguf-py, installed from the carried wheel
 mkdir -p "$OUT" "$tmp/synth"
 [ -d "$site/gguf" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl
-export PYTHONPATH=$site:$PWD PYTHONUNBUFFERED=1 SYNTH_GGUF=$PWD/.carry/synth_gguf.py OUT
+export PYTHONPATH=$site:$PWD PYTHONUNBUFFERED=1 OUT
 case ${1:-} in
 tests)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   # the build takes every core for ~4.5 minutes: the tests meanwhile check results, not speed
   setsid bash .carry/llamacpp_peer.sh build .carry >"$OUT/peer_build.log" 2>&1 </dev/null &
   f=$tmp/synth/llama3-8b-q4_k_m.gguf  # where device_bench.sh looks for it
-  [ -e "$f" ] || python3 .carry/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m >/dev/null
+  [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m >/dev/null
   # each test's name and outcome go to the log as it ends, so a run stopped by the timeout still says which failed
   timeout "${TEST_SECONDS:-480}" python3 -m pytest -m gpu ${TEST_PATHS:-tests/inference tests/kernels} -v -rf \
     -p no:cacheprovider --durations=10 -k "${TESTS:-not smollm2 and (not gemma3 or synth_gemma3)}" 2>&1 \

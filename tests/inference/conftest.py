@@ -1,8 +1,9 @@
 """Engines shared by the engine tests (loading once per session keeps the files under a few minutes), and the
 synthetic models of the GPU tests.
 
-Synthetic llama files with real shapes (random weights) are written by shared/bench/synth_gguf.py (beside the
-checkout, or at $SYNTH_GGUF: the device machine has it in .carry/).
+Synthetic llama files with real shapes (random weights) are written by tests/synth_gguf.py (a copy of the
+team's bench writer, ../shared/bench/synth_gguf.py, so that a clone needs nothing beside it; $SYNTH_GGUF
+overrides it).
 """
 import os
 import subprocess
@@ -26,7 +27,7 @@ def gemma3_engine(gemma3):
     return load(gemma3, device="cpu", ctx=640)
 
 
-SYNTH_GGUF = os.environ.get("SYNTH_GGUF") or str(Path(__file__).parents[3] / "shared" / "bench" / "synth_gguf.py")
+SYNTH_GGUF = os.environ.get("SYNTH_GGUF") or str(Path(__file__).parents[1] / "synth_gguf.py")
 
 
 @pytest.fixture(scope="session")
