@@ -25,7 +25,7 @@ EXPERTS = (16, 4)  # qwen3moe's experts, used per token
 
 
 def spm_vocab(n_vocab: int = 1024) -> dict:
-    """The tokenizer metadata of a made-up SentencePiece vocabulary (as ../shared/bench/synth_gguf.py's): the
+    """The tokenizer metadata of a made-up SentencePiece vocabulary (as tests/synth_gguf.py's): the
     control tokens, the 256 byte tokens and n_vocab - 259 words, for a file that needs no other file."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     tokens += [f"\u2581t{i}" for i in range(n_vocab - len(tokens))]

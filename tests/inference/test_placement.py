@@ -359,7 +359,7 @@ def test_split_counts_and_the_status_bar_text(llama3):
 
 
 def qwen3moe_30b_q4_k_m() -> tuple[dict[str, TensorInfo], ModelConfig]:
-    """Qwen3-30B-A3B's tensors as ../shared/bench/synth_gguf.py writes its q4_k_m: 48 layers of 128 experts
+    """Qwen3-30B-A3B's tensors as tests/synth_gguf.py writes its q4_k_m: 48 layers of 128 experts
     [768 x 2048] (Q4_K gate and up, Q6_K down in the use_more_bits layers), an F32 router, Q4_K attention."""
     L, d, ff, n_exp, nh, nkv, hd, vocab = 48, 2048, 768, 128, 32, 4, 128, 151936
     t = [tensor("token_embd.weight", (d, vocab), "Q4_K"), tensor("output.weight", (d, vocab), "Q6_K"),
