@@ -242,15 +242,17 @@ def split(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int, k: int, 
     head = sum(_vram_bytes(tensors[name]) for name in ("token_embd.weight" if tied else "output.weight",
                                                        "output_norm.weight", "rope_freqs.weight") if name in tensors)
     embd = 0 if tied else _vram_bytes(tensors["token_embd.weight"])  # only when every layer is on the GPU
-    by_layer = [0] * n  # bytes of each GPU layer's experts that stay on the host
+    by_layer, stack = [0] * n, 0  # bytes of each GPU layer's experts that stay on the host; their largest stack
     for name, t in tensors.items():
         if name.endswith("_exps.weight") and n - k <= int(name.split(".")[1]) < cpu_experts:
             by_layer[int(name.split(".")[1])] += t.nbytes
+            stack = max(stack, t.nbytes)
     host_experts = sum(by_layer)
     weights = head + sum(layer_weight_bytes(tensors, n)[n - k:]) + (embd if k == n else 0) - host_experts
     largest = max(t.nbytes for name, t in tensors.items() if name.startswith("blk.") and len(t.shape) == 2)
-    # a prompt chunk uploads a host layer's experts (backend_cuda._upload_experts): as read, and repacked
-    scratch = scratch_bytes(tensors, cfg) + (share_ring_bytes(largest) if k < n else 0) + 2 * max(by_layer)
+    # a prompt chunk uploads a host layer's experts (backend_cuda._upload_experts), one stack repacked at a time:
+    # so a layer's experts on the host free VRAM only once more than one layer's are
+    scratch = scratch_bytes(tensors, cfg) + (share_ring_bytes(largest) if k < n else 0) + max(by_layer) + stack
     some_on_cpu = k < n or host_experts > 0
     return Placement(("cpu",) * (n - k) + ("gpu",) * k, "gpu", "gpu" if k == n else "cpu", weights,
                      k * kv_bytes_per_layer(cfg, n_ctx), scratch, reserve, budget, n_ctx,

@@ -62,6 +62,23 @@ def test_info_shows_the_experts(moe_f32, capsys):
     assert info["active_parameters"] < info["parameters"]
 
 
+def test_info_plan_puts_experts_on_the_host_first(moe_f32, capsys):
+    """info --plan on a machine without a GPU plans for the budget given: too small for every expert, the first
+    layers' experts go to the host while every layer stays on the GPU; --n-cpu-moe asks for some."""
+    import math
+
+    from inference.placement import MiB, plan_placement
+    model = open_gguf(moe_f32)
+    cfg = config_from_metadata(model.metadata)
+    need = plan_placement(model.tensors, cfg, 4096, 80 * 2**30, vram_budget=80 * 2**30, cpu_moe=2).total_bytes
+    budget = f"{math.ceil(need / MiB)}MiB"  # enough with all experts on the host, not with any on the GPU
+    assert main(["info", str(moe_f32), "--plan", "--ctx", "4096", "--vram-budget", budget]) == 0
+    plan = capsys.readouterr().out
+    assert "placement: 2/2 layers on GPU; experts of layers 0-1 on CPU" in plan, plan
+    assert main(["info", str(moe_f32), "--plan", "--ctx", "4096", "--vram-budget", "8", "--n-cpu-moe", "1"]) == 0
+    assert "2/2 layers on GPU; experts of layer 0 on CPU" in capsys.readouterr().out
+
+
 def _reference_route(logits, k):
     """Softmax gating written out per token: the k largest probabilities (lower id first on ties), renormalized."""
     ids, weights = [], []
