@@ -43,3 +43,10 @@ class ThinkSplitter:
             text = text.lstrip()
             self.trim = not text  # until some text came
         return text
+
+
+def split_thinking(text: str) -> tuple[str, str]:
+    """(reasoning, answer) of a whole reply: after an opening <think> (Qwen3) or, where the prompt opened it
+    (the R1 distills: the reply has only the closing tag), before </think>."""
+    opened = CLOSE in text and not text.lstrip().startswith(OPEN)
+    return ThinkSplitter(prompt_opened=opened).feed(text, final=True)

@@ -8,6 +8,7 @@ import time
 from dataclasses import asdict
 
 from app.store import Chat, Message, Sampling
+from app.think_split import split_thinking
 from app.tui.events import EngineNotice, ModelFailed, ModelLoaded, ModelProgress, ReplyFailed, ReplyFinished, ReplyPiece
 from models.errors import UserError
 
@@ -38,9 +39,14 @@ def load_model(model: str, ctx: int | None, post, options: dict | None = None) -
 
 
 def chat_history(chat: Chat, messages: list[Message]) -> list[dict]:
-    """What the model sees: the system prompt, then every message that has text."""
+    """What the model sees: the system prompt, then every message that has text; of a reasoning model's replies
+    the answer alone, as the templates of Qwen3 and the R1 distills expect (the reasoning stays in the store)."""
     history = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
-    return history + [{"role": m.role, "content": m.content} for m in messages if m.content]
+    for m in messages:
+        content = split_thinking(m.content)[1] if m.role == "assistant" else m.content
+        if content:
+            history.append({"role": m.role, "content": content})
+    return history
 
 
 def generate_reply(engine, history: list[dict], sampling: Sampling, stop: threading.Event, post,

@@ -12,6 +12,7 @@ MORE_KEYS = [
     ("Tab / Shift+Tab", "Move between sidebar, messages and the box"),
     ("c (on a message)", "Copy the message (OSC 52)"),
     ("k (on a message)", "Copy its last code block (OSC 52)"),
+    ("t (on a reply)", "Show or fold a reasoning model's thinking"),
 ]
 
 

@@ -1,12 +1,14 @@
-"""One message of a chat: who said it, the text as Markdown, and for a reply its speed and token counts."""
+"""One message of a chat: who said it, the text as Markdown, and for a reply its speed and token counts; a
+reasoning model's <think> text folded above its answer (t shows it)."""
 import re
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import Label, Markdown, Static
+from textual.widgets import Collapsible, Label, Markdown, Static
 
 from app.store import Message
+from app.think_split import ThinkSplitter, split_thinking
 
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
@@ -29,6 +31,10 @@ def stats_line(stats: dict | None, state: str) -> str:
     return " · ".join(parts)
 
 
+def thinking_title(reasoning: str) -> str:
+    return f"Thinking · {len(reasoning.split())} words (t)"
+
+
 def last_code_block(text: str) -> str | None:
     blocks = CODE_BLOCK.findall(text)
     return blocks[-1] if blocks else None
@@ -40,6 +46,7 @@ class MessageView(Vertical, can_focus=True):
     BINDINGS = [
         Binding("c", "copy", "Copy message"),
         Binding("k", "copy_code", "Copy code block"),
+        Binding("t", "toggle_thinking", "Show thinking"),
     ]
 
     def __init__(self, message: Message, author: str):
@@ -47,35 +54,72 @@ class MessageView(Vertical, can_focus=True):
         self.message = message
         self.author = author
         self._stream = None
+        self._split = None  # ThinkSplitter of a streaming reply
+        self.reasoning, self.answer = split_thinking(message.content) if message.role == "assistant" else (
+            "", message.content)
 
     def compose(self) -> ComposeResult:
         yield Label(self.author, classes="author")
-        yield Markdown(self.message.content)
+        with Collapsible(title=thinking_title(self.reasoning), collapsed=True,
+                         classes="thinking" if self.reasoning else "thinking -empty"):
+            yield Static(self.reasoning, classes="reasoning")
+        yield Markdown(self.answer)
         line = stats_line(self.message.stats, self.message.state)
         yield Static(line, classes="stats" if line else "stats -empty")
 
     async def append(self, text: str) -> None:
-        """Stream text onto the end of the Markdown without re-rendering what is there."""
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.query_one(Markdown))
+        """Stream text onto the end of the reply: reasoning into the folded part, the answer onto the end of the
+        Markdown without re-rendering what is there."""
         self.message.content += text
-        await self._stream.write(text)
+        if self._split is None:
+            self._split = ThinkSplitter()
+        await self._show(*self._split.feed(text))
+
+    async def _show(self, reasoning: str, answer: str) -> None:
+        if reasoning:
+            self.reasoning += reasoning
+            self.query_one(".reasoning", Static).update(self.reasoning)
+            folded = self.query_one(Collapsible)
+            folded.title = thinking_title(self.reasoning)
+            folded.remove_class("-empty")
+        if answer:
+            if self._stream is None:
+                self._stream = Markdown.get_stream(self.query_one(Markdown))
+            self.answer += answer
+            await self._stream.write(answer)
 
     async def finish(self, message: Message) -> None:
+        if self._split is not None:
+            await self._show(*self._split.feed("", final=True))
+            self._split = None
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
         self.message = message
+        reasoning, answer = split_thinking(message.content)
+        if (reasoning, answer) != (self.reasoning, self.answer):  # the prompt had opened <think> (R1 distills)
+            self.reasoning, self.answer = reasoning, answer
+            self.query_one(".reasoning", Static).update(reasoning)
+            self.query_one(Collapsible).title = thinking_title(reasoning)
+            self.query_one(Collapsible).set_class(not reasoning, "-empty")
+            await self.query_one(Markdown).update(answer)
         line = stats_line(message.stats, message.state)
         self.query_one(".stats", Static).update(line)
         self.query_one(".stats", Static).set_class(not line, "-empty")
 
+    def action_toggle_thinking(self) -> None:
+        if not self.reasoning:
+            self.notify("This message has no thinking", severity="warning")
+            return
+        folded = self.query_one(Collapsible)
+        folded.collapsed = not folded.collapsed
+
     def action_copy(self) -> None:
-        self.app.copy_to_clipboard(self.message.content)
+        self.app.copy_to_clipboard(self.answer)
         self.notify("Message copied to the clipboard")
 
     def action_copy_code(self) -> None:
-        code = last_code_block(self.message.content)
+        code = last_code_block(self.answer)
         if code is None:
             self.notify("This message has no code block", severity="warning")
             return

@@ -48,3 +48,11 @@ def test_cut_off_reasoning_stays_reasoning_and_leading_space_is_kept_without_tag
     assert split(["<think>still thinking when the tokens ran o"]) == ("still thinking when the tokens ran o", "")
     assert split(["  ", "Hi"]) == ("", "  Hi")
     assert split(["<"]) == ("", "<")
+
+
+def test_a_whole_reply_split():
+    from app.think_split import split_thinking
+    assert split_thinking("<think>\nLet me see.\n</think>\n\nFour.") == ("Let me see.\n", "Four.")
+    assert split_thinking("Let me see.</think>\n\nFour.") == ("Let me see.", "Four.")  # the prompt opened it (R1)
+    assert split_thinking("Four.") == ("", "Four.")
+    assert split_thinking("<think>cut off mid-thought") == ("cut off mid-thought", "")

@@ -386,3 +386,47 @@ def test_switching_chats_mid_reply_stops_it_in_its_own_chat(store, smollm2):
     assert (title, shown) == ("Other", ["Earlier question"])
     assert asked.content == "Write a long story about a dragon."
     assert reply.state == "stopped" and len(reply.content) > 10
+
+
+def test_thinking_streams_into_its_fold_and_stays_out_of_the_next_turn(tmp_path):
+    """A reply that thinks first: the reasoning goes into a folded part above the answer as it streams (t
+    unfolds it), the store keeps the whole reply, and the next turn's history has the answer alone."""
+    from textual.app import App
+    from textual.widgets import Collapsible, Markdown, Static
+
+    from app.store import Chat, Message
+    from app.tui.engine_work import chat_history
+
+    reply = Message(id=2, chat_id=1, role="assistant", content="", state="streaming", stats=None)
+
+    class One(App):
+        def compose(self):
+            yield MessageView(reply, "Qwen3")
+
+    async def run():
+        app = One()
+        async with app.run_test() as pilot:
+            view = app.query_one(MessageView)
+            fold = view.query_one(Collapsible)
+            assert not fold.display or "-empty" in fold.classes  # nothing to fold yet
+            for piece in ["<thi", "nk>\nSeventeen has no divisors", " but 1 and itself.</th", "ink>\n\n", "Yes, 17 ",
+                          "is prime."]:
+                await view.append(piece)
+                await pilot.pause()
+            await view.finish(Message(**{**reply.__dict__, "content": view.message.content, "state": "done"}))
+            await pilot.pause()
+            assert view.reasoning == "Seventeen has no divisors but 1 and itself."
+            assert view.query_one(Markdown).source == "Yes, 17 is prime."
+            assert fold.collapsed and "-empty" not in fold.classes and fold.title.startswith("Thinking · 8 words")
+            view.focus()
+            await pilot.press("t")
+            assert not fold.collapsed
+            assert "Seventeen" in str(view.query_one(".reasoning", Static).render())
+            return view.message.content
+
+    stored = asyncio.run(run())
+    assert stored.startswith("<think>") and stored.endswith("is prime.")
+    chat = Chat(id=1, title="t", model="m", system_prompt="", sampling=Sampling())
+    history = chat_history(chat, [Message(1, 1, "user", "Is 17 prime?", "done", None),
+                                  Message(2, 1, "assistant", stored, "done", None)])
+    assert history == [{"role": "user", "content": "Is 17 prime?"}, {"role": "assistant", "content": "Yes, 17 is prime."}]

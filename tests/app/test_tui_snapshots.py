@@ -131,3 +131,13 @@ def test_settings_screen(snap_compare, request, store, smollm2):
         await steady(pilot)
 
     assert_snapshot(snap_compare, request, filled_app(store, smollm2), run_before)
+
+
+def test_thinking_folded(snap_compare, request, store, smollm2):
+    """A reasoning model's reply: its thinking folded to one line above the answer."""
+    chat = store.create_chat("Is 17 prime?", str(smollm2))
+    store.add_message(chat.id, "user", "Is 17 prime?")
+    store.add_message(chat.id, "assistant", "<think>\nSeventeen is divisible only by 1 and by itself, so it is "
+                      "prime.\n</think>\n\nYes: **17 is prime**.", stats=STATS)
+    app = ChatApp(store, str(smollm2), Sampling(temperature=0.0, max_tokens=16), ctx=512)
+    assert_snapshot(snap_compare, request, app, settle)
