@@ -25,7 +25,10 @@ def run(args) -> int:
     from app.tui.app import ChatApp
     from app.tui.model_picker import default_model
 
+    from app.cmd_run import MaxTokensError
     options = load_options(args)  # bad flags fail here, before the UI starts
+    if args.max_tokens < 1:
+        raise MaxTokensError(f"--max-tokens takes a count of at least 1, got {args.max_tokens}")
     model = args.model or default_model()
     if Path(model).is_file():
         model = str(Path(model).resolve())  # chats remember it: make it independent of the current folder

@@ -21,6 +21,15 @@ FIELDS = {
     "seed": ("Seed (empty = random)", int),
 }
 assert set(FIELDS) == {f.name for f in fields(Sampling)}
+# name -> (the values it takes, said as in an error); what the sampler would refuse or ignore
+RANGES = {
+    "temperature": (lambda v: v >= 0, "0 or more"),
+    "top_k": (lambda v: v >= 0, "0 (off) or more"),
+    "top_p": (lambda v: 0 < v <= 1, "above 0, at most 1"),
+    "min_p": (lambda v: 0 <= v <= 1, "0 to 1"),
+    "repeat_penalty": (lambda v: v > 0, "above 0"),
+    "max_tokens": (lambda v: v >= 1, "1 or more"),
+}
 
 
 class SettingsScreen(ModalScreen[Chat | None]):
@@ -57,6 +66,10 @@ class SettingsScreen(ModalScreen[Chat | None]):
                 values[name] = parse(text)
             except ValueError:
                 self.notify(f"{label}: “{text}” is not a number", severity="error")
+                return
+            ok, allowed = RANGES.get(name, (lambda v: True, ""))
+            if not ok(values[name]):
+                self.notify(f"{label}: takes {allowed}, not {text}", severity="error")
                 return
         system_prompt = self.query_one("#system_prompt", TextArea).text
         self.dismiss(replace(self.chat, system_prompt=system_prompt, sampling=Sampling(**values)))

@@ -105,6 +105,7 @@ def test_thinking_goes_apart_from_the_answer(smollm2):
 def test_max_tokens_below_one_is_an_error_but_minus_one(smollm2):
     for n in ("-5", "0"):
         assert_one_line_error(gguf_chat("run", smollm2, "-p", "hi", "-n", n), "-n/--max-tokens", n)
+    assert_one_line_error(gguf_chat("chat", smollm2, "--max-tokens", "-5"), "--max-tokens", "-5")  # before the UI
     r = gguf_chat("run", smollm2, "--raw", "-p", "1, 2, 3,", "-n", "-1", "--ctx", "24", "--json", "--temperature", "0")
     assert r.returncode == 0, r.stderr
     stats = json.loads(r.stdout)["stats"]

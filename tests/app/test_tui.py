@@ -331,6 +331,29 @@ def test_copy_rename_delete_and_settings(store, smollm2):
     assert [c.title for c in left] == ["New chat"] and shown == []  # the last chat gone, a new one opened
 
 
+def test_settings_out_of_range_are_refused(store, smollm2):
+    """Max tokens below 1 (or a top-p of 0) is a message on the settings screen, which stays open unsaved."""
+    chat = store.create_chat("Chat", str(smollm2))
+
+    async def run():
+        app = make_app(store, smollm2)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("ctrl+s")
+            out = []
+            for name, value in (("max_tokens", "-5"), ("top_p", "0")):
+                app.screen.query_one(f"#{name}").value = value
+                await pilot.press("ctrl+s")
+                await pilot.pause()
+                out.append((type(app.screen).__name__, notes(app)[-1]))
+                app.screen.query_one(f"#{name}").value = "1"
+            return out
+
+    (screen, note), (_, top_p) = asyncio.run(run())
+    assert screen == "SettingsScreen" and note == "Max tokens per reply: takes 1 or more, not -5"
+    assert top_p == "Top-p: takes above 0, at most 1, not 0"
+    assert store.get_chat(chat.id).sampling == Sampling()
+
+
 def test_command_palette_runs_chat_actions(store, smollm2):
     chat = store.create_chat("Old", str(smollm2))
     store.add_message(chat.id, "user", "Hello")
