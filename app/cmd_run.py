@@ -67,6 +67,7 @@ def read_prompt(args) -> str:
 def run(args) -> int:
     from app.progress import DownloadBar  # noqa: PLC0415
     from app.think_split import ThinkSplitter  # noqa: PLC0415
+    from app.warm_up import warm_up  # noqa: PLC0415
     from inference import load  # noqa: PLC0415  (heavy: numba, the model)
     prompt = read_prompt(args)
     if args.raw and (args.system or args.chat_template):
@@ -77,6 +78,7 @@ def run(args) -> int:
     load_seconds = time.perf_counter() - t0
     if args.verbose:
         print(engine.summary(), file=sys.stderr)
+    warm_seconds = warm_up(engine, lambda text: print(text, file=sys.stderr, flush=True))
     if args.raw:
         request = prompt
     else:
@@ -113,7 +115,7 @@ def run(args) -> int:
         sys.stdout.write("\n")
         sys.stdout.flush()
     if args.verbose:
-        print(f"load: {load_seconds:.2f} s", file=sys.stderr)
+        print(f"load: {load_seconds:.2f} s, kernels ready: {warm_seconds:.2f} s", file=sys.stderr)
         if stats:
             print(f"prompt: {stats.prompt_tokens} tokens, {stats.prompt_tok_s:.1f} tok/s | generation: "
                   f"{stats.generated_tokens} tokens, {stats.generation_tok_s:.1f} tok/s | {stats.finish_reason}",

@@ -59,6 +59,7 @@ def run(args) -> int:
 
     from app.progress import DownloadBar  # noqa: PLC0415
     from app.server_worker import EngineWorker  # noqa: PLC0415
+    from app.warm_up import warm_up  # noqa: PLC0415
     from inference import load  # noqa: PLC0415  (heavy: numba, the model)
     if args.max_queue < 1:
         raise ServeError(f"--max-queue must be at least 1 (got {args.max_queue})")
@@ -69,6 +70,7 @@ def run(args) -> int:
     host, port = sock.getsockname()[:2]
     options = load_options(args)
     engine = load(args.model, ctx=args.ctx, progress=DownloadBar(), **options)
+    warm_up(engine, lambda text: print(text, file=sys.stderr, flush=True))  # the first request at full speed
     worker = EngineWorker(engine, args.model, load, options, args.ctx, args.max_queue)
     print(f"gguf-chat serve: {engine.path.name} ({engine.device}, context {engine.n_ctx}) on http://{host}:{port}"
           f"  OpenAI: http://{host}:{port}/v1  Ollama: http://{host}:{port}" + ("  (API key required)" if args.api_key

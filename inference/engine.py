@@ -97,6 +97,15 @@ class Engine:
         first = self._segments[0][0]
         self.gpu_share = first.share if isinstance(first, CPUBackend) else None  # a GpuShare or None
 
+    def warm_up(self) -> None:
+        """Run a short prompt and a few decode steps once and forget them, so that the kernels a reply needs are
+        compiled (numba's on a first start: ~30 s on 2 cores; CUDA's and the decode graph on a GPU) before a
+        reply is timed or waited for."""
+        ids = self.tokenizer.encode("Hello, world. Hello again, world.")  # more tokens than the one-token path
+        for _ in self.generate(ids, max_tokens=3, temperature=0):
+            pass
+        self._cached, self._prompt_logits = [], None
+
     def summary(self) -> str:
         """Where the model runs (run --verbose): the placement, and the GPU's share of the CPU layers if any."""
         return self.placement.summary() + (f"\n  {self.gpu_share.describe()}" if self.gpu_share else "")

@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 from app.store import Chat, Message, Sampling
 from app.think_split import split_thinking
+from app.warm_up import warm_up
 from app.tui.events import EngineNotice, ModelFailed, ModelLoaded, ModelProgress, ReplyFailed, ReplyFinished, ReplyPiece
 from models.errors import UserError
 
@@ -32,6 +33,7 @@ def load_model(model: str, ctx: int | None, post, options: dict | None = None) -
     try:
         engine = load(model, ctx=ctx, progress=progress, notify=lambda text: post(EngineNotice(text)),
                       **(options or {}))
+        warm_up(engine, lambda text: post(EngineNotice(text)))  # the first reply at full speed
     except Exception as e:  # noqa: BLE001 - any failure is shown, never a crash
         post(ModelFailed(model, error_text(e)))
         return

@@ -162,3 +162,13 @@ def test_a_long_prompt_stops_between_chunks_when_cancelled(smollm2_engine):
     assert stats.prompt_tokens == len(ids) - engine._segments[0][0].prefill_chunk  # went on from the cached chunk
     engine._cached = []
     assert run(engine, ids, max_tokens=4, temperature=0)[0] == text
+
+
+def test_the_engine_warm_up_leaves_no_trace(smollm2_engine):
+    """After it, the cache is empty and a reply is what it is without it."""
+    engine = smollm2_engine
+    engine._cached = []
+    before = run(engine, "The capital of France is", max_tokens=8, temperature=0)[0]
+    engine.warm_up()
+    assert engine._cached == [] and engine._prompt_logits is None
+    assert run(engine, "The capital of France is", max_tokens=8, temperature=0)[0] == before
