@@ -17,7 +17,7 @@ from inference.placement import EXPERT_TILE_BYTES, GROUPED_MAX_PADDING, PREFILL_
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.weights import ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
 from kernels import cpu_ops, cuda_moe, cuda_ops, cuda_prefill
-from kernels.cuda_quant import DeviceWeight, Q8Vector, matvec, quantize_q8_1, to_device
+from kernels.cuda_quant import FLOAT_TYPES, DeviceWeight, Q8Vector, matvec, quantize_q8_1, to_device
 from models.config import ModelConfig
 
 ALIGN = 256  # bytes: arena arrays start where CUDA allocations would (16-byte loads, coalescing)
@@ -306,7 +306,9 @@ class CUDABackend:
             cuda_moe.route(self._router_logits(router, h), ids, weights, stream=self.stream)
         if id(experts.gate) in self._dev:
             gate, up, down = (self._dev[id(m)] for m in (experts.gate, experts.up, experts.down))
-        elif n >= OFFLOAD_MIN_TOKENS:  # this layer's experts stay on the host: up for this chunk
+        elif n >= OFFLOAD_MIN_TOKENS and not any(m.qtype.name in FLOAT_TYPES for m in (experts.gate, experts.up,
+                                                                                      experts.down)):
+            # this layer's experts stay on the host: up for this chunk (float experts have no GPU kernels)
             gate, up, down = self._upload_experts(experts)
         else:
             return self._add_moe_on_host(x, experts, h, ids, weights)

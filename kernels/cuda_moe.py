@@ -15,7 +15,7 @@ from kernels.cuda_layout import ELEMS_PER_ITEM
 from kernels.cuda_module import kernel
 from kernels.cuda_ops import GLU_ACTIVATIONS
 from kernels.cuda_quant import FLOAT_TYPES, THREADS, DeviceWeight, Q8Vector, default_threads_per_row, to_device
-from models.ggml_types import GGMLType
+from models.ggml_types import GGMLType, UnsupportedTypeError
 
 MAX_USED = 32  # moe_route keeps one choice a lane of a warp
 
@@ -44,7 +44,8 @@ class DeviceExperts:
 def experts_to_device(raw: np.ndarray, qtype: GGMLType) -> DeviceExperts:
     """raw uint8 [n_expert, n_rows, row_bytes] (a stacked tensor's bytes from the file) -> VRAM."""
     if qtype.name in FLOAT_TYPES:
-        raise ValueError(f"no CUDA expert kernels for {qtype.name} experts")
+        raise UnsupportedTypeError(f"the GPU has no kernels for {qtype.name} experts yet: keep them on the CPU "
+                                   "with --cpu-moe, or run with --device cpu")
     return DeviceExperts(to_device(raw.reshape(-1, raw.shape[2]), qtype), raw.shape[0])
 
 
