@@ -15,27 +15,11 @@ class MaxTokensError(UserError):
     pass
 
 
-def max_tokens(n: int, n_ctx: int) -> int:
-    """-n as the engine takes it: a count of at least 1, or -1 for the rest of the context."""
-    if n == -1:
-        return n_ctx
-    if n < 1:
+def check_max_tokens(n: int) -> None:
+    """-n takes a count of at least 1, or -1 for the rest of the context (see run)."""
+    if n < 1 and n != -1:
         raise MaxTokensError(f"-n/--max-tokens takes a count of at least 1, or -1 for 'until the context is full'; "
                              f"got {n}")
-    return n
-
-
-def add_sampling_args(p) -> None:
-    """The sampling and context flags `run` and `chat` share."""
-    p.add_argument("-n", "--max-tokens", type=int, default=512,
-                   help="most tokens to generate (default 512; -1: until the context is full)")
-    p.add_argument("--temperature", "--temp", type=float, default=0.8, help="0 for greedy (default 0.8)")
-    p.add_argument("--top-k", type=int, default=40, help="0 to disable (default 40)")
-    p.add_argument("--top-p", type=float, default=0.95, help="1 to disable (default 0.95)")
-    p.add_argument("--min-p", type=float, default=0.05, help="0 to disable (default 0.05)")
-    p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 to disable (default 1.0)")
-    p.add_argument("--seed", type=int, default=None, help="makes sampling repeatable")
-    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's, capped to memory)")
 
 
 def register(sub) -> None:
@@ -72,7 +56,7 @@ def run(args) -> int:
     prompt = read_prompt(args)
     if args.raw and (args.system or args.chat_template):
         raise NoPromptError("--raw is plain completion: it takes no --system or --chat-template")
-    max_tokens(args.max_tokens, 1)  # a bad -n fails before the model loads
+    check_max_tokens(args.max_tokens)  # before the model loads
     t0 = time.perf_counter()
     engine = load(args.model, ctx=args.ctx, progress=DownloadBar(), **load_options(args))
     load_seconds = time.perf_counter() - t0
@@ -84,28 +68,28 @@ def run(args) -> int:
     else:
         request = ([{"role": "system", "content": args.system}] if args.system else []) + \
                   [{"role": "user", "content": prompt}]
-    pieces = engine.generate(request, max_tokens=max_tokens(args.max_tokens, engine.n_ctx),
+    pieces = engine.generate(request, max_tokens=engine.n_ctx if args.max_tokens == -1 else args.max_tokens,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                              repeat_penalty=args.repeat_penalty, seed=args.seed, stop=tuple(args.stop),
                              chat_template=args.chat_template)
     split = ThinkSplitter(prompt_opened=opens_thinking(engine, request, args.chat_template))
     show = Shown(args)
     text, thinking, stats = [], [], None
+
+    def emit(reasoning: str, answer: str) -> None:
+        thinking.append(reasoning)
+        text.append(answer)
+        show(reasoning, answer)
+
     try:
         for piece in pieces:
             if isinstance(piece, str):
-                reasoning, answer = split.feed(piece)
-                thinking.append(reasoning)
-                text.append(answer)
-                show(reasoning, answer)
+                emit(*split.feed(piece))
             else:
-                reasoning, answer = split.feed("", final=True)
-                thinking.append(reasoning)
-                text.append(answer)
-                show(reasoning, answer)
                 stats = piece
     except KeyboardInterrupt:
         pieces.close()  # Ctrl-C: what was generated stays printed, then a clean exit
+    emit(*split.feed("", final=True))  # what the splitter held back for a tag that never came
     show.end()
     if args.json:
         out = {"text": "".join(text), "thinking": "".join(thinking),

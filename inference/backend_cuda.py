@@ -171,8 +171,7 @@ class CUDABackend:
     def staged(self) -> cp.ndarray:
         """The staged hidden state [1, n_embd] on the GPU: an asynchronous copy from pinned memory, which a
         CUDA graph captures as a node, so every replay copies what stage() wrote last."""
-        cp.cuda.runtime.memcpyAsync(self._hidden.data.ptr, self._hidden_host.ctypes.data, self._hidden.nbytes,
-                                    cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
+        _copy(self._hidden, self._hidden_host, self._hidden.nbytes, cp.cuda.runtime.memcpyHostToDevice, self.stream)
         return self._hidden
 
     # ---- the op set of forward() ----

@@ -14,6 +14,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def main() -> None:
         from models.packaged import smollm2_path  # noqa: PLC0415
         args.model = str(smollm2_path())
     from inference import load  # noqa: PLC0415
-    server, url = start_server(args.model, args.device, Path("/tmp/bench_serve.log"))
+    server, url = start_server(args.model, args.device, Path(tempfile.mkdtemp()) / "serve.log")
     try:
         local = load(args.model, device=args.device, ctx=2048)
         in_process(local, 16)  # warm-ups, not counted: the first reply of a process runs slower
