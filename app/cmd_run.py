@@ -22,6 +22,19 @@ def check_max_tokens(n: int) -> None:
                              f"got {n}")
 
 
+def add_sampling_args(p) -> None:
+    """The sampling and context flags `run` and `chat` share."""
+    p.add_argument("-n", "--max-tokens", type=int, default=512,
+                   help="most tokens to generate (default 512; -1: until the context is full)")
+    p.add_argument("--temperature", "--temp", type=float, default=0.8, help="0 for greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="0 to disable (default 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="1 to disable (default 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05, help="0 to disable (default 0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 to disable (default 1.0)")
+    p.add_argument("--seed", type=int, default=None, help="makes sampling repeatable")
+    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's, capped to memory)")
+
+
 def register(sub) -> None:
     p = sub.add_parser("run", help="answer one prompt, streaming the reply to stdout")
     p.add_argument("model", nargs="?", help="a .gguf path, owner/repo[:QUANT] or a pulled name (default: the configured default model)")
