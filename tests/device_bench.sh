@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Ours vs llama.cpp on the GPU machine, in one run, on the synthetic files of ../shared/bench/ANCHORS.md.
-# Carry .carry/ (llamacpp_peer.sh, llamacpp.tar.xz: see llamacpp_peer.sh prepare); start the peer
-# build early in the lease (`setsid bash .carry/llamacpp_peer.sh build .carry &`), then:
+# Ours vs llama.cpp on the GPU machine, in one run, on tests/synth_gguf.py's files (BENCHMARKS.md has the results).
+# Carry .carry/ (llamacpp.tar.xz: `bash tests/llamacpp_peer.sh prepare .carry`); start the peer
+# build early in the lease (`setsid bash tests/llamacpp_peer.sh build .carry &`), then:
 #   bash tests/device_bench.sh synth    # writes the files (a few minutes)
 #   bash tests/device_bench.sh run      # gguf-chat bench and llama-bench, results under $OUT
 #   bash tests/device_bench.sh hybrid   # llama3-8b q4_k_m with 32, 24 and 16 of its 32 layers on the GPU, the
@@ -17,7 +17,7 @@ OUT=${OUT:-$tmp/device_bench}
 files=$tmp/synth
 # llama.cpp's llama-bench: the path the peer script prints as its build's last line (it waits for a build under
 # way, or starts one); LLAMA_BENCH overrides it
-peer_bench() { echo "${LLAMA_BENCH:-$(bash .carry/llamacpp_peer.sh build .carry | tail -n 1)}"; }
+peer_bench() { echo "${LLAMA_BENCH:-$(bash tests/llamacpp_peer.sh build .carry | tail -n 1)}"; }
 mkdir -p "$OUT" $files
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 models="llama-1b:q4_k_m llama3-8b:q4_k_m llama3-8b:q8_0"

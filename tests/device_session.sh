@@ -17,7 +17,7 @@ case ${1:-} in
 tests)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   # the build takes every core for ~4.5 minutes: the tests meanwhile check results, not speed
-  setsid bash .carry/llamacpp_peer.sh build .carry >"$OUT/peer_build.log" 2>&1 </dev/null &
+  setsid bash tests/llamacpp_peer.sh build .carry >"$OUT/peer_build.log" 2>&1 </dev/null &
   f=$tmp/synth/llama3-8b-q4_k_m.gguf  # where device_bench.sh looks for it
   [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m >/dev/null
   # each test's name and outcome go to the log as it ends, so a run stopped by the timeout still says which failed

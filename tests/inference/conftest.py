@@ -1,8 +1,8 @@
 """Engines shared by the engine tests (loading once per session keeps the files under a few minutes), and the
 synthetic models of the GPU tests.
 
-Synthetic llama files with real shapes (random weights) are written by tests/synth_gguf.py (a copy of the
-team's bench writer, ../shared/bench/synth_gguf.py, so that a clone needs nothing beside it; $SYNTH_GGUF
+Synthetic llama files with real shapes (random weights) are written by tests/synth_gguf.py (the team's bench
+writer, carried in the repository so that a clone needs nothing beside it; $SYNTH_GGUF
 overrides it).
 """
 import os
