@@ -201,34 +201,33 @@ def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int,
         return replace(all_on_cpu(n, n_ctx, "--gpu-layers 0"), budget_bytes=budget)
     experts = 0 if not cfg.n_expert else cpu_moe if cpu_moe != "auto" else None  # None: to choose
 
-    def need(k: int, experts_on_cpu: int | None = None) -> int:
-        return split(tensors, cfg, n_ctx, k, budget, reserve, "",
-                     experts if experts_on_cpu is None else experts_on_cpu).total_bytes
+    def need(k: int, experts_on_cpu: int) -> int:
+        return split(tensors, cfg, n_ctx, k, budget, reserve, "", experts_on_cpu).total_bytes
 
     if experts is None:  # the experts of as few first layers as make the layers wanted fit
         want = n if gpu_layers == "auto" else gpu_layers
         experts = next((e for e in range(n + 1) if need(want, e) <= budget), n)
-        if need(want) <= budget:
+        if need(want, experts) <= budget:
             return split(tensors, cfg, n_ctx, want, budget, reserve, "VRAM budget exhausted" if experts else
                          f"--gpu-layers {gpu_layers}", experts)
     reason_experts = f"--n-cpu-moe {cpu_moe}" if experts and cpu_moe != "auto" else ""
-    if gpu_layers == "auto" and need(n) <= budget:
+    if gpu_layers == "auto" and need(n, experts) <= budget:
         return split(tensors, cfg, n_ctx, n, budget, reserve, reason_experts, experts)
 
-    if need(1) > budget:
+    if need(1, experts) > budget:
         one = split(tensors, cfg, n_ctx, 1, budget, reserve, "", experts)
         head = one.weights_bytes - (layer_weight_bytes(tensors, n)[-1] - one.cpu_expert_bytes)
         raise VramBudgetError(
             f"VRAM budget {_gib(budget)} is too small for the GPU: the output head ({_gib(head)}), one layer "
             f"({_gib(one.weights_bytes - head)} weights + {_gib(one.kv_bytes)} KV cache at ctx {n_ctx}), scratch "
-            f"({_gib(one.scratch_bytes)}) and the CUDA reserve ({_gib(reserve)}) need {_gib(need(1))}; use "
+            f"({_gib(one.scratch_bytes)}) and the CUDA reserve ({_gib(reserve)}) need {_gib(need(1, experts))}; use "
             "--gpu-layers 0 (CPU), a smaller --ctx or model")
-    fits = max(k for k in range(1, n + 1) if need(k) <= budget)
+    fits = max(k for k in range(1, n + 1) if need(k, experts) <= budget)
     if gpu_layers == "auto":
         return split(tensors, cfg, n_ctx, fits, budget, reserve, "VRAM budget exhausted", experts)
-    if need(gpu_layers) > budget:
-        raise VramBudgetError(f"--gpu-layers {gpu_layers} needs {_gib(need(gpu_layers))} of VRAM at ctx {n_ctx}, "
-                              f"the budget is {_gib(budget)}: at most {fits} layers fit")
+    if need(gpu_layers, experts) > budget:
+        raise VramBudgetError(f"--gpu-layers {gpu_layers} needs {_gib(need(gpu_layers, experts))} of VRAM at ctx "
+                              f"{n_ctx}, the budget is {_gib(budget)}: at most {fits} layers fit")
     return split(tensors, cfg, n_ctx, gpu_layers, budget, reserve,
                  ", ".join(filter(None, (f"--gpu-layers {gpu_layers}", reason_experts))), experts)
 
