@@ -1,6 +1,6 @@
 """How the CPU's two thread pools wait between jobs: numba's parallel regions (its omp layer, libgomp) and numpy's
 OpenBLAS. Both read the environment once, when they load, so this runs before either does (the CLI's first line,
-inference's, and cpu_quant's for the kernels alone); setdefault keeps a user's own settings.
+inference's, and cpu_matvec's for the kernels alone); setdefault keeps a user's own settings.
 
 - libgomp: its default spins ~300k rounds after each region; on a busy machine a spinning thread held the core
   the next region's other thread needed, and 2-thread matvecs ran 15x slower than one (sessions 2-3), hence

@@ -9,10 +9,11 @@ import pytest
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from kernels import cpu_quant
+from kernels import cpu_dot_int8, cpu_ir, cpu_quant
 from kernels.cpu_bench import F16_FIELDS, random_weight
-from kernels.cpu_quant import (BLOCK32_IDS, INT8_IDS, MATVEC_MAX_TOKENS, dequantize_rows, quantize_q8,
-                               quantized_matmul, quantized_matmuls)
+from kernels.cpu_dot_int8 import quantize_q8
+from kernels.cpu_quant import MATVEC_MAX_TOKENS, dequantize_rows, quantized_matmul, quantized_matmuls
+from kernels.cpu_types import BLOCK32_IDS, F16_TO_F32, INT8_IDS
 from models import dequant
 from models.ggml_types import TYPES_BY_NAME
 
@@ -189,12 +190,12 @@ def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
     ir_names = {"avx512bw": "llvm.x86.avx512.pmaddubs.w.512", "avx2": "llvm.x86.avx2.pmadd.ub.sw", "": None}
     results = {}
     for simd, ir_name in ir_names.items():
-        monkeypatch.setattr(cpu_quant, "_simd", lambda context, simd=simd: simd)
-        rows = cpu_quant.dot_q4_k_rows if name == "Q4_K" else cpu_quant.dot_q6_k_rows
+        monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
+        rows = cpu_dot_int8.dot_q4_k_rows if name == "Q4_K" else cpu_dot_int8.dot_q6_k_rows
 
         @nb.njit  # not cached: compiled anew under each _simd
         def block_dots(a, b, xq, xs16):
-            return np.array(rows(a, b, xq, xd, xs16, cpu_quant.F16_TO_F32))
+            return np.array(rows(a, b, xq, xd, xs16, F16_TO_F32))
 
         results[simd] = block_dots(w[0], w[1], xq, xs16)
         llvm_ir = next(iter(block_dots.inspect_llvm().values()))
@@ -213,12 +214,12 @@ def test_block32_rows_agree_on_every_simd_path(name, monkeypatch):
     xd = np.random.default_rng(4).random(64, np.float32)
     results = {}
     for simd in ("avx2", ""):
-        monkeypatch.setattr(cpu_quant, "_simd", lambda context, simd=simd: simd)
-        row_dot = getattr(cpu_quant, f"dot_{name.lower()}_row")
+        monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
+        row_dot = getattr(cpu_dot_int8, f"dot_{name.lower()}_row")
 
         @nb.njit  # not cached: compiled anew under each _simd
         def dot(row, xq, xd, xs16):
-            return row_dot(row, xq, xd, xs16, cpu_quant.F16_TO_F32)
+            return row_dot(row, xq, xd, xs16, F16_TO_F32)
 
         results[simd] = dot(w[0], xq, xd, xs16)
         assert ("llvm.x86.avx2.pmadd.ub.sw" in next(iter(dot.inspect_llvm().values()))) == (simd == "avx2")

@@ -1,0 +1,155 @@
+"""LLVM IR building blocks of the CPU's integer dots (cpu_dot_int8): loads, splats, shuffles, x86 pmaddubsw +
+pmaddwd (or the same sums in generic IR), a counted loop. Plain Python run while numba compiles an intrinsic:
+what they emit is part of the kernels that use them, so an edit here must reach those files (cpu_cache.py).
+"""
+from llvmlite import ir
+
+
+def i64(v):
+    return ir.Constant(ir.IntType(64), v)
+
+
+def load(context, builder, arr_type, arr, off, lanes, bits=8):
+    """<lanes x i{bits}> from a 1-d array at element off (an array of that width)."""
+    ptr = builder.gep(context.make_array(arr_type)(context, builder, arr).data, [off])
+    return builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(bits), lanes).as_pointer()), align=1)
+
+
+def load_bytes(context, builder, arr_type, arr, off, lanes):
+    """<lanes x i8> from arr[off:off + lanes] (a 1-d uint8 or int8 array)."""
+    return load(context, builder, arr_type, arr, off, lanes)
+
+
+def splat(builder, value, lanes, bits=8):
+    """<lanes x i{bits}> of the integer value (an ir value or a Python int)."""
+    vec = ir.VectorType(ir.IntType(bits), lanes)
+    if isinstance(value, int):
+        return vec([value] * lanes)
+    v = builder.trunc(value, ir.IntType(bits)) if value.type.width > bits else value
+    return builder.shuffle_vector(builder.insert_element(vec(ir.Undefined), v, ir.Constant(ir.IntType(32), 0)),
+                                  vec(ir.Undefined), ir.VectorType(ir.IntType(32), lanes)([0] * lanes))
+
+
+def shuffle(builder, a, b, idx):
+    """The lanes idx of a ++ b (b None: of a alone)."""
+    return builder.shuffle_vector(a, b if b is not None else a.type(ir.Undefined),
+                                  ir.VectorType(ir.IntType(32), len(idx))(list(idx)))
+
+
+def call(builder, name, ret, args):
+    fn = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(ret, [a.type for a in args]),
+                                                         name=name)
+    return builder.call(fn, args)
+
+
+def fold(builder, vec):
+    """Its first half plus its second half: <n/2 x iN> of an <n x iN>, lanes summing to the same."""
+    n = vec.type.count
+    return builder.add(shuffle(builder, vec, None, range(n // 2)), shuffle(builder, vec, None, range(n // 2, n)))
+
+
+def madd(builder, a, b):
+    """<n/2 x i32>: a[2k] * b[2k] + a[2k + 1] * b[2k + 1] for <n x i16> a, b (pmaddwd)."""
+    wide = ir.VectorType(ir.IntType(32), a.type.count)
+    return pairs(builder, builder.mul(builder.sext(a, wide), builder.sext(b, wide)))
+
+
+def pairs(builder, vec):
+    """Even plus odd lanes of vec: <n/2 x iN> of an <n x iN>."""
+    n = vec.type.count
+    return builder.add(shuffle(builder, vec, None, range(0, n, 2)), shuffle(builder, vec, None, range(1, n, 2)))
+
+
+def simd(context):
+    """"avx512bw", "avx2" or "" (none): the widest pmaddubsw of the CPU the code is compiled for (the host, or
+    NUMBA_CPU_NAME and NUMBA_CPU_FEATURES)."""
+    features = context.codegen()._tm_features
+    return next((s for s in ("avx512bw", "avx2") if "+" + s in features), "")
+
+
+def madd_scaled(context, builder, quants, xq, scales):
+    """<16 x i32>: lane k = scales[2k] * (q.x of values 4k, 4k+1) + scales[2k+1] * (q.x of values 4k+2, 4k+3)
+    for quants <64 x i8> (unsigned, < 64), xq <64 x i8> (signed), scales <32 x i16>.
+
+    The x86 pmaddubsw + pmaddwd pair, 512 bits wide with AVX-512 BW, twice 256 with AVX2, else the same sums
+    in generic IR. pmaddubsw saturates its int16 pair sums, never here: 2 * 63 * 128 < 32767."""
+    widest = simd(context)
+    i16, i32 = ir.IntType(16), ir.IntType(32)
+    if widest == "avx512bw":
+        pair_sums = call(builder, "llvm.x86.avx512.pmaddubs.w.512", ir.VectorType(i16, 32), [quants, xq])
+        return call(builder, "llvm.x86.avx512.pmaddw.d.512", ir.VectorType(i32, 16), [pair_sums, scales])
+    if widest == "avx2":
+        halves = []
+        for h in (range(0, 32), range(32, 64)):
+            pair_sums = call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(i16, 16),
+                             [shuffle(builder, quants, None, h), shuffle(builder, xq, None, h)])
+            halves.append(call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(i32, 8),
+                               [pair_sums, shuffle(builder, scales, None, range(h.start // 2, h.stop // 2))]))
+        return shuffle(builder, halves[0], halves[1], range(16))
+    products = builder.mul(builder.zext(quants, ir.VectorType(i16, 64)), builder.sext(xq, ir.VectorType(i16, 64)))
+    scaled = builder.mul(builder.sext(pairs(builder, products), ir.VectorType(i32, 32)),
+                         builder.sext(scales, ir.VectorType(i32, 32)))
+    return pairs(builder, scaled)
+
+
+def array_data(context, builder, arr_t, arr):
+    return context.make_array(arr_t)(context, builder, arr)
+
+
+def half_ir(context, builder, row_t, row, off, f16_t, f16):
+    """float32 of the little-endian IEEE half at row[off:off + 2] (an i64), looked up in the table f16."""
+    ptr = builder.gep(array_data(context, builder, row_t, row).data, [off])
+    ptr = builder.bitcast(ptr, ir.IntType(16).as_pointer())
+    bits = builder.zext(builder.load(ptr, align=1), ir.IntType(64))
+    return builder.load(builder.gep(array_data(context, builder, f16_t, f16).data, [bits]))
+
+
+def splat_f(builder, value, lanes):
+    """<lanes x float> of the float ir value."""
+    vec = ir.VectorType(ir.FloatType(), lanes)
+    return builder.shuffle_vector(builder.insert_element(vec(ir.Undefined), value, ir.Constant(ir.IntType(32), 0)),
+                                  vec(ir.Undefined), ir.VectorType(ir.IntType(32), lanes)([0] * lanes))
+
+
+def fsum(builder, vec):
+    """The float sum of the lanes of a <n x float> (n a power of two), by halves."""
+    while vec.type.count > 1:
+        n = vec.type.count
+        vec = builder.fadd(shuffle(builder, vec, None, range(n // 2)), shuffle(builder, vec, None, range(n // 2, n)))
+    return builder.extract_element(vec, i64(0))
+
+
+def ir_loop(builder, n, starts, body):
+    """A counted loop in IR: values = body(i, values) for i in range(n) (an i64), from starts; returns the values
+    after it (starts when n is 0). The phis of the loop and of its exit lead their blocks, as LLVM requires."""
+    entry = builder.block
+    loop, done = builder.append_basic_block("loop"), builder.append_basic_block("done")
+    builder.cbranch(builder.icmp_signed(">", n, i64(0)), loop, done)
+    builder.position_at_end(loop)
+    i = builder.phi(ir.IntType(64))
+    values = [builder.phi(start.type) for start in starts]
+    new = body(i, values)
+    i_next = builder.add(i, i64(1))
+    last = builder.block
+    for phi, start, value in zip([i, *values], [i64(0), *starts], [i_next, *new]):
+        phi.add_incoming(start, entry)
+        phi.add_incoming(value, last)
+    builder.cbranch(builder.icmp_signed("<", i_next, n), loop, done)
+    builder.position_at_end(done)
+    finals = [builder.phi(start.type) for start in starts]
+    for phi, start, value in zip(finals, starts, new):
+        phi.add_incoming(start, entry)
+        phi.add_incoming(value, last)
+    return finals
+
+
+def madd32(context, builder, quants, xq):
+    """<8 x i32>: lane k = the sum of quants[l] * xq[l] for l in 4k..4k + 3, quants <32 x i8> unsigned (< 64),
+    xq <32 x i8> signed: pmaddubsw + pmaddwd by ones, 256 bits wide where there is AVX2, else generic IR."""
+    i16, i32 = ir.IntType(16), ir.IntType(32)
+    if simd(context):
+        pair_sums = call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(i16, 16), [quants, xq])
+        ones = ir.VectorType(i16, 16)([1] * 16)
+        return call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(i32, 8), [pair_sums, ones])
+    products = builder.mul(builder.zext(quants, ir.VectorType(i16, 32)), builder.sext(xq, ir.VectorType(i16, 32)))
+    return pairs(builder, builder.sext(pairs(builder, products), ir.VectorType(i32, 16)))

@@ -1,0 +1,128 @@
+"""The parallel matrix-vector kernels of a few tokens (generation): rows spread over all cores (prange), each
+row's blocks read once and dotted with every token's x (numba)."""
+from kernels.cpu_threads import configure_thread_waits
+
+configure_thread_waits()  # before numba's first parallel region loads libgomp (numpy may be loaded already)
+
+import numba as nb  # noqa: E402
+import numpy as np  # noqa: E402
+
+from kernels.cpu_dequant import decode_row  # noqa: E402
+from kernels.cpu_dot_float import dot_rows  # noqa: E402
+from kernels.cpu_dot_int8 import dot8_b32, dot8_q4_k, dot8_q6_k, dot8_q8_0, q4_k_order, quantize_q8  # noqa: E402
+from kernels.cpu_types import Q4_K, Q6_K, Q8_0, fast  # noqa: E402
+
+# numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
+# inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
+INLINED = ("cpu_types", "cpu_dequant", "cpu_dot_float", "cpu_dot_int8")
+INLINED_DIGEST = "6754eb882181e9f8"
+
+MATVEC_CHUNKS = 64  # row chunks of a matvec shared out to the threads: several per thread evens out their finish
+
+
+@fast
+def _block_sums(x):
+    """xsum: float32 [n_tokens, n_cols // 32], the sums of x [n_tokens, n_cols] over runs of 32."""
+    n_tokens, n_cols = x.shape
+    xsum = np.zeros((n_tokens, n_cols // 32), np.float32)
+    for t in range(n_tokens):
+        for k in range(n_cols // 32 * 32):
+            xsum[t, k // 32] += x[t, k]
+    return xsum
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def matvec_fused(tid, w, x, out, f16, n16, n_chunks):
+    """out[t, r] = x[t] . row r of W for the FUSED_IDS types, the rows in n_chunks parallel chunks.
+
+    w: uint8 [n_rows, row_bytes], x: float32 [n_tokens, n_cols], out: float32 [n_tokens, n_rows]."""
+    n_rows = w.shape[0]
+    n_tokens = x.shape[0]
+    xsum = _block_sums(x)
+    for c in nb.prange(n_chunks):
+        r1 = (c + 1) * n_rows // n_chunks
+        for r in range(c * n_rows // n_chunks, r1, 2):
+            r_b = min(r + 1, r1 - 1)  # an odd last row pairs with itself
+            for t in range(n_tokens):
+                out[t, r], out[t, r_b] = dot_rows(tid, w[r], w[r_b], x[t], xsum[t], f16, n16)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def matvecs_int8(tids, ws, x, outs, f16, n_chunks, own_row=False):
+    """outs[m][t, r] = x[t] . row r of ws[m] for matrices of the INT8_IDS types tids[m] sharing x, in ONE
+    parallel region: x is quantized once per block size in use (see quantize_q8), and about n_chunks chunks
+    of rows, each matrix's number in proportion to its bytes (at most one a row), go to the threads.
+    own_row: matrix m multiplies row m of x alone (outs[m] [1, n_rows_m]): the chosen experts' down
+    projections of one token, each of its own activation.
+
+    One region instead of one per matrix, because numba splits a prange evenly between its threads, each
+    woken and joined per region; chunks of equal bytes keep that split even across matrices.
+    tids: tuple of type ids, ws: tuple of uint8 [n_rows_m, row_bytes_m], x: float32 [n_tokens, n_cols],
+    outs: tuple of float32 [n_tokens, n_rows_m]."""
+    n_tokens, n_cols = x.shape
+    n_mats = len(ws)
+    k_quant = q4_k = b32 = False
+    nbytes = 0
+    for m in range(n_mats):
+        q4_k |= tids[m] == Q4_K
+        k_quant |= tids[m] == Q4_K or tids[m] == Q6_K
+        b32 |= tids[m] != Q4_K and tids[m] != Q6_K
+        nbytes += ws[m].size
+    nk, n8 = n_cols if k_quant else 0, n_cols if b32 else 0  # x in blocks of 256 (Q4_K, Q6_K), of 32 (the rest)
+    xq, xd, xs16 = np.empty((n_tokens, nk), np.int8), np.empty((n_tokens, nk // 256), np.float32), np.empty(
+        (n_tokens, nk // 16), np.int16)
+    xq8, xd8, xs8 = np.empty((n_tokens, n8), np.int8), np.empty((n_tokens, n8 // 32), np.float32), np.empty(
+        (n_tokens, n8 // 16), np.int16)
+    xq4 = np.empty((n_tokens, nk if q4_k else 0), np.int8)  # xq in Q4_K's nibble order
+    if k_quant:
+        quantize_q8(x, xq, xd, xs16)
+    if q4_k:
+        q4_k_order(xq, xq4)
+    if b32:
+        quantize_q8(x, xq8, xd8, xs8)
+    first = np.empty(n_mats + 1, np.int64)  # matrix m has chunks first[m]..first[m + 1] - 1
+    first[0] = 0  # not np.zeros: under parallel=True that is a parallel region of its own (+9 us on 2 threads)
+    for m in range(n_mats):
+        share = (n_chunks * ws[m].size + nbytes // 2) // max(nbytes, 1)
+        first[m + 1] = first[m] + max(1, min(ws[m].shape[0], share))
+    for c in nb.prange(first[n_mats]):
+        m = 0
+        while c >= first[m + 1]:
+            m += 1
+        w, out, tid = ws[m], outs[m], tids[m]
+        k, j = first[m + 1] - first[m], c - first[m]
+        r0, r1 = j * w.shape[0] // k, (j + 1) * w.shape[0] // k
+        t0, t1 = (m, m + 1) if own_row else (0, n_tokens)  # the rows of x this matrix multiplies
+        if tid == Q8_0:
+            for r in range(r0, r1):
+                dot8_q8_0(w[r], xq8[t0:t1], xd8[t0:t1], xs8[t0:t1], out, r, f16)
+            continue
+        if tid != Q4_K and tid != Q6_K:
+            for r in range(r0, r1):
+                dot8_b32(tid, w[r], xq8[t0:t1], xd8[t0:t1], xs8[t0:t1], out, r, f16)
+            continue
+        half_rows = (r1 - r0 + 1) // 2
+        for r in range(r0, r0 + half_rows):
+            # row r pairs with the row half a chunk on, so both walk on through memory (a pair of neighbours
+            # restarts two streams every pair: half the speed from DRAM); an odd last row pairs with itself
+            r_b = r + half_rows if r + half_rows < r1 else r
+            if tid == Q4_K:
+                dot8_q4_k(w[r], w[r_b], xq4[t0:t1], xd[t0:t1], xs16[t0:t1], out, r, r_b, f16)
+            else:
+                dot8_q6_k(w[r], w[r_b], xq[t0:t1], xd[t0:t1], xs16[t0:t1], out, r, r_b, f16)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def matvec_decoded(tid, w, x, out, f16, n16, n_chunks):
+    """As matvec_fused for the other types: each row is dequantized to float32, then dotted."""
+    n_rows = w.shape[0]
+    n_tokens, n_cols = x.shape
+    for c in nb.prange(n_chunks):
+        y = np.empty(n_cols, np.float32)  # one dequantized row
+        for r in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
+            decode_row(tid, w[r], y, f16, n16)
+            for t in range(n_tokens):
+                acc = np.float32(0)
+                for k in range(n_cols):
+                    acc += y[k] * x[t, k]
+                out[t, r] = acc

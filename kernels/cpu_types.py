@@ -1,0 +1,18 @@
+"""What the CPU kernels share as values: ggml type ids (the dispatch key inside the kernels), the groups of
+types each kernel takes, the f16 lookup table and the numba decorators.
+
+Numbers here are frozen into the compiled kernels when they compile: see kernels/cpu_cache.py."""
+import numba as nb
+import numpy as np
+
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
+DECODED_IDS = (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
+FUSED_IDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)  # types with a fused dot
+BLOCK32_IDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)  # blocks of 32 values: x goes in int8 blocks of 32 alike
+INT8_IDS = (Q4_K, Q6_K) + BLOCK32_IDS  # fused dots of int8-quantized x (the rest of FUSED_IDS dot float32 x)
+N16 = 16  # passed at run time, see cpu_dequant's decoders
+
+F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+jit = nb.njit(cache=True, nogil=True)  # bit-exact with ggml: no fastmath (no fused a*b+c)
+fast = nb.njit(cache=True, nogil=True, fastmath=True)

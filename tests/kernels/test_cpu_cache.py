@@ -1,0 +1,50 @@
+"""numba's cache rule across the CPU kernel modules (kernels/cpu_cache.py): a module whose cached kernels inline
+another kernels/ module's code names it in INLINED, and its INLINED_DIGEST is that code's current digest, so an
+edit to a helper cannot leave a dependant's cached kernels running the old helper."""
+import ast
+from pathlib import Path
+
+import pytest
+
+from kernels import cpu_cache
+
+NOT_INLINED = {"cpu_threads", "cpu_cache"}  # plain Python at import, nothing compiled into a kernel
+MODULES = sorted(cpu_cache.KERNELS.glob("cpu_*.py"))
+
+
+def kernel_imports(path: Path) -> set[str]:
+    """The kernels/cpu_* modules this one imports from."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kernels.cpu_"):
+            names.add(node.module.removeprefix("kernels."))
+    return names - NOT_INLINED
+
+
+def compiles_kernels(path: Path) -> bool:
+    """Whether the module defines numba kernels or intrinsics of its own."""
+    text = path.read_text()
+    return any(mark in text for mark in ("\n@jit", "\n@fast", "nb.njit(", "@intrinsic"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[p.stem for p in MODULES])
+def test_inlined_modules_are_named_and_their_digest_is_current(path):
+    names = cpu_cache.inlined(path)
+    if compiles_kernels(path):
+        assert set(names or ()) >= kernel_imports(path), f"{path.stem} inlines modules its INLINED does not name"
+    if names is not None:
+        text = path.read_text()
+        assert f'INLINED_DIGEST = "{cpu_cache.digest(names)}"' in text, (
+            f"{', '.join(names)} changed: run `python -m kernels.cpu_cache` so {path.stem}'s kernels recompile")
+
+
+def test_a_changed_helper_makes_its_dependants_stale(tmp_path, monkeypatch):
+    """Editing cpu_ir (a helper of cpu_dot_int8) changes the digest cpu_dot_int8 must carry."""
+    for path in MODULES:
+        (tmp_path / path.name).write_text(path.read_text())
+    monkeypatch.setattr(cpu_cache, "KERNELS", tmp_path)
+    before = cpu_cache.digest(("cpu_types", "cpu_ir"))
+    (tmp_path / "cpu_ir.py").write_text((tmp_path / "cpu_ir.py").read_text() + "\n# an edit\n")
+    assert cpu_cache.digest(("cpu_types", "cpu_ir")) != before
+    assert set(cpu_cache.write_digests()) == {"cpu_dot_int8", "cpu_matvec"}  # the cascade
+    assert cpu_cache.write_digests() == []
