@@ -13,7 +13,7 @@ import cupyx
 import numpy as np
 
 from inference.backend_cpu import OFFLOAD_MIN_TOKENS, moe_experts
-from inference.placement import EXPERT_TILE_BYTES, GROUPED_MAX_PADDING, PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR
+from inference.placement import GROUPED_MIN_TOKENS, PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.weights import ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
 from kernels import cpu_ops, cuda_moe, cuda_ops, cuda_prefill
@@ -108,7 +108,6 @@ class CUDABackend:
         self._staging = None  # pinned bytes of a CPU layer's matrix on its way up (matmul_host_weight)
         self._inv_freq = {}  # (base, scale) -> float64 [rope_dim // 2]
         self._prefill_scratch = None  # cuda_prefill.Scratch, grown to the largest chunk seen
-        self._expert_scratch = None  # fp16 [EXPERT_TILE_BYTES / 2]: experts dequantized for a prompt chunk
         self.ids = self.token  # [n] int32 the tokens of this forward
         self.n = 1
         self._q8_of = None  # (address of x, its Q8Vector): q, k and v (gate and up) share one quantization
@@ -291,10 +290,9 @@ class CUDABackend:
 
     def add_moe(self, x: cp.ndarray, experts: ExpertFFN, h: cp.ndarray, k: int) -> cp.ndarray:
         """x + the mixture of experts on h [n, n_embd] (kernels/cuda_moe.py): the router's logits and the choice
-        of k experts a token, kept on the device, then the experts' FFNs. One token (or a prompt whose pairs
-        crowd into few experts): per (token, slot) pair, the chosen experts' gate, up and glu in one launch,
-        then their down projections weighted, summed and added to x in one launch. A prompt chunk: grouped by
-        expert (_experts_grouped)."""
+        of k experts a token, kept on the device, then the experts' FFNs. A few tokens (decode): per (token, slot)
+        pair, the chosen experts' gate, up and glu in one launch, then their down projections weighted, summed
+        and added to x in one launch. A prompt chunk: grouped by expert (_experts_grouped)."""
         n = h.shape[0]
         router = self._dev[id(experts.router)]
         ids, weights = self._empty((n, k), cp.int32), self._empty((n, k))
@@ -311,11 +309,8 @@ class CUDABackend:
             gate, up, down = self._upload_experts(experts)
         else:
             return self._add_moe_on_host(x, experts, h, ids, weights)
-        if n > 1:
-            with self.stream:
-                slots, chosen, m = cuda_moe.group_pairs(ids, gate.n_expert)
-            if len(chosen) * m <= GROUPED_MAX_PADDING * n * k:
-                return self._experts_grouped(x, h, gate, up, down, slots, chosen, m, weights)
+        if n >= GROUPED_MIN_TOKENS and cuda_moe.grouped_supported(gate, up, down):
+            return self._experts_grouped(x, h, gate, up, down, ids, weights)
         hq = self._q8(h)
         act = self._empty((n * k, gate.n_rows))
         act_q = Q8Vector(self._empty((act.size,), cp.int8), self._empty((act.size // 32, 2)))
@@ -386,34 +381,21 @@ class CUDABackend:
             cp.matmul(h, router.data.view(cp.float32).reshape(router.n_rows, -1).T, out=logits)
         return logits
 
-    def _experts_grouped(self, x, h, gate, up, down, slots: cp.ndarray, chosen: np.ndarray, m: int,
-                         weights: cp.ndarray) -> cp.ndarray:
-        """The experts of a prompt chunk: its (token, slot) pairs gathered by expert into [len(chosen), m] rows
-        (cuda_moe.group_pairs), each chosen expert's matrices dequantized once and multiplied by all its rows
-        in strided-batched cuBLAS calls (cuda_prefill.matmul_experts), the rows weighted back onto their tokens."""
+    def _experts_grouped(self, x, h, gate, up, down, ids: cp.ndarray, weights: cp.ndarray) -> cp.ndarray:
+        """The experts of a prompt chunk: its (token, slot) pairs sorted by expert on the device, the gate, up
+        and glu of each pair in one grouped launch (fp16 out), its down in another, and the k rows of a token
+        weighted and added to x in a third."""
         n, k = weights.shape
-        n_used, n_ff, n_embd, n_expert = len(chosen), gate.n_rows, gate.n_cols, gate.n_expert
-        tile = self._expert_tile(gate, up, down)
-        self._set_cublas_stream()
+        pairs = cuda_moe.sort_pairs(ids, gate.n_expert, stream=self.stream)
+        act16 = self._empty((n * k, gate.n_rows), cp.float16)
+        y = self._empty((n * k, down.n_rows))
         with self.stream:
-            x16 = cp.zeros((n_used, m, n_embd), cp.float16)
-            x16.reshape(-1, n_embd)[slots] = h.astype(cp.float16)[cp.arange(n * k) // k]
-            g, u = cp.empty((n_used, m, n_ff), cp.float32), cp.empty((n_used, m, n_ff), cp.float32)
-            cuda_prefill.matmul_experts(gate.weight, n_expert, chosen, x16, g, tile)
-            cuda_prefill.matmul_experts(up.weight, n_expert, chosen, x16, u, tile)
-            cuda_ops.glu(g, u, g, self.cfg.activation)
-            y = cp.empty((n_used, m, n_embd), cp.float32)
-            cuda_prefill.matmul_experts(down.weight, n_expert, chosen, g.astype(cp.float16), y, tile)
-            return x + (y.reshape(-1, n_embd)[slots].reshape(n, k, n_embd) * weights[:, :, None]).sum(axis=1)
-
-    def _expert_tile(self, *stacks) -> cp.ndarray:
-        """The fp16 scratch the prompt path dequantizes experts into: EXPERT_TILE_BYTES, or one expert of the
-        largest stack if that is more."""
-        if self._expert_scratch is None:
-            one = max(s.n_rows * s.n_cols for s in stacks)
-            with self.stream:
-                self._expert_scratch = cp.empty(max(one, EXPERT_TILE_BYTES // 2), cp.float16)
-        return self._expert_scratch
+            h16 = h.astype(cp.float16)
+        cuda_moe.gate_up_glu_grouped(gate, up, h16, k, pairs, act16, self.cfg.activation, stream=self.stream)
+        cuda_moe.matmul_grouped(down, act16, 1, pairs, y, stream=self.stream)
+        out = self._empty(x.shape)
+        cuda_moe.combine(x, y, weights, out, stream=self.stream)
+        return out
 
     def add(self, x: cp.ndarray, y: cp.ndarray) -> cp.ndarray:
         out = self._empty(x.shape)

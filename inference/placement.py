@@ -43,13 +43,10 @@ PREFILL_CHUNK = 512
 # The fp16 tile a prompt matmul dequantizes weight rows into: half the largest layer matrix (two tiles for it,
 # one cuBLAS call more) rather than all of it, 117 MB less VRAM on llama3-8b.
 PREFILL_TILE_ELEMS_DIVISOR = 2
-# The fp16 scratch a prompt chunk's experts are dequantized into, as many experts at a time as fit (each group
-# is one strided-batched cuBLAS call): Qwen3-30B-A3B's 128 experts [768 x 2048] of a matrix go in 2 groups.
-EXPERT_TILE_BYTES = 256 * MiB
-# A prompt chunk's (token, expert) pairs are grouped by expert into rows padded to the busiest expert's count; past
-# this many rows per pair (a prompt that repeats itself sends most tokens to the same few experts) the chunk runs
-# the per-pair kernels instead, whose memory does not grow with the imbalance (backend_cuda.add_moe).
-GROUPED_MAX_PADDING = 4
+# From this many tokens a prompt chunk's experts run grouped by expert (kernels/moe_mm.cu: each chosen expert's
+# weight tiles dequantized once per 64 of its pairs, tensor cores); below, per (token, slot) pair with the decode
+# kernels, which read an expert's weights once a pair but no tile of one twice in a row.
+GROUPED_MIN_TOKENS = 8
 # The most of a CPU layer's matrix rows the GPU may multiply over PCIe (inference/gpu_share.py): the CPU keeps some
 MAX_GPU_SHARE = 0.9
 # The share by default: the fastest measured on the H100 machine, at 16 and at 24 of llama3-8b's 32 layers on the
@@ -172,9 +169,9 @@ def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig) -> int:
                + 2 * PREFILL_CHUNK * max_cols + PREFILL_CHUNK * q8_bytes  # Scratch.x16, Scratch.xq
                + 2 * largest // PREFILL_TILE_ELEMS_DIVISOR  # Scratch.w16: the fp16 tile
                + 2 * largest_bytes)  # a CPU layer's matrix uploaded for a prompt chunk, as read and repacked
-    if cfg.n_expert:  # the expert tile, and a chunk's pairs grouped by expert: fp16 x, float32 gate, up, y, fp16 act
-        rows = GROUPED_MAX_PADDING * PREFILL_CHUNK * cfg.n_expert_used
-        prefill += EXPERT_TILE_BYTES + rows * (6 * cfg.n_embd + 10 * cfg.n_ff_exp)
+    if cfg.n_expert:  # a chunk's pairs grouped by expert: fp16 act and float32 y a pair (and the per-pair path's
+        pairs = PREFILL_CHUNK * cfg.n_expert_used  # float32 act and its q8_1: no more than these)
+        prefill += pairs * (4 * cfg.n_embd + 2 * cfg.n_ff_exp)
     return int(decode + prefill)
 
 

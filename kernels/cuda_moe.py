@@ -135,22 +135,99 @@ def down(w: DeviceExperts, ids: cp.ndarray, weights: cp.ndarray, xq: Q8Vector, o
         kernel("matvec.cu", "moe_down_" + w.qtype.name.lower())((blocks, n_tok), (THREADS,), args)
 
 
-def group_pairs(ids: cp.ndarray, n_expert: int) -> tuple[cp.ndarray, np.ndarray, int]:
-    """The prompt path's grouping of (token, slot) pairs by expert: (slots int32 [n_tok * k], experts, m). experts:
-    the ids of the experts any pair chose, ascending (host); pair p goes to row slots[p] of an
-    [len(experts) * m, ...] layout, the j-th chosen expert's pairs in rows j * m .. (m: the most pairs any
-    expert has; the rest of an expert's rows are padding). Reads the counts back to the host (one sync).
-    Current stream."""
-    flat = ids.reshape(-1)
-    counts_dev = cp.bincount(flat, minlength=n_expert)
-    counts = counts_dev.get()
-    experts = np.flatnonzero(counts)
-    m = int(counts.max())
-    index = np.zeros(n_expert, np.int32)
-    index[experts] = np.arange(len(experts), dtype=np.int32)
-    order = cp.argsort(flat)
-    chosen = flat[order]
-    rank = cp.arange(flat.size, dtype=cp.int32) - (cp.cumsum(counts_dev) - counts_dev)[chosen].astype(cp.int32)
-    slots = cp.empty(flat.size, cp.int32)
-    slots[order] = cp.asarray(index)[chosen] * m + rank
-    return slots, experts, m
+@dataclass(frozen=True)
+class SortedPairs:
+    """A prompt chunk's (token, slot) pairs sorted by expert on the device (moe_mm.cu's moe_sort_pairs): order
+    int32 [n_pairs] the pairs by expert, in pair order within one; tiles int32 [max_tiles, 4] (expert, begin,
+    end, 0) runs of at most MM_TILE_PAIRS of one expert over order; n_tiles int32 [1] how many tiles are real."""
+    order: cp.ndarray
+    tiles: cp.ndarray
+    n_tiles: cp.ndarray
+
+
+MM_TILE_PAIRS = 64  # BM of moe_mm.cu
+MM_COLS_STEP = 64  # BK of moe_mm.cu: the grouped matmuls take matrices of a multiple of this many columns
+MM_ROWS = 64  # BN of moe_mm.cu
+
+
+def _mm_kernel(name: str, n_weights: int) -> tuple[cp.RawKernel, int]:
+    """moe_mm.cu's kernel `name` with its dynamic shared memory limit raised to what it takes (x double-buffered,
+    n_weights weight tiles, fp16 rows of BK + 8), and that size."""
+    smem = 2 * (2 * MM_TILE_PAIRS + n_weights * MM_ROWS) * (MM_COLS_STEP + 8)
+    k = kernel("moe_mm.cu", name)
+    if k.max_dynamic_shared_size_bytes < smem:
+        k.max_dynamic_shared_size_bytes = smem
+        k.preferred_shared_memory_carveout = 100  # percent: room for 4 blocks a multiprocessor
+    return k, smem
+
+
+def sort_pairs(ids: cp.ndarray, n_expert: int, stream=None) -> SortedPairs:
+    """ids int32 [n_tok, k] -> their pairs sorted by expert, on the device in one launch (no host read)."""
+    n_pairs = ids.size
+    if ids.dtype != cp.int32 or not ids.flags.c_contiguous:
+        raise ValueError("sort_pairs: ids must be contiguous int32")
+    max_tiles = (n_pairs + MM_TILE_PAIRS - 1) // MM_TILE_PAIRS + min(n_expert, n_pairs)
+    with stream or cp.cuda.get_current_stream():
+        pairs = SortedPairs(cp.empty(n_pairs, cp.int32), cp.empty((max_tiles, 4), cp.int32), cp.empty(1, cp.int32))
+        kernel("moe_mm.cu", "moe_sort_pairs")((n_expert,), (256,), (ids, np.int32(n_pairs), np.int32(n_expert),
+                                              pairs.order, pairs.tiles, pairs.n_tiles), shared_mem=4 * n_expert)
+    return pairs
+
+
+def grouped_supported(gate: DeviceExperts, up: DeviceExperts, down: DeviceExperts) -> bool:
+    """Whether moe_mm.cu's grouped kernels take these stacks (gate_up_glu_grouped, matmul_grouped)."""
+    return ((gate.qtype, gate.n_rows, gate.n_cols) == (up.qtype, up.n_rows, up.n_cols)
+            and all(w.n_cols % MM_COLS_STEP == 0 and w.n_rows % 2 == 0 for w in (gate, down)))
+
+
+def _check_grouped(name: str, w: DeviceExperts, x16: cp.ndarray, n_pairs: int, out: cp.ndarray, dtype) -> None:
+    if w.qtype.name in FLOAT_TYPES or w.n_cols % MM_COLS_STEP or w.n_rows % 2:
+        raise ValueError(f"{name}: a quantized stack with a multiple of {MM_COLS_STEP} columns and even rows")
+    if x16.dtype != cp.float16 or x16.ndim != 2 or x16.shape[1] != w.n_cols or not x16.flags.c_contiguous:
+        raise ValueError(f"{name}: x16 must be contiguous float16 [*, {w.n_cols}]")
+    if out.dtype != dtype or out.shape != (n_pairs, w.n_rows) or not out.flags.c_contiguous:
+        raise ValueError(f"{name}: out must be contiguous {np.dtype(dtype).name} [{n_pairs}, {w.n_rows}]")
+
+
+def _grouped_grid(w: DeviceExperts, pairs: SortedPairs) -> tuple[int, int]:
+    return (w.n_rows + MM_ROWS - 1) // MM_ROWS, pairs.tiles.shape[0]  # the most tiles
+
+
+def gate_up_glu_grouped(gate: DeviceExperts, up: DeviceExperts, x16: cp.ndarray, k: int, pairs: SortedPairs,
+                        out16: cp.ndarray, activation: str, stream=None) -> None:
+    """out16[p] = activation(gate[e] . x16[p // k]) * (up[e] . x16[p // k]) for every pair p (expert e), float16
+    [n_pairs, n_rows]: the prompt's gate, up and glu in one launch over the sorted pairs (tensor cores)."""
+    if (gate.qtype, gate.n_rows, gate.n_cols) != (up.qtype, up.n_rows, up.n_cols):
+        raise ValueError("gate_up_glu_grouped: gate and up stacks of one type and shape")
+    _check_grouped("gate_up_glu_grouped", gate, x16, pairs.order.size, out16, cp.float16)
+    args = (gate.weight.data, up.weight.data, np.int32(gate.n_rows), np.int32(gate.weight.n_rows),
+            np.int32(gate.n_cols // gate.qtype.block_elems), x16, np.int32(k), pairs.order, pairs.tiles,
+            pairs.n_tiles, out16, np.int32(GLU_ACTIVATIONS[activation]))
+    k, smem = _mm_kernel("moe_mm_glu_" + gate.qtype.name.lower(), 2)
+    with stream or cp.cuda.get_current_stream():
+        k(_grouped_grid(gate, pairs), (128,), args, shared_mem=smem)
+
+
+def matmul_grouped(w: DeviceExperts, x16: cp.ndarray, x_div: int, pairs: SortedPairs, out: cp.ndarray,
+                   stream=None) -> None:
+    """out[p] = w[e] . x16[p // x_div] for every pair p (expert e), float32 [n_pairs, n_rows] (tensor cores).
+    x_div: k when x16 holds the tokens' rows, 1 when it holds the pairs' own (the down projection)."""
+    _check_grouped("matmul_grouped", w, x16, pairs.order.size, out, cp.float32)
+    args = (w.weight.data, np.int32(w.n_rows), np.int32(w.weight.n_rows), np.int32(w.n_cols // w.qtype.block_elems),
+            x16, np.int32(x_div), pairs.order, pairs.tiles, pairs.n_tiles, out)
+    k, smem = _mm_kernel("moe_mm_" + w.qtype.name.lower(), 1)
+    with stream or cp.cuda.get_current_stream():
+        k(_grouped_grid(w, pairs), (128,), args, shared_mem=smem)
+
+
+def combine(x: cp.ndarray, y: cp.ndarray, weights: cp.ndarray, out: cp.ndarray, stream=None) -> None:
+    """out[t] = x[t] + sum over slots j of weights[t, j] * y[t * k + j] (the grouped path's down rows onto the
+    residual). x, out float32 [n_tok, n_embd]; y float32 [n_tok * k, n_embd]; weights float32 [n_tok, k]."""
+    n_tok, k = weights.shape
+    n_embd = x.shape[1]
+    if any(a.dtype != cp.float32 or not a.flags.c_contiguous for a in (x, y, weights, out)) or \
+            x.shape != out.shape or y.shape != (n_tok * k, n_embd) or x.shape[0] != n_tok:
+        raise ValueError(f"combine: contiguous float32 x, out [{n_tok}, n_embd], y [{n_tok * k}, n_embd]")
+    with stream or cp.cuda.get_current_stream():
+        kernel("moe_mm.cu", "moe_combine")(((n_embd + 255) // 256, n_tok), (256,),
+                                           (x, y, weights, np.int32(k), np.int32(n_embd), out))

@@ -106,39 +106,6 @@ def matmul_f16(w: DeviceWeight, x16: cp.ndarray, out: cp.ndarray, scratch: Scrat
         _gemm(scratch.w16.data.ptr, n, x16, out, row0)
 
 
-def matmul_experts(w: DeviceWeight, n_expert: int, experts: np.ndarray, x16: cp.ndarray, out: cp.ndarray,
-                   w16: cp.ndarray) -> None:
-    """out[j] = x16[j] @ W_e.T for the j-th of experts (ascending ids) of a stack (w: n_expert matrices
-    [n_rows, n_cols] as one weight, kernels/cuda_moe.DeviceExperts), x16 float16 [len(experts), m, n_cols], out
-    float32 [len(experts), m, n_rows]: as many experts as fit in w16 dequantized at once (a call for each run of
-    consecutive ids), then one strided-batched cuBLAS call for them. Current stream."""
-    n_rows, n_used, m = w.n_rows // n_expert, len(experts), x16.shape[1]
-    if x16.dtype != cp.float16 or x16.shape != (n_used, m, w.n_cols) or not x16.flags.c_contiguous:
-        raise ValueError(f"matmul_experts: x16 must be contiguous float16 [{n_used}, m, {w.n_cols}]")
-    if out.dtype != cp.float32 or out.shape != (n_used, m, n_rows) or not out.flags.c_contiguous:
-        raise ValueError(f"matmul_experts: out must be contiguous float32 [{n_used}, {m}, {n_rows}]")
-    group = min(n_used, w16.size // (n_rows * w.n_cols))
-    if group == 0:
-        raise ValueError(f"scratch of {w16.size} elements cannot hold an expert of {n_rows} x {w.n_cols}")
-    cublas = cp.cuda.cublas
-    handle = cp.cuda.device.get_cublas_handle()
-    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-    for j0 in range(0, n_used, group):
-        ids = experts[j0:j0 + group]
-        runs = np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1)  # consecutive ids: one dequant call
-        at = 0
-        for run in runs:
-            dequantize_rows(w, int(run[0]) * n_rows, len(run) * n_rows, w16[at * n_rows * w.n_cols:])
-            at += len(run)
-        # column-major, as _gemm: out.T[j] (n_rows x m) = op_T(W_j.T) @ x16[j].T, one call for the group
-        cublas.gemmStridedBatchedEx(
-            handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n_rows, m, w.n_cols,
-            _ONE.ctypes.data, w16.data.ptr, CUDA_R_16F, w.n_cols, n_rows * w.n_cols,
-            x16[j0].data.ptr, CUDA_R_16F, w.n_cols, m * w.n_cols,
-            _ZERO.ctypes.data, out[j0].data.ptr, CUDA_R_32F, n_rows, m * n_rows,
-            len(ids), cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
-
-
 def _check_out(w: DeviceWeight, out: cp.ndarray, n_tokens: int) -> None:
     if out.dtype != cp.float32 or out.shape != (n_tokens, w.n_rows) or not out.flags.c_contiguous:
         raise ValueError(f"prefill matmul: out must be contiguous float32 ({n_tokens}, {w.n_rows}), "

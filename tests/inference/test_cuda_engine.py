@@ -43,13 +43,13 @@ def test_teacher_forced_logits_match_cpu(engines, request):
 
 @pytest.mark.parametrize("engines", ["synth_qwen3moe"], indirect=True)
 def test_both_expert_prompt_paths_match_cpu(engines, request, monkeypatch):
-    """A prompt chunk's experts run grouped by expert (dequantized, cuBLAS) or, when its pairs crowd into few
-    experts, per (token, slot) pair with the decode kernels: both against the CPU engine."""
+    """A prompt chunk's experts run grouped by expert (kernels/moe_mm.cu, tensor cores) or, below
+    GROUPED_MIN_TOKENS, per (token, slot) pair with the decode kernels: both against the CPU engine."""
     import inference.backend_cuda as backend_cuda
     cpu, gpu, _ = engines
     ids = teacher_prompt(request, cpu, 70, seed=5)
     grouped = gpu.logits(ids)
-    monkeypatch.setattr(backend_cuda, "GROUPED_MAX_PADDING", 0)  # every chunk per pair
+    monkeypatch.setattr(backend_cuda, "GROUPED_MIN_TOKENS", len(ids) + 1)  # every chunk per pair
     per_pair = gpu.logits(ids)
     ref = reference_logits(cpu, ids)
     assert_close_logits(grouped, ref, "experts grouped")

@@ -175,30 +175,64 @@ def test_gate_up_glu_matches_reference(cuda, name, n_tok):
     assert np.abs(back.reshape(out.shape) - out).max() <= np.abs(out).max() / 127  # within a q8_1 step
 
 
-def test_group_pairs_puts_each_pair_in_its_experts_rows(cuda):
+def _skewed_ids(n_tok, n_expert, k, seed):
+    """Every token chooses expert 1 (more pairs than a tile holds), expert 0 is never chosen."""
+    rng = np.random.default_rng(seed)
+    return np.stack([[1] + list(2 + rng.permutation(n_expert - 2)[:k - 1]) for _ in range(n_tok)]).astype(np.int32)
+
+
+@pytest.mark.parametrize("n_tok, n_expert, k", [(100, 8, 4), (3, 128, 8), (512, 128, 8)])
+def test_sort_pairs_orders_pairs_by_expert_in_tiles(cuda, n_tok, n_expert, k):
     cp, _, moe = cuda
-    ids = np.array([[3, 0], [3, 7], [0, 3], [9, 7]], np.int32)
-    slots, experts, m = moe.group_pairs(cp.asarray(ids), 12)
-    slots = cp.asnumpy(slots)
-    assert list(experts) == [0, 3, 7, 9] and m == 3  # expert 3 has the most pairs
-    assert len(set(slots)) == ids.size  # every pair its own row
-    for p, e in enumerate(ids.reshape(-1)):
-        assert slots[p] // m == list(experts).index(e)
+    ids = _skewed_ids(n_tok, n_expert, k, n_tok)
+    pairs = moe.sort_pairs(cp.asarray(ids), n_expert)
+    order, tiles, n_tiles = cp.asnumpy(pairs.order), cp.asnumpy(pairs.tiles), int(pairs.n_tiles[0])
+    flat = ids.reshape(-1)
+    np.testing.assert_array_equal(order, np.argsort(flat, kind="stable"))  # by expert, pair order within one
+    counts = np.bincount(flat, minlength=n_expert)
+    assert n_tiles == sum(-(-c // moe.MM_TILE_PAIRS) for c in counts) <= len(tiles)
+    covered = []
+    for e, begin, end, _ in tiles[:n_tiles]:
+        assert 0 < end - begin <= moe.MM_TILE_PAIRS and (flat[order[begin:end]] == e).all()
+        covered += range(begin, end)
+    assert covered == list(range(flat.size))
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
-def test_matmul_experts_multiplies_each_chosen_expert(cuda, name):
-    """Chosen experts with gaps between their ids (a dequant call a run of consecutive ids) and a scratch of 2
-    experts (groups of 2, one cuBLAS call each): every expert's rows against models/dequant.py in float64."""
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_grouped_matmuls_match_reference(cuda, name):
+    """The prompt path's grouped kernels over skewed routing (one expert's pairs fill two tiles, one expert has
+    none; 200 rows: a partial row block): each pair's gate, up and glu (fp16 out) and a down product
+    (fp32 out, the pairs' own rows) against models/dequant.py in float64. Planting a wrong row (e * n_rows + r0 + r + 1
+    in load_weight_tile) failed all 10 types (rel err 1.41, or NaN from rows past the stack; H100, 2026-11-25)."""
     cp, cq, moe = cuda
-    from kernels.cuda_prefill import matmul_experts
-    n_expert, rows, cols, m = 10, 256, 512, 5
-    raw, qtype = _stack(name, n_expert, rows, cols, 11)
-    w = moe.experts_to_device(raw, qtype)
-    chosen = np.array([0, 1, 2, 5, 9])
-    x = np.random.default_rng(3).standard_normal((len(chosen), m, cols)).astype(np.float16)
-    out = cp.full((len(chosen), m, rows), cp.nan, cp.float32)
-    matmul_experts(w.weight, n_expert, chosen, cp.asarray(x), out, cp.empty(2 * rows * cols, cp.float16))
-    for j, e in enumerate(chosen):
-        ref = x[j].astype(np.float64) @ _dense(raw, qtype, e).astype(np.float64).T
-        assert _rel_err(cp.asnumpy(out[j]), ref) < 2e-3, (name, e)  # fp16 weights and inputs
+    from kernels.cpu_ops import glu
+    n_tok, n_expert, k, rows, cols = 40, 6, 3, 200, 768
+    (g_raw, qtype), (u_raw, _) = (_stack(name, n_expert, rows, cols, seed) for seed in (0, 100))
+    gate, up = moe.experts_to_device(g_raw, qtype), moe.experts_to_device(u_raw, qtype)
+    ids = _skewed_ids(n_tok, n_expert, k, 7)
+    pairs = moe.sort_pairs(cp.asarray(ids), n_expert)
+    x = (np.random.default_rng(2).standard_normal((n_tok, cols)) / 32).astype(np.float16)  # glu stays in fp16
+    act = cp.full((n_tok * k, rows), cp.nan, cp.float16)
+    moe.gate_up_glu_grouped(gate, up, cp.asarray(x), k, pairs, act, "silu")
+    down = cp.full((n_tok * k, rows), cp.nan, cp.float32)
+    x_pairs = (np.random.default_rng(3).standard_normal((n_tok * k, cols)) / 32).astype(np.float16)
+    moe.matmul_grouped(gate, cp.asarray(x_pairs), 1, pairs, down)
+    dense = {e: (_dense(g_raw, qtype, e).astype(np.float64), _dense(u_raw, qtype, e).astype(np.float64))
+             for e in np.unique(ids)}
+    ref_act = glu(*(np.stack([dense[e][z] @ x[p // k] for p, e in enumerate(ids.reshape(-1))]) for z in (0, 1)),
+                  "silu")
+    ref_down = np.stack([dense[e][0] @ x_pairs[p] for p, e in enumerate(ids.reshape(-1))])
+    assert _rel_err(cp.asnumpy(act).astype(np.float64), ref_act) < 2e-3  # fp16 weights, inputs and outputs
+    assert _rel_err(cp.asnumpy(down), ref_down) < 2e-3
+
+
+def test_combine_weights_a_tokens_rows_onto_the_residual(cuda):
+    cp, _, moe = cuda
+    rng = np.random.default_rng(4)
+    n_tok, k, n_embd = 5, 3, 300
+    x, y = rng.standard_normal((n_tok, n_embd)), rng.standard_normal((n_tok * k, n_embd))
+    weights = rng.random((n_tok, k))
+    out = cp.full((n_tok, n_embd), cp.nan, cp.float32)
+    moe.combine(*(cp.asarray(a, cp.float32) for a in (x, y, weights)), out)
+    ref = x + (y.reshape(n_tok, k, n_embd) * weights[:, :, None]).sum(axis=1)
+    np.testing.assert_allclose(cp.asnumpy(out), ref, rtol=1e-5, atol=1e-5)
