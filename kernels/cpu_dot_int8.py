@@ -16,13 +16,14 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from kernels.cpu_ir import (array_data, fold, fsum, half_ir, i64, ir_loop, load, load_bytes, madd, madd32,
-                            madd_scaled, shuffle, splat, splat_f)
+                            madd_scaled, prefetch, shuffle, splat, splat_f)
 from kernels.cpu_types import Q4_0, Q4_1, Q5_0, fast
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_ir")
-INLINED_DIGEST = "861378706e2a68b0"
+PREFETCH_BYTES = 2048
+INLINED_DIGEST = "5d2d26bd3baf75c5"
 
 
 def _nibbles32(context, builder, row_t, row, off):
@@ -104,26 +105,36 @@ def _q6_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
 
 
 
+def _row_at(context, builder, w_t, w, r_t, r, block_bytes):
+    """(byte offset of row r, its number of blocks) in w, a C-contiguous uint8 [n_rows, row_bytes]. The dots take
+    the matrix and a row number, not a row: numba made a view of each row (and of x's row) it passed, a cost a
+    row that 20-block rows (Gemma's and SmolLM2's 640 and 576 columns) felt: Q8_0 640 x 4096, one thread, 15
+    GB/s against 24 for rows of 20480."""
+    row_bytes = builder.extract_value(array_data(context, builder, w_t, w).shape, 1)
+    r = context.cast(builder, r, r_t, types.int64)
+    return builder.mul(r, row_bytes), builder.udiv(row_bytes, i64(block_bytes))
+
+
 def _k_rows(block, block_bytes, scales_at):
-    """An intrinsic f(a, b, xq, xd, xs16, f16) -> (a . x8, b . x8) for two whole rows of a k-quant and one
-    token's x8 (xq in the block's order, xd [n_blocks], xs16): a loop over the blocks in IR that scales the
+    """An intrinsic f(w, ra, rb, xq, xd, xs16, f16) -> (w[ra] . x8, w[rb] . x8) for two rows of a k-quant's matrix
+    w (uint8 [n_rows, row_bytes], see _row_at) and one token's x8 (xq in the block's order, xd [n_blocks], xs16): a loop over the blocks in IR that scales the
     int32 vectors of block(...) by their f16 scale at scales_at (byte offset, sign) times xd into one float
     vector a row, summed once a row. A numba loop over the blocks reduced every block's vectors to scalars first:
     a shuffle tree a block, on the shuffle port that Q4_K is bound by on the Xeon (llvm-mca)."""
     @intrinsic
-    def rows_dot(typingctx, a, b, xq, xd, xs16, f16):
+    def rows_dot(typingctx, w, ra, rb, xq, xd, xs16, f16):
         def codegen(context, builder, sig, args):
-            a_t, b_t, xq_t, xd_t, xs_t, f16_t = sig.args
-            a, b, xq, xd, xs16, f16 = args
+            row_t, ra_t, rb_t, xq_t, xd_t, xs_t, f16_t = sig.args
+            row, ra, rb, xq, xd, xs16, f16 = args
             vec = ir.VectorType(ir.FloatType(), 8)
-            n_blocks = builder.udiv(builder.extract_value(array_data(context, builder, a_t, a).shape, 0),
-                                    i64(block_bytes))
+            base_a, n_blocks = _row_at(context, builder, row_t, row, ra_t, ra, block_bytes)
+            base_b = _row_at(context, builder, row_t, row, rb_t, rb, block_bytes)[0]
 
             def body(i, accs):  # one block of both rows: their accumulators plus the block's scaled vectors
-                o = builder.mul(i, i64(block_bytes))
                 xd_i = builder.load(builder.gep(array_data(context, builder, xd_t, xd).data, [i]))
                 new = []
-                for row_t, row, acc in ((a_t, a, accs[0]), (b_t, b, accs[1])):
+                for base, acc in ((base_a, accs[0]), (base_b, accs[1])):
+                    o = builder.add(base, builder.mul(i, i64(block_bytes)))
                     vecs = block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i)
                     for v, (at, sign) in zip(vecs, scales_at):
                         scale = builder.fmul(half_ir(context, builder, row_t, row, builder.add(o, i64(at)), f16_t,
@@ -136,7 +147,7 @@ def _k_rows(block, block_bytes, scales_at):
             totals = ir_loop(builder, n_blocks, [vec([0.0] * 8)] * 2, body)
             return context.make_tuple(builder, sig.return_type, [fsum(builder, total) for total in totals])
 
-        return types.UniTuple(types.float32, 2)(a, b, xq, xd, xs16, f16), codegen
+        return types.UniTuple(types.float32, 2)(w, ra, rb, xq, xd, xs16, f16), codegen
 
     return rows_dot
 
@@ -148,23 +159,23 @@ dot_q6_k_rows = _k_rows(_q6_k_block, 210, ((208, 1),))
 
 
 def _b32_row(block_bytes, operands, min_at, offset):
-    """An intrinsic f(row, xq, xd, xs16, f16) -> float32: row . x8 for one row of a 32-value block type and one
-    token's x8 (xq, xd a block, xs16), in one IR loop over the blocks: each block's int32 partial sums times
+    """An intrinsic f(w, r, xq, xd, xs16, f16) -> float32: w[r] . x8 for row r of a 32-value block type's matrix
+    w (C-contiguous uint8 [n_rows, row_bytes]: no row view is made, see _row_at) and one token's x8 (xq, xd a block, xs16), in one IR loop over the blocks: each block's int32 partial sums times
     d * xd into a float vector, its minimum (min_at) or offset (-offset * d), if any, times the sum of xq into
     a float; one horizontal sum a row, where a numba loop paid one a block. operands(context, builder, row_t,
     row, o, x) -> (unsigned, signed) <32 x i8> whose products are the block's quants times x."""
     @intrinsic
-    def row_dot(typingctx, row, xq, xd, xs16, f16):
+    def row_dot(typingctx, w, r, xq, xd, xs16, f16):
         def codegen(context, builder, sig, args):
-            row_t, xq_t, xd_t, xs_t, f16_t = sig.args
-            row, xq, xd, xs16, f16 = args
+            row_t, r_t, xq_t, xd_t, xs_t, f16_t = sig.args
+            row, r, xq, xd, xs16, f16 = args
             f32, vec = ir.FloatType(), ir.VectorType(ir.FloatType(), 8)
-            n_blocks = builder.udiv(builder.extract_value(array_data(context, builder, row_t, row).shape, 0),
-                                    i64(block_bytes))
+            base, n_blocks = _row_at(context, builder, row_t, row, r_t, r, block_bytes)
 
             def body(k, values):  # block k: (float vector of d * xd * sums, float of the minimums or offsets)
                 acc, acc_s = values
-                o = builder.mul(k, i64(block_bytes))
+                o = builder.add(base, builder.mul(k, i64(block_bytes)))
+                prefetch(context, builder, row_t, row, builder.add(o, i64(PREFETCH_BYTES)))
                 x = load_bytes(context, builder, xq_t, xq, builder.mul(k, i64(32)), 32)
                 unsigned, signed = operands(context, builder, row_t, row, o, x)
                 xd_k = builder.load(builder.gep(array_data(context, builder, xd_t, xd).data, [k]))
@@ -183,7 +194,7 @@ def _b32_row(block_bytes, operands, min_at, offset):
             total, total_s = ir_loop(builder, n_blocks, [vec([0.0] * 8), ir.Constant(f32, 0.0)], body)
             return builder.fadd(fsum(builder, total), total_s)
 
-        return types.float32(row, xq, xd, xs16, f16), codegen
+        return types.float32(w, r, xq, xd, xs16, f16), codegen
 
     return row_dot
 
@@ -249,38 +260,45 @@ def q4_k_order(xq, xq4):
 
 
 @fast
-def dot8_q4_k(a, b, xq, xd, xs16, out, ra, rb, f16):
-    """out[t, ra] = a . x8[t] and out[t, rb] = b . x8[t] for every token t; a, b: uint8 [row_bytes] of Q4_K rows
-    ra and rb, x in blocks of 256."""
-    for t in range(xq.shape[0]):  # xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq)) a block
-        out[t, ra], out[t, rb] = dot_q4_k_rows(a, b, xq[t], xd[t], xs16[t], f16)
+def dot8_q4_k(w, r0, r1, xq, xd, xs16, out, f16):
+    """out[r] = w[r] . x8 for the Q4_K rows r0..r1 - 1 of w: uint8 [n_rows, row_bytes] and one token's x8 (xq in
+    q4_k_order, blocks of 256). Row r pairs with the row half the range on, so both walk on through memory (a pair
+    of neighbours restarts two streams every pair: half the speed from DRAM); an odd last row pairs with itself."""
+    half_rows = (r1 - r0 + 1) // 2
+    for r in range(r0, r0 + half_rows):  # xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq)) a block
+        r_b = r + half_rows if r + half_rows < r1 else r
+        out[r], out[r_b] = dot_q4_k_rows(w, r, r_b, xq, xd, xs16, f16)
 
 
 @fast
-def dot8_q6_k(a, b, xq, xd, xs16, out, ra, rb, f16):
+def dot8_q6_k(w, r0, r1, xq, xd, xs16, out, f16):
     """As dot8_q4_k for Q6_K."""
-    for t in range(xq.shape[0]):
-        out[t, ra], out[t, rb] = dot_q6_k_rows(a, b, xq[t], xd[t], xs16[t], f16)
+    half_rows = (r1 - r0 + 1) // 2
+    for r in range(r0, r0 + half_rows):
+        r_b = r + half_rows if r + half_rows < r1 else r
+        out[r], out[r_b] = dot_q6_k_rows(w, r, r_b, xq, xd, xs16, f16)
 
 
 @fast
-def dot8_q8_0(row, xq, xd, xs16, out, r, f16):
-    """As dot8_q4_k for one Q8_0 row, whose blocks of 32 match x's (its own function: called from dot8_b32's
-    dispatch it ran 12% slower on one core, 12.1 -> 10.8 GB/s)."""
-    for t in range(xq.shape[0]):
-        out[t, r] = dot_q8_0_row(row, xq[t], xd[t], xs16[t], f16)
+def dot8_q8_0(w, r0, r1, xq, xd, xs16, out, f16):
+    """As dot8_q4_k for Q8_0 rows, whose blocks of 32 match x's, one row at a time."""
+    for r in range(r0, r1):
+        out[r] = dot_q8_0_row(w, r, xq, xd, xs16, f16)
 
 
 @fast
-def dot8_b32(tid, row, xq, xd, xs16, out, r, f16):
-    """As dot8_q8_0 for one row of Q4_0, Q4_1, Q5_0 or Q5_1 (tid): a block is d * (q - 8) (Q4_0), d * (q - 16)
+def dot8_b32(tid, w, r0, r1, xq, xd, xs16, out, f16):
+    """As dot8_q8_0 for rows of Q4_0, Q4_1, Q5_0 or Q5_1 (tid): a block is d * (q - 8) (Q4_0), d * (q - 16)
     (Q5_0), d * q + m (Q4_1, Q5_1)."""
-    for t in range(xq.shape[0]):
-        if tid == Q4_0:
-            out[t, r] = dot_q4_0_row(row, xq[t], xd[t], xs16[t], f16)
-        elif tid == Q5_0:
-            out[t, r] = dot_q5_0_row(row, xq[t], xd[t], xs16[t], f16)
-        elif tid == Q4_1:
-            out[t, r] = dot_q4_1_row(row, xq[t], xd[t], xs16[t], f16)
-        else:
-            out[t, r] = dot_q5_1_row(row, xq[t], xd[t], xs16[t], f16)
+    if tid == Q4_0:
+        for r in range(r0, r1):
+            out[r] = dot_q4_0_row(w, r, xq, xd, xs16, f16)
+    elif tid == Q5_0:
+        for r in range(r0, r1):
+            out[r] = dot_q5_0_row(w, r, xq, xd, xs16, f16)
+    elif tid == Q4_1:
+        for r in range(r0, r1):
+            out[r] = dot_q4_1_row(w, r, xq, xd, xs16, f16)
+    else:
+        for r in range(r0, r1):
+            out[r] = dot_q5_1_row(w, r, xq, xd, xs16, f16)

@@ -42,6 +42,15 @@ def call(builder, name, ret, args):
     return builder.call(fn, args)
 
 
+def prefetch(context, builder, arr_type, arr, off):
+    """A hint to fetch the cache line of arr[off] (a 1-d byte array; off may lie past its end: a prefetch never
+    faults)."""
+    ptr = builder.gep(context.make_array(arr_type)(context, builder, arr).data, [off])
+    i32 = ir.IntType(32)
+    call(builder, "llvm.prefetch.p0i8", ir.VoidType(), [builder.bitcast(ptr, ir.IntType(8).as_pointer()),
+                                                        i32(0), i32(3), i32(1)])
+
+
 def fold(builder, vec):
     """Its first half plus its second half: <n/2 x iN> of an <n x iN>, lanes summing to the same."""
     n = vec.type.count

@@ -15,9 +15,10 @@ from kernels.cpu_types import Q4_K, Q6_K, Q8_0, fast  # noqa: E402
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_dequant", "cpu_dot_float", "cpu_dot_int8")
-INLINED_DIGEST = "6754eb882181e9f8"
+INLINED_DIGEST = "f58fa2ff12d35520"
 
 MATVEC_CHUNKS = 64  # row chunks of a matvec shared out to the threads: several per thread evens out their finish
+TOKEN_PASS_ROWS = 16  # rows that each of a few tokens passes over in turn (see matvecs_int8)
 
 
 @fast
@@ -93,23 +94,20 @@ def matvecs_int8(tids, ws, x, outs, f16, n_chunks, own_row=False):
         k, j = first[m + 1] - first[m], c - first[m]
         r0, r1 = j * w.shape[0] // k, (j + 1) * w.shape[0] // k
         t0, t1 = (m, m + 1) if own_row else (0, n_tokens)  # the rows of x this matrix multiplies
-        if tid == Q8_0:
-            for r in range(r0, r1):
-                dot8_q8_0(w[r], xq8[t0:t1], xd8[t0:t1], xs8[t0:t1], out, r, f16)
-            continue
-        if tid != Q4_K and tid != Q6_K:
-            for r in range(r0, r1):
-                dot8_b32(tid, w[r], xq8[t0:t1], xd8[t0:t1], xs8[t0:t1], out, r, f16)
-            continue
-        half_rows = (r1 - r0 + 1) // 2
-        for r in range(r0, r0 + half_rows):
-            # row r pairs with the row half a chunk on, so both walk on through memory (a pair of neighbours
-            # restarts two streams every pair: half the speed from DRAM); an odd last row pairs with itself
-            r_b = r + half_rows if r + half_rows < r1 else r
-            if tid == Q4_K:
-                dot8_q4_k(w[r], w[r_b], xq4[t0:t1], xd[t0:t1], xs16[t0:t1], out, r, r_b, f16)
-            else:
-                dot8_q6_k(w[r], w[r_b], xq[t0:t1], xd[t0:t1], xs16[t0:t1], out, r, r_b, f16)
+        # a few tokens: TOKEN_PASS_ROWS rows at a time, which stay in L1 while each token passes over them
+        step = r1 - r0 if t1 - t0 == 1 else TOKEN_PASS_ROWS
+        for ra in range(r0, r1, step):
+            rb = min(ra + step, r1)
+            for t in range(t0, t1):
+                y = out[t - t0]
+                if tid == Q4_K:
+                    dot8_q4_k(w, ra, rb, xq4[t], xd[t], xs16[t], y, f16)
+                elif tid == Q6_K:
+                    dot8_q6_k(w, ra, rb, xq[t], xd[t], xs16[t], y, f16)
+                elif tid == Q8_0:
+                    dot8_q8_0(w, ra, rb, xq8[t], xd8[t], xs8[t], y, f16)
+                else:
+                    dot8_b32(tid, w, ra, rb, xq8[t], xd8[t], xs8[t], y, f16)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)

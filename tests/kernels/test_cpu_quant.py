@@ -194,10 +194,10 @@ def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
         rows = cpu_dot_int8.dot_q4_k_rows if name == "Q4_K" else cpu_dot_int8.dot_q6_k_rows
 
         @nb.njit  # not cached: compiled anew under each _simd
-        def block_dots(a, b, xq, xs16):
-            return np.array(rows(a, b, xq, xd, xs16, F16_TO_F32))
+        def block_dots(w, xq, xs16):
+            return np.array(rows(w, 0, 1, xq, xd, xs16, F16_TO_F32))
 
-        results[simd] = block_dots(w[0], w[1], xq, xs16)
+        results[simd] = block_dots(w, xq, xs16)
         llvm_ir = next(iter(block_dots.inspect_llvm().values()))
         assert ("llvm.x86.avx" not in llvm_ir) if ir_name is None else (ir_name in llvm_ir)
     np.testing.assert_array_equal(results["avx2"], results["avx512bw"])
@@ -218,10 +218,10 @@ def test_block32_rows_agree_on_every_simd_path(name, monkeypatch):
         row_dot = getattr(cpu_dot_int8, f"dot_{name.lower()}_row")
 
         @nb.njit  # not cached: compiled anew under each _simd
-        def dot(row, xq, xd, xs16):
-            return row_dot(row, xq, xd, xs16, F16_TO_F32)
+        def dot(w, xq, xd, xs16):
+            return row_dot(w, 0, xq, xd, xs16, F16_TO_F32)
 
-        results[simd] = dot(w[0], xq, xd, xs16)
+        results[simd] = dot(w, xq, xd, xs16)
         assert ("llvm.x86.avx2.pmadd.ub.sw" in next(iter(dot.inspect_llvm().values()))) == (simd == "avx2")
     assert results["avx2"] == results[""]
 
