@@ -158,49 +158,57 @@ dot_q6_k_rows = _k_rows(_q6_k_block, 210, ((208, 1),))
 
 
 
-def _b32_row(block_bytes, operands, min_at, offset):
-    """An intrinsic f(w, r, xq, xd, xs16, f16) -> float32: w[r] . x8 for row r of a 32-value block type's matrix
-    w (C-contiguous uint8 [n_rows, row_bytes]: no row view is made, see _row_at) and one token's x8 (xq, xd a block, xs16), in one IR loop over the blocks: each block's int32 partial sums times
-    d * xd into a float vector, its minimum (min_at) or offset (-offset * d), if any, times the sum of xq into
-    a float; one horizontal sum a row, where a numba loop paid one a block. operands(context, builder, row_t,
-    row, o, x) -> (unsigned, signed) <32 x i8> whose products are the block's quants times x."""
+def _b32_rows(block_bytes, operands, min_at, offset):
+    """An intrinsic f(w, ra, rb, xq, xd, xs16, f16) -> (w[ra] . x8, w[rb] . x8) for two rows of a 32-value block
+    type's matrix w (C-contiguous uint8 [n_rows, row_bytes]: no row view is made, see _row_at) and one token's x8
+    (xq, xd a block, xs16), in one IR loop over the blocks: each block's int32 partial sums times d * xd into a
+    float vector a row, its minimum (min_at) or offset (-offset * d), if any, times the sum of xq into a float;
+    one horizontal sum a row, where a numba loop paid one a block. Two rows share each block of x (its load, scale
+    and sum) and keep two chains in flight. operands(context, builder, row_t, row, o, x) -> (unsigned, signed)
+    <32 x i8> whose products are the block's quants times x."""
     @intrinsic
-    def row_dot(typingctx, w, r, xq, xd, xs16, f16):
+    def rows_dot(typingctx, w, ra, rb, xq, xd, xs16, f16):
         def codegen(context, builder, sig, args):
-            row_t, r_t, xq_t, xd_t, xs_t, f16_t = sig.args
-            row, r, xq, xd, xs16, f16 = args
+            row_t, ra_t, rb_t, xq_t, xd_t, xs_t, f16_t = sig.args
+            row, ra, rb, xq, xd, xs16, f16 = args
             f32, vec = ir.FloatType(), ir.VectorType(ir.FloatType(), 8)
-            base, n_blocks = _row_at(context, builder, row_t, row, r_t, r, block_bytes)
+            base_a, n_blocks = _row_at(context, builder, row_t, row, ra_t, ra, block_bytes)
+            base_b = _row_at(context, builder, row_t, row, rb_t, rb, block_bytes)[0]
 
-            def body(k, values):  # block k: (float vector of d * xd * sums, float of the minimums or offsets)
-                acc, acc_s = values
-                o = builder.add(base, builder.mul(k, i64(block_bytes)))
-                prefetch(context, builder, row_t, row, builder.add(o, i64(PREFETCH_BYTES)))
+            def body(k, values):  # block k: per row (float vector of d * xd * sums, float of the minimums or offsets)
                 x = load_bytes(context, builder, xq_t, xq, builder.mul(k, i64(32)), 32)
-                unsigned, signed = operands(context, builder, row_t, row, o, x)
                 xd_k = builder.load(builder.gep(array_data(context, builder, xd_t, xd).data, [k]))
-                d = builder.fmul(half_ir(context, builder, row_t, row, o, f16_t, f16), xd_k)
                 sums = load(context, builder, xs_t, xs16, builder.mul(k, i64(2)), 2, bits=16)
                 halves = [builder.sext(builder.extract_element(sums, i64(h)), ir.IntType(32)) for h in range(2)]
                 xsum = builder.sitofp(builder.add(*halves), f32)
-                if min_at is not None:
-                    m = half_ir(context, builder, row_t, row, builder.add(o, i64(min_at)), f16_t, f16)
-                    acc_s = builder.fadd(acc_s, builder.fmul(builder.fmul(m, xd_k), xsum))
-                elif offset:
-                    acc_s = builder.fadd(acc_s, builder.fmul(builder.fmul(d, ir.Constant(f32, -float(offset))), xsum))
-                dots = builder.sitofp(madd32(context, builder, unsigned, signed), vec)
-                return [builder.fadd(acc, builder.fmul(dots, splat_f(builder, d, 8))), acc_s]
+                new = []
+                for base, acc, acc_s in ((base_a, *values[:2]), (base_b, *values[2:])):
+                    o = builder.add(base, builder.mul(k, i64(block_bytes)))
+                    prefetch(context, builder, row_t, row, builder.add(o, i64(PREFETCH_BYTES)))
+                    unsigned, signed = operands(context, builder, row_t, row, o, x)
+                    d = builder.fmul(half_ir(context, builder, row_t, row, o, f16_t, f16), xd_k)
+                    if min_at is not None:
+                        m = half_ir(context, builder, row_t, row, builder.add(o, i64(min_at)), f16_t, f16)
+                        acc_s = builder.fadd(acc_s, builder.fmul(builder.fmul(m, xd_k), xsum))
+                    elif offset:
+                        acc_s = builder.fadd(acc_s, builder.fmul(builder.fmul(d, ir.Constant(f32, -float(offset))),
+                                                                 xsum))
+                    dots = builder.sitofp(madd32(context, builder, unsigned, signed), vec)
+                    new += [builder.fadd(acc, builder.fmul(dots, splat_f(builder, d, 8))), acc_s]
+                return new
 
-            total, total_s = ir_loop(builder, n_blocks, [vec([0.0] * 8), ir.Constant(f32, 0.0)], body)
-            return builder.fadd(fsum(builder, total), total_s)
+            zeros = [vec([0.0] * 8), ir.Constant(f32, 0.0)]
+            total_a, total_sa, total_b, total_sb = ir_loop(builder, n_blocks, zeros * 2, body)
+            return context.make_tuple(builder, sig.return_type, [builder.fadd(fsum(builder, total_a), total_sa),
+                                                                 builder.fadd(fsum(builder, total_b), total_sb)])
 
-        return types.float32(w, r, xq, xd, xs16, f16), codegen
+        return types.UniTuple(types.float32, 2)(w, ra, rb, xq, xd, xs16, f16), codegen
 
-    return row_dot
+    return rows_dot
 
 
 def _nibbles_at(quants_at, qh_at=None):
-    """operands of _b32_row for 4-bit quants at quants_at (their 5th bits in the word at qh_at) and x."""
+    """operands of _b32_rows for 4-bit quants at quants_at (their 5th bits in the word at qh_at) and x."""
     def operands(context, builder, row_t, row, o, x):
         quants = _nibbles32(context, builder, row_t, row, builder.add(o, i64(quants_at)))
         if qh_at is not None:
@@ -219,11 +227,11 @@ def _q8_0_operands(context, builder, row_t, row, o, x):
 
 
 # (block bytes, its operands, minimum at, offset) of ggml's blocks: d f16 first in each
-dot_q4_0_row = _b32_row(18, _nibbles_at(2), None, 8)
-dot_q4_1_row = _b32_row(20, _nibbles_at(4), 2, 0)
-dot_q5_0_row = _b32_row(22, _nibbles_at(6, 2), None, 16)
-dot_q5_1_row = _b32_row(24, _nibbles_at(8, 4), 2, 0)
-dot_q8_0_row = _b32_row(34, _q8_0_operands, None, 0)
+dot_q4_0_rows = _b32_rows(18, _nibbles_at(2), None, 8)
+dot_q4_1_rows = _b32_rows(20, _nibbles_at(4), 2, 0)
+dot_q5_0_rows = _b32_rows(22, _nibbles_at(6, 2), None, 16)
+dot_q5_1_rows = _b32_rows(24, _nibbles_at(8, 4), 2, 0)
+dot_q8_0_rows = _b32_rows(34, _q8_0_operands, None, 0)
 
 
 @fast
@@ -281,24 +289,25 @@ def dot8_q6_k(w, r0, r1, xq, xd, xs16, out, f16):
 
 @fast
 def dot8_q8_0(w, r0, r1, xq, xd, xs16, out, f16):
-    """As dot8_q4_k for Q8_0 rows, whose blocks of 32 match x's, one row at a time."""
-    for r in range(r0, r1):
-        out[r] = dot_q8_0_row(w, r, xq, xd, xs16, f16)
+    """As dot8_q4_k for Q8_0 rows, whose blocks of 32 match x's."""
+    half_rows = (r1 - r0 + 1) // 2
+    for r in range(r0, r0 + half_rows):
+        r_b = r + half_rows if r + half_rows < r1 else r
+        out[r], out[r_b] = dot_q8_0_rows(w, r, r_b, xq, xd, xs16, f16)
 
 
 @fast
 def dot8_b32(tid, w, r0, r1, xq, xd, xs16, out, f16):
     """As dot8_q8_0 for rows of Q4_0, Q4_1, Q5_0 or Q5_1 (tid): a block is d * (q - 8) (Q4_0), d * (q - 16)
     (Q5_0), d * q + m (Q4_1, Q5_1)."""
-    if tid == Q4_0:
-        for r in range(r0, r1):
-            out[r] = dot_q4_0_row(w, r, xq, xd, xs16, f16)
-    elif tid == Q5_0:
-        for r in range(r0, r1):
-            out[r] = dot_q5_0_row(w, r, xq, xd, xs16, f16)
-    elif tid == Q4_1:
-        for r in range(r0, r1):
-            out[r] = dot_q4_1_row(w, r, xq, xd, xs16, f16)
-    else:
-        for r in range(r0, r1):
-            out[r] = dot_q5_1_row(w, r, xq, xd, xs16, f16)
+    half_rows = (r1 - r0 + 1) // 2
+    for r in range(r0, r0 + half_rows):
+        r_b = r + half_rows if r + half_rows < r1 else r
+        if tid == Q4_0:
+            out[r], out[r_b] = dot_q4_0_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == Q5_0:
+            out[r], out[r_b] = dot_q5_0_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == Q4_1:
+            out[r], out[r_b] = dot_q4_1_rows(w, r, r_b, xq, xd, xs16, f16)
+        else:
+            out[r], out[r_b] = dot_q5_1_rows(w, r, r_b, xq, xd, xs16, f16)

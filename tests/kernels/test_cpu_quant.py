@@ -208,18 +208,18 @@ def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
 def test_block32_rows_agree_on_every_simd_path(name, monkeypatch):
     """The generic-IR version of the 32-value block rows (for CPUs without AVX2) gives what the AVX2 one the
     kernels use here gives, lane for lane, so the same float results."""
-    w = random_weight(name, 1, 2048)
+    w = random_weight(name, 2, 2048)
     xq = np.random.default_rng(3).integers(-127, 128, 2048).astype(np.int8)
     xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int16)
     xd = np.random.default_rng(4).random(64, np.float32)
     results = {}
     for simd in ("avx2", ""):
         monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
-        row_dot = getattr(cpu_dot_int8, f"dot_{name.lower()}_row")
+        rows_dot = getattr(cpu_dot_int8, f"dot_{name.lower()}_rows")
 
         @nb.njit  # not cached: compiled anew under each _simd
         def dot(w, xq, xd, xs16):
-            return row_dot(w, 0, xq, xd, xs16, F16_TO_F32)
+            return rows_dot(w, 0, 1, xq, xd, xs16, F16_TO_F32)
 
         results[simd] = dot(w, xq, xd, xs16)
         assert ("llvm.x86.avx2.pmadd.ub.sw" in next(iter(dot.inspect_llvm().values()))) == (simd == "avx2")
