@@ -66,6 +66,7 @@ class CPUBackend:
         self.tokens = np.zeros(0, np.int32)  # [n] the tokens of this step
         self.pos = 0  # position of tokens[0]
         self._inv_freq = {}  # (base, scale) -> [rope_dim // 2]
+        self._cos_sin = {}  # (base, scale) -> ((pos, n), (cos, sin) [n, rope_dim // 2]) of the last positions
         self._rope_freqs = weights.rope_freqs
 
     def set_input(self, tokens: np.ndarray, pos: int) -> None:
@@ -110,8 +111,12 @@ class CPUBackend:
         key = (base, scale)
         if key not in self._inv_freq:
             self._inv_freq[key] = cpu_ops.rope_inv_freq(self.cfg.rope_dim, base, self._rope_freqs) * scale
-        positions = np.arange(self.pos, self.pos + len(x))
-        return cpu_ops.rope(x, positions, self._inv_freq[key], self.cfg.rope_style)
+        at, cos_sin = self._cos_sin.get(key, (None, None))
+        if at != (self.pos, len(x)):  # once a forward pass per base, not for each layer's q and k
+            at = (self.pos, len(x))
+            cos_sin = cpu_ops.rope_cos_sin(np.arange(self.pos, self.pos + len(x)), self._inv_freq[key])
+            self._cos_sin[key] = at, cos_sin
+        return cpu_ops.rope_rotate(x, *cos_sin, self.cfg.rope_style)
 
     def kv_write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """k [n, n_kv, hd], v [n, n_kv, vd] stored at positions pos..pos+n-1."""

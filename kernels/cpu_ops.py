@@ -21,7 +21,7 @@ ATTENTION_PARALLEL_WORK = 1 << 16
 GLU_PARALLEL_SIZE = 1 << 16
 
 
-@_jit
+@nb.njit(cache=True, nogil=True, fastmath=True)  # fastmath: the sum of squares vectorizes (strict order did not)
 def _rms_norm(x, weight, eps, out):  # x, out [rows, d]
     for r in range(x.shape[0]):
         ss = 0.0
@@ -46,29 +46,38 @@ def rope_inv_freq(rope_dim: int, base: float, freq_factors: np.ndarray | None = 
     return inv / freq_factors if freq_factors is not None else inv
 
 
+def rope_cos_sin(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin, float32 [n, len(inv_freq)], of the angles positions x inv_freq (in float64). A forward pass
+    computes them once per rope base and uses them in every layer's q and k (see rope_rotate)."""
+    theta = np.asarray(positions, np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+
+
 @_jit
-def _rope(x, positions, inv_freq, neox, out):  # x, out [n, heads, head_dim]
-    half = inv_freq.shape[0]
+def _rope_rotate(x, cos, sin, neox, out):  # x, out [n, heads, head_dim]; cos, sin [n, half]
+    half = cos.shape[1]
     for t in range(x.shape[0]):
-        for i in range(half):
-            theta = positions[t] * inv_freq[i]
-            c, s = np.float32(math.cos(theta)), np.float32(math.sin(theta))
-            a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
-            for h in range(x.shape[1]):
+        for h in range(x.shape[1]):
+            for i in range(half):
+                c, s = cos[t, i], sin[t, i]
+                a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
                 x0, x1 = x[t, h, a], x[t, h, b]
                 out[t, h, a] = x0 * c - x1 * s
                 out[t, h, b] = x0 * s + x1 * c
 
 
-def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, style: str) -> np.ndarray:
-    """Rotate x [n, heads, head_dim] by position. style "normal": pairs (2i, 2i+1); "neox": (i, i + half).
-
-    Only the first 2 * len(inv_freq) dims of each head rotate; the rest pass through.
-    """
+def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndarray:
+    """Rotate x [n, heads, head_dim] by the angles of rope_cos_sin. style "normal": pairs (2i, 2i+1); "neox":
+    (i, i + half). Only the first 2 * cos.shape[1] dims of each head rotate; the rest pass through."""
     x = np.ascontiguousarray(x, np.float32)
     out = x.copy()
-    _rope(x, np.asarray(positions, np.int64), inv_freq, style == "neox", out)
+    _rope_rotate(x, cos, sin, style == "neox", out)
     return out
+
+
+def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, style: str) -> np.ndarray:
+    """Rotate x [n, heads, head_dim] by position (see rope_rotate)."""
+    return rope_rotate(x, *rope_cos_sin(positions, inv_freq), style)
 
 
 @nb.njit(cache=True, nogil=True, fastmath=True)
