@@ -45,8 +45,9 @@ PREFILL_CHUNK = 512
 PREFILL_TILE_ELEMS_DIVISOR = 2
 # From this many tokens a prompt chunk's experts run grouped by expert (kernels/moe_mm.cu: each chosen expert's
 # weight tiles dequantized once per 64 of its pairs, tensor cores); below, per (token, slot) pair with the decode
-# kernels, which read an expert's weights once a pair but no tile of one twice in a row.
-GROUPED_MIN_TOKENS = 8
+# kernels. Qwen3-30B-A3B's layer on the H100 (kernels/bench_moe.py, us grouped / per pair): 32 tokens 603 / 300,
+# 64 tokens 648 / 597, 512 tokens 709 / 4567.
+GROUPED_MIN_TOKENS = 64
 # The most of a CPU layer's matrix rows the GPU may multiply over PCIe (inference/gpu_share.py): the CPU keeps some
 MAX_GPU_SHARE = 0.9
 # The share by default: the fastest measured on the H100 machine, at 16 and at 24 of llama3-8b's 32 layers on the
