@@ -43,6 +43,11 @@ def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.
 OFFLOAD_MIN_TOKENS = 32  # llama.cpp's threshold for running a CPU weight's matmul on the GPU
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False  # as the file's mmap: the kernels compile once for read-only weights
+    return a
+
+
 class CPUBackend:
     """Holds the KV cache of its layers and the input buffers (tokens, start position) the forward pass reads.
 
@@ -68,6 +73,10 @@ class CPUBackend:
         self._inv_freq = {}  # (base, scale) -> [rope_dim // 2]
         self._cos_sin = {}  # (base, scale) -> ((pos, n), (cos, sin) [n, rope_dim // 2]) of the last positions
         self._rope_freqs = weights.rope_freqs
+        # (the file's bytes, a copy of them in anonymous memory) of the output head, made on its first use: the
+        # largest matrix, read whole every token (Gemma 3 270M: 178 MB, ~40% of a token), read ~13% faster from
+        # the copy than from the file's mmap on the 2-core machine (numpy puts it on huge pages)
+        self._head = None
 
     def set_input(self, tokens: np.ndarray, pos: int) -> None:
         self.tokens = np.asarray(tokens, np.int32)
@@ -125,8 +134,11 @@ class CPUBackend:
         self.v_cache[layer][:, self.pos:self.pos + n] = v.transpose(1, 0, 2)
 
     def rope_kv_write(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, base: float,
-                      scale: float) -> np.ndarray:
-        """q and k rotated for positions pos..pos+n-1, k and v stored in the cache; returns the rotated q."""
+                      scale: float, head_norms: tuple | None = None) -> np.ndarray:
+        """q and k rotated for positions pos..pos+n-1, k and v stored in the cache; returns the rotated q.
+        head_norms (q_norm, k_norm): q and k normalized per head first (qwen3, gemma3)."""
+        if head_norms is not None:
+            q, k = self.rms_norm(q, head_norms[0]), self.rms_norm(k, head_norms[1])
         self.kv_write(layer, self.rope(k, base, scale), v)
         return self.rope(q, base, scale)
 
@@ -150,6 +162,8 @@ class CPUBackend:
         return x + moe_experts(experts, h, ids, weights, self.cfg.activation)
 
     def logits(self, w: QuantMatrix, x: np.ndarray) -> np.ndarray:
-        y = quantized_matmul(w.data, w.qtype, x)  # [n, n_vocab]
+        if self._head is None or self._head[0] is not w.data:
+            self._head = w.data, _read_only(np.array(w.data))
+        y = quantized_matmul(self._head[1], w.qtype, x)  # [n, n_vocab]
         c = self.cfg.final_softcap
         return c * np.tanh(y / c) if c > 0 else y

@@ -260,15 +260,19 @@ class CUDABackend:
         return out
 
     def rope_kv_write(self, layer: int, q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, base: float,
-                      scale: float) -> cp.ndarray:
-        """q [n, heads, head_dim] and k rotated in place for positions pos..pos+n-1, then k and v stored in the
-        layer's cache, in one launch; returns q."""
+                      scale: float, head_norms: tuple | None = None) -> cp.ndarray:
+        """q [n, heads, head_dim] and k (normalized per head first with head_norms) rotated in place for
+        positions pos..pos+n-1, then k and v stored in the layer's cache, in one launch; returns q."""
         key = (base, scale)
         if key not in self._inv_freq:
             with self.stream:
                 self._inv_freq[key] = cuda_ops.rope_inv_freq(self.cfg.rope_dim, base, self._rope_freqs) * scale
+        if head_norms is not None and q.shape[2] % cuda_ops.HEAD_NORM_MULTIPLE:
+            q, k = (self.rms_norm(a, w) for a, w in zip((q, k), head_norms))  # no whole warps for the fused norms
+            head_norms = None
+        norms = None if head_norms is None else tuple(self._dev[id(w)] for w in head_norms)
         cuda_ops.rope_kv_write(q, k, v, self._inv_freq[key], self.pos, self.cfg.rope_style == "neox",
-                               *self.caches[layer], stream=self.stream)
+                               *self.caches[layer], head_norms=norms, eps=self.cfg.rms_eps, stream=self.stream)
         return q
 
     def attention(self, layer: int, q: cp.ndarray, window: int, scale: float) -> cp.ndarray:

@@ -20,10 +20,8 @@ def layer(be, cfg: ModelConfig, lw: LayerWeights, i: int, x):
     q = q.reshape(n, cfg.n_heads, cfg.head_dim)
     k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
     v = v.reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
-    if cfg.qk_norm:
-        q = be.rms_norm(q, lw.attn_q_norm)
-        k = be.rms_norm(k, lw.attn_k_norm)
-    q = be.rope_kv_write(i, q, k, v, cfg.layer_rope_base(i), cfg.layer_rope_scale(i))
+    head_norms = (lw.attn_q_norm, lw.attn_k_norm) if cfg.qk_norm else None
+    q = be.rope_kv_write(i, q, k, v, cfg.layer_rope_base(i), cfg.layer_rope_scale(i), head_norms)
     a = be.attention(i, q, cfg.layer_window(i), cfg.softmax_scale)  # [n, n_heads * v_head_dim]
     x = be.add_matmul(x, lw.attn_output, a, lw.post_attention_norm if cfg.sandwich_norm else None)
 

@@ -30,6 +30,7 @@ SAMPLE_K_MAX = 64  # sample.cu: K_MAX, candidates kept (top_k is capped here)
 SAMPLE_THREADS = 1024  # sample.cu: SAMPLE_THREADS
 MAX_HISTORY = 1024  # the penalty takes one thread per history entry
 NORM_Q8_MAX = 4 * 4 * 1024  # norm_rope.cu: NORM_CHUNKS float4s a thread, 1024 threads
+HEAD_NORM_MULTIPLE = 64  # rope_kv_write's head norms: a block of head_dim / 2 threads, whole warps
 
 
 def _stream(stream):
@@ -172,8 +173,12 @@ def kv_write(k: cp.ndarray, v: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndar
 
 
 def rope_kv_write(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, inv_freq: cp.ndarray, pos: cp.ndarray, neox: bool,
-                  k_cache: cp.ndarray, v_cache: cp.ndarray, stream=None) -> None:
-    """rope(q, k, ...) then kv_write(k, v, ...) in one launch (one graph node less a layer), same results."""
+                  k_cache: cp.ndarray, v_cache: cp.ndarray, head_norms: tuple | None = None, eps: float = 0.0,
+                  stream=None) -> None:
+    """rope(q, k, ...) then kv_write(k, v, ...) in one launch (one graph node less a layer), same results.
+    head_norms (q_norm, k_norm), float32 [head_dim] each: q and k normalized per head first, as rms_norm(q,
+    q_norm, eps) and rms_norm(k, k_norm, eps) would (in the same launch: two nodes less); head_dim a multiple
+    of HEAD_NORM_MULTIPLE."""
     n_head_kv, max_ctx, head_dim = _check_cache(k_cache, v_cache)
     n_tok, n_head = (q.shape[0], q.shape[1]) if isinstance(q, cp.ndarray) and q.ndim == 3 else (-1, -1)
     _check("q", q, cp.float32, (n_tok, n_head, head_dim))
@@ -183,10 +188,17 @@ def rope_kv_write(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, inv_freq: cp.ndar
     _check("inv_freq", inv_freq, cp.float64, (n_pairs,))
     if not 0 < 2 * n_pairs <= head_dim or head_dim % 2:
         raise ValueError(f"rope_kv_write: {n_pairs} pairs do not fit a head of {head_dim}")
+    if head_norms is not None:
+        if head_dim % HEAD_NORM_MULTIPLE:
+            raise ValueError(f"rope_kv_write: head norms need a head_dim multiple of {HEAD_NORM_MULTIPLE}")
+        for name, w in zip(("q_norm", "k_norm"), head_norms):
+            _check(name, w, cp.float32, (head_dim,))
     _check_pos(pos)
     grid = (n_tok, math.ceil((n_head + n_head_kv) / 8))  # norm_rope.cu: ROPE_HEADS
+    q_norm, k_norm = head_norms or (inv_freq, inv_freq)  # not read without head_norm
     args = (q, k, v, k_cache, v_cache, inv_freq, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(head_dim),
-            np.int32(n_pairs), np.int32(bool(neox)), np.int32(max_ctx))
+            np.int32(n_pairs), np.int32(bool(neox)), np.int32(max_ctx), q_norm, k_norm,
+            np.int32(head_norms is not None), np.float32(eps))
     with _stream(stream):
         kernel("norm_rope.cu", "rope_kv_write")(grid, (head_dim // 2,), args)
 

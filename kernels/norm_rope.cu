@@ -98,16 +98,19 @@ extern "C" __global__ void rope(float* __restrict__ q, float* __restrict__ k, co
     }
 }
 
-// rope and kv_write in one launch (a graph node less a layer): q, k rotated in place as rope() does, then
-// the rotated k and v [n_tok, n_head_kv, head_dim] stored as fp16 at positions pos[0] + t of the caches
-// (dropped past max_ctx). Thread i < head_dim / 2 takes pair i when i < n_pairs, else the unrotated dims
-// 2i and 2i+1 (only copied, for k and v).
+// The q/k head norms (qwen3, gemma3), rope and kv_write in one launch (three graph nodes less a layer): with
+// head_norm, each head of q and k is first normalized as rms_norm does per head (x / sqrt(mean(x^2) + eps) * w,
+// w = q_norm or k_norm [head_dim]); then q, k rotated in place as rope() does, and the rotated k and v
+// [n_tok, n_head_kv, head_dim] stored as fp16 at positions pos[0] + t of the caches (dropped past max_ctx).
+// Thread i < head_dim / 2 takes pair i when i < n_pairs, else the unrotated dims 2i and 2i+1 (normalized
+// and copied). head_norm needs head_dim a multiple of 64 (block_sum_f's whole warps).
 // Launch: grid (n_tok, ceil((n_head + n_head_kv) / ROPE_HEADS)), block head_dim / 2.
 extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
                                          __half* __restrict__ k_cache, __half* __restrict__ v_cache,
                                          const double* __restrict__ inv_freq, const int* __restrict__ pos,
                                          int n_head, int n_head_kv, int head_dim, int n_pairs, int neox,
-                                         int max_ctx) {
+                                         int max_ctx, const float* __restrict__ q_norm,
+                                         const float* __restrict__ k_norm, int head_norm, float eps) {
     int i = threadIdx.x, t = blockIdx.x, p = pos[0] + t;
     bool rotated = i < n_pairs;
     float sf = 0.0f, cf = 1.0f;
@@ -119,25 +122,24 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
     }
     int a = rotated && neox ? i : 2 * i, b = rotated && neox ? i + n_pairs : 2 * i + 1;
     int h_end = min(n_head + n_head_kv, (int)(blockIdx.y + 1) * ROPE_HEADS);
-    for (int h = blockIdx.y * ROPE_HEADS; h < h_end; ++h) {
-        if (h < n_head) {
-            if (!rotated) continue;
-            float* x = q + ((size_t)t * n_head + h) * head_dim;
-            float x0 = x[a], x1 = x[b];
-            rotate(x0, x1, cf, sf);
+    for (int h = blockIdx.y * ROPE_HEADS; h < h_end; ++h) {  // the same heads for the whole block
+        bool is_q = h < n_head;
+        int hk = h - n_head;
+        size_t row = is_q ? ((size_t)t * n_head + h) * head_dim : ((size_t)t * n_head_kv + hk) * head_dim;
+        float* x = (is_q ? q : k) + row;
+        float x0 = x[a], x1 = x[b];
+        if (head_norm) {
+            float inv = rsqrtf(block_sum_f(x0 * x0 + x1 * x1) / (float)head_dim + eps);
+            const float* w = is_q ? q_norm : k_norm;
+            x0 = x0 * inv * w[a];
+            x1 = x1 * inv * w[b];
+        }
+        if (rotated) rotate(x0, x1, cf, sf);
+        if (rotated || head_norm) {
             x[a] = x0;
             x[b] = x1;
-            continue;
         }
-        int hk = h - n_head;
-        size_t row = ((size_t)t * n_head_kv + hk) * head_dim;
-        float x0 = k[row + a], x1 = k[row + b];
-        if (rotated) {
-            rotate(x0, x1, cf, sf);
-            k[row + a] = x0;
-            k[row + b] = x1;
-        }
-        if (p < 0 || p >= max_ctx) continue;
+        if (is_q || p < 0 || p >= max_ctx) continue;
         size_t at = ((size_t)hk * max_ctx + p) * head_dim;
         k_cache[at + a] = __float2half_rn(x0);
         k_cache[at + b] = __float2half_rn(x1);

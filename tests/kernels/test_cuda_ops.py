@@ -241,6 +241,34 @@ def test_rope_kv_write_equals_rope_then_kv_write(cuda, rng, neox, head_dim, rope
     assert rel_err(results[1][0], ref_rope(q, p0 + np.arange(n_tok), cp.asnumpy(inv_freq), neox)) < 1e-6
 
 
+@pytest.mark.parametrize("head_dim, rope_dim", [(128, 128), (128, 64), (256, 256), (64, 32)])
+@pytest.mark.parametrize("n_tok, p0", [(1, 77), (9, 200)])
+def test_rope_kv_write_with_head_norms_equals_the_norms_first(cuda, rng, head_dim, rope_dim, n_tok, p0):
+    """q and k normalized per head inside the launch (qwen3's q/k norms) against rms_norm's launches first, then
+    the same op without them: the sums of squares add in another order, so equal to float32 rounding."""
+    cp, ops = cuda
+    n_head, n_head_kv, max_ctx, eps = 16, 4, 256, 1e-6
+    inv_freq = ops.rope_inv_freq(rope_dim, 1e6)
+    q, k, v = (rng.standard_normal((n_tok, n, head_dim)).astype(np.float32) * 3 for n in (n_head, n_head_kv, n_head_kv))
+    norms = [cp.asarray(rng.random(head_dim).astype(np.float32) + 0.5) for _ in range(2)]
+    pos = device_pos(cp, p0)
+    results = []
+    for fused in (False, True):
+        q_dev, k_dev, v_dev = cp.asarray(q), cp.asarray(k), cp.asarray(v)
+        caches = [cp.full((n_head_kv, max_ctx, head_dim), -7.0, dtype=cp.float16) for _ in range(2)]
+        if fused:
+            ops.rope_kv_write(q_dev, k_dev, v_dev, inv_freq, pos, True, *caches, head_norms=norms, eps=eps)
+        else:
+            for x, w in ((q_dev, norms[0]), (k_dev, norms[1])):
+                ops.rms_norm(x, w, x, eps)
+            ops.rope_kv_write(q_dev, k_dev, v_dev, inv_freq, pos, True, *caches)
+        results.append([cp.asnumpy(a) for a in (q_dev, k_dev, *caches)])
+    for separate, fused in zip(*results):  # fp16 caches: a float32 difference may flip one rounding
+        rtol = 2e-3 if fused.dtype == np.float16 else 1e-5
+        np.testing.assert_allclose(fused.astype(np.float32), separate.astype(np.float32), rtol=rtol, atol=1e-5)
+    assert np.abs(results[1][0] - q).max() > 0.1  # normalized and rotated, not left as they were
+
+
 # ---- attention ----
 
 def random_cache(cp, rng, n_head_kv, max_ctx, head_dim):
