@@ -1,5 +1,10 @@
-"""Teacher-forced logits against llama.cpp on the same file: 6 prompts x 64 positions per model."""
+"""Teacher-forced logits against llama.cpp on the same file: 6 prompts x 64 positions per model.
+
+The comparison can fail: on the random qwen3 file, layer 1's attention dropped (its output zeroed) fails it
+(test_parity_fails_with_a_layers_attention_dropped), and the synthetic files' logits depend on the input (two
+prompts' last logits correlate < 0.5), so agreeing on them is not agreeing on a constant."""
 import numpy as np
+import pytest
 
 from tests.inference.parity import assert_parity, oracle_logits, parity
 from tests.inference.synthetic import write_synthetic
@@ -22,14 +27,39 @@ def test_gemma3_matches_llama_cpp(gemma3_engine, gemma3):
     _check(gemma3_engine, gemma3)
 
 
-def test_qwen2_and_qwen3_synthetic_match_llama_cpp(tmp_path, smollm2):
+def _synthetic(tmp_path, arch, smollm2):
     from inference import load
+    path = tmp_path / f"{arch}.gguf"
+    write_synthetic(path, arch, vocab_from=smollm2)
+    engine = load(path, device="cpu", ctx=64)
+    assert engine.config.arch == arch
+    return engine, path
+
+
+def test_qwen2_and_qwen3_synthetic_match_llama_cpp(tmp_path, smollm2):
     for arch in ("qwen2", "qwen3"):
-        path = tmp_path / f"{arch}.gguf"
-        write_synthetic(path, arch, vocab_from=smollm2)
-        engine = load(path, device="cpu", ctx=64)
-        assert engine.config.arch == arch
+        engine, path = _synthetic(tmp_path, arch, smollm2)
         _check(engine, path)
+        first, second = (engine.logits(ids)[-1] for ids, _ in oracle_logits(path)[:2])
+        assert np.corrcoef(first, second)[0, 1] < 0.5, f"{arch}: the logits barely depend on the input"
+
+
+def test_parity_fails_with_a_layers_attention_dropped(tmp_path, smollm2, monkeypatch):
+    """A planted fault the comparison above must catch: layer 1's attention output zeroed on the qwen3 file."""
+    import inference.backend_cpu as backend_cpu
+    engine, path = _synthetic(tmp_path, "qwen3", smollm2)
+    attention = backend_cpu.CPUBackend.attention
+
+    def dropped(self, layer, q, window, scale):
+        out = attention(self, layer, q, window, scale)
+        return out * 0 if layer == 1 else out
+
+    monkeypatch.setattr(backend_cpu.CPUBackend, "attention", dropped)
+    cases = oracle_logits(path)
+    m = parity([engine.logits(ids) for ids, _ in cases], [ref for _, ref in cases])
+    print("qwen3, layer 1's attention dropped", m)
+    with pytest.raises(AssertionError):
+        assert_parity(m)
 
 
 def test_gemma3_past_its_sliding_window_matches_llama_cpp(gemma3_engine, gemma3):
