@@ -189,13 +189,15 @@ def decode_q6_k(row, y, f16, n16):  # ql[128] | qh[64] | scales int8[16] | d f16
         d = half(row, o + 208, f16)
         for n in range(2):  # 128 values: 4 runs of 32 sharing 32 qh bytes, a scale per 16 values
             lo, ho, so, yy = o + 64 * n, o + 128 + 32 * n, o + 192 + 8 * n, yo + 128 * n
-            for l in range(2 * n16):
-                ql0, ql1, qh = np.int64(row[lo + l]), np.int64(row[lo + 32 + l]), np.int64(row[ho + l])
-                sc = so + (l >> 4)
-                y[yy + l] = d * np.float32(scales[sc]) * np.float32(((ql0 & 0xF) | ((qh & 3) << 4)) - 32)
-                y[yy + 32 + l] = d * np.float32(scales[sc + 2]) * np.float32(((ql1 & 0xF) | (((qh >> 2) & 3) << 4)) - 32)
-                y[yy + 64 + l] = d * np.float32(scales[sc + 4]) * np.float32(((ql0 >> 4) | (((qh >> 4) & 3) << 4)) - 32)
-                y[yy + 96 + l] = d * np.float32(scales[sc + 6]) * np.float32(((ql1 >> 4) | (((qh >> 6) & 3) << 4)) - 32)
+            for h in range(2):  # values 16h..16h + 15 of each run: (d * scale) hoisted, int32 math, so it vectorizes
+                d0, d1 = d * np.float32(scales[so + h]), d * np.float32(scales[so + h + 2])
+                d2, d3 = d * np.float32(scales[so + h + 4]), d * np.float32(scales[so + h + 6])
+                for l in range(16 * h, 16 * h + n16):
+                    ql0, ql1, qh = np.int32(row[lo + l]), np.int32(row[lo + 32 + l]), np.int32(row[ho + l])
+                    y[yy + l] = d0 * np.float32(((ql0 & 0xF) | ((qh & 3) << 4)) - 32)
+                    y[yy + 32 + l] = d1 * np.float32(((ql1 & 0xF) | (((qh >> 2) & 3) << 4)) - 32)
+                    y[yy + 64 + l] = d2 * np.float32(((ql0 >> 4) | (((qh >> 4) & 3) << 4)) - 32)
+                    y[yy + 96 + l] = d3 * np.float32(((ql1 >> 4) | (((qh >> 6) & 3) << 4)) - 32)
 
 
 @jit

@@ -17,7 +17,7 @@ from kernels.cpu_types import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0, fast
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_dequant")
-INLINED_DIGEST = "e897a3c86c6acacc"
+INLINED_DIGEST = "c616b1e1f005596a"
 
 
 @fast
