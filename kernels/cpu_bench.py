@@ -5,6 +5,8 @@
     python -m kernels.cpu_bench --model F.gguf   # every matrix of a real model: kernel time per token
     python -m kernels.cpu_bench --llama3-8b Q4_K # matvec only, at llama3-8b's shapes (the hybrid decode case)
     python -m kernels.cpu_bench --layer          # one decode token's matmuls of a q4_k_m layer: 7 calls vs 4
+    python -m kernels.cpu_bench --dram           # matvec from DRAM at llama3-8b and Qwen3-30B-A3B expert shapes,
+                                                 # next to the cores' DRAM read rate
 
 Weights are random valid blocks (speed does not depend on values, as long as the scales are normal
 floats: subnormal ones make BLAS crawl). Times are the best of several runs, since the machine may be
@@ -40,6 +42,10 @@ LAYERS = {
     "llama3-8b": [[("Q4_K", 4096, 4096), ("Q4_K", 4096, 1024), ("Q6_K", 4096, 1024)], [("Q4_K", 4096, 4096)],
                   [("Q4_K", 4096, 14336), ("Q4_K", 4096, 14336)], [("Q6_K", 14336, 4096)]],
 }
+# Qwen3-30B-A3B's experts: gate and up 2048 -> 768, down 768 -> 2048 (q4_k_m: Q4_K, some downs Q6_K)
+QWEN3_MOE_SHAPES = [("Q4_K", 2048, 768), ("Q4_K", 768, 2048), ("Q6_K", 768, 2048), ("Q8_0", 2048, 768),
+                    ("Q8_0", 768, 2048)]
+DRAM_BYTES = 1 << 30  # copies of a weight read in turn, well over the L3 (the device's is ~300 MiB)
 PROMPT_TOKENS = 128
 
 # where each block type keeps its f16 scales (random bytes there could be inf, nan or subnormal)
@@ -108,6 +114,43 @@ def main(types: list[str], shapes: list[tuple[str, int, int]], prompt: bool) -> 
               flush=True)
 
 
+@nb.njit(parallel=True, fastmath=True)
+def _sum(a):
+    total = np.float32(0)
+    for i in nb.prange(a.size):
+        total += a[i]
+    return total
+
+
+def bench_dram() -> None:
+    """GB/s of each shape's matvec with the weight read from DRAM: copies of it adding up to DRAM_BYTES, one after
+    the other, so none is still in the caches when its turn comes; next to the DRAM read rate of all threads
+    (a parallel sum over DRAM_BYTES). Best of 3 passes over the copies."""
+    a = np.ones(DRAM_BYTES // 4, np.float32)
+    dram = a.nbytes / min(best_seconds(lambda: _sum(a), min_runs=3) for _ in range(3)) / 1e9
+    del a
+    print(f"{nb.get_num_threads()} threads; DRAM read (parallel sum of {DRAM_BYTES >> 20} MiB): {dram:.1f} GB/s")
+    print(f"{'type':6} {'n_cols x n_rows':>16} {'MB':>7} {'GB/s':>7} {'of DRAM':>8}")
+    rng = np.random.default_rng(0)
+    for name, n_cols, n_rows in LLAMA3_8B_SHAPES + QWEN3_MOE_SHAPES:
+        qt = TYPES_BY_NAME[name]
+        w = random_weight(name, n_rows, n_cols)
+        copies = [w.copy() for _ in range(max(2, DRAM_BYTES // w.nbytes))]
+        for c in copies:
+            c.flags.writeable = False
+        x = rng.standard_normal((1, n_cols), np.float32)
+        out = np.empty((1, n_rows), np.float32)
+        quantized_matmul(copies[0], qt, x, out=out)
+        passes = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for c in copies:
+                quantized_matmul(c, qt, x, out=out)
+            passes.append(time.perf_counter() - t0)
+        gbs = w.nbytes * len(copies) / min(passes) / 1e9
+        print(f"{name:6} {f'{n_cols} x {n_rows}':>16} {w.nbytes / 1e6:7.1f} {gbs:7.1f} {gbs / dram:8.0%}", flush=True)
+
+
 def bench_model(path: str) -> None:
     """Kernel time of one token (matvec) and of a 128-token prompt through every matrix of a model.
 
@@ -172,6 +215,8 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["--layer"]:
         for name in sys.argv[2:] or LAYERS:
             bench_layer(name)
+    elif sys.argv[1:2] == ["--dram"]:
+        bench_dram()
     elif sys.argv[1:2] == ["--llama3-8b"]:
         main(sys.argv[2:], LLAMA3_8B_SHAPES, prompt=False)
     else:
