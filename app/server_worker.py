@@ -166,13 +166,14 @@ def prompt_ids(engine, r: GenRequest) -> tuple[list[int], bool]:
 
 def catalog(worker: EngineWorker) -> list[tuple[list[str], Path]]:
     """(names, path) of each model that can be served: the loaded one, the home one, then every pulled one. A
-    model answers to its pulled name (first), its file name, and the home model also to MODEL as given."""
+    model answers to its pulled name (first), its file name, and the home model also to MODEL as given. A file
+    removed since (`gguf-chat rm`, or by hand) is left out, as Ollama's list leaves out a removed model."""
     from models import hub  # noqa: PLC0415
     pulled = hub.list_models()
     loaded = worker.engine  # read once: the worker may swap it
     out = []
     for path in ([loaded.path] if loaded else []) + [worker.home] + [m.path for m in pulled]:
-        if any(_same_file(path, p) for _, p in out):
+        if any(_same_file(path, p) for _, p in out) or not path.exists():
             continue
         names = [m.name for m in pulled if _same_file(m.path, path)] + [path.name]
         if worker.model_arg and _same_file(path, worker.home) and worker.model_arg not in names:
@@ -182,15 +183,20 @@ def catalog(worker: EngineWorker) -> list[tuple[list[str], Path]]:
 
 
 def find_model(name: str | None, worker: EngineWorker) -> tuple[str, Path]:
-    """(the name a reply goes under, the file) for a request's model name; no name: the loaded model."""
+    """(the name a reply goes under, the file) for a request's model name; no name: the loaded model (which runs
+    from memory even if its file was removed since)."""
     models = catalog(worker)
-    if not name:
+    loaded = worker.engine
+    if not name and loaded:
+        names = next((names for names, path in models if _same_file(path, loaded.path)), [loaded.path.name])
+        return names[0], loaded.path
+    if not name and models:
         return models[0][0][0], models[0][1]
-    for names, path in models:
+    for names, path in models if name else []:
         if name.casefold() in (n.casefold() for n in names):
             return name, path
-    raise ApiError(404, f"model '{name}' not found; available: {', '.join(n[0] for n, _ in models)}",
-                   code="model_not_found")
+    available = ', '.join(n[0] for n, _ in models) or "none (gguf-chat pull one)"
+    raise ApiError(404, f"model '{name or ''}' not found; available: {available}", code="model_not_found")
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -58,23 +58,30 @@ def hub_cache(tmp_path_factory, gemma3) -> Path:
     return cache
 
 
-@pytest.fixture(scope="module")
-def server(smollm2, hub_cache, tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    env = {k: v for k, v in os.environ.items() if k != "GGUF_CHAT_API_KEY"} | {
+def hub_env(hub_cache: Path) -> dict:
+    return {k: v for k, v in os.environ.items() if k != "GGUF_CHAT_API_KEY"} | {
         "HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1"}
+
+
+def start_server(model: Path, hub_cache: Path, log: Path) -> Server:
     with open(log, "w") as out:
-        p = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(smollm2), "--port", "0", "--ctx", str(CTX),
+        p = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(model), "--port", "0", "--ctx", str(CTX),
                               "--device", "cpu", "--max-queue", "8", "--api-key", KEY],
-                             stdout=out, stderr=out, cwd=ROOT, env=env)
+                             stdout=out, stderr=out, cwd=ROOT, env=hub_env(hub_cache))
     deadline = time.monotonic() + 180
     while not (m := re.search(r"on http://127\.0\.0\.1:(\d+)", log.read_text())):
         assert p.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.1)
     port = int(m.group(1))
-    yield Server(f"http://127.0.0.1:{port}", port, p, log)
-    p.terminate()
-    p.wait(timeout=30)
+    return Server(f"http://127.0.0.1:{port}", port, p, log)
+
+
+@pytest.fixture(scope="module")
+def server(smollm2, hub_cache, tmp_path_factory):
+    s = start_server(smollm2, hub_cache, tmp_path_factory.mktemp("serve") / "server.log")
+    yield s
+    s.process.terminate()
+    s.process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -271,6 +278,39 @@ def test_a_pulled_model_loads_on_demand_and_the_first_comes_back(oll, oai, gemma
     with pytest.raises(openai.BadRequestError, match="no chat template"):
         oai.chat.completions.create(model=GEMMA, messages=[{"role": "user", "content": "hi"}])
     assert ask(oai, QUESTION).choices[0].message.content == run_answer["text"]  # SmolLM2 loaded again
+
+
+def test_removing_the_loaded_model_leaves_the_lists_answering_and_it_still_serves(smollm2, tmp_path):
+    """`gguf-chat rm` of the model a server has loaded: the lists leave it out (as Ollama's does) instead of a 500,
+    and a request that names no model is still answered from memory."""
+    cache = tmp_path / "hub"
+    repo = cache / "models--tester--SmolLM2-GGUF"
+    blob = repo / "blobs" / ("ab" * 32)
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(smollm2.read_bytes())  # a blob of its own: rm deletes it
+    (repo / "snapshots" / "0123abcd").mkdir(parents=True)
+    pulled = repo / "snapshots" / "0123abcd" / SMOL
+    pulled.symlink_to(blob)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    s = start_server(pulled, cache, tmp_path / "server.log")
+    try:
+        http = httpx.Client(base_url=s.url, headers=AUTH, timeout=120)
+        assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["tester/SmolLM2-GGUF:Q4_1"]
+        removed = subprocess.run([sys.executable, "-m", "app.cli", "rm", "tester/SmolLM2-GGUF"], cwd=ROOT,
+                                 env=hub_env(cache), capture_output=True, text=True, timeout=60)
+        assert removed.returncode == 0 and not blob.exists(), removed.stderr
+        for route, key in (("/v1/models", "data"), ("/api/tags", "models")):
+            r = http.get(route)
+            assert r.status_code == 200 and r.json()[key] == [], (route, r.text)
+        r = http.post("/v1/completions", json={"prompt": "The capital of France is", "max_tokens": 4})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"], r.text
+        r = http.post("/v1/completions", json={"model": "tester/SmolLM2-GGUF", "prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 404 and "available: none" in r.json()["error"]["message"], r.text
+    finally:
+        s.process.terminate()
+        s.process.wait(timeout=30)
+    assert "Traceback" not in s.log.read_text()
 
 
 USER = [{"role": "user", "content": "hi"}]
