@@ -14,11 +14,12 @@ from app.tui.chat_list import ChatList
 from app.tui.commands import ChatCommands
 from app.tui.conversation import Conversation
 from app.tui.dialogs import ConfirmDialog, TextDialog
-from app.tui.events import (EngineNotice, ModelFailed, ModelLoaded, ModelProgress, ReplyFailed, ReplyFinished,
-                            ReplyPiece)
+from app.tui.events import EngineNotice, ModelFailed, ModelLoaded, ModelProgress, ReplyFailed, ReplyFinished
+from app.tui.frame_budget import FRAME_SECONDS, FrameBudget
 from app.tui.help_screen import HelpScreen
 from app.tui.message_view import MessageView
 from app.tui.model_picker import ModelPicker, known_models, model_label
+from app.tui.piece_buffer import PieceBuffer
 from app.tui.prompt_input import PromptInput
 from app.tui.settings_screen import SettingsScreen
 from app.tui.status_bar import StatusBar, placement_text
@@ -66,6 +67,9 @@ class ChatApp(App):
         self.reply_view: MessageView | None = None
         self.reply_waits_for_model = False
         self.stop_event = threading.Event()
+        self.pieces = PieceBuffer()     # the reply's text from the engine thread, not shown yet
+        self.frame_timer = None         # shows self.pieces once a frame while the engine writes
+        self.frame_budget = FrameBudget()  # skips frames while the UI thread is over its share of a core
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -229,20 +233,27 @@ class ChatApp(App):
     def start_generation(self) -> None:
         self.reply_waits_for_model = False
         messages = [m for m in self.store.messages(self.chat.id) if m.id != self.reply.message.id]
+        self.pieces, self.frame_budget = PieceBuffer(), FrameBudget()
+        self.frame_timer = self.set_interval(FRAME_SECONDS, self.show_frame)
         self.generate(self.engine, engine_work.chat_history(self.chat, messages), self.chat.sampling,
-                      self.stop_event)
+                      self.stop_event, self.pieces)
 
     @work(thread=True, exclusive=True, group="generate")
-    def generate(self, engine, history, sampling, stop) -> None:
-        engine_work.generate_reply(engine, history, sampling, stop, self.post_message, self.drop_old_turns)
+    def generate(self, engine, history, sampling, stop, pieces) -> None:
+        engine_work.generate_reply(engine, history, sampling, stop, pieces, self.post_message, self.drop_old_turns)
 
-    @on(ReplyPiece)
-    async def reply_piece(self, event: ReplyPiece) -> None:
-        if self.reply is None:
+    async def show_frame(self) -> None:
+        if self.pieces.waiting() and self.frame_budget.allows():
+            await self.show_pieces()
+
+    async def show_pieces(self) -> None:
+        """What the engine wrote since the last frame, onto the reply: saved, and shown if its chat is open."""
+        text = self.pieces.take()
+        if not text or self.reply is None:
             return
-        self.reply.append(event.text)
+        self.reply.append(text)
         if self.reply_view is not None:
-            await self.reply_view.append(event.text)
+            await self.reply_view.append(text)
 
     @on(ReplyFinished)
     async def reply_finished(self, event: ReplyFinished) -> None:
@@ -261,6 +272,10 @@ class ChatApp(App):
         await self.end_reply("error", None)
 
     async def end_reply(self, state: str, stats: dict | None) -> None:
+        if self.frame_timer is not None:
+            self.frame_timer.stop()
+            self.frame_timer = None
+            await self.show_pieces()  # what came after the last frame
         message = self.reply.finish(state, stats)
         if self.reply_view is not None:
             await self.reply_view.finish(message)

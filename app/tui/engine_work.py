@@ -1,7 +1,8 @@
 """The two jobs that run off the UI thread, loading a model and writing a reply, as plain functions.
 
-They report through `post` (the app's post_message) with the messages of app/tui/events.py and never
-raise: an error the user can cause becomes a readable line in the UI, and the app stays up.
+They report through `post` (the app's post_message) with the messages of app/tui/events.py, a reply's text
+through a PieceBuffer that the UI drains once a frame, and never raise: an error the user can cause becomes a
+readable line in the UI, and the app stays up.
 """
 import threading
 import time
@@ -10,7 +11,8 @@ from dataclasses import asdict
 from app.store import Chat, Message, Sampling
 from app.think_split import split_thinking
 from app.warm_up import warm_up
-from app.tui.events import EngineNotice, ModelFailed, ModelLoaded, ModelProgress, ReplyFailed, ReplyFinished, ReplyPiece
+from app.tui.events import EngineNotice, ModelFailed, ModelLoaded, ModelProgress, ReplyFailed, ReplyFinished
+from app.tui.piece_buffer import PieceBuffer
 from models.errors import UserError
 
 
@@ -51,22 +53,23 @@ def chat_history(chat: Chat, messages: list[Message]) -> list[dict]:
     return history
 
 
-def generate_reply(engine, history: list[dict], sampling: Sampling, stop: threading.Event, post,
-                   drop_old_turns: bool = False) -> None:
-    """Stream a reply piece by piece; when `stop` is set, close the generator at the next piece."""
+def generate_reply(engine, history: list[dict], sampling: Sampling, stop: threading.Event, pieces: PieceBuffer,
+                   post, drop_old_turns: bool = False) -> None:
+    """Put the reply's text into `pieces` as it comes, then post how it ended; when `stop` is set, close the
+    generator at the next piece."""
     stats = None
     try:
-        pieces = engine.generate(history, drop_old_turns=drop_old_turns, **asdict(sampling))
+        reply = engine.generate(history, drop_old_turns=drop_old_turns, **asdict(sampling))
         try:
-            for piece in pieces:
+            for piece in reply:
                 if stop.is_set():
                     break
                 if isinstance(piece, str):
-                    post(ReplyPiece(piece))
+                    pieces.put(piece)
                 else:
                     stats = piece
         finally:
-            pieces.close()
+            reply.close()
     except Exception as e:  # noqa: BLE001 - context full, out of memory...: shown, never a crash
         post(ReplyFailed(error_text(e)))
         return

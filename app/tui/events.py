@@ -33,11 +33,6 @@ class ModelFailed(Message):
 
 
 @dataclass
-class ReplyPiece(Message):
-    text: str
-
-
-@dataclass
 class ReplyFinished(Message):
     stats: dict | None  # GenerationStats as a dict with its rates; None when stopped before it came
     stopped: bool
