@@ -4,13 +4,14 @@ its share of a core.
 Each frame of a growing reply costs the UI thread Markdown parsing, layout and drawing: ~5-10 ms for prose on the
 2-core machine, 50 ms and more for a long Markdown list, which textual rebuilds whole. Whatever the UI thread runs
 is taken from the engine (its two numba threads want both cores, and its Python steps the GIL), so the reply is
-drawn again only once the UI thread has spent at most UI_SHARE of the time since the last frame: prose at ~15-20
-frames a second, a long list at fewer, the engine at its own speed either way.
+drawn again only once the UI thread has spent at most UI_SHARE of the time since the last frame: prose at ~8-10
+frames a second, a long list at fewer, the engine at >= 90% of its own speed (BENCHMARKS.md: a share of 0.1 kept
+80-94%, 0.05 89-95%).
 """
 import time
 
 FRAME_SECONDS = 1 / 20  # the most frames a second: new text reaches the screen at most this often
-UI_SHARE = 0.1          # of one core: the UI thread's CPU time over the wall time since the last frame
+UI_SHARE = 0.05         # of one core: the UI thread's CPU time over the wall time since the last frame
 
 
 class FrameBudget:
