@@ -8,14 +8,14 @@ import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kernels.cpu_dequant import decode_row  # noqa: E402
-from kernels.cpu_dot_float import dot_rows  # noqa: E402
+from kernels.cpu_dot_float import dot_q5_k  # noqa: E402
 from kernels.cpu_dot_int8 import dot8_b32, dot8_q4_k, dot8_q6_k, dot8_q8_0, q4_k_order, quantize_q8  # noqa: E402
 from kernels.cpu_types import Q4_K, Q6_K, Q8_0, fast  # noqa: E402
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_dequant", "cpu_dot_float", "cpu_dot_int8")
-INLINED_DIGEST = "71ce1b8976ce2ab7"
+INLINED_DIGEST = "de7251d04264bd1b"
 
 MATVEC_CHUNKS = 64  # row chunks of a matvec shared out to the threads: several per thread evens out their finish
 TOKEN_PASS_ROWS = 16  # rows that each of a few tokens passes over in turn (see matvecs_int8)
@@ -33,19 +33,17 @@ def _block_sums(x):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def matvec_fused(tid, w, x, out, f16, n16, n_chunks):
-    """out[t, r] = x[t] . row r of W for the FUSED_IDS types, the rows in n_chunks parallel chunks.
+def matvec_fused(w, x, out, f16, n16, n_chunks):
+    """out[t, r] = x[t] . row r of W for Q5_K (FUSED_IDS), the rows in n_chunks parallel chunks.
 
     w: uint8 [n_rows, row_bytes], x: float32 [n_tokens, n_cols], out: float32 [n_tokens, n_rows]."""
     n_rows = w.shape[0]
     n_tokens = x.shape[0]
     xsum = _block_sums(x)
     for c in nb.prange(n_chunks):
-        r1 = (c + 1) * n_rows // n_chunks
-        for r in range(c * n_rows // n_chunks, r1, 2):
-            r_b = min(r + 1, r1 - 1)  # an odd last row pairs with itself
+        for r in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
             for t in range(n_tokens):
-                out[t, r], out[t, r_b] = dot_rows(tid, w[r], w[r_b], x[t], xsum[t], f16, n16)
+                out[t, r] = dot_q5_k(w[r], x[t], xsum[t], f16, n16)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)

@@ -15,7 +15,7 @@ Kernels compile once per argument layout and are cached on disk (numba cache=Tru
 read-only view of the file's mmap: a writable w is a second signature, compiled (and cached) apart.
 
 This module is the entry (checks, dispatch, the prompt path); the kernels live by what they do:
-cpu_types (type ids, shared values), cpu_dequant (bit-exact decoders), cpu_dot_float (float32-x dots),
+cpu_types (type ids, shared values), cpu_dequant (bit-exact decoders), cpu_dot_float (Q5_K's float32-x dot),
 cpu_ir + cpu_dot_int8 (int8-x dots as LLVM IR intrinsics), cpu_matvec (the parallel drivers); cpu_cache says
 how an edit to one reaches the cached kernels of the others.
 """
@@ -93,9 +93,10 @@ def quantized_matmul(w: np.ndarray, qtype: GGMLType, x: np.ndarray, out: np.ndar
     elif n_tokens <= MATVEC_MAX_TOKENS:
         if qtype.id in INT8_IDS:
             matvecs_int8((qtype.id,), (_read_only(w),), x, (out,), F16_TO_F32, MATVEC_CHUNKS)
+        elif qtype.id in FUSED_IDS:
+            matvec_fused(w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
         else:
-            kernel = matvec_fused if qtype.id in FUSED_IDS else matvec_decoded
-            kernel(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
+            matvec_decoded(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
     else:
         tile_rows = max(1, TILE_BYTES // (4 * n_cols))
         tile = np.empty((min(tile_rows, n_rows), n_cols), np.float32)  # dequantized rows r0:r1
