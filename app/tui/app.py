@@ -70,6 +70,7 @@ class ChatApp(App):
         self.pieces = PieceBuffer()     # the reply's text from the engine thread, not shown yet
         self.frame_timer = None         # shows self.pieces once a frame while the engine writes
         self.frame_budget = FrameBudget()  # skips frames while the UI thread is over its share of a core
+        self.shown_chars = 0            # of the reply's text, how much its view shows
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -233,7 +234,7 @@ class ChatApp(App):
     def start_generation(self) -> None:
         self.reply_waits_for_model = False
         messages = [m for m in self.store.messages(self.chat.id) if m.id != self.reply.message.id]
-        self.pieces, self.frame_budget = PieceBuffer(), FrameBudget()
+        self.pieces, self.frame_budget, self.shown_chars = PieceBuffer(), FrameBudget(), 0
         self.frame_timer = self.set_interval(FRAME_SECONDS, self.show_frame)
         self.generate(self.engine, engine_work.chat_history(self.chat, messages), self.chat.sampling,
                       self.stop_event, self.pieces)
@@ -242,18 +243,21 @@ class ChatApp(App):
     def generate(self, engine, history, sampling, stop, pieces) -> None:
         engine_work.generate_reply(engine, history, sampling, stop, pieces, self.post_message, self.drop_old_turns)
 
-    async def show_frame(self) -> None:
-        if self.pieces.waiting() and self.frame_budget.allows():
-            await self.show_pieces()
-
-    async def show_pieces(self) -> None:
-        """What the engine wrote since the last frame, onto the reply: saved, and shown if its chat is open."""
+    async def show_frame(self, final: bool = False) -> None:
+        """Each tick: what the engine wrote since the last one onto the stored reply (saved every
+        StreamingReply.interval, drawn or not), and onto the screen when the frame budget allows (always when
+        `final`)."""
         text = self.pieces.take()
-        if not text or self.reply is None:
+        if self.reply is None:
             return
-        self.reply.append(text)
-        if self.reply_view is not None:
-            await self.reply_view.append(text)
+        if text:
+            self.reply.append(text)
+        if self.reply_view is None or len(self.reply.text) == self.shown_chars:
+            return
+        if final or self.frame_budget.allows():
+            unshown = self.reply.text[self.shown_chars:]
+            self.shown_chars = len(self.reply.text)
+            await self.reply_view.append(unshown)
 
     @on(ReplyFinished)
     async def reply_finished(self, event: ReplyFinished) -> None:
@@ -275,7 +279,7 @@ class ChatApp(App):
         if self.frame_timer is not None:
             self.frame_timer.stop()
             self.frame_timer = None
-            await self.show_pieces()  # what came after the last frame
+            await self.show_frame(final=True)  # what came after the last frame
         message = self.reply.finish(state, stats)
         if self.reply_view is not None:
             await self.reply_view.finish(message)

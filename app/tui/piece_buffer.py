@@ -16,10 +16,6 @@ class PieceBuffer:
         with self._lock:
             self._pieces.append(text)
 
-    def waiting(self) -> bool:
-        """Whether text was put since the last take."""
-        return bool(self._pieces)
-
     def take(self) -> str:
         """All the text put since the last take, in order; '' when none."""
         with self._lock:
