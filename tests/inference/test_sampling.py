@@ -56,3 +56,12 @@ def test_seed_repeats_and_distribution_follows_temperature():
     assert len(set(a)) == 1
     draws = np.bincount([Sampler(params, seed=None)(logits, []) for _ in range(3000)], minlength=3) / 3000
     assert draws == pytest.approx([0.6, 0.3, 0.1], abs=0.04)
+
+
+@pytest.mark.parametrize("n, k", [(262144, 40), (151936, 1), (100, 40), (4097, 64), (1000, 999)])
+def test_top_k_candidates_are_the_k_largest_ties_to_the_lower_id(n, k):
+    """Against a full stable sort, on logits with many ties (rounded) and a vocabulary not a multiple of the
+    first pass's blocks."""
+    logits = np.round(np.random.default_rng(n).standard_normal(n) * 4).astype(np.float32)
+    logits[-1] = 99.0  # the largest in the last, partial block
+    assert top_k_candidates(logits, k).tolist() == np.argsort(-logits, kind="stable")[:k].tolist()
