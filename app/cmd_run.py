@@ -75,12 +75,13 @@ def run(args) -> int:
     load_seconds = time.perf_counter() - t0
     if args.verbose:
         print(engine.summary(), file=sys.stderr)
-    warm_seconds = warm_up(engine, lambda text: print(text, file=sys.stderr, flush=True))
     if args.raw:
         request = prompt
     else:
         request = ([{"role": "system", "content": args.system}] if args.system else []) + \
                   [{"role": "user", "content": prompt}]
+    engine.check_prompt(request, args.chat_template)  # a prompt that cannot run fails before the warm-up
+    warm_seconds = warm_up(engine, lambda text: print(text, file=sys.stderr, flush=True))
     pieces = engine.generate(request, max_tokens=engine.n_ctx if args.max_tokens == -1 else args.max_tokens,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                              repeat_penalty=args.repeat_penalty, seed=args.seed, stop=tuple(args.stop),

@@ -22,6 +22,12 @@ from models.model_ref import resolve_model
 from models.tokenizer import Tokenizer
 
 
+# Engine.warm_up's prompt: long enough that its decode steps take the paths a longer context takes (the CPU's
+# parallel decode attention from kernels/cpu_ops.ATTENTION_PARALLEL_WORK: ~114 keys on SmolLM2, 64 on Gemma 3;
+# the GPU's grouped experts from placement.GROUPED_MIN_TOKENS), so that none compiles during a first reply.
+WARM_UP_TOKENS = 160
+
+
 class PromptTooLongError(UserError, ValueError):
     pass
 
@@ -98,12 +104,14 @@ class Engine:
         self.gpu_share = first.share if isinstance(first, CPUBackend) else None  # a GpuShare or None
 
     def warm_up(self) -> None:
-        """Run a short prompt and a few decode steps once and forget them, so that the kernels a reply needs are
-        compiled (numba's on a first start: ~30 s on 2 cores; CUDA's and the decode graph on a GPU) before a
-        reply is timed or waited for."""
-        ids = self.tokenizer.encode("Hello, world. Hello again, world.")  # more tokens than the one-token path
-        for _ in self.generate(ids, max_tokens=3, temperature=0):
-            pass
+        """Run a prompt and a few sampled decode steps once and forget them, so that the kernels a reply needs are
+        compiled (numba's on a first start: ~30 s on 2 cores; CUDA's, the sampler's and the decode graph on a GPU)
+        before a reply is timed or waited for. The prompt is WARM_UP_TOKENS long where the context allows."""
+        ids = self.tokenizer.encode("Hello, world. Hello again, world. " * (WARM_UP_TOKENS // 4))
+        ids = ids[:min(WARM_UP_TOKENS, self.n_ctx - 3)]
+        if ids:
+            for _ in self.generate(ids, max_tokens=3, temperature=1.0, seed=0):
+                pass
         self._cached, self._prompt_logits = [], None
 
     def summary(self) -> str:
@@ -124,6 +132,11 @@ class Engine:
         self._check_fits(len(ids))
         self._cached = []
         return self._prefill(ids, all_logits=True)
+
+    def check_prompt(self, prompt, chat_template: str | None = None) -> None:
+        """Raise the UserError generate() would raise for this prompt (no chat template, empty, longer than the
+        context) now, before a warm-up is spent on it."""
+        self._check_fits(len(self.prompt_ids(prompt, chat_template)))
 
     def _check_fits(self, n: int) -> None:
         if n == 0:
