@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from test_tui_tmux import Tmux  # run as a script, this folder is on sys.path: the end-to-end test's tmux driver
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = {"story": "Write a long story about a dragon.",  # paragraphs of prose
            "list": "Count from 1 to 300, separated by commas."}  # SmolLM2 writes a numbered list: Markdown's worst
@@ -36,22 +38,6 @@ def cpu_seconds(pid: int, tid: int | None = None) -> float:
     path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
     fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
-
-
-class Tmux:
-    def __init__(self, socket: str):
-        self.socket = socket
-
-    def __call__(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True,
-                              text=True).stdout
-
-    def wait_for(self, text: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self("capture-pane", "-p", "-t", "chat"):
-            if time.monotonic() > deadline:
-                sys.exit(f"{text!r} not on the screen after {timeout} s:\n" + self("capture-pane", "-p", "-t", "chat"))
-            time.sleep(0.2)
 
 
 def last_reply(db: Path) -> tuple[int, str, dict | None]:
