@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from test_tui_tmux import Tmux  # run as a script, this folder is on sys.path: the end-to-end test's tmux driver
+from tmux_driver import Tmux  # run as a script, this folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = {"story": "Write a long story about a dragon.",  # paragraphs of prose
