@@ -154,11 +154,11 @@ def _mm_kernel(name: str, n_weights: int) -> tuple[cp.RawKernel, int]:
     """moe_mm.cu's kernel `name` with its dynamic shared memory limit raised to what it takes (x double-buffered,
     n_weights weight tiles, fp16 rows of BK + 8), and that size."""
     smem = 2 * (2 * MM_TILE_PAIRS + n_weights * MM_ROWS) * (MM_COLS_STEP + 8)
-    k = kernel("moe_mm.cu", name)
-    if k.max_dynamic_shared_size_bytes < smem:
-        k.max_dynamic_shared_size_bytes = smem
-        k.preferred_shared_memory_carveout = 100  # percent: room for 4 blocks a multiprocessor
-    return k, smem
+    launch = kernel("moe_mm.cu", name)
+    if launch.max_dynamic_shared_size_bytes < smem:
+        launch.max_dynamic_shared_size_bytes = smem
+        launch.preferred_shared_memory_carveout = 100  # percent: room for 4 blocks a multiprocessor
+    return launch, smem
 
 
 def sort_pairs(ids: cp.ndarray, n_expert: int, stream=None) -> SortedPairs:
@@ -203,9 +203,9 @@ def gate_up_glu_grouped(gate: DeviceExperts, up: DeviceExperts, x16: cp.ndarray,
     args = (gate.weight.data, up.weight.data, np.int32(gate.n_rows), np.int32(gate.weight.n_rows),
             np.int32(gate.n_cols // gate.qtype.block_elems), x16, np.int32(k), pairs.order, pairs.tiles,
             pairs.n_tiles, out16, np.int32(GLU_ACTIVATIONS[activation]))
-    k, smem = _mm_kernel("moe_mm_glu_" + gate.qtype.name.lower(), 2)
+    launch, smem = _mm_kernel("moe_mm_glu_" + gate.qtype.name.lower(), 2)
     with stream or cp.cuda.get_current_stream():
-        k(_grouped_grid(gate, pairs), (128,), args, shared_mem=smem)
+        launch(_grouped_grid(gate, pairs), (128,), args, shared_mem=smem)
 
 
 def matmul_grouped(w: DeviceExperts, x16: cp.ndarray, x_div: int, pairs: SortedPairs, out: cp.ndarray,
@@ -215,9 +215,9 @@ def matmul_grouped(w: DeviceExperts, x16: cp.ndarray, x_div: int, pairs: SortedP
     _check_grouped("matmul_grouped", w, x16, pairs.order.size, out, cp.float32)
     args = (w.weight.data, np.int32(w.n_rows), np.int32(w.weight.n_rows), np.int32(w.n_cols // w.qtype.block_elems),
             x16, np.int32(x_div), pairs.order, pairs.tiles, pairs.n_tiles, out)
-    k, smem = _mm_kernel("moe_mm_" + w.qtype.name.lower(), 1)
+    launch, smem = _mm_kernel("moe_mm_" + w.qtype.name.lower(), 1)
     with stream or cp.cuda.get_current_stream():
-        k(_grouped_grid(w, pairs), (128,), args, shared_mem=smem)
+        launch(_grouped_grid(w, pairs), (128,), args, shared_mem=smem)
 
 
 def combine(x: cp.ndarray, y: cp.ndarray, weights: cp.ndarray, out: cp.ndarray, stream=None) -> None:
