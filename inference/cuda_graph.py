@@ -23,6 +23,7 @@ from inference.backend_cuda import CUDABackend
 from inference.forward import embed, head, layers
 from inference.sampling import SamplingParams
 from inference.weights import ModelWeights
+from kernels.cuda_module import programmatic_launches
 from models.config import ModelConfig
 
 
@@ -67,7 +68,8 @@ class DecodeStep:
             self.be.begin_pieces()
             stream.begin_capture()
             try:
-                logits = self._gpu_part(greedy)
+                with programmatic_launches():  # each kernel's launch overlaps the one ahead (cuda_module)
+                    logits = self._gpu_part(greedy)
             finally:
                 pieces = self.be.end_pieces(stream.end_capture())
             assert logits.data.ptr == self.logits.data.ptr, "the captured step must reuse the warm-up's buffers"

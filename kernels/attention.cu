@@ -291,6 +291,7 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, 1)
     attn_decode_combine(const float* __restrict__ part, float* __restrict__ out, const int* __restrict__ pos,
                         int head_dim, int window, int n_splits, int max_ctx, int8_t* __restrict__ xq,
                         float2* __restrict__ xds, int quantize) {
+    wait_prior();
     __shared__ float s_f[64], s_wm[2], s_wl[2];  // n_splits <= 64
     __shared__ __align__(16) float s_acc[COMBINE_THREADS * 4];
     Splits sp(min(pos[0], max_ctx - 1), window, n_splits);
@@ -586,6 +587,7 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
     extern "C" __global__ void __launch_bounds__(128, 1)                                                 \
         NAME(const float* q, const __half* k_cache, const __half* v_cache, float* part, const int* pos, \
              int n_head, int n_head_kv, int max_ctx, int window, float scale, int n_splits) {           \
+        wait_prior();                                                                                   \
         decode_split<HD, G>(q, k_cache, v_cache, part, pos, n_head, n_head_kv, max_ctx, window, scale, \
                             n_splits);                                                                 \
     }
@@ -595,6 +597,7 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
         attn_prefill_##HD(const float* q, const __half* k_cache, const __half* v_cache, float* out,   \
                           const int* pos, int n_tok, int n_head, int n_head_kv, int max_ctx, int window, \
                           float scale) {                                                                \
+        wait_prior();                                                                                   \
         if constexpr (HD == 256)                                                                        \
             prefill<HD>(q, k_cache, v_cache, out, pos, n_tok, n_head, n_head_kv, max_ctx, window, scale); \
         else                                                                                            \

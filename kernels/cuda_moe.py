@@ -12,7 +12,7 @@ import cupy as cp
 import numpy as np
 
 from kernels.cuda_layout import ELEMS_PER_ITEM
-from kernels.cuda_module import kernel
+from kernels.cuda_module import Kernel, kernel
 from kernels.cuda_ops import GLU_ACTIVATIONS
 from kernels.cuda_quant import FLOAT_TYPES, THREADS, DeviceWeight, Q8Vector, default_threads_per_row, to_device
 from models.ggml_types import GGMLType, UnsupportedTypeError
@@ -150,14 +150,14 @@ MM_COLS_STEP = 64  # BK of moe_mm.cu: the grouped matmuls take matrices of a mul
 MM_ROWS = 64  # BN of moe_mm.cu
 
 
-def _mm_kernel(name: str, n_weights: int) -> tuple[cp.RawKernel, int]:
+def _mm_kernel(name: str, n_weights: int) -> tuple[Kernel, int]:
     """moe_mm.cu's kernel `name` with its dynamic shared memory limit raised to what it takes (x double-buffered,
     n_weights weight tiles, fp16 rows of BK + 8), and that size."""
     smem = 2 * (2 * MM_TILE_PAIRS + n_weights * MM_ROWS) * (MM_COLS_STEP + 8)
     launch = kernel("moe_mm.cu", name)
-    if launch.max_dynamic_shared_size_bytes < smem:
-        launch.max_dynamic_shared_size_bytes = smem
-        launch.preferred_shared_memory_carveout = 100  # percent: room for 4 blocks a multiprocessor
+    if launch.raw.max_dynamic_shared_size_bytes < smem:
+        launch.raw.max_dynamic_shared_size_bytes = smem
+        launch.raw.preferred_shared_memory_carveout = 100  # percent: room for 4 blocks a multiprocessor
     return launch, smem
 
 

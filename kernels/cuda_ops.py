@@ -31,6 +31,7 @@ SAMPLE_THREADS = 1024  # sample.cu: SAMPLE_THREADS
 MAX_HISTORY = 1024  # the penalty takes one thread per history entry
 NORM_Q8_MAX = 4 * 4 * 1024  # norm_rope.cu: NORM_CHUNKS float4s a thread, 1024 threads
 HEAD_NORM_MULTIPLE = 64  # rope_kv_write's head norms: a block of head_dim / 2 threads, whole warps
+ROPE_MANY_TOKENS = 16  # from this many tokens rope_kv_write takes 8 heads a block
 
 
 def _stream(stream):
@@ -194,11 +195,14 @@ def rope_kv_write(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, inv_freq: cp.ndar
         for name, w in zip(("q_norm", "k_norm"), head_norms):
             _check(name, w, cp.float32, (head_dim,))
     _check_pos(pos)
-    grid = (n_tok, math.ceil((n_head + n_head_kv) / 8))  # norm_rope.cu: ROPE_HEADS
+    # heads a block: a prompt's tokens fill the GPU with 8 (norm_rope.cu's ROPE_HEADS: the sines computed once for
+    # them); a decode step's token takes one a block, since a block's heads run one after the other
+    heads = 8 if n_tok >= ROPE_MANY_TOKENS else 1
+    grid = (n_tok, math.ceil((n_head + n_head_kv) / heads))
     q_norm, k_norm = head_norms or (inv_freq, inv_freq)  # not read without head_norm
     args = (q, k, v, k_cache, v_cache, inv_freq, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(head_dim),
             np.int32(n_pairs), np.int32(bool(neox)), np.int32(max_ctx), q_norm, k_norm,
-            np.int32(head_norms is not None), np.float32(eps))
+            np.int32(head_norms is not None), np.float32(eps), np.int32(heads))
     with _stream(stream):
         kernel("norm_rope.cu", "rope_kv_write")(grid, (head_dim // 2,), args)
 

@@ -6,6 +6,7 @@
 // formed in float32 bit-identically to models/dequant.py, rounded once to fp16 and written as four 16-byte
 // stores.
 #include "dequant_chunk.cuh"
+#include "ops_common.cuh"
 
 constexpr int THREADS = 256;
 
@@ -52,6 +53,7 @@ __device__ __forceinline__ void dequant_rows(const uint8_t* __restrict__ w, __ha
 #define DEQUANT(NAME, T)                                                                              \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                 \
         NAME(const uint8_t* w, __half* out, int n_rows, int nb, int row0, int n_tile) {               \
+        wait_prior();                                                                                 \
         dequant_rows<T>(w, out, n_rows, nb, row0, n_tile);                                            \
     }
 

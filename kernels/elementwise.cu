@@ -5,6 +5,7 @@
 
 // out = act(gate) * up. out may be gate or up.
 extern "C" __global__ void glu(const float* gate, const float* up, float* out, int n, int act) {
+    wait_prior();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     out[i] = activation(gate[i], act) * up[i];
@@ -13,6 +14,7 @@ extern "C" __global__ void glu(const float* gate, const float* up, float* out, i
 // glu, and its output quantized to q8_1 (xq [n], xds [n / 32]) for the down projection. n a multiple of 32.
 extern "C" __global__ void glu_q8_1(const float* gate, const float* up, float* out, int8_t* __restrict__ xq,
                                     float2* __restrict__ xds, int n, int act) {
+    wait_prior();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;  // whole warps leave together
     float v = activation(gate[i], act) * up[i];
@@ -22,18 +24,21 @@ extern "C" __global__ void glu_q8_1(const float* gate, const float* up, float* o
 
 // out = a + b; out may be a or b.
 extern "C" __global__ void add(const float* a, const float* b, float* out, int n) {
+    wait_prior();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] + b[i];
 }
 
 // x [n / d, d] += bias [d] on every row.
 extern "C" __global__ void add_bias(float* __restrict__ x, const float* __restrict__ bias, int n, int d) {
+    wait_prior();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += bias[i % d];
 }
 
 // x = cap * tanh(x / cap) in place (gemma2-style final logit softcap).
 extern "C" __global__ void softcap(float* __restrict__ x, int n, float cap) {
+    wait_prior();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }

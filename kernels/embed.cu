@@ -128,6 +128,7 @@ __device__ __forceinline__ void embed_q(const uint8_t* __restrict__ w, const int
 #define EMBED_Q(NAME, T)                                                                                \
     extern "C" __global__ void NAME(const uint8_t* w, const int* ids, float* out, int n_rows, int n_cols, \
                                     float scale) {                                                     \
+        wait_prior();                                                                                  \
         embed_q<T>(w, ids, out, n_rows, n_cols, scale);                                                 \
     }
 
@@ -163,6 +164,7 @@ __device__ __forceinline__ void embed_float(const E* __restrict__ w, const int* 
 #define EMBED_F(NAME, E)                                                                                \
     extern "C" __global__ void NAME(const E* w, const int* ids, float* out, int n_rows, int n_cols,    \
                                     float scale) {                                                     \
+        wait_prior();                                                                                  \
         embed_float<E>(w, ids, out, n_rows, n_cols, scale);                                             \
     }
 

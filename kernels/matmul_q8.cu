@@ -8,6 +8,7 @@
 // are read, never stored): xq int8 [NT * n_groups, n_cols], xds float2 [NT * n_groups, n_cols / 32];
 // blockIdx.y is the group of NT tokens.
 #include "quant_dot.cuh"
+#include "ops_common.cuh"
 
 constexpr int NT = 8;
 
@@ -23,7 +24,7 @@ __device__ __forceinline__ void matmul_q8(const uint8_t* __restrict__ w, const i
     const int8_t* x0 = xq + (size_t)t0 * n_cols;
     const float2* d0 = xds + (size_t)t0 * (n_cols / 32);
     float acc[NT] = {};
-#pragma unroll 2  // (unroll 1 and the default spill a register on some types)
+#pragma unroll 4  // (1, 2 and 3 spill a register on some types)
     for (int i = lane; i < nb * T::ITEMS; i += 32) {
         int blk = i / T::ITEMS, k = i % T::ITEMS;
 #pragma unroll
@@ -45,6 +46,7 @@ __device__ __forceinline__ void matmul_q8(const uint8_t* __restrict__ w, const i
     extern "C" __global__ void __launch_bounds__(128)                                                   \
         NAME(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb,    \
              int n_tokens) {                                                                            \
+        wait_prior();                                                                                   \
         matmul_q8<T>(w, xq, xds, out, n_rows, nb, n_tokens);                                            \
     }
 

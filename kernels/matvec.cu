@@ -37,9 +37,21 @@ __device__ __forceinline__ void row_store(float acc, int row, int n_rows, int tp
 // One warp per 32 values.
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __restrict__ xq,
                                          float2* __restrict__ xds, int n) {
+    wait_prior();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;  // n is a multiple of 32: whole warps leave together
     store_q8_1(x[i], i, xq, xds);
+}
+
+// The bytes of this block's rows (blockDim.x / tpr of them: bulk, then meta, as cuda_layout.py lays a matrix
+// out, nb items of `bulk` and `meta` bytes a row) asked of L2 before wait_prior(): a matvec's weights do not
+// depend on the kernel ahead, so their DRAM latency passes while it runs.
+__device__ __forceinline__ void prefetch_rows(const uint8_t* w, int n_rows, int nb, int tpr, int bulk, int meta) {
+    int rows = blockDim.x / tpr, row0 = blockIdx.x * rows;
+    rows = min(rows, n_rows - row0);
+    size_t row_bulk = (size_t)nb * bulk, row_meta = (size_t)nb * meta;
+    if (threadIdx.x == 0 && rows > 0) prefetch_l2(w + row0 * row_bulk, rows * row_bulk);
+    if (threadIdx.x == 32 && rows > 0 && meta) prefetch_l2(w + n_rows * row_bulk + row0 * row_meta, rows * row_meta);
 }
 
 template <class T>
@@ -56,6 +68,8 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, const in
     extern "C" __global__ void __launch_bounds__(128)                                                   \
         NAME(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb,    \
              int tpr, const float* res, int add_res) {                                                  \
+        prefetch_rows(w, n_rows, nb, tpr, T::BULK, T::META);                                            \
+        wait_prior();                                                                                   \
         matvec_q<T>(w, xq, xds, out, n_rows, nb, tpr, res, add_res);                                    \
     }
 
@@ -130,6 +144,8 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const fl
     extern "C" __global__ void __launch_bounds__(128)                                                    \
         NAME(const uint8_t* w, const float* x, float* out, int n_rows, int n_cols, int tpr,             \
              const float* res, int add_res) {                                                            \
+        prefetch_rows(w, n_rows, n_cols / 8, tpr, 8 * T::BYTES, 0);                                      \
+        wait_prior();                                                                                    \
         matvec_f<T>(w, x, out, n_rows, n_cols, tpr, res, add_res);                                       \
     }
 
@@ -216,18 +232,21 @@ __device__ __forceinline__ void moe_down_q(const uint8_t* w, const int* __restri
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         moe_matvec_##SUFFIX(const uint8_t* w0, const uint8_t* w1, const int* ids, int k, const int8_t* xq,    \
                             const float2* xds, float* out, int n_rows, int n_total, int nb, int tpr) {        \
+        wait_prior();                                                                                         \
         moe_matvec_q<T>(w0, w1, ids, k, xq, xds, out, n_rows, n_total, nb, tpr);                              \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)                                             \
         moe_gate_up_glu_##SUFFIX(const uint8_t* wg, const uint8_t* wu, const int* ids, int k,                 \
                                  const int8_t* xq, const float2* xds, float* out, int8_t* oq, float2* ods,    \
                                  int n_rows, int n_total, int nb, int act) {                                  \
+        wait_prior();                                                                                         \
         moe_gate_up_glu_q<T>(wg, wu, ids, k, xq, xds, out, oq, ods, n_rows, n_total, nb, act);                \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         moe_down_##SUFFIX(const uint8_t* w, const int* ids, const float* weights, int k, const int8_t* xq,    \
                           const float2* xds, float* out, const float* res, int n_rows, int n_total, int nb,   \
                           int tpr) {                                                                          \
+        wait_prior();                                                                                         \
         moe_down_q<T>(w, ids, weights, k, xq, xds, out, res, n_rows, n_total, nb, tpr);                       \
     }
 

@@ -46,6 +46,7 @@ __device__ __forceinline__ void route_token(const float* l, int n_expert, int k,
 // block 32); dynamic shared memory: n_expert floats.
 extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_expert, int k, int* __restrict__ ids,
                                      float* __restrict__ weights) {
+    wait_prior();
     extern __shared__ float p[];
     size_t t = blockIdx.x;
     route_token(logits + t * n_expert, n_expert, k, p, ids + t * k, weights + t * k);
@@ -58,6 +59,8 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_exp
 extern "C" __global__ void moe_router_route(const float* __restrict__ router, const float* __restrict__ x, int n_embd,
                                             int n_expert, int k, float* logits, int* __restrict__ ids,
                                             float* __restrict__ weights, unsigned int* done) {
+    if (threadIdx.x == 0) prefetch_l2(router + (size_t)blockIdx.x * n_embd, 4 * (size_t)n_embd);
+    wait_prior();
     extern __shared__ float p[];
     __shared__ bool last;
     const float4* r = reinterpret_cast<const float4*>(router + (size_t)blockIdx.x * n_embd);

@@ -25,6 +25,7 @@ constexpr int SORT_THREADS = 256;
 extern "C" __global__ void __launch_bounds__(SORT_THREADS)
     moe_sort_pairs(const int* __restrict__ ids, int n_pairs, int n_expert, int* __restrict__ order,
                    int4* __restrict__ tiles, int* __restrict__ n_tiles) {
+    wait_prior();
     extern __shared__ int count[];
     __shared__ int warp_sum[SORT_THREADS / 32];
     __shared__ int start[2];  // first, t0
@@ -201,12 +202,14 @@ __device__ __forceinline__ void moe_mm(const uint8_t* __restrict__ w0, const uin
     extern "C" __global__ void __launch_bounds__(MM_THREADS, MM_MIN_BLOCKS)                                     \
         moe_mm_##SUFFIX(const uint8_t* w, int n_rows, int n_all, int nb, const __half* x, int x_div,            \
                         const int* order, const int4* tiles, const int* n_tiles, float* out) {                  \
+        wait_prior();                                                                                           \
         moe_mm<T, 1>(w, w, n_rows, n_all, nb, x, x_div, order, tiles, n_tiles, out, nullptr, 0);               \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(MM_THREADS, MM_MIN_BLOCKS)                                     \
         moe_mm_glu_##SUFFIX(const uint8_t* gate, const uint8_t* up, int n_rows, int n_all, int nb,              \
                             const __half* x, int x_div, const int* order, const int4* tiles,                    \
                             const int* n_tiles, __half* out16, int act) {                                       \
+        wait_prior();                                                                                           \
         moe_mm<T, 2>(gate, up, n_rows, n_all, nb, x, x_div, order, tiles, n_tiles, nullptr, out16, act);        \
     }
 
@@ -225,6 +228,7 @@ MOE_MM(q6_k, Q6_K)
 // weighted, onto the residual. Grid (ceil(n_embd / 256), n_tok), 256 threads.
 extern "C" __global__ void moe_combine(const float* __restrict__ x, const float* __restrict__ y,
                                        const float* __restrict__ weights, int k, int n_embd, float* __restrict__ out) {
+    wait_prior();
     int c = blockIdx.x * 256 + threadIdx.x;
     size_t t = blockIdx.y;
     if (c >= n_embd) return;

@@ -11,6 +11,7 @@
 // Launch: grid n_rows, block a multiple of 32 (<= 1024).
 extern "C" __global__ void rms_norm(float* x, const float* r, const float* __restrict__ w, float* out, int d,
                                     float eps, int add_residual) {
+    wait_prior();
     float* xr = x + (size_t)blockIdx.x * d;
     float* o = out + (size_t)blockIdx.x * d;
     float ss = 0.0f;
@@ -39,6 +40,7 @@ extern "C" __global__ void rms_norm(float* x, const float* r, const float* __res
 extern "C" __global__ void __launch_bounds__(1024)
     rms_norm_q8_1(const float4* __restrict__ x, const float4* __restrict__ w, float4* __restrict__ out,
                   int* __restrict__ xq4, float2* __restrict__ xds, int d, float eps) {
+    wait_prior();
     int n4 = d / 4;
     float4 v[NORM_CHUNKS], g[NORM_CHUNKS];
     float ss = 0.0f;
@@ -81,6 +83,7 @@ __device__ __forceinline__ void rotate(float& x0, float& x1, float c, float s) {
 extern "C" __global__ void rope(float* __restrict__ q, float* __restrict__ k, const double* __restrict__ inv_freq,
                                 const int* __restrict__ pos, int n_head, int n_head_kv, int head_dim,
                                 int n_pairs, int neox) {
+    wait_prior();
     int i = threadIdx.x, t = blockIdx.x;
     if (i >= n_pairs) return;
     double s, c;
@@ -104,13 +107,15 @@ extern "C" __global__ void rope(float* __restrict__ q, float* __restrict__ k, co
 // [n_tok, n_head_kv, head_dim] stored as fp16 at positions pos[0] + t of the caches (dropped past max_ctx).
 // Thread i < head_dim / 2 takes pair i when i < n_pairs, else the unrotated dims 2i and 2i+1 (normalized
 // and copied). head_norm needs head_dim a multiple of 64 (block_sum_f's whole warps).
-// Launch: grid (n_tok, ceil((n_head + n_head_kv) / ROPE_HEADS)), block head_dim / 2.
+// Launch: grid (n_tok, ceil((n_head + n_head_kv) / heads)), block head_dim / 2: `heads` heads a block, one
+// after the other (ROPE_HEADS for a prompt; a decode step's few heads go one a block, all at once).
 extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
                                          __half* __restrict__ k_cache, __half* __restrict__ v_cache,
                                          const double* __restrict__ inv_freq, const int* __restrict__ pos,
                                          int n_head, int n_head_kv, int head_dim, int n_pairs, int neox,
                                          int max_ctx, const float* __restrict__ q_norm,
-                                         const float* __restrict__ k_norm, int head_norm, float eps) {
+                                         const float* __restrict__ k_norm, int head_norm, float eps, int heads) {
+    wait_prior();
     int i = threadIdx.x, t = blockIdx.x, p = pos[0] + t;
     bool rotated = i < n_pairs;
     float sf = 0.0f, cf = 1.0f;
@@ -121,8 +126,8 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
         cf = (float)c;
     }
     int a = rotated && neox ? i : 2 * i, b = rotated && neox ? i + n_pairs : 2 * i + 1;
-    int h_end = min(n_head + n_head_kv, (int)(blockIdx.y + 1) * ROPE_HEADS);
-    for (int h = blockIdx.y * ROPE_HEADS; h < h_end; ++h) {  // the same heads for the whole block
+    int h_end = min(n_head + n_head_kv, (int)(blockIdx.y + 1) * heads);
+    for (int h = blockIdx.y * heads; h < h_end; ++h) {  // the same heads for the whole block
         bool is_q = h < n_head;
         int hk = h - n_head;
         size_t row = is_q ? ((size_t)t * n_head + h) * head_dim : ((size_t)t * n_head_kv + hk) * head_dim;
@@ -155,6 +160,7 @@ extern "C" __global__ void kv_write(const float* __restrict__ k, const float* __
                                     __half* __restrict__ k_cache, __half* __restrict__ v_cache,
                                     const int* __restrict__ pos, int n_tok, int n_head_kv, int head_dim,
                                     int max_ctx) {
+    wait_prior();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     int per_tok = n_head_kv * head_dim;
     if (i >= n_tok * per_tok) return;

@@ -1,5 +1,4 @@
-// Shared helpers of the op kernels (embed.cu, norm_rope.cu, attention.cu, sample.cu, elementwise.cu, moe.cu,
-// and matvec.cu's expert kernels).
+// Shared helpers of the kernels: every .cu file includes this.
 #pragma once
 #include <cuda_fp16.h>
 #ifdef __CUDACC_RTC__  // NVRTC (CuPy) has no <stdint.h>; same typedefs as quant_dot.cuh, so a repeat is harmless
@@ -10,6 +9,28 @@ typedef unsigned int uint32_t;
 #else
 #include <stdint.h>
 #endif
+
+// Programmatic dependent launch (Hopper). Inside a captured decode step every kernel is launched so that it may
+// start before the kernel ahead of it in the stream has finished (cuda_module.programmatic_launches): its blocks
+// get on the multiprocessors while that kernel runs, and wait_prior() holds them until it has finished and its
+// writes are visible. So every kernel calls wait_prior() before it reads or writes anything but constant inputs
+// (weights, which it may ask L2 for first: prefetch_l2), and tests/kernels/test_cuda_compile.py checks that it does.
+// wait_prior() then lets the next kernel launch. Both are no-ops in a plain launch.
+__device__ __forceinline__ void wait_prior() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// Ask L2 for the n bytes from p (rounded in to 16-byte bounds): weights a kernel reads after wait_prior(), so
+// that their DRAM latency passes while the kernel ahead still runs. A hint: nothing waits for it.
+__device__ __forceinline__ void prefetch_l2(const void* p, size_t n) {
+#if __CUDA_ARCH__ >= 900
+    size_t a = ((size_t)p + 15) & ~(size_t)15, e = ((size_t)p + n) & ~(size_t)15;
+    if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(e - a)) : "memory");
+#endif
+}
 
 __device__ __forceinline__ float warp_sum_f(float v) {
 #pragma unroll

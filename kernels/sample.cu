@@ -56,6 +56,7 @@ __device__ __forceinline__ void emit(int tok, int* token, int* history, int n_hi
 // Greedy, pass 1: part [n_blocks] = the largest key of each block's grid-stride share of x [n].
 // Launch: grid n_blocks, block ARGMAX_THREADS.
 extern "C" __global__ void argmax_blocks(const float* __restrict__ x, int n, u64* __restrict__ part) {
+    wait_prior();
     u64 best = 0;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         u64 k = logit_key(x[i], i);
@@ -68,6 +69,7 @@ extern "C" __global__ void argmax_blocks(const float* __restrict__ x, int n, u64
 // Greedy, pass 2: the largest of part [n_part] is the token. Launch: grid 1, block ARGMAX_THREADS.
 extern "C" __global__ void argmax_final(const u64* __restrict__ part, int n_part, int* token, int* history,
                                         int n_hist, int* pos) {
+    wait_prior();
     u64 best = 0;
     for (int i = threadIdx.x; i < n_part; i += blockDim.x) best = part[i] > best ? part[i] : best;
     best = block_max_u64(best);
@@ -197,6 +199,7 @@ __device__ __forceinline__ int warp_first(bool lo, bool hi) {
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample(const float* __restrict__ x, int n_vocab, const float* __restrict__ fparams, const int* __restrict__ iparams,
            u64* cand, int* token, int* history, int n_hist, int* pos) {
+    wait_prior();
     __shared__ u64 keys[CHUNK];
     __shared__ u64 top[K_MAX];
     __shared__ bool s_last;

@@ -1,9 +1,9 @@
 """Where an all-GPU decode step's time goes, on the GPU machine: the step's wall time through the captured graph,
 and each kernel's time in the same step run eagerly, read by Nsight Compute.
 
-    python3 tests/device_kernel_times.py FILE.gguf step      # ms a token through the graph (200 steps)
+    python3 tests/device_kernel_times.py FILE.gguf step [DEPTH]     # ms a token through the graph (200 steps)
     ncu --nvtx --nvtx-include "step/" --metrics gpu__time_duration.sum --csv \
-        python3 tests/device_kernel_times.py FILE.gguf kernels > ncu.csv
+        python3 tests/device_kernel_times.py FILE.gguf kernels [DEPTH] > ncu.csv
     python3 tests/device_kernel_times.py ncu.csv table       # per kernel: launches, total us, share
     python3 tests/device_kernel_times.py FILE.gguf prefill   # ms of a 512-token prompt, and of its parts
 
@@ -18,34 +18,38 @@ import time
 import numpy as np
 
 
-def step_ms(path: str) -> None:
+def _prompt(depth: int) -> list[int]:
+    """The tokens before the measured steps: 64, or DEPTH (the cache's fill, as bench's -d)."""
+    return [100 + i % 1000 for i in range(depth)]
+
+
+def step_ms(path: str, depth: int = 64) -> None:
     import cupy as cp
 
     from inference import load
-    engine = load(path, device="cuda", ctx=1024)
-    ids = list(range(100, 164))
-    list(engine.generate(ids, max_tokens=8, temperature=0))  # compile, capture the graph
+    engine = load(path, device="cuda", ctx=depth + 1024)
+    list(engine.generate(_prompt(depth), max_tokens=8, temperature=0))  # compile, capture the graph
     decode = engine._decode
     times = []
     for _ in range(3):
         decode.wait()
         t = time.perf_counter()
         for i in range(200):
-            decode(True, 0, 64 + i)
+            decode(True, 0, depth + i)
         decode.wait()
         times.append((time.perf_counter() - t) / 200 * 1e3)
     print(f"graph step: {' '.join(f'{t:.3f}' for t in times)} ms ({cp.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
 
 
-def kernels(path: str) -> None:
+def kernels(path: str, depth: int = 64) -> None:
     import cupy as cp
 
     from inference import load
-    engine = load(path, device="cuda", ctx=1024, cuda_graph=False)
-    list(engine.generate(list(range(100, 164)), max_tokens=8, temperature=0))
+    engine = load(path, device="cuda", ctx=depth + 1024, cuda_graph=False)
+    list(engine.generate(_prompt(depth), max_tokens=8, temperature=0))
     engine._decode.wait()
     cp.cuda.nvtx.RangePush("step")
-    engine._decode(True, 0, 72)
+    engine._decode(True, 0, depth + 8)
     engine._decode.wait()
     cp.cuda.nvtx.RangePop()
 
@@ -113,4 +117,5 @@ def table(csv_path: str) -> None:
 
 
 if __name__ == "__main__":
-    {"step": step_ms, "kernels": kernels, "table": table, "prefill": prefill}[sys.argv[2]](sys.argv[1])
+    {"step": step_ms, "kernels": kernels, "table": table, "prefill": prefill}[sys.argv[2]](
+        sys.argv[1], *map(int, sys.argv[3:]))

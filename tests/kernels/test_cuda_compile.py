@@ -36,3 +36,35 @@ def test_launchers_name_kernels_that_exist():
     defined = set(re.findall(r"^MATVEC_[QF]\((\w+),", source, re.M))
     assert defined == {"matvec_" + name.lower() for name in META_SPLIT}
     assert 'extern "C" __global__ void quantize_q8_1' in source
+
+
+def _kernel_bodies(source: str) -> list[tuple[str, str]]:
+    """(name, body up to its first wait_prior() or 400 characters) of every __global__ kernel in a source,
+    macro line continuations joined."""
+    source = source.replace("\\\n", "\n")
+    found = []
+    for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(", source):
+        body = source[source.index("{", m.end()) + 1:]
+        found.append((m.group(1), body[:body.find("wait_prior();") + 13] if "wait_prior();" in body else body[:400]))
+    return found
+
+
+@pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
+def test_kernels_wait_for_the_kernel_ahead_first(cu):
+    """A captured decode step launches every kernel programmatically (cuda_module): a kernel may start before
+    the one ahead has finished, so it must call wait_prior() before anything but L2 prefetches of weights."""
+    bodies = _kernel_bodies(cu.read_text())
+    assert bodies
+    for name, body in bodies:
+        assert body.endswith("wait_prior();"), f"{cu.name}: {name} does not call wait_prior()"
+        before = [s.strip() for s in body[:-len("wait_prior();")].split(";") if s.strip()]
+        assert all("prefetch" in s for s in before), f"{cu.name}: {name} does more than prefetch before wait_prior(): {before}"
+
+
+def test_the_wait_check_catches_a_kernel_that_reads_first():
+    bad = 'extern "C" __global__ void f(float* x) {\n    x[0] = 1.0f;\n    wait_prior();\n}\n'
+    good = 'extern "C" __global__ void __launch_bounds__(128) g(const uint8_t* w) {\n    prefetch_l2(w, 16);\n    wait_prior();\n}\n'
+    (name, body), = _kernel_bodies(bad)
+    assert name == "f" and "x[0]" in body.split("wait_prior")[0]
+    (name, body), = _kernel_bodies(good)
+    assert name == "g" and body.strip().startswith("prefetch_l2")
