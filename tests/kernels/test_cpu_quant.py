@@ -1,15 +1,15 @@
 """The CPU kernels against gguf-py's reference dequantization (and ours, models/dequant.py), every type.
 
-The int8 matvecs (INT8_IDS, up to MATVEC_MAX_TOKENS tokens) are held to x8 @ W.T, x8 the int8-quantized x
-(in blocks of 256 for Q4_K and Q6_K, 32 for the BLOCK32_IDS types), as tightly as the float32 ones to x @ W.T;
-x8 itself is checked against x."""
+The int8 matvecs (INT8_IDS, up to MATVEC_MAX_TOKENS tokens) and the int8 GEMM (BLOCK32_IDS, more tokens) are
+held to x8 @ W.T, x8 the int8-quantized x (in blocks of 256 for Q4_K and Q6_K, 32 for the BLOCK32_IDS types), as
+tightly as the float32 ones to x @ W.T; x8 itself is checked against x."""
 import numba as nb
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from kernels import cpu_dot_int8, cpu_ir, cpu_quant
+from kernels import cpu_dot_int8, cpu_gemm_int8, cpu_ir, cpu_quant
 from kernels.cpu_bench import F16_FIELDS, random_weight
 from kernels.cpu_dot_int8 import quantize_q8
 from kernels.cpu_quant import MATVEC_MAX_TOKENS, dequantize_rows, quantized_matmul, quantized_matmuls
@@ -38,11 +38,17 @@ def int8_x(x: np.ndarray, block: int) -> np.ndarray:
     return (xq.reshape(len(x), -1, block) * xd[:, :, None]).reshape(x.shape)
 
 
+def int8_path(name: str, n_tokens: int) -> bool:
+    """Whether quantized_matmul of this type and number of tokens multiplies int8-quantized x."""
+    tid = TYPES_BY_NAME[name].id
+    return tid in BLOCK32_IDS or (tid in INT8_IDS and n_tokens <= MATVEC_MAX_TOKENS)
+
+
 def expected(w: np.ndarray, name: str, x: np.ndarray, W: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(x @ W.T in float64, the error allowed): float32 accumulation, error well under 1e-5 of the sum of
     |terms|, where x is int8_x(x) for the int8 matvecs."""
     W = reference(w, name).astype(np.float64) if W is None else W.astype(np.float64)
-    if TYPES_BY_NAME[name].id in INT8_IDS and len(x) <= MATVEC_MAX_TOKENS:
+    if int8_path(name, len(x)):
         x = int8_x(x, x_block(name))
     x = x.astype(np.float64)
     return x @ W.T, 1e-5 * (np.abs(x) @ np.abs(W).T)
@@ -87,16 +93,18 @@ def test_int8_x_is_x_to_half_a_step(block):
     assert np.all(int8_x(x, block)[1, block:2 * block] == 0)
 
 
-@pytest.mark.parametrize("name", sorted(n for n in TYPES if TYPES_BY_NAME[n].id in INT8_IDS))
-def test_int8_matvec_error_against_float_x_and_a_wrong_weight_fails(name):
-    """The int8 path's error against x @ W.T (the docstring's bound), and that the tolerance of the tests
-    above cannot pass a weight read with a slightly wrong scale or with its quants in the wrong order."""
+@pytest.mark.parametrize("name, n_tokens", [(n, 1) for n in TYPES if TYPES_BY_NAME[n].id in INT8_IDS]
+                         + [(n, 9) for n in TYPES if TYPES_BY_NAME[n].id in BLOCK32_IDS])
+def test_int8_error_against_float_x_and_a_wrong_weight_fails(name, n_tokens):
+    """The int8 paths' error against x @ W.T (the docstring's bound), and that the tolerance of the tests
+    above cannot pass a weight read with a slightly wrong scale or with its quants in the wrong order (one token:
+    the matvec; 9: the GEMM)."""
     w = random_weight(name, 64, 1024)
-    x = np.random.default_rng(2).standard_normal((1, 1024), np.float32)
+    x = np.random.default_rng(2).standard_normal((n_tokens, 1024), np.float32)
     W = reference(w, name).astype(np.float64)
     got = quantized_matmul(w, TYPES_BY_NAME[name], x)
     block = x_block(name)
-    step = np.abs(x).reshape(1, -1, block).max(-1) / 254  # half the step of each block of x
+    step = np.abs(x).reshape(n_tokens, -1, block).max(-1) / 254  # half the step of each block of x
     int8_bound = step.repeat(block, 1) @ np.abs(W).T + expected(w, name, x, W)[1]
     assert np.all(np.abs(got - x.astype(np.float64) @ W.T) <= int8_bound)
 
@@ -239,3 +247,33 @@ def test_matvecs_of_own_rows_match_one_by_one(names):
     for m, (w, q) in enumerate(zip(ws, qtypes)):
         ref = quantized_matmul(w, q, x[m:m + 1])
         np.testing.assert_allclose(outs[m], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max(), err_msg=names[m])
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+def test_gemm_tile_agrees_without_vnni(name, monkeypatch):
+    """The GEMM's byte dots in generic IR (CPUs without AVX-512 VNNI) give what vpdpbusd gives here, lane for lane,
+    so the same floats; the tests above hold the vpdpbusd path to x8 @ W.T."""
+    from kernels.cpu_gemm import quantize_biased
+    w = random_weight(name, 8, 2048)
+    x = np.random.default_rng(5).standard_normal((4, 2048), np.float32) * 3
+    xu, xd, xds = np.empty((4, 2048), np.uint8), np.empty((4, 64), np.float32), np.empty((4, 64), np.float32)
+    quantize_biased(x, xu, xd, xds)
+    pack = getattr(cpu_gemm_int8, f"pack_{name.lower()}")
+    tile = cpu_gemm_int8.tile_with_min if name in ("Q4_1", "Q5_1") else cpu_gemm_int8.tile_no_min
+    results = {}
+    for has_vnni in (True, False):
+        monkeypatch.setattr(cpu_gemm_int8, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
+
+        @nb.njit  # not cached: compiled anew under each vnni
+        def gemm_tile(w, xu, xd, xds):
+            n = xd.shape[1] * cpu_gemm_int8.ROWS
+            packed, corrs = np.empty(n * 32, np.uint8), np.empty(n, np.int32)
+            scales, mins = np.empty(n, np.float32), np.empty(n, np.float32)
+            pack(w, 0, packed, corrs, scales, mins, F16_TO_F32)
+            y = np.empty(cpu_gemm_int8.TOKENS * cpu_gemm_int8.ROWS, np.float32)
+            tile(packed, corrs, scales, mins, xu, xd, xds, 0, y)
+            return y
+
+        results[has_vnni] = gemm_tile(w, xu, xd, xds)
+        assert ("vpdpbusd" in next(iter(gemm_tile.inspect_llvm().values()))) == has_vnni
+    np.testing.assert_array_equal(results[True], results[False])

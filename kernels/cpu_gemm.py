@@ -1,0 +1,77 @@
+"""The parallel int8 GEMM of a prompt's tokens (more than a few) by a matrix of 32-value blocks (numba): x
+quantized once to biased bytes, then tiles of rows spread over all cores, each packed once and run against all
+tokens by the micro-kernel of cpu_gemm_int8."""
+from kernels.cpu_threads import configure_thread_waits
+
+configure_thread_waits()  # before numba's first parallel region loads libgomp (numpy may be loaded already)
+
+import numba as nb  # noqa: E402
+import numpy as np  # noqa: E402
+
+from kernels.cpu_gemm_int8 import (ROWS, TOKENS, pack_q4_0, pack_q4_1, pack_q5_0, pack_q5_1, pack_q8_0,  # noqa: E402
+                                   tile_no_min, tile_with_min)
+from kernels.cpu_types import Q4_0, Q4_1, Q5_0, Q5_1  # noqa: E402
+
+# numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
+# inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
+INLINED = ("cpu_types", "cpu_gemm_int8")
+INLINED_DIGEST = "2e6fb9bddf9bc728"
+
+
+def padded_tokens(n_tokens: int) -> int:
+    """The rows of xu, xd, xds for n_tokens: whole register tiles of TOKENS."""
+    return -(-n_tokens // TOKENS) * TOKENS
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def quantize_biased(x, xu, xd, xds):
+    """x: float32 [n_tokens, n_cols] -> xu: uint8 [n_padded, n_cols] = xq + 128, xq int8 to the nearest of x / xd,
+    xd: float32 [n_padded, n_cols // 32] = amax / 127 of each 32 values (as quantize_q8), xds: xd * the sum of xq
+    over the 32. Rows from n_tokens on are zeros (xu 128)."""
+    n_tokens = x.shape[0]
+    for t in nb.prange(xu.shape[0]):
+        for b in range(xd.shape[1]):
+            amax = np.float32(0)
+            if t < n_tokens:
+                for l in range(32):
+                    amax = max(amax, abs(x[t, 32 * b + l]))
+            inv = np.float32(127) / amax if amax > 0 else np.float32(0)
+            s = 0
+            for l in range(32):
+                q = np.int32(np.rint(x[t, 32 * b + l] * inv)) if t < n_tokens else np.int32(0)
+                xu[t, 32 * b + l] = np.uint8(q + 128)
+                s += q
+            xd[t, b] = amax / np.float32(127)
+            xds[t, b] = xd[t, b] * np.float32(s)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def gemm_b32(tid, w, xu, xd, xds, out, f16):
+    """out[t, r] = x8[t] . row r of W for W of a 32-value block type tid, w: uint8 [n_rows, row_bytes], x8 given
+    by quantize_biased (xu, xd, xds), out: float32 [n_tokens, n_rows]. Tiles of ROWS rows go to the threads; each
+    is packed into scratch of its own (~11 bytes a column, L1-sized), then multiplied with every TOKENS tokens."""
+    n_rows, n_tokens, n_blocks = w.shape[0], out.shape[0], xd.shape[1]
+    for tile in nb.prange((n_rows + ROWS - 1) // ROWS):
+        r0 = tile * ROWS
+        packed = np.empty(n_blocks * ROWS * 32, np.uint8)
+        corrs = np.empty(n_blocks * ROWS, np.int32)
+        scales, mins = np.empty(n_blocks * ROWS, np.float32), np.empty(n_blocks * ROWS, np.float32)
+        if tid == Q4_0:
+            pack_q4_0(w, r0, packed, corrs, scales, mins, f16)
+        elif tid == Q4_1:
+            pack_q4_1(w, r0, packed, corrs, scales, mins, f16)
+        elif tid == Q5_0:
+            pack_q5_0(w, r0, packed, corrs, scales, mins, f16)
+        elif tid == Q5_1:
+            pack_q5_1(w, r0, packed, corrs, scales, mins, f16)
+        else:
+            pack_q8_0(w, r0, packed, corrs, scales, mins, f16)
+        y = np.empty(TOKENS * ROWS, np.float32)
+        for t0 in range(0, xu.shape[0], TOKENS):
+            if tid == Q4_1 or tid == Q5_1:
+                tile_with_min(packed, corrs, scales, mins, xu, xd, xds, t0, y)
+            else:
+                tile_no_min(packed, corrs, scales, mins, xu, xd, xds, t0, y)
+            for j in range(min(TOKENS, n_tokens - t0)):
+                for i in range(min(ROWS, n_rows - r0)):
+                    out[t0 + j, r0 + i] = y[j * ROWS + i]
