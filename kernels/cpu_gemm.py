@@ -15,7 +15,7 @@ from kernels.cpu_types import Q4_0, Q4_1, Q5_0, Q5_1  # noqa: E402
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_gemm_int8")
-INLINED_DIGEST = "2e6fb9bddf9bc728"
+INLINED_DIGEST = "ec94bd65e5fe3b20"
 
 
 def padded_tokens(n_tokens: int) -> int:

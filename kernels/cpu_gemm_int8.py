@@ -17,13 +17,13 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from kernels.cpu_dot_int8 import _high_bits32, _nibbles32, _row_at
-from kernels.cpu_ir import array_data, call, half_ir, i64, ir_loop, load_bytes, shuffle, splat, splat_f
+from kernels.cpu_ir import array_data, call, dot4, half_ir, i64, ir_loop, load_bytes, shuffle, splat, splat_f
 from kernels.cpu_types import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_ir", "cpu_dot_int8")
-INLINED_DIGEST = "d09d69a1f1bafdf2"
+INLINED_DIGEST = "63358af5eb844cde"
 
 ROWS = 8  # rows of a tile: the int32 lanes of a 256-bit vector
 TOKENS = 4  # tokens of the micro-kernel's register tile (4 float + 4 int32 accumulators, 8 weight vectors)
@@ -36,29 +36,6 @@ BLOCKS = {Q4_0: (18, 2, None, 8, None), Q4_1: (20, 4, None, 0, 2), Q5_0: (22, 6,
 def _ptr(context, builder, arr_t, arr, off, ty):
     """A pointer of type ty* to element off of a C-contiguous array (any number of dimensions, flat index)."""
     return builder.bitcast(builder.gep(array_data(context, builder, arr_t, arr).data, [off]), ty.as_pointer())
-
-
-def vnni(context) -> bool:
-    """Whether the CPU the code is compiled for has 256-bit vpdpbusd (AVX-512 VNNI with VL)."""
-    features = context.codegen()._tm_features
-    return "+avx512vnni" in features and "+avx512vl" in features
-
-
-def dot4(context, builder, acc, unsigned, signed):
-    """<8 x i32>: acc + in lane k the sum of unsigned[4k + l] * signed[4k + l] over l < 4, for <32 x i8> operands
-    (vpdpbusd where there is AVX-512 VNNI; else the same sums in generic IR, which never saturate, as AVX2's
-    pmaddubsw would: 2 * 255 * 127 > 32767)."""
-    i32 = ir.IntType(32)
-    v8 = ir.VectorType(i32, 8)
-    if vnni(context):
-        return call(builder, "llvm.x86.avx512.vpdpbusd.256", v8,
-                    [acc, builder.bitcast(unsigned, v8), builder.bitcast(signed, v8)])
-    wide = ir.VectorType(i32, 32)
-    products = builder.mul(builder.zext(unsigned, wide), builder.sext(signed, wide))
-    for _ in range(2):  # pairs, then pairs of pairs
-        products = builder.add(shuffle(builder, products, None, range(0, products.type.count, 2)),
-                               shuffle(builder, products, None, range(1, products.type.count, 2)))
-    return builder.add(acc, products)
 
 
 def _values(context, builder, tid, row_t, row, o):

@@ -152,10 +152,36 @@ def ir_loop(builder, n, starts, body):
     return finals
 
 
+def vnni(context) -> bool:
+    """Whether the CPU the code is compiled for has 256-bit vpdpbusd (AVX-512 VNNI with VL)."""
+    features = context.codegen()._tm_features
+    return "+avx512vnni" in features and "+avx512vl" in features
+
+
+def dot4(context, builder, acc, unsigned, signed):
+    """<8 x i32>: acc + in lane k the sum of unsigned[4k + l] * signed[4k + l] over l < 4, for <32 x i8> operands
+    (vpdpbusd where there is AVX-512 VNNI; else the same sums in generic IR, which never saturate, as AVX2's
+    pmaddubsw would: 2 * 255 * 127 > 32767)."""
+    i32 = ir.IntType(32)
+    v8 = ir.VectorType(i32, 8)
+    if vnni(context):
+        return call(builder, "llvm.x86.avx512.vpdpbusd.256", v8,
+                    [acc, builder.bitcast(unsigned, v8), builder.bitcast(signed, v8)])
+    wide = ir.VectorType(i32, 32)
+    products = builder.mul(builder.zext(unsigned, wide), builder.sext(signed, wide))
+    for _ in range(2):  # pairs, then pairs of pairs
+        products = builder.add(shuffle(builder, products, None, range(0, products.type.count, 2)),
+                               shuffle(builder, products, None, range(1, products.type.count, 2)))
+    return builder.add(acc, products)
+
+
 def madd32(context, builder, quants, xq):
     """<8 x i32>: lane k = the sum of quants[l] * xq[l] for l in 4k..4k + 3, quants <32 x i8> unsigned (< 64),
-    xq <32 x i8> signed: pmaddubsw + pmaddwd by ones, 256 bits wide where there is AVX2, else generic IR."""
+    xq <32 x i8> signed: one vpdpbusd with AVX-512 VNNI, else pmaddubsw + pmaddwd by ones where there is AVX2,
+    else generic IR (all the same sums: pmaddubsw's pair sums never saturate here)."""
     i16, i32 = ir.IntType(16), ir.IntType(32)
+    if simd(context) == "avx512bw" and vnni(context):
+        return dot4(context, builder, ir.VectorType(i32, 8)([0] * 8), quants, xq)
     if simd(context):
         pair_sums = call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(i16, 16), [quants, xq])
         ones = ir.VectorType(i16, 16)([1] * 16)

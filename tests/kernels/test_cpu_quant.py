@@ -38,6 +38,12 @@ def int8_x(x: np.ndarray, block: int) -> np.ndarray:
     return (xq.reshape(len(x), -1, block) * xd[:, :, None]).reshape(x.shape)
 
 
+def host_vnni() -> bool:
+    """Whether numba compiles for a CPU with AVX-512 VNNI here (the kernels then dot bytes with vpdpbusd)."""
+    from numba.core.registry import cpu_target
+    return cpu_ir.vnni(cpu_target.target_context)
+
+
 def int8_path(name: str, n_tokens: int) -> bool:
     """Whether quantized_matmul of this type and number of tokens multiplies int8-quantized x."""
     tid = TYPES_BY_NAME[name].id
@@ -214,14 +220,14 @@ def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_block32_rows_agree_on_every_simd_path(name, monkeypatch):
-    """The generic-IR version of the 32-value block rows (for CPUs without AVX2) gives what the AVX2 one the
-    kernels use here gives, lane for lane, so the same float results."""
+    """The AVX2 (pmaddubsw) and generic-IR versions of the 32-value block rows (for CPUs without AVX-512 VNNI,
+    without AVX2) give what the vpdpbusd one the kernels use here gives, lane for lane, so the same floats."""
     w = random_weight(name, 2, 2048)
     xq = np.random.default_rng(3).integers(-127, 128, 2048).astype(np.int8)
     xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int16)
     xd = np.random.default_rng(4).random(64, np.float32)
     results = {}
-    for simd in ("avx2", ""):
+    for simd in ("avx512bw", "avx2", ""):
         monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
         rows_dot = getattr(cpu_dot_int8, f"dot_{name.lower()}_rows")
 
@@ -230,8 +236,10 @@ def test_block32_rows_agree_on_every_simd_path(name, monkeypatch):
             return rows_dot(w, 0, 1, xq, xd, xs16, F16_TO_F32)
 
         results[simd] = dot(w, xq, xd, xs16)
-        assert ("llvm.x86.avx2.pmadd.ub.sw" in next(iter(dot.inspect_llvm().values()))) == (simd == "avx2")
-    assert results["avx2"] == results[""]
+        llvm_ir = next(iter(dot.inspect_llvm().values()))
+        assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd == "avx2")
+        assert ("vpdpbusd" in llvm_ir) == (simd == "avx512bw" and host_vnni())
+    assert results["avx2"] == results[""] == results["avx512bw"]
 
 
 @pytest.mark.parametrize("names", [("Q4_K",) * 8, ("Q6_K", "Q8_0", "Q4_0", "Q4_K"), ("Q5_K", "Q4_K")])
@@ -262,7 +270,7 @@ def test_gemm_tile_agrees_without_vnni(name, monkeypatch):
     tile = cpu_gemm_int8.tile_with_min if name in ("Q4_1", "Q5_1") else cpu_gemm_int8.tile_no_min
     results = {}
     for has_vnni in (True, False):
-        monkeypatch.setattr(cpu_gemm_int8, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
+        monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
 
         @nb.njit  # not cached: compiled anew under each vnni
         def gemm_tile(w, xu, xd, xds):
