@@ -6,6 +6,7 @@ import numpy as np
 from inference.weights import ExpertFFN, ModelWeights, QuantMatrix
 from kernels import cpu_ops
 from kernels.cpu_quant import dequantize_rows, quantized_matmul, quantized_matmuls, quantized_matvecs_own_rows
+from kernels.cpu_repack import LAYOUTS, Repacked, repack
 from models.config import ModelConfig
 
 
@@ -43,6 +44,18 @@ def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.
 OFFLOAD_MIN_TOKENS = 32  # llama.cpp's threshold for running a CPU weight's matmul on the GPU
 
 
+def repacked_matrices(weights: ModelWeights, layers: range) -> dict[int, Repacked]:
+    """id(matrix) -> the matrix repacked eight rows at a time (kernels/cpu_repack), for the layers' matrices of the
+    types that layout has (Q4_0, Q4_1, Q5_0, Q5_1; experts are left as they are)."""
+    out = {}
+    for i in layers:
+        lw = weights.layers[i]
+        for m in (*lw.qkv, lw.attn_output, lw.ffn_gate, lw.ffn_up, lw.ffn_down):
+            if m is not None and m.qtype.id in LAYOUTS:
+                out[id(m)] = repack(m.data, m.qtype.id)
+    return out
+
+
 def _read_only(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False  # as the file's mmap: the kernels compile once for read-only weights
     return a
@@ -59,6 +72,7 @@ class CPUBackend:
     this backend's matrices for one token while the CPU does the rest (None: the CPU does all)."""
 
     prefill_chunk = 256  # prompt tokens a forward: bounds the attention scores to [heads, 256, ctx]
+    _repacked: dict[int, Repacked] = {}  # set in __init__; empty here for a backend made without it (tests' op checks)
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None, gpu=None):
         self.cfg = cfg
@@ -78,6 +92,9 @@ class CPUBackend:
         # the copy than from the file's mmap on the 2-core machine (numpy puts it on huge pages). Made here, at
         # load (~0.1-0.5 s for Gemma's), not in the first reply.
         self._head = (weights.output.data, _read_only(np.array(weights.output.data))) if gpu is None else None
+        # the layers' 4-bit 32-value block matrices repacked when no GPU reads them in the file's layout: their
+        # matvecs read 8 rows a vector, ~2x faster a core (Q4_1 576 x 1536: 13.6 -> 30.5 GB/s on one)
+        self._repacked = repacked_matrices(weights, self.layers) if gpu is None else {}
 
     def set_input(self, tokens: np.ndarray, pos: int) -> None:
         self.tokens = np.asarray(tokens, np.int32)
@@ -102,7 +119,7 @@ class CPUBackend:
         elif self.share is not None and len(x) == 1:
             y = self.share.matmuls((w,), x)[0]
         else:
-            y = quantized_matmul(w.data, w.qtype, x)  # [n, n_rows]
+            y = quantized_matmul(self._repacked.get(id(w), w.data), w.qtype, x)  # [n, n_rows]
         return y + bias if bias is not None else y
 
     def matmuls(self, ws: tuple[QuantMatrix, ...], x: np.ndarray, biases: tuple | None = None) -> tuple:
@@ -113,7 +130,7 @@ class CPUBackend:
         if self.share is not None and len(x) == 1:
             ys = self.share.matmuls(ws, x)
         else:
-            ys = quantized_matmuls([w.data for w in ws], [w.qtype for w in ws], x)  # [n, n_rows] each
+            ys = quantized_matmuls([self._repacked.get(id(w), w.data) for w in ws], [w.qtype for w in ws], x)
         return tuple(y + b if b is not None else y for y, b in zip(ys, biases or (None,) * len(ws)))
 
     def rope(self, x: np.ndarray, base: float, scale: float) -> np.ndarray:

@@ -13,7 +13,7 @@ from kernels.cpu_types import BF16, F16, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types",)
-INLINED_DIGEST = "d918fc29738075dc"
+INLINED_DIGEST = "3cbf78ae4cc75b1c"
 
 
 @jit

@@ -8,14 +8,15 @@ configure_thread_waits()  # before numba's first parallel region loads libgomp (
 import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
 
+from kernels.cpu_dot_x8 import pack_x8_q4_0, pack_x8_q4_1, pack_x8_q5_0, pack_x8_q5_1  # noqa: E402
 from kernels.cpu_gemm_int8 import (ROWS, TOKENS, pack_q4_0, pack_q4_1, pack_q5_0, pack_q5_1, pack_q8_0,  # noqa: E402
                                    tile_no_min, tile_with_min)
-from kernels.cpu_types import Q4_0, Q4_1, Q5_0, Q5_1  # noqa: E402
+from kernels.cpu_types import Q4_0, Q4_1, Q5_0, Q5_1, X8  # noqa: E402
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
-INLINED = ("cpu_types", "cpu_gemm_int8")
-INLINED_DIGEST = "ec94bd65e5fe3b20"
+INLINED = ("cpu_types", "cpu_gemm_int8", "cpu_dot_x8")
+INLINED_DIGEST = "ff0a472d998bf8e9"
 
 
 def padded_tokens(n_tokens: int) -> int:
@@ -47,10 +48,11 @@ def quantize_biased(x, xu, xd, xds):
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def gemm_b32(tid, w, xu, xd, xds, out, f16):
-    """out[t, r] = x8[t] . row r of W for W of a 32-value block type tid, w: uint8 [n_rows, row_bytes], x8 given
-    by quantize_biased (xu, xd, xds), out: float32 [n_tokens, n_rows]. Tiles of ROWS rows go to the threads; each
-    is packed into scratch of its own (~11 bytes a column, L1-sized), then multiplied with every TOKENS tokens."""
-    n_rows, n_tokens, n_blocks = w.shape[0], out.shape[0], xd.shape[1]
+    """out[t, r] = x8[t] . row r of W for W of a 32-value block type tid, w: uint8 [n_rows, row_bytes] (or tid X8 +
+    a type and w repacked, cpu_repack: uint8 [n_groups, 8 * row_bytes]), x8 given by quantize_biased (xu, xd, xds),
+    out: float32 [n_tokens, n_rows]. Tiles of ROWS rows go to the threads; each is packed into scratch of its own
+    (~11 bytes a column, L1-sized), then multiplied with every TOKENS tokens."""
+    n_tokens, n_rows, n_blocks = out.shape[0], out.shape[1], xd.shape[1]
     for tile in nb.prange((n_rows + ROWS - 1) // ROWS):
         r0 = tile * ROWS
         packed = np.empty(n_blocks * ROWS * 32, np.uint8)
@@ -64,11 +66,20 @@ def gemm_b32(tid, w, xu, xd, xds, out, f16):
             pack_q5_0(w, r0, packed, corrs, scales, mins, f16)
         elif tid == Q5_1:
             pack_q5_1(w, r0, packed, corrs, scales, mins, f16)
-        else:
+        elif tid < X8:
             pack_q8_0(w, r0, packed, corrs, scales, mins, f16)
+        elif tid == X8 + Q4_0:
+            pack_x8_q4_0(w, tile, packed, corrs, scales, mins)
+        elif tid == X8 + Q4_1:
+            pack_x8_q4_1(w, tile, packed, corrs, scales, mins)
+        elif tid == X8 + Q5_0:
+            pack_x8_q5_0(w, tile, packed, corrs, scales, mins)
+        else:
+            pack_x8_q5_1(w, tile, packed, corrs, scales, mins)
         y = np.empty(TOKENS * ROWS, np.float32)
+        with_min = tid == Q4_1 or tid == Q5_1 or tid == X8 + Q4_1 or tid == X8 + Q5_1
         for t0 in range(0, xu.shape[0], TOKENS):
-            if tid == Q4_1 or tid == Q5_1:
+            if with_min:
                 tile_with_min(packed, corrs, scales, mins, xu, xd, xds, t0, y)
             else:
                 tile_no_min(packed, corrs, scales, mins, xu, xd, xds, t0, y)

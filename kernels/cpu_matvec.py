@@ -10,12 +10,13 @@ import numpy as np  # noqa: E402
 from kernels.cpu_dequant import decode_row  # noqa: E402
 from kernels.cpu_dot_float import dot_q5_k  # noqa: E402
 from kernels.cpu_dot_int8 import dot8_b32, dot8_q4_k, dot8_q6_k, dot8_q8_0, q4_k_order, quantize_q8  # noqa: E402
-from kernels.cpu_types import Q4_K, Q6_K, Q8_0, fast  # noqa: E402
+from kernels.cpu_dot_x8 import dot8_x8  # noqa: E402
+from kernels.cpu_types import Q4_K, Q6_K, Q8_0, X8, fast  # noqa: E402
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
-INLINED = ("cpu_types", "cpu_dequant", "cpu_dot_float", "cpu_dot_int8")
-INLINED_DIGEST = "61552d298930b32b"
+INLINED = ("cpu_types", "cpu_dequant", "cpu_dot_float", "cpu_dot_int8", "cpu_dot_x8")
+INLINED_DIGEST = "5af4f357529399fb"
 
 MATVEC_CHUNKS = 64  # row chunks of a matvec shared out to the threads: several per thread evens out their finish
 TOKEN_PASS_ROWS = 16  # rows that each of a few tokens passes over in turn (see matvecs_int8)
@@ -48,8 +49,9 @@ def matvec_fused(w, x, out, f16, n16, n_chunks):
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def matvecs_int8(tids, ws, x, outs, f16, n_chunks, own_row=False):
-    """outs[m][t, r] = x[t] . row r of ws[m] for matrices of the INT8_IDS types tids[m] sharing x, in ONE
-    parallel region: x is quantized once per block size in use (see quantize_q8), and about n_chunks chunks
+    """outs[m][t, r] = x[t] . row r of ws[m] for matrices of the INT8_IDS or X8_IDS types tids[m] sharing x, in ONE
+    parallel region (an X8_IDS matrix is repacked, cpu_repack: its "rows" are groups of 8): x is quantized once
+    per block size in use (see quantize_q8), and about n_chunks chunks
     of rows, each matrix's number in proportion to its bytes (at most one a row), go to the threads.
     own_row: matrix m multiplies row m of x alone (outs[m] [1, n_rows_m]): the chosen experts' down
     projections of one token, each of its own activation.
@@ -104,6 +106,8 @@ def matvecs_int8(tids, ws, x, outs, f16, n_chunks, own_row=False):
                     dot8_q6_k(w, ra, rb, xq[t], xd[t], xs16[t], y, f16)
                 elif tid == Q8_0:
                     dot8_q8_0(w, ra, rb, xq8[t], xd8[t], xs8[t], y, f16)
+                elif tid > X8:
+                    dot8_x8(tid, w, ra, rb, xq8[t], xd8[t], xs8[t], y)
                 else:
                     dot8_b32(tid, w, ra, rb, xq8[t], xd8[t], xs8[t], y, f16)
 

@@ -26,6 +26,7 @@ import numpy as np
 from kernels.cpu_dequant import decode_rows
 from kernels.cpu_gemm import gemm_b32, padded_tokens, quantize_biased
 from kernels.cpu_matvec import MATVEC_CHUNKS, matvec_decoded, matvec_fused, matvecs_int8
+from kernels.cpu_repack import ROWS, Repacked
 from kernels.cpu_types import BLOCK32_IDS, DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, N16
 from models.ggml_types import GGMLType, UnsupportedTypeError
 
@@ -70,10 +71,22 @@ def dequantize_rows(w: np.ndarray, qtype: GGMLType, rows: np.ndarray) -> np.ndar
     return out
 
 
-def _matmul_args(w: np.ndarray, qtype: GGMLType, x: np.ndarray, out: np.ndarray | None):
-    """(x, out) of y = x @ W.T checked: x C-contiguous, out allocated when None."""
+def _shape(w: np.ndarray | Repacked, qtype: GGMLType) -> tuple[int, int]:
+    """(n_rows, n_cols) of W given as its bytes (checked) or repacked."""
+    if isinstance(w, Repacked):
+        return w.n_rows, n_cols_of(w.data, qtype) // ROWS
     _check(w, qtype)
-    n_rows, n_cols = w.shape[0], n_cols_of(w, qtype)
+    return w.shape[0], n_cols_of(w, qtype)
+
+
+def _kernel_args(w: np.ndarray | Repacked, qtype: GGMLType) -> tuple[int, np.ndarray]:
+    """(type id, read-only bytes) of an int8 kernel's weight."""
+    return (w.tid, w.data) if isinstance(w, Repacked) else (qtype.id, _read_only(w))
+
+
+def _matmul_args(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray, out: np.ndarray | None):
+    """(x, out) of y = x @ W.T checked: x C-contiguous, out allocated when None."""
+    n_rows, n_cols = _shape(w, qtype)
     if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != n_cols:
         raise ValueError(f"x must be float32 [n_tokens, {n_cols}], got {x.dtype} {x.shape}")
     x = np.ascontiguousarray(x)
@@ -85,13 +98,20 @@ def _matmul_args(w: np.ndarray, qtype: GGMLType, x: np.ndarray, out: np.ndarray 
     return x, out
 
 
-def quantized_matmul(w: np.ndarray, qtype: GGMLType, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """y = x @ W.T for W [n_rows, n_cols] given as its quantized bytes w: uint8 [n_rows, row_bytes].
+def quantized_matmul(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray,
+                     out: np.ndarray | None = None) -> np.ndarray:
+    """y = x @ W.T for W [n_rows, n_cols] given as its quantized bytes w: uint8 [n_rows, row_bytes], or repacked
+    (cpu_repack) from bytes of type qtype.
 
     x: float32 [n_tokens, n_cols] -> float32 [n_tokens, n_rows] (written into out when given)."""
     x, out = _matmul_args(w, qtype, x, out)
-    n_tokens, n_rows, n_cols = x.shape[0], w.shape[0], x.shape[1]
-    if qtype.id == F32:
+    n_tokens, n_rows, n_cols = x.shape[0], out.shape[1], x.shape[1]
+    if isinstance(w, Repacked):
+        if n_tokens <= MATVEC_MAX_TOKENS:
+            matvecs_int8((w.tid,), (w.data,), x, (out,), F16_TO_F32, MATVEC_CHUNKS)
+        else:
+            _gemms([w], [qtype], x, [out])
+    elif qtype.id == F32:
         np.matmul(x, w.view(np.float32).T, out=out)
     elif n_tokens <= MATVEC_MAX_TOKENS:
         if qtype.id in INT8_IDS:
@@ -112,14 +132,15 @@ def quantized_matmul(w: np.ndarray, qtype: GGMLType, x: np.ndarray, out: np.ndar
     return out
 
 
-def _gemms(ws: list[np.ndarray], qtypes: list[GGMLType], x: np.ndarray, outs: list[np.ndarray]) -> None:
-    """outs[m] = x8 @ W_m.T for BLOCK32_IDS matrices sharing x (C-contiguous, checked): x quantized once."""
+def _gemms(ws: list, qtypes: list[GGMLType], x: np.ndarray, outs: list[np.ndarray]) -> None:
+    """outs[m] = x8 @ W_m.T for BLOCK32_IDS matrices (bytes or repacked) sharing x (C-contiguous, checked): x
+    quantized once."""
     n_padded, n_cols = padded_tokens(len(x)), x.shape[1]
     xu = np.empty((n_padded, n_cols), np.uint8)
     xd, xds = np.empty((n_padded, n_cols // 32), np.float32), np.empty((n_padded, n_cols // 32), np.float32)
     quantize_biased(x, xu, xd, xds)
     for w, qtype, out in zip(ws, qtypes, outs):
-        gemm_b32(qtype.id, _read_only(w), xu, xd, xds, out, F16_TO_F32)
+        gemm_b32(*_kernel_args(w, qtype), xu, xd, xds, out, F16_TO_F32)
 
 
 def quantized_matvecs_own_rows(ws: list[np.ndarray], qtypes: list[GGMLType], x: np.ndarray) -> list[np.ndarray]:
@@ -136,7 +157,7 @@ def quantized_matvecs_own_rows(ws: list[np.ndarray], qtypes: list[GGMLType], x: 
     return list(outs)
 
 
-def quantized_matmuls(ws: list[np.ndarray], qtypes: list[GGMLType], x: np.ndarray) -> list[np.ndarray]:
+def quantized_matmuls(ws: list[np.ndarray | Repacked], qtypes: list[GGMLType], x: np.ndarray) -> list[np.ndarray]:
     """[quantized_matmul(w, qtype, x) for each w], bit for bit, for matrices that multiply the same x (a layer's
     q, k, v; gate, up). Up to MATVEC_MAX_TOKENS tokens, the INT8_IDS matrices go in one kernel call: x is
     quantized once and all their rows run in one parallel region; more tokens, the BLOCK32_IDS matrices' GEMMs
@@ -149,8 +170,8 @@ def quantized_matmuls(ws: list[np.ndarray], qtypes: list[GGMLType], x: np.ndarra
     for i in fused + gemm:
         x, outs[i] = _matmul_args(ws[i], qtypes[i], x, None)
     if fused:
-        matvecs_int8(tuple(qtypes[i].id for i in fused), tuple(_read_only(ws[i]) for i in fused), x,
-                     tuple(outs[i] for i in fused), F16_TO_F32, MATVEC_CHUNKS)
+        tids, datas = zip(*[_kernel_args(ws[i], qtypes[i]) for i in fused])
+        matvecs_int8(tids, datas, x, tuple(outs[i] for i in fused), F16_TO_F32, MATVEC_CHUNKS)
     if gemm:
         _gemms([ws[i] for i in gemm], [qtypes[i] for i in gemm], x, [outs[i] for i in gemm])
     return outs

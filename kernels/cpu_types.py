@@ -10,6 +10,8 @@ DECODED_IDS = (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, 
 FUSED_IDS = (Q5_K,)  # a fused dot of float32 x (cpu_dot_float); other DECODED_IDS not INT8_IDS decode a row first
 BLOCK32_IDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)  # blocks of 32 values: x goes in int8 blocks of 32 alike
 INT8_IDS = (Q4_K, Q6_K) + BLOCK32_IDS  # fused dots of int8-quantized x (cpu_dot_int8)
+X8 = 64  # X8 + a type id: that type repacked eight rows at a time (cpu_repack), dotted by cpu_dot_x8
+X8_IDS = tuple(X8 + t for t in (Q4_0, Q4_1, Q5_0, Q5_1))
 N16 = 16  # passed at run time, see cpu_dequant's decoders
 
 F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)

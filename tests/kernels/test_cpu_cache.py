@@ -51,6 +51,7 @@ def test_a_changed_helper_makes_its_dependants_stale(tmp_path, monkeypatch):
     before = cpu_cache.digest(("cpu_types", "cpu_ir"))
     (tmp_path / "cpu_ir.py").write_text((tmp_path / "cpu_ir.py").read_text() + "\n# an edit\n")
     assert cpu_cache.digest(("cpu_types", "cpu_ir")) != before
-    # the cascade: cpu_dot_int8 inlines cpu_ir, cpu_matvec and cpu_gemm_int8 inline cpu_dot_int8, cpu_gemm the latter
-    assert set(cpu_cache.write_digests()) == {"cpu_dot_int8", "cpu_matvec", "cpu_gemm_int8", "cpu_gemm"}
+    # the cascade: cpu_dot_int8 and cpu_dot_x8 inline cpu_ir, cpu_matvec and cpu_gemm_int8 inline cpu_dot_int8,
+    # cpu_gemm the latter and cpu_dot_x8
+    assert set(cpu_cache.write_digests()) == {"cpu_dot_int8", "cpu_dot_x8", "cpu_matvec", "cpu_gemm_int8", "cpu_gemm"}
     assert cpu_cache.write_digests() == []

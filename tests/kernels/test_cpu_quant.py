@@ -285,3 +285,41 @@ def test_gemm_tile_agrees_without_vnni(name, monkeypatch):
         results[has_vnni] = gemm_tile(w, xu, xd, xds)
         assert ("vpdpbusd" in next(iter(gemm_tile.inspect_llvm().values()))) == has_vnni
     np.testing.assert_array_equal(results[True], results[False])
+
+
+@pytest.mark.parametrize("n_tokens", [1, 3, 9, 64])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_repacked_matmul_matches_dequantized_reference(name, n_tokens):
+    """A weight repacked eight rows at a time (201 rows: a last group of one row) through the matvec (few tokens)
+    and the GEMM: x8 @ W.T as the row layout's kernels, to float32 rounding."""
+    from kernels.cpu_repack import repack
+    qtype = TYPES_BY_NAME[name]
+    w = random_weight(name, 201, 512, seed=n_tokens)
+    x = np.random.default_rng(1).standard_normal((n_tokens, 512), np.float32)
+    want, bound = expected(w, name, x)
+    got = quantized_matmul(repack(w, qtype.id), qtype, x)
+    assert got.shape == (n_tokens, 201) and np.all(np.abs(got - want) <= bound)
+    assert quantized_matmuls([repack(w, qtype.id), w], [qtype] * 2, x)[0].tolist() == got.tolist()
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_repacked_dots_agree_without_vnni(name, monkeypatch):
+    """The repacked matvec's byte dots in generic IR (CPUs without AVX-512 VNNI) give what vpdpbusd gives here."""
+    from kernels import cpu_dot_x8
+    from kernels.cpu_repack import repack
+    w = repack(random_weight(name, 8, 2048), TYPES_BY_NAME[name].id).data
+    xq = np.random.default_rng(3).integers(-127, 128, 2048).astype(np.int8)
+    xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int16)
+    xd = np.random.default_rng(4).random(64, np.float32)
+    dot_x8 = getattr(cpu_dot_x8, f"dot_x8_{name.lower()}")
+    results = {}
+    for has_vnni in (True, False):
+        monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
+
+        @nb.njit  # not cached: compiled anew under each vnni
+        def dot(w, xq, xd, xs16):
+            return dot_x8(w, 0, xq, xd, xs16)
+
+        results[has_vnni] = dot(w, xq, xd, xs16)
+        assert ("vpdpbusd" in next(iter(dot.inspect_llvm().values()))) == has_vnni
+    assert results[True] == results[False]
