@@ -1,4 +1,4 @@
-"""The parallel int8 GEMM of a prompt's tokens (more than a few) by a matrix of 32-value blocks (numba): x
+"""The parallel int8 GEMM of a prompt's tokens (more than a few) by a quantized matrix (numba): x
 quantized once to biased bytes, then tiles of rows spread over all cores, each packed once and run against all
 tokens by the micro-kernel of cpu_gemm_int8."""
 from kernels.cpu_threads import configure_thread_waits
@@ -9,14 +9,14 @@ import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kernels.cpu_dot_x8 import pack_x8_q4_0, pack_x8_q4_1, pack_x8_q5_0, pack_x8_q5_1  # noqa: E402
-from kernels.cpu_gemm_int8 import (ROWS, TOKENS, pack_q4_0, pack_q4_1, pack_q5_0, pack_q5_1, pack_q8_0,  # noqa: E402
-                                   tile_no_min, tile_with_min)
-from kernels.cpu_types import Q4_0, Q4_1, Q5_0, Q5_1, X8  # noqa: E402
+from kernels.cpu_gemm_int8 import (ROWS, TOKENS, pack_q4_0, pack_q4_1, pack_q4_k, pack_q5_0, pack_q5_1,  # noqa: E402
+                                   pack_q6_k, pack_q8_0, tile_halves, tile_no_min, tile_with_min)
+from kernels.cpu_types import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, X8  # noqa: E402
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_gemm_int8", "cpu_dot_x8")
-INLINED_DIGEST = "ff0a472d998bf8e9"
+INLINED_DIGEST = "060bf6619944788c"
 
 
 def padded_tokens(n_tokens: int) -> int:
@@ -47,17 +47,18 @@ def quantize_biased(x, xu, xd, xds):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def gemm_b32(tid, w, xu, xd, xds, out, f16):
-    """out[t, r] = x8[t] . row r of W for W of a 32-value block type tid, w: uint8 [n_rows, row_bytes] (or tid X8 +
+def gemm_int8(tid, w, xu, xd, xds, out, f16):
+    """out[t, r] = x8[t] . row r of W for W of a GEMM_IDS type tid, w: uint8 [n_rows, row_bytes] (or tid X8 +
     a type and w repacked, cpu_repack: uint8 [n_groups, 8 * row_bytes]), x8 given by quantize_biased (xu, xd, xds),
     out: float32 [n_tokens, n_rows]. Tiles of ROWS rows go to the threads; each is packed into scratch of its own
     (~11 bytes a column, L1-sized), then multiplied with every TOKENS tokens."""
-    n_tokens, n_rows, n_blocks = out.shape[0], out.shape[1], xd.shape[1]
+    n_tokens, n_rows, n_groups = out.shape[0], out.shape[1], xd.shape[1]
+    halves = 2 if tid == Q6_K else 1  # scales a group of 32
     for tile in nb.prange((n_rows + ROWS - 1) // ROWS):
         r0 = tile * ROWS
-        packed = np.empty(n_blocks * ROWS * 32, np.uint8)
-        corrs = np.empty(n_blocks * ROWS, np.int32)
-        scales, mins = np.empty(n_blocks * ROWS, np.float32), np.empty(n_blocks * ROWS, np.float32)
+        packed = np.empty(n_groups * ROWS * 32, np.uint8)
+        corrs = np.empty(n_groups * halves * ROWS, np.int32)
+        scales, mins = np.empty(n_groups * halves * ROWS, np.float32), np.empty(n_groups * ROWS, np.float32)
         if tid == Q4_0:
             pack_q4_0(w, r0, packed, corrs, scales, mins, f16)
         elif tid == Q4_1:
@@ -66,8 +67,12 @@ def gemm_b32(tid, w, xu, xd, xds, out, f16):
             pack_q5_0(w, r0, packed, corrs, scales, mins, f16)
         elif tid == Q5_1:
             pack_q5_1(w, r0, packed, corrs, scales, mins, f16)
-        elif tid < X8:
+        elif tid == Q8_0:
             pack_q8_0(w, r0, packed, corrs, scales, mins, f16)
+        elif tid == Q4_K:
+            pack_q4_k(w, r0, packed, corrs, scales, mins, f16)
+        elif tid == Q6_K:
+            pack_q6_k(w, r0, packed, corrs, scales, mins, f16)
         elif tid == X8 + Q4_0:
             pack_x8_q4_0(w, tile, packed, corrs, scales, mins)
         elif tid == X8 + Q4_1:
@@ -77,9 +82,11 @@ def gemm_b32(tid, w, xu, xd, xds, out, f16):
         else:
             pack_x8_q5_1(w, tile, packed, corrs, scales, mins)
         y = np.empty(TOKENS * ROWS, np.float32)
-        with_min = tid == Q4_1 or tid == Q5_1 or tid == X8 + Q4_1 or tid == X8 + Q5_1
+        with_min = tid == Q4_1 or tid == Q5_1 or tid == Q4_K or tid == X8 + Q4_1 or tid == X8 + Q5_1
         for t0 in range(0, xu.shape[0], TOKENS):
-            if with_min:
+            if halves == 2:
+                tile_halves(packed, corrs, scales, mins, xu, xd, xds, t0, y)
+            elif with_min:
                 tile_with_min(packed, corrs, scales, mins, xu, xd, xds, t0, y)
             else:
                 tile_no_min(packed, corrs, scales, mins, xu, xd, xds, t0, y)

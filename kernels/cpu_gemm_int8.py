@@ -1,16 +1,17 @@
-"""The int8 GEMM of a prompt's tokens with rows of 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): numba
-intrinsics that emit LLVM vector IR (a packing step and a register-tile micro-kernel); cpu_gemm drives them.
+"""The int8 GEMM of a prompt's tokens (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K rows): numba intrinsics that emit
+LLVM vector IR (a packing step and a register-tile micro-kernel); cpu_gemm drives them.
 
 x is quantized per 32 values as for the matvecs, but stored biased, xu = xq + 128 (uint8), because the byte dot
 (vpdpbusd: u8 x s8 summed in fours into int32) takes one operand unsigned and the weights' values are signed.
-A tile of ROWS rows is packed once, into scratch that stays in L1, for all the prompt's tokens:
-- packed: per block, ROWS x 32 signed values as 8 vectors, vector k lane i = values 4k..4k+3 of row i (so a
+A tile of ROWS rows is packed once, into scratch that stays in L1, for all the prompt's tokens, as groups of 32
+values (a block of the 32-value types, a run of a k-quant's 256; Q6_K's scales cover 16 values: two halves):
+- packed: per group, ROWS x 32 signed values as 8 vectors, vector k lane i = values 4k..4k+3 of row i (so a
   broadcast of 4 bytes of one token's x dots all the tile's rows at once: one int32 lane per row);
-- corrs: per block and row, -128 * (sum of its values): the bias of xu taken back, the int32 sums' start;
-- scales (d), mins (m, for Q4_1 and Q5_1), per block and row, float32.
-The micro-kernel then runs TOKENS tokens x ROWS rows over all blocks in registers: a block's int32 sums times
-d * xd into float accumulators, plus m * (xd * sum of xq) where there is a minimum. The offsets of Q4_0 (-8)
-and Q5_0 (-16) are in the packed values, so they need no sums of x.
+- corrs: per group (half) and row, -128 * (sum of its values): the bias of xu taken back, the int32 sums' start;
+- scales (d, d * sc), mins (m, -dmin * m for Q4_K), per group (half) and row, float32.
+The micro-kernel then runs TOKENS tokens x ROWS rows over all groups in registers: a group's int32 sums times
+scale * xd into float accumulators, plus min * (xd * sum of xq) where there is a minimum. Offsets (Q4_0's -8,
+Q5_0's -16, Q6_K's -32) are in the packed values, so they need no sums of x.
 """
 from llvmlite import ir
 from numba.core import types
@@ -18,7 +19,7 @@ from numba.extending import intrinsic
 
 from kernels.cpu_dot_int8 import _high_bits32, _nibbles32, _row_at
 from kernels.cpu_ir import array_data, call, dot4, half_ir, i64, ir_loop, load_bytes, shuffle, splat, splat_f
-from kernels.cpu_types import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from kernels.cpu_types import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
@@ -28,7 +29,7 @@ INLINED_DIGEST = "e08cf0e7043a33f9"
 ROWS = 8  # rows of a tile: the int32 lanes of a 256-bit vector
 TOKENS = 4  # tokens of the micro-kernel's register tile (4 float + 4 int32 accumulators, 8 weight vectors)
 
-# type id -> (block bytes, quants at, 5th bits at, offset, minimum at); d (f16) is at 0 in each
+# 32-value block types: type id -> (block bytes, quants at, 5th bits at, offset, minimum at); d (f16) at 0 in each
 BLOCKS = {Q4_0: (18, 2, None, 8, None), Q4_1: (20, 4, None, 0, 2), Q5_0: (22, 6, 2, 16, None),
           Q5_1: (24, 8, 4, 0, 2), Q8_0: (34, 2, None, 0, None)}
 
@@ -38,23 +39,78 @@ def _ptr(context, builder, arr_t, arr, off, ty):
     return builder.bitcast(builder.gep(array_data(context, builder, arr_t, arr).data, [off]), ty.as_pointer())
 
 
-def _values(context, builder, tid, row_t, row, o):
-    """<32 x i8>: the signed values of the block at row[o:] (its quants less its offset), without d or m."""
-    _, quants_at, qh_at, offset, _ = BLOCKS[tid]
-    if tid == Q8_0:
-        return load_bytes(context, builder, row_t, row, builder.add(o, i64(quants_at)), 32)
-    quants = _nibbles32(context, builder, row_t, row, builder.add(o, i64(quants_at)))
-    if qh_at is not None:
-        quants = builder.or_(quants, _high_bits32(context, builder, row_t, row, builder.add(o, i64(qh_at))))
-    return builder.sub(quants, splat(builder, offset, 32)) if offset else quants
+def _byte(context, builder, row_t, row, off):
+    """row[off] as an i32 (zero-extended)."""
+    return builder.zext(builder.load(_ptr(context, builder, row_t, row, off, ir.IntType(8))), ir.IntType(32))
+
+
+def _block32(tid):
+    """group(context, builder, row_t, row, o, j, f16_t, f16) -> (<32 x i8> signed values, [d], m or None) of the
+    block of type tid at row[o:] (j is 0: one group a block)."""
+    _, quants_at, qh_at, offset, min_at = BLOCKS[tid]
+
+    def group(context, builder, row_t, row, o, j, f16_t, f16):
+        if tid == Q8_0:
+            values = load_bytes(context, builder, row_t, row, builder.add(o, i64(quants_at)), 32)
+        else:
+            values = _nibbles32(context, builder, row_t, row, builder.add(o, i64(quants_at)))
+            if qh_at is not None:
+                values = builder.or_(values, _high_bits32(context, builder, row_t, row, builder.add(o, i64(qh_at))))
+            values = builder.sub(values, splat(builder, offset, 32)) if offset else values
+        d = half_ir(context, builder, row_t, row, o, f16_t, f16)
+        m = half_ir(context, builder, row_t, row, builder.add(o, i64(min_at)), f16_t, f16) if min_at else None
+        return values, [d], m
+
+    return group
+
+
+def _q4_k_group(context, builder, row_t, row, o, j, f16_t, f16):
+    """Run j (of 8) of the Q4_K block at row[o:]: its quants, [d * sc_j], -dmin * m_j (6-bit sc_j, m_j as ggml's
+    get_scale_min_k4)."""
+    q = load_bytes(context, builder, row_t, row, builder.add(o, i64(16 + 32 * (j // 2))), 32)
+    values = builder.and_(q, splat(builder, 0xF, 32)) if j % 2 == 0 else builder.lshr(q, splat(builder, 4, 32))
+    i32 = ir.IntType(32)
+    s = [_byte(context, builder, row_t, row, builder.add(o, i64(4 + k))) for k in range(12)]
+    c = lambda v: ir.Constant(i32, v)  # noqa: E731
+    if j < 4:
+        sc, m = builder.and_(s[j], c(63)), builder.and_(s[j + 4], c(63))
+    else:
+        sc = builder.or_(builder.and_(s[j + 4], c(0xF)), builder.shl(builder.lshr(s[j - 4], c(6)), c(4)))
+        m = builder.or_(builder.lshr(s[j + 4], c(4)), builder.shl(builder.lshr(s[j], c(6)), c(4)))
+    f32 = ir.FloatType()
+    d = half_ir(context, builder, row_t, row, o, f16_t, f16)
+    dmin = half_ir(context, builder, row_t, row, builder.add(o, i64(2)), f16_t, f16)
+    return values, [builder.fmul(d, builder.uitofp(sc, f32))], builder.fneg(builder.fmul(dmin, builder.uitofp(m, f32)))
+
+
+def _q6_k_group(context, builder, row_t, row, o, j, f16_t, f16):
+    """Run j (of 8) of the Q6_K block at row[o:]: its quants less 32, [d * sc_2j, d * sc_2j+1] (a scale per 16)."""
+    n, r = j // 4, j % 4  # values 128 n + 32 r..: ql's low (r < 2) or high nibbles, qh's bits 2r, 2r + 1
+    ql = load_bytes(context, builder, row_t, row, builder.add(o, i64(64 * n + 32 * (r % 2))), 32)
+    qh = load_bytes(context, builder, row_t, row, builder.add(o, i64(128 + 32 * n)), 32)
+    low = builder.and_(builder.lshr(ql, splat(builder, 4 * (r // 2), 32)), splat(builder, 0xF, 32))
+    high = builder.shl(builder.and_(builder.lshr(qh, splat(builder, 2 * r, 32)), splat(builder, 3, 32)),
+                       splat(builder, 4, 32))
+    values = builder.sub(builder.or_(low, high), splat(builder, 32, 32))
+    d = half_ir(context, builder, row_t, row, builder.add(o, i64(208)), f16_t, f16)
+    scales = []
+    for h in range(2):
+        sc = builder.load(_ptr(context, builder, row_t, row, builder.add(o, i64(192 + 2 * j + h)), ir.IntType(8)))
+        scales.append(builder.fmul(d, builder.sitofp(sc, ir.FloatType())))
+    return values, scales, None
+
+
+# type id -> (block bytes, groups of 32 a block, scales a group, has a minimum, group function)
+GROUPS = {**{tid: (spec[0], 1, 1, spec[4] is not None, _block32(tid)) for tid, spec in BLOCKS.items()},
+          Q4_K: (144, 8, 1, True, _q4_k_group), Q6_K: (210, 8, 2, False, _q6_k_group)}
 
 
 def _pack(tid):
     """An intrinsic f(w, r0, packed, corrs, scales, mins, f16) that packs rows r0..r0 + ROWS - 1 of w (uint8
     [n_rows, row_bytes] of type tid; rows past the last repeat it) as the module docstring says: packed uint8
-    [n_blocks * ROWS * 32], corrs int32, scales and mins float32 [n_blocks * ROWS] (mins untouched without a
-    minimum)."""
-    block_bytes, _, _, _, min_at = BLOCKS[tid]
+    [n_groups * ROWS * 32], corrs int32 and scales float32 [n_groups * halves * ROWS], mins float32
+    [n_groups * ROWS] (untouched without a minimum)."""
+    block_bytes, n_groups, halves, with_min, group = GROUPS[tid]
 
     @intrinsic
     def pack(typingctx, w, r0, packed, corrs, scales, mins, f16):
@@ -73,29 +129,33 @@ def _pack(tid):
                 bases.append(base)
 
             def body(b, _):
-                rows, d, m = [], f8(ir.Undefined), f8(ir.Undefined)
-                for i, base in enumerate(bases):
-                    o = builder.add(base, builder.mul(b, i64(block_bytes)))
-                    rows.append(builder.bitcast(_values(context, builder, tid, w_t, w, o), v8))
-                    d = builder.insert_element(d, half_ir(context, builder, w_t, w, o, f16_t, f16), i64(i))
-                    if min_at is not None:
-                        m = builder.insert_element(m, half_ir(context, builder, w_t, w, builder.add(o, i64(min_at)),
-                                                              f16_t, f16), i64(i))
-                while len(rows) > 1:  # ROWS vectors of 8 int32 concatenated: lane 8 i + k = row i's values 4k..4k+3
-                    rows = [shuffle(builder, a, c, range(2 * a.type.count)) for a, c in zip(rows[0::2], rows[1::2])]
-                at = builder.mul(b, i64(ROWS))
-                bias = v8([0] * 8)
-                for k in range(8):
-                    vec = shuffle(builder, rows[0], None, [ROWS * i + k for i in range(ROWS)])
-                    builder.store(vec, _ptr(context, builder, packed_t, packed, builder.mul(builder.add(at, i64(k)),
-                                                                                            i64(32)), v8), align=1)
-                    bias = dot4(context, builder, bias, splat(builder, 128, 32), builder.bitcast(vec, ir.VectorType(
-                        ir.IntType(8), 32)))
-                builder.store(builder.sub(v8([0] * 8), bias), _ptr(context, builder, corrs_t, corrs, at, v8),
-                              align=4)
-                builder.store(d, _ptr(context, builder, scales_t, scales, at, f8), align=4)
-                if min_at is not None:
-                    builder.store(m, _ptr(context, builder, mins_t, mins, at, f8), align=4)
+                for j in range(n_groups):
+                    rows, ds, m = [], [f8(ir.Undefined)] * halves, f8(ir.Undefined)
+                    for i, base in enumerate(bases):
+                        o = builder.add(base, builder.mul(b, i64(block_bytes)))
+                        values, row_scales, row_min = group(context, builder, w_t, w, o, j, f16_t, f16)
+                        rows.append(builder.bitcast(values, v8))
+                        ds = [builder.insert_element(d, v, i64(i)) for d, v in zip(ds, row_scales)]
+                        if with_min:
+                            m = builder.insert_element(m, row_min, i64(i))
+                    while len(rows) > 1:  # ROWS vectors of 8 int32 concatenated: lane 8 i + k = row i's values 4k..
+                        rows = [shuffle(builder, a, c, range(2 * a.type.count)) for a, c in zip(rows[0::2], rows[1::2])]
+                    g = builder.add(builder.mul(b, i64(n_groups)), i64(j))
+                    biases = [v8([0] * 8)] * halves
+                    for k in range(8):
+                        vec = shuffle(builder, rows[0], None, [ROWS * i + k for i in range(ROWS)])
+                        at = builder.mul(builder.add(builder.mul(g, i64(8)), i64(k)), i64(32))
+                        builder.store(vec, _ptr(context, builder, packed_t, packed, at, v8), align=1)
+                        h = k * halves // 8
+                        biases[h] = dot4(context, builder, biases[h], splat(builder, 128, 32),
+                                         builder.bitcast(vec, ir.VectorType(ir.IntType(8), 32)))
+                    for h in range(halves):
+                        at = builder.mul(builder.add(builder.mul(g, i64(halves)), i64(h)), i64(ROWS))
+                        builder.store(builder.sub(v8([0] * 8), biases[h]), _ptr(context, builder, corrs_t, corrs, at,
+                                                                                v8), align=4)
+                        builder.store(ds[h], _ptr(context, builder, scales_t, scales, at, f8), align=4)
+                    if with_min:
+                        builder.store(m, _ptr(context, builder, mins_t, mins, builder.mul(g, i64(ROWS)), f8), align=4)
                 return []
 
             ir_loop(builder, n_blocks, [], body)
@@ -106,10 +166,11 @@ def _pack(tid):
     return pack
 
 
-def _tile(with_min):
+def _tile(with_min, halves=1):
     """An intrinsic f(packed, corrs, scales, mins, xu, xd, xds, t0, y): y[j * ROWS + i] = token t0 + j's x8 . row i
-    of a packed tile, for j < TOKENS, over all blocks. xu uint8 [n_tokens, n_blocks * 32] (xq + 128), xd and xds
-    float32 [n_tokens, n_blocks] (xds: xd * the sum of xq over the block; read only with_min)."""
+    of a packed tile, for j < TOKENS, over all groups. xu uint8 [n_tokens, n_groups * 32] (xq + 128), xd and xds
+    float32 [n_tokens, n_groups] (xds: xd * the sum of xq over the group; read only with_min); halves: scales a
+    group (2: Q6_K's, one a 16)."""
     @intrinsic
     def tile(typingctx, packed, corrs, scales, mins, xu, xd, xds, t0, y):
         def codegen(context, builder, sig, args):
@@ -117,38 +178,39 @@ def _tile(with_min):
             packed, corrs, scales, mins, xu, xd, xds, t0, y = args
             i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
             v8, f8, b32 = ir.VectorType(i32, 8), ir.VectorType(f32, 8), ir.VectorType(i8, 32)
-            n_blocks = builder.extract_value(array_data(context, builder, xd_t, xd).shape, 1)
+            n_groups = builder.extract_value(array_data(context, builder, xd_t, xd).shape, 1)
             t0 = context.cast(builder, t0, t0_t, types.int64)
-            rows_of = [builder.mul(builder.add(t0, i64(j)), n_blocks) for j in range(TOKENS)]  # flat xd index of b 0
+            rows_of = [builder.mul(builder.add(t0, i64(j)), n_groups) for j in range(TOKENS)]  # flat xd index of g 0
 
-            def body(b, accs):
-                at = builder.mul(b, i64(ROWS))
-                weights = [builder.load(_ptr(context, builder, packed_t, packed,
-                                             builder.mul(builder.add(at, i64(k)), i64(32)), b32), align=1)
-                           for k in range(8)]
-                corr = builder.load(_ptr(context, builder, corrs_t, corrs, at, v8), align=4)
-                d = builder.load(_ptr(context, builder, scales_t, scales, at, f8), align=4)
-                m = builder.load(_ptr(context, builder, mins_t, mins, at, f8), align=4) if with_min else None
+            def body(g, accs):
+                weights = [builder.load(_ptr(context, builder, packed_t, packed, builder.mul(builder.add(
+                    builder.mul(g, i64(8)), i64(k)), i64(32)), b32), align=1) for k in range(8)]
+                at = [builder.mul(builder.add(builder.mul(g, i64(halves)), i64(h)), i64(ROWS)) for h in range(halves)]
+                corr = [builder.load(_ptr(context, builder, corrs_t, corrs, a, v8), align=4) for a in at]
+                d = [builder.load(_ptr(context, builder, scales_t, scales, a, f8), align=4) for a in at]
+                if with_min:
+                    m = builder.load(_ptr(context, builder, mins_t, mins, builder.mul(g, i64(ROWS)), f8), align=4)
                 new = []
                 for j, acc in enumerate(accs):
-                    xb = builder.add(rows_of[j], b)  # token j's block b in xd, xds; its bytes at 32 xb in xu
-                    sums = corr
-                    for k in range(8):
-                        x4 = builder.load(_ptr(context, builder, xu_t, xu, builder.add(builder.mul(xb, i64(32)),
+                    xg = builder.add(rows_of[j], g)  # token j's group g in xd, xds; its bytes at 32 xg in xu
+                    sums = list(corr)
+                    for k in range(8):  # a splat of 4 bytes of x as one int32: against every row's 4 values k
+                        x4 = builder.load(_ptr(context, builder, xu_t, xu, builder.add(builder.mul(xg, i64(32)),
                                                                                        i64(4 * k)), i32), align=1)
-                        sums = dot4(context, builder, sums, builder.bitcast(splat(builder, x4, 8, 32), b32),
-                                    weights[k])
-                        # (splat of the 4 bytes as one int32: the same 4 x bytes against every row's)
-                    scale = builder.fmul(d, splat_f(builder, builder.load(builder.gep(
-                        array_data(context, builder, xd_t, xd).data, [xb])), 8))
-                    acc = _fma(builder, builder.sitofp(sums, f8), scale, acc)
+                        h = k * halves // 8
+                        sums[h] = dot4(context, builder, sums[h], builder.bitcast(splat(builder, x4, 8, 32), b32),
+                                       weights[k])
+                    xd_g = splat_f(builder, builder.load(builder.gep(array_data(context, builder, xd_t, xd).data,
+                                                                     [xg])), 8)
+                    for h in range(halves):
+                        acc = _fma(builder, builder.sitofp(sums[h], f8), builder.fmul(d[h], xd_g), acc)
                     if with_min:
-                        xs = builder.load(builder.gep(array_data(context, builder, xds_t, xds).data, [xb]))
+                        xs = builder.load(builder.gep(array_data(context, builder, xds_t, xds).data, [xg]))
                         acc = _fma(builder, m, splat_f(builder, xs, 8), acc)
                     new.append(acc)
                 return new
 
-            totals = ir_loop(builder, n_blocks, [f8([0.0] * 8)] * TOKENS, body)
+            totals = ir_loop(builder, n_groups, [f8([0.0] * 8)] * TOKENS, body)
             for j, total in enumerate(totals):
                 builder.store(total, _ptr(context, builder, y_t, y, i64(j * ROWS), f8), align=4)
             return context.get_dummy_value()
@@ -162,5 +224,6 @@ def _fma(builder, a, b, c):
     return call(builder, "llvm.fma.v8f32", a.type, [a, b, c])
 
 
-pack_q4_0, pack_q4_1, pack_q5_0, pack_q5_1, pack_q8_0 = (_pack(tid) for tid in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
-tile_with_min, tile_no_min = _tile(True), _tile(False)
+pack_q4_0, pack_q4_1, pack_q5_0, pack_q5_1, pack_q8_0, pack_q4_k, pack_q6_k = (
+    _pack(tid) for tid in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K))
+tile_with_min, tile_no_min, tile_halves = _tile(True), _tile(False), _tile(False, 2)

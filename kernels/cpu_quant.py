@@ -8,9 +8,9 @@ shape (n_cols, n_rows)). Nothing here dequantizes a whole matrix:
   (Q4_K, Q6_K) or 32 (the others), as llama.cpp does on the CPU, so the result is x8 @ dequantize(W).T, x8
   the dequantized int8 x, to float32 rounding; |x8 - x| <= amax/254 per element (amax of its block of x).
   Other types dot float32 x: Q5_K fused, Q2_K, Q3_K, F16 and BF16 decoded to a float32 row first.
-- many tokens (prompt): the BLOCK32_IDS types go through an int8 GEMM (cpu_gemm: x quantized per 32 as above,
-  so the result is x8 @ dequantize(W).T too); for the others tiles of rows are dequantized to float32 and
-  multiplied with numpy BLAS; these and the float32 matvecs match x @ dequantize(W).T to float32 rounding.
+- many tokens (prompt): the INT8_IDS types go through an int8 GEMM (cpu_gemm: x quantized per 32 values for
+  every type, so the result is x8 @ dequantize(W).T too); for the others tiles of rows are dequantized to float32
+  and multiplied with numpy BLAS; these and the float32 matvecs match x @ dequantize(W).T to float32 rounding.
 
 Kernels compile once per argument layout and are cached on disk (numba cache=True); w is meant to be a
 read-only view of the file's mmap: a writable w is a second signature, compiled (and cached) apart.
@@ -24,10 +24,10 @@ how an edit to one reaches the cached kernels of the others.
 import numpy as np
 
 from kernels.cpu_dequant import decode_rows
-from kernels.cpu_gemm import gemm_b32, padded_tokens, quantize_biased
+from kernels.cpu_gemm import gemm_int8, padded_tokens, quantize_biased
 from kernels.cpu_matvec import MATVEC_CHUNKS, matvec_decoded, matvec_fused, matvecs_int8
 from kernels.cpu_repack import ROWS, Repacked
-from kernels.cpu_types import BLOCK32_IDS, DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, N16
+from kernels.cpu_types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, N16
 from models.ggml_types import GGMLType, UnsupportedTypeError
 
 MATVEC_MAX_TOKENS = 4  # up to this many tokens the matvec kernel beats dequantize + BLAS
@@ -120,7 +120,7 @@ def quantized_matmul(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray,
             matvec_fused(w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
         else:
             matvec_decoded(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
-    elif qtype.id in BLOCK32_IDS:
+    elif qtype.id in INT8_IDS:
         _gemms([w], [qtype], x, [out])
     else:
         tile_rows = max(1, TILE_BYTES // (4 * n_cols))
@@ -133,14 +133,14 @@ def quantized_matmul(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray,
 
 
 def _gemms(ws: list, qtypes: list[GGMLType], x: np.ndarray, outs: list[np.ndarray]) -> None:
-    """outs[m] = x8 @ W_m.T for BLOCK32_IDS matrices (bytes or repacked) sharing x (C-contiguous, checked): x
+    """outs[m] = x8 @ W_m.T for INT8_IDS matrices (bytes or repacked) sharing x (C-contiguous, checked): x
     quantized once."""
     n_padded, n_cols = padded_tokens(len(x)), x.shape[1]
     xu = np.empty((n_padded, n_cols), np.uint8)
     xd, xds = np.empty((n_padded, n_cols // 32), np.float32), np.empty((n_padded, n_cols // 32), np.float32)
     quantize_biased(x, xu, xd, xds)
     for w, qtype, out in zip(ws, qtypes, outs):
-        gemm_b32(*_kernel_args(w, qtype), xu, xd, xds, out, F16_TO_F32)
+        gemm_int8(*_kernel_args(w, qtype), xu, xd, xds, out, F16_TO_F32)
 
 
 def quantized_matvecs_own_rows(ws: list[np.ndarray], qtypes: list[GGMLType], x: np.ndarray) -> list[np.ndarray]:
@@ -160,11 +160,11 @@ def quantized_matvecs_own_rows(ws: list[np.ndarray], qtypes: list[GGMLType], x: 
 def quantized_matmuls(ws: list[np.ndarray | Repacked], qtypes: list[GGMLType], x: np.ndarray) -> list[np.ndarray]:
     """[quantized_matmul(w, qtype, x) for each w], bit for bit, for matrices that multiply the same x (a layer's
     q, k, v; gate, up). Up to MATVEC_MAX_TOKENS tokens, the INT8_IDS matrices go in one kernel call: x is
-    quantized once and all their rows run in one parallel region; more tokens, the BLOCK32_IDS matrices' GEMMs
+    quantized once and all their rows run in one parallel region; more tokens, the INT8_IDS matrices' GEMMs
     share one quantization of x; the other matrices go one call each."""
     few = x.ndim == 2 and len(x) <= MATVEC_MAX_TOKENS
     fused = [i for i, qtype in enumerate(qtypes) if few and qtype.id in INT8_IDS]
-    gemm = [i for i, qtype in enumerate(qtypes) if x.ndim == 2 and not few and qtype.id in BLOCK32_IDS]
+    gemm = [i for i, qtype in enumerate(qtypes) if x.ndim == 2 and not few and qtype.id in INT8_IDS]
     outs = [None if i in fused or i in gemm else quantized_matmul(w, qtype, x)
             for i, (w, qtype) in enumerate(zip(ws, qtypes))]
     for i in fused + gemm:

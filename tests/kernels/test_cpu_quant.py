@@ -1,8 +1,8 @@
 """The CPU kernels against gguf-py's reference dequantization (and ours, models/dequant.py), every type.
 
-The int8 matvecs (INT8_IDS, up to MATVEC_MAX_TOKENS tokens) and the int8 GEMM (BLOCK32_IDS, more tokens) are
-held to x8 @ W.T, x8 the int8-quantized x (in blocks of 256 for Q4_K and Q6_K, 32 for the BLOCK32_IDS types), as
-tightly as the float32 ones to x @ W.T; x8 itself is checked against x."""
+The int8 matvecs (INT8_IDS, up to MATVEC_MAX_TOKENS tokens) and the int8 GEMM (INT8_IDS, more tokens) are held
+to x8 @ W.T, x8 the int8-quantized x (in blocks of 256 for Q4_K and Q6_K's matvecs, else 32), as tightly as the
+float32 ones to x @ W.T; x8 itself is checked against x."""
 import numba as nb
 import numpy as np
 import pytest
@@ -25,9 +25,9 @@ def reference(w: np.ndarray, name: str) -> np.ndarray:
     return dequantize(w, GGMLQuantizationType[name]).astype(np.float32)
 
 
-def x_block(name: str) -> int:
-    """The values of x under one scale in the int8 matvec of this weight type."""
-    return 32 if TYPES_BY_NAME[name].id in BLOCK32_IDS else 256
+def x_block(name: str, n_tokens: int) -> int:
+    """The values of x under one scale in the int8 matvec (or GEMM: more tokens) of this weight type."""
+    return 32 if TYPES_BY_NAME[name].id in BLOCK32_IDS or n_tokens > MATVEC_MAX_TOKENS else 256
 
 
 def int8_x(x: np.ndarray, block: int) -> np.ndarray:
@@ -44,18 +44,12 @@ def host_vnni() -> bool:
     return cpu_ir.vnni(cpu_target.target_context)
 
 
-def int8_path(name: str, n_tokens: int) -> bool:
-    """Whether quantized_matmul of this type and number of tokens multiplies int8-quantized x."""
-    tid = TYPES_BY_NAME[name].id
-    return tid in BLOCK32_IDS or (tid in INT8_IDS and n_tokens <= MATVEC_MAX_TOKENS)
-
-
 def expected(w: np.ndarray, name: str, x: np.ndarray, W: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(x @ W.T in float64, the error allowed): float32 accumulation, error well under 1e-5 of the sum of
     |terms|, where x is int8_x(x) for the int8 matvecs."""
     W = reference(w, name).astype(np.float64) if W is None else W.astype(np.float64)
-    if int8_path(name, len(x)):
-        x = int8_x(x, x_block(name))
+    if TYPES_BY_NAME[name].id in INT8_IDS:
+        x = int8_x(x, x_block(name, len(x)))
     x = x.astype(np.float64)
     return x @ W.T, 1e-5 * (np.abs(x) @ np.abs(W).T)
 
@@ -100,7 +94,7 @@ def test_int8_x_is_x_to_half_a_step(block):
 
 
 @pytest.mark.parametrize("name, n_tokens", [(n, 1) for n in TYPES if TYPES_BY_NAME[n].id in INT8_IDS]
-                         + [(n, 9) for n in TYPES if TYPES_BY_NAME[n].id in BLOCK32_IDS])
+                         + [(n, 9) for n in TYPES if TYPES_BY_NAME[n].id in INT8_IDS])
 def test_int8_error_against_float_x_and_a_wrong_weight_fails(name, n_tokens):
     """The int8 paths' error against x @ W.T (the docstring's bound), and that the tolerance of the tests
     above cannot pass a weight read with a slightly wrong scale or with its quants in the wrong order (one token:
@@ -109,7 +103,7 @@ def test_int8_error_against_float_x_and_a_wrong_weight_fails(name, n_tokens):
     x = np.random.default_rng(2).standard_normal((n_tokens, 1024), np.float32)
     W = reference(w, name).astype(np.float64)
     got = quantized_matmul(w, TYPES_BY_NAME[name], x)
-    block = x_block(name)
+    block = x_block(name, n_tokens)
     step = np.abs(x).reshape(n_tokens, -1, block).max(-1) / 254  # half the step of each block of x
     int8_bound = step.repeat(block, 1) @ np.abs(W).T + expected(w, name, x, W)[1]
     assert np.all(np.abs(got - x.astype(np.float64) @ W.T) <= int8_bound)
@@ -257,7 +251,7 @@ def test_matvecs_of_own_rows_match_one_by_one(names):
         np.testing.assert_allclose(outs[m], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max(), err_msg=names[m])
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"])
 def test_gemm_tile_agrees_without_vnni(name, monkeypatch):
     """The GEMM's byte dots in generic IR (CPUs without AVX-512 VNNI) give what vpdpbusd gives here, lane for lane,
     so the same floats; the tests above hold the vpdpbusd path to x8 @ W.T."""
@@ -267,7 +261,8 @@ def test_gemm_tile_agrees_without_vnni(name, monkeypatch):
     xu, xd, xds = np.empty((4, 2048), np.uint8), np.empty((4, 64), np.float32), np.empty((4, 64), np.float32)
     quantize_biased(x, xu, xd, xds)
     pack = getattr(cpu_gemm_int8, f"pack_{name.lower()}")
-    tile = cpu_gemm_int8.tile_with_min if name in ("Q4_1", "Q5_1") else cpu_gemm_int8.tile_no_min
+    tile = {"Q4_1": cpu_gemm_int8.tile_with_min, "Q5_1": cpu_gemm_int8.tile_with_min,
+            "Q4_K": cpu_gemm_int8.tile_with_min, "Q6_K": cpu_gemm_int8.tile_halves}.get(name, cpu_gemm_int8.tile_no_min)
     results = {}
     for has_vnni in (True, False):
         monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
@@ -275,8 +270,8 @@ def test_gemm_tile_agrees_without_vnni(name, monkeypatch):
         @nb.njit  # not cached: compiled anew under each vnni
         def gemm_tile(w, xu, xd, xds):
             n = xd.shape[1] * cpu_gemm_int8.ROWS
-            packed, corrs = np.empty(n * 32, np.uint8), np.empty(n, np.int32)
-            scales, mins = np.empty(n, np.float32), np.empty(n, np.float32)
+            packed, corrs = np.empty(n * 32, np.uint8), np.empty(2 * n, np.int32)
+            scales, mins = np.empty(2 * n, np.float32), np.empty(n, np.float32)
             pack(w, 0, packed, corrs, scales, mins, F16_TO_F32)
             y = np.empty(cpu_gemm_int8.TOKENS * cpu_gemm_int8.ROWS, np.float32)
             tile(packed, corrs, scales, mins, xu, xd, xds, 0, y)
