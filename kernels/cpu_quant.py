@@ -1,7 +1,9 @@
 """CPU matmul and row lookup straight from quantized ggml blocks (numba).
 
 A weight W [n_rows, n_cols] arrives as its raw bytes w: uint8 [n_rows, row_bytes] (a ggml tensor of
-shape (n_cols, n_rows)). Nothing here dequantizes a whole matrix:
+shape (n_cols, n_rows)), or for Q4_0, Q4_1, Q5_0, Q5_1 repacked eight rows at a time (cpu_repack.Repacked, made
+once at load: the same bytes reordered so a vector dots 8 rows at once, ~2x faster a core). Nothing here
+dequantizes a whole matrix:
 - few tokens (generation): a matrix-vector kernel reads each row's blocks once and dots them with every
   token's x, rows spread over all cores (prange). Q4_K, Q6_K and the types in blocks of 32 (Q4_0, Q4_1,
   Q5_0, Q5_1, Q8_0) dot integers: x is quantized once per call to int8 with one float scale per block of 256
@@ -17,9 +19,9 @@ read-only view of the file's mmap: a writable w is a second signature, compiled 
 
 This module is the entry (checks, dispatch, the prompt path); the kernels live by what they do:
 cpu_types (type ids, shared values), cpu_dequant (bit-exact decoders), cpu_dot_float (Q5_K's float32-x dot),
-cpu_ir + cpu_dot_int8 (int8-x dots as LLVM IR intrinsics), cpu_matvec (the parallel drivers), cpu_gemm_int8 +
-cpu_gemm (the prompt's int8 GEMM); cpu_cache says
-how an edit to one reaches the cached kernels of the others.
+cpu_ir + cpu_dot_int8 (int8-x dots as LLVM IR intrinsics), cpu_repack + cpu_dot_x8 (the layout of 8 rows and its
+dots), cpu_matvec (the parallel drivers), cpu_gemm_int8 + cpu_gemm (the prompt's int8 GEMM); cpu_cache says how an
+edit to one reaches the cached kernels of the others.
 """
 import numpy as np
 
