@@ -174,8 +174,10 @@ class CPUBackend:
         y = self.matmul(w, a)
         return x + (self.rms_norm(y, norm) if norm is not None else y)
 
-    def add_moe(self, x: np.ndarray, experts: ExpertFFN, h: np.ndarray, k: int) -> np.ndarray:
-        """x + the mixture of experts on h [n, n_embd]: each token's k chosen experts' SwiGLU outputs, weighted."""
+    def add_moe(self, x: np.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> np.ndarray:
+        """x + the mixture of experts on h = rms_norm(x [n, n_embd], norm): each token's k chosen experts' SwiGLU
+        outputs, weighted."""
+        h = self.rms_norm(x, norm)
         ids, weights = cpu_ops.route(self.matmul(experts.router, h), k)  # [n, k] each
         return x + moe_experts(experts, h, ids, weights, self.cfg.activation)
 

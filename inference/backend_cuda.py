@@ -101,7 +101,7 @@ class CUDABackend:
             self._sample_scratch = cuda_ops.sample_scratch(cfg.n_vocab)
             self._arena = Arena(_step_arena_bytes(cfg))
             self._hidden = cp.empty((1, cfg.n_embd), dtype=cp.float32)  # a one-token step's input from the CPU
-            self._route_done = cp.zeros(1, dtype=cp.uint32)  # cuda_moe.router_route's count of finished blocks
+            self._route_done = cp.zeros(1, dtype=cp.uint32)  # cuda_moe.norm_router_route's count of finished blocks
         self._hidden_host = cupyx.empty_pinned((1, cfg.n_embd), dtype=np.float32)  # pinned: copied in by the graph
         self._experts_io = _HostExpertsIO.empty(cfg) if host_experts else None  # a step's experts on the host
         self._pieces = None  # while a decode step is captured: its graphs so far and the host work between them
@@ -292,18 +292,23 @@ class CUDABackend:
         cuda_ops.glu(gate, up, out, self.cfg.activation, xq=xq, stream=self.stream)
         return out
 
-    def add_moe(self, x: cp.ndarray, experts: ExpertFFN, h: cp.ndarray, k: int) -> cp.ndarray:
-        """x + the mixture of experts on h [n, n_embd] (kernels/cuda_moe.py): the router's logits and the choice
-        of k experts a token, kept on the device, then the experts' FFNs. A few tokens (decode): per (token, slot)
-        pair, the chosen experts' gate, up and glu in one launch, then their down projections weighted, summed
-        and added to x in one launch. A prompt chunk: grouped by expert (_experts_grouped)."""
-        n = h.shape[0]
+    def add_moe(self, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> cp.ndarray:
+        """x + the mixture of experts on h = rms_norm(x [n, n_embd], norm) (kernels/cuda_moe.py): the router's
+        logits and the choice of k experts a token, kept on the device, then the experts' FFNs. One token
+        (decode): the norm, router and choice in one launch, the chosen experts' gate, up and glu in one, then
+        their down projections weighted, summed and added to x in one. A prompt chunk: grouped by expert
+        (_experts_grouped)."""
+        n = x.shape[0]
         router = self._dev[id(experts.router)]
         ids, weights = self._empty((n, k), cp.int32), self._empty((n, k))
-        if n == 1 and router.qtype.name == "F32" and router.n_cols % 4 == 0:  # router and choice in one launch
-            cuda_moe.router_route(router, h.reshape(-1), self._empty((router.n_rows,)), ids, weights,
-                                  self._route_done, stream=self.stream)
+        if n == 1 and router.qtype.name == "F32" and x.shape[1] % 32 == 0 and \
+                x.shape[1] <= cuda_moe.ROUTER_CHUNKS * 4 * 1024:
+            h = self._empty(x.shape)
+            cuda_moe.norm_router_route(x.reshape(-1), self._dev[id(norm)], self.cfg.rms_eps, router, h.reshape(-1),
+                                       self._q8_out(h), self._empty((router.n_rows,)), ids, weights,
+                                       self._route_done, stream=self.stream)
         else:
+            h = self.rms_norm(x, norm)
             cuda_moe.route(self._router_logits(router, h), ids, weights, stream=self.stream)
         if id(experts.gate) in self._dev:
             gate, up, down = (self._dev[id(m)] for m in (experts.gate, experts.up, experts.down))

@@ -25,9 +25,9 @@ def layer(be, cfg: ModelConfig, lw: LayerWeights, i: int, x):
     a = be.attention(i, q, cfg.layer_window(i), cfg.softmax_scale)  # [n, n_heads * v_head_dim]
     x = be.add_matmul(x, lw.attn_output, a, lw.post_attention_norm if cfg.sandwich_norm else None)
 
-    h = be.rms_norm(x, lw.ffn_norm)
     if lw.experts is not None:
-        return be.add_moe(x, lw.experts, h, cfg.n_expert_used)
+        return be.add_moe(x, lw.experts, lw.ffn_norm, cfg.n_expert_used)
+    h = be.rms_norm(x, lw.ffn_norm)
     gate, up = be.matmuls(lw.gate_up, h)
     return be.add_matmul(x, lw.ffn_down, be.glu(gate, up), lw.post_ffw_norm if cfg.sandwich_norm else None)
 

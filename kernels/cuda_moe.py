@@ -62,18 +62,30 @@ def route(logits: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, stream=None)
                                       shared_mem=4 * n_expert)
 
 
-def router_route(router: DeviceWeight, x: cp.ndarray, logits: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
-                 done: cp.ndarray, stream=None) -> None:
-    """One token's router (F32 [n_expert, n_embd]) times x float32 [n_embd] into logits [n_expert], then route's
-    choice into ids [1, k] and weights [1, k], in one launch. done: uint32 [1], zero, and zero again after."""
-    n_expert, k = router.n_rows, ids.shape[1]
-    if router.qtype.name != "F32" or router.n_cols % 4 or x.shape != (router.n_cols,) or logits.shape != (n_expert,):
-        raise ValueError("router_route: an F32 router with a multiple of 4 columns, x [n_cols], logits [n_expert]")
+ROUTER_CHUNKS = 4  # moe.cu: float4 chunks of x a thread of moe_norm_router_route
+
+
+def norm_router_route(x: cp.ndarray, norm: cp.ndarray, eps: float, router: DeviceWeight, h: cp.ndarray, hq: Q8Vector,
+                      logits: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, done: cp.ndarray, stream=None) -> None:
+    """One token's FFN norm and router in one launch: h = rms_norm(x [n_embd], norm, eps) (also as q8_1 into
+    hq), logits [n_expert] = router (F32 [n_expert, n_embd]) . h, then route's choice into ids [1, k] and weights
+    [1, k]. done: uint32 [1], zero, and zero again after."""
+    n_expert, n_embd, k = router.n_rows, router.n_cols, ids.shape[1]
+    threads = -(-n_embd // (4 * ROUTER_CHUNKS * 32)) * 32
+    if router.qtype.name != "F32" or n_embd % 32 or threads > 1024:
+        raise ValueError(f"norm_router_route: an F32 router with a multiple of 32 columns, at most "
+                         f"{ROUTER_CHUNKS * 4 * 1024}")
+    for name, a in (("x", x), ("norm", norm), ("h", h)):
+        if a.dtype != cp.float32 or a.shape != (n_embd,):
+            raise ValueError(f"norm_router_route: {name} must be float32 [{n_embd}]")
+    if logits.shape != (n_expert,) or hq.qs.size != n_embd:
+        raise ValueError(f"norm_router_route: logits [{n_expert}], hq of {n_embd} values")
     if not 0 < k <= min(n_expert, MAX_USED) or ids.shape != (1, k) or weights.shape != (1, k):
-        raise ValueError(f"router_route: ids and weights must be [1, k], 0 < k <= {min(n_expert, MAX_USED)}")
-    args = (router.data, x, np.int32(router.n_cols), np.int32(n_expert), np.int32(k), logits, ids, weights, done)
+        raise ValueError(f"norm_router_route: ids and weights must be [1, k], 0 < k <= {min(n_expert, MAX_USED)}")
+    args = (x, norm, np.float32(eps), router.data, np.int32(n_embd), np.int32(n_expert), np.int32(k), h, hq.qs,
+            hq.ds, logits, ids, weights, done)
     with stream or cp.cuda.get_current_stream():
-        kernel("moe.cu", "moe_router_route")((n_expert,), (128,), args, shared_mem=4 * n_expert)
+        kernel("moe.cu", "moe_norm_router_route")((n_expert,), (threads,), args, shared_mem=4 * n_expert)
 
 
 def _grid_args(w: DeviceExperts, n_items: int, n_matrices: int) -> tuple[int, int]:

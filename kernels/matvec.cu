@@ -185,8 +185,16 @@ __device__ __forceinline__ void moe_gate_up_glu_q(const uint8_t* wg, const uint8
     int pair = blockIdx.y, r = threadIdx.x >> 3, t = threadIdx.x & 7;
     int row = ids[pair] * n_rows + blockIdx.x * 32 + r;
     size_t x0 = (size_t)(pair / k) * nb * T::QK;
-    float g = row_dot<T>(wg, row, n_total, nb, t, 8, xq + x0, xds + x0 / 32);
-    float u = row_dot<T>(wu, row, n_total, nb, t, 8, xq + x0, xds + x0 / 32);
+    float g = 0.0f, u = 0.0f;
+    size_t bulk = (size_t)row * nb * T::BULK, meta = (size_t)n_total * nb * T::BULK + (size_t)row * nb * T::META;
+#pragma unroll 4
+    for (int i = t; i < nb * T::ITEMS; i += 8) {  // gate and up in one loop: their loads in flight together
+        int blk = i / T::ITEMS, c = i % T::ITEMS;
+        const int8_t* x = xq + x0 + blk * T::QK;
+        const float2* d = xds + x0 / 32 + blk * (T::QK / 32);
+        g += T::dot(wg + bulk + blk * T::BULK, wg + meta + blk * T::META, c, x, d);
+        u += T::dot(wu + bulk + blk * T::BULK, wu + meta + blk * T::META, c, x, d);
+    }
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) {
         g += __shfl_xor_sync(0xffffffffu, g, o);
@@ -199,6 +207,21 @@ __device__ __forceinline__ void moe_gate_up_glu_q(const uint8_t* wg, const uint8
         out[i] = v[threadIdx.x];
         store_q8_1(v[threadIdx.x], i, oq, ods);
     }
+}
+
+// This block's rows of token blockIdx.y's k chosen experts asked of L2 before wait_prior() (thread j < k: slot
+// j's bulk, 32 + j its meta). ids must come from a kernel at least two launches back (the router, before the
+// gate and up): those have finished when this kernel starts, though the one ahead may still run. Read past L1
+// (ld.cg), which may hold an earlier step's ids.
+__device__ __forceinline__ void prefetch_expert_rows(const uint8_t* w, const int* ids, int k, int n_rows, int n_total,
+                                                     int nb, int tpr, int bulk, int meta) {
+    int slot = threadIdx.x & 31, rows = blockDim.x / tpr, row0 = blockIdx.x * rows;
+    rows = min(rows, n_rows - row0);
+    bool is_meta = threadIdx.x >= 32;
+    if (slot >= k || threadIdx.x >= 64 || (is_meta && !meta) || rows <= 0) return;
+    size_t first = (size_t)__ldcg(ids + blockIdx.y * k + slot) * n_rows + row0;
+    if (is_meta) prefetch_l2(w + (size_t)n_total * nb * bulk + first * nb * meta, (size_t)rows * nb * meta);
+    else prefetch_l2(w + first * nb * bulk, (size_t)rows * nb * bulk);
 }
 
 // out[t][row] = res[t][row] + sum over j < k of weights[p] * W[ids[p]] . x[p], p = t * k + j: the chosen
@@ -246,6 +269,7 @@ __device__ __forceinline__ void moe_down_q(const uint8_t* w, const int* __restri
         moe_down_##SUFFIX(const uint8_t* w, const int* ids, const float* weights, int k, const int8_t* xq,    \
                           const float2* xds, float* out, const float* res, int n_rows, int n_total, int nb,   \
                           int tpr) {                                                                          \
+        prefetch_expert_rows(w, ids, k, n_rows, n_total, nb, tpr, T::BULK, T::META);                          \
         wait_prior();                                                                                         \
         moe_down_q<T>(w, ids, weights, k, xq, xds, out, res, n_rows, n_total, nb, tpr);                       \
     }

@@ -1,6 +1,7 @@
 // Routing of a mixture of experts on the device: the chosen experts' ids and weights stay in device memory,
 // where the expert matvecs (matvec.cu) read them, so a captured decode graph serves any choice of experts.
 #include "ops_common.cuh"
+#include "q8_1.cuh"
 
 // One token's routing by one warp: logits [n_expert] -> ids [k], weights [k], softmax gating as llama.cpp's
 // (softmax over all experts, the k most probable, their probabilities renormalized to sum 1), most probable
@@ -52,23 +53,49 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_exp
     route_token(logits + t * n_expert, n_expert, k, p, ids + t * k, weights + t * k);
 }
 
-// One token's router and routing in one launch: logits[e] = router[e] . x (router float32 [n_expert, n_embd],
-// n_embd a multiple of 4), a block of 128 threads a row (grid n_expert: every multiprocessor reads a share of the
-// router); the block that finishes last routes them (route_token) and sets *done back to 0 for the next launch.
-// Dynamic shared memory: n_expert floats.
-extern "C" __global__ void moe_router_route(const float* __restrict__ router, const float* __restrict__ x, int n_embd,
-                                            int n_expert, int k, float* logits, int* __restrict__ ids,
-                                            float* __restrict__ weights, unsigned int* done) {
+// One token's FFN norm, router and routing in one launch: each block normalizes its own copy of x [n_embd]
+// (h = x / sqrt(mean(x^2) + eps) * norm, as norm_rope.cu's rms_norm_q8_1: x is 8 KB from L2) and dots h with
+// router row blockIdx.x (float32 [n_expert, n_embd]: every multiprocessor reads a share of it); block 0 also
+// stores h and its q8_1 copy (hq4, hds) for the experts' matvecs; the block that finishes last routes the
+// logits (route_token) and sets *done back to 0 for the next launch. n_embd a multiple of 32, at most
+// ROUTER_CHUNKS * 4 * blockDim.x; x, norm, router rows, h 16-byte aligned.
+// Launch: grid n_expert, block n_embd / 16 rounded up to 32 (at most 1024); dynamic shared memory n_expert floats.
+#define ROUTER_CHUNKS 4
+extern "C" __global__ void __launch_bounds__(1024)
+    moe_norm_router_route(const float4* __restrict__ x, const float4* __restrict__ norm, float eps,
+                          const float* __restrict__ router, int n_embd, int n_expert, int k, float4* __restrict__ h,
+                          int* __restrict__ hq4, float2* __restrict__ hds, float* logits, int* __restrict__ ids,
+                          float* __restrict__ weights, unsigned int* done) {
     if (threadIdx.x == 0) prefetch_l2(router + (size_t)blockIdx.x * n_embd, 4 * (size_t)n_embd);
     wait_prior();
     extern __shared__ float p[];
     __shared__ bool last;
     const float4* r = reinterpret_cast<const float4*>(router + (size_t)blockIdx.x * n_embd);
-    const float4* x4 = reinterpret_cast<const float4*>(x);
+    int n4 = n_embd / 4;
+    float4 v[ROUTER_CHUNKS], g[ROUTER_CHUNKS], w[ROUTER_CHUNKS];
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ROUTER_CHUNKS; ++j) {  // all loads in flight together
+        int c = threadIdx.x + j * blockDim.x;
+        v[j] = c < n4 ? x[c] : zero;
+        g[j] = c < n4 ? norm[c] : zero;
+        w[j] = c < n4 ? __ldg(r + c) : zero;
+        ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+    float inv = rsqrtf(block_sum_f(ss) / (float)n_embd + eps);
     float acc = 0.0f;
-    for (int c = threadIdx.x; c < n_embd / 4; c += blockDim.x) {
-        float4 a = __ldg(r + c), b = __ldg(x4 + c);
-        acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+#pragma unroll
+    for (int j = 0; j < ROUTER_CHUNKS; ++j) {
+        if (j * (int)blockDim.x >= n4) break;  // the same for the whole block, so whole warps shuffle below
+        int c = threadIdx.x + j * blockDim.x;
+        float4 o = make_float4(v[j].x * inv * g[j].x, v[j].y * inv * g[j].y, v[j].z * inv * g[j].z,
+                               v[j].w * inv * g[j].w);
+        acc += o.x * w[j].x + o.y * w[j].y + o.z * w[j].z + o.w * w[j].w;
+        if (blockIdx.x == 0) {
+            if (c < n4) h[c] = o;
+            store_q8_1_x4(o, c, c < n4, hq4, hds);  // chunks 8k .. 8k+7 are 8 consecutive lanes
+        }
     }
     acc = block_sum_f(acc);
     if (threadIdx.x == 0) {

@@ -142,10 +142,12 @@ def test_cpu_experts_op_matches_numpy_reference(n_tokens, gate_up, down):
     from inference.backend_cpu import CPUBackend
     experts = _random_experts(dict(gate=gate_up, up=gate_up, down=down))
     rng = np.random.default_rng(1)
-    x, h = (rng.standard_normal((n_tokens, 256)).astype(np.float32) for _ in range(2))
-    be = CPUBackend.__new__(CPUBackend)  # add_moe needs no cache: only the config's activation and no GPU
-    be.gpu, be.share, be.cfg = None, None, type("Cfg", (), {"activation": "silu"})()
-    ours = be.add_moe(x, experts, h, 3)
+    x = rng.standard_normal((n_tokens, 256)).astype(np.float32)
+    norm = rng.uniform(0.5, 1.5, 256).astype(np.float32)
+    h = x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + 1e-6) * norm
+    be = CPUBackend.__new__(CPUBackend)  # add_moe needs no cache: only the config's activation, eps and no GPU
+    be.gpu, be.share, be.cfg = None, None, type("Cfg", (), {"activation": "silu", "rms_eps": 1e-6})()
+    ours = be.add_moe(x, experts, norm, 3)
     ref = _reference_moe(x, experts, h, 3)
     # x is rounded to int8 for the quantized kernels (as llama.cpp does): errors of ~1% of the FFN's output
     ffn = ref - x

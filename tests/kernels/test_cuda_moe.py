@@ -130,22 +130,27 @@ def test_an_expert_is_read_from_its_own_place(cuda):
     assert np.argmin(errs) == 3 and errs[3] < REL_TOL, errs
 
 
-@pytest.mark.parametrize("n_expert, k", [(128, 8), (60, 4), (8, 2)])
-def test_router_route_is_the_router_then_route(cuda, n_expert, k):
-    """One launch: the F32 router's logits, then the choice of the block that finishes last, twice in a row (the
-    finished-blocks count goes back to zero)."""
+@pytest.mark.parametrize("n_expert, k, n_embd", [(128, 8, 2048), (60, 4, 4096), (8, 2, 1024)])
+def test_norm_router_route_is_the_norm_then_router_then_route(cuda, n_expert, k, n_embd):
+    """One launch: h = rms_norm(x, norm) (and its q8_1 copy), the F32 router's logits of h, then the choice of the
+    block that finishes last, twice in a row (the finished-blocks count goes back to zero)."""
     cp, cq, moe = cuda
     rng = np.random.default_rng(n_expert)
-    router = (rng.standard_normal((n_expert, 2048)) / 20).astype(np.float32)
+    router = (rng.standard_normal((n_expert, n_embd)) / 20).astype(np.float32)
+    norm = rng.uniform(0.5, 1.5, n_embd).astype(np.float32)
     w = cq.to_device(router.view(np.uint8), TYPES_BY_NAME["F32"])
     done = cp.zeros(1, cp.uint32)
     for seed in (1, 2):
-        x = np.random.default_rng(seed).standard_normal(2048).astype(np.float32)
-        logits = cp.full(n_expert, cp.nan, cp.float32)
+        x = (np.random.default_rng(seed).standard_normal(n_embd) * 3).astype(np.float32)
+        h, logits = cp.full(n_embd, cp.nan, cp.float32), cp.full(n_expert, cp.nan, cp.float32)
+        hq = cq.Q8Vector(cp.zeros(n_embd, cp.int8), cp.full((n_embd // 32, 2), cp.nan, cp.float32))
         ids, weights = cp.full((1, k), -1, cp.int32), cp.full((1, k), cp.nan, cp.float32)
-        moe.router_route(w, cp.asarray(x), logits, ids, weights, done)
-        ref_logits = router.astype(np.float64) @ x
-        np.testing.assert_allclose(cp.asnumpy(logits), ref_logits, rtol=1e-4, atol=1e-4)
+        moe.norm_router_route(cp.asarray(x), cp.asarray(norm), 1e-6, w, h, hq, logits, ids, weights, done)
+        ref_h = x.astype(np.float64) / np.sqrt((x.astype(np.float64) ** 2).mean() + 1e-6) * norm
+        np.testing.assert_allclose(cp.asnumpy(h), ref_h, rtol=1e-5, atol=1e-6)
+        qs, ds = cp.asnumpy(hq.qs).astype(np.float64), cp.asnumpy(hq.ds)
+        np.testing.assert_allclose((qs.reshape(-1, 32) * ds[:, :1]).ravel(), ref_h, atol=np.abs(ref_h).max() / 100)
+        np.testing.assert_allclose(cp.asnumpy(logits), router.astype(np.float64) @ ref_h, rtol=1e-4, atol=1e-4)
         ref_ids, ref_weights = route(cp.asnumpy(logits)[None], k)  # the choice from the logits it computed
         np.testing.assert_array_equal(cp.asnumpy(ids), ref_ids)
         np.testing.assert_allclose(cp.asnumpy(weights), ref_weights, rtol=1e-5, atol=1e-7)
