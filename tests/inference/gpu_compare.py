@@ -35,20 +35,26 @@ def teacher_prompt(request, engine, n: int, seed: int = 0) -> list[int]:
 
 
 @contextmanager
-def float_activations():
-    """The CPU engine with x kept in float32 in its matvecs: its one-to-four-token path rounds x to 8 bits for
-    speed (as llama.cpp's CPU does), which a reference must not."""
-    saved = cpu_quant.MATVEC_MAX_TOKENS
-    cpu_quant.MATVEC_MAX_TOKENS = 0
+def float_activations(cpu):
+    """The CPU engine cpu with x kept in float32 in its matvecs and matmuls: its one-to-four-token kernels, its
+    prompts' int8 GEMM and its repacked 4-bit matrices round x to 8 bits for speed (as llama.cpp's CPU does),
+    which a reference must not. The file's layout and dequantize + BLAS instead."""
+    backends = [be for be, _ in cpu._segments]
+    saved = cpu_quant.MATVEC_MAX_TOKENS, cpu_quant.INT8_IDS, [be._repacked for be in backends]
+    cpu_quant.MATVEC_MAX_TOKENS, cpu_quant.INT8_IDS = 0, ()
+    for be in backends:
+        be._repacked = {}
     try:
         yield
     finally:
-        cpu_quant.MATVEC_MAX_TOKENS = saved
+        cpu_quant.MATVEC_MAX_TOKENS, cpu_quant.INT8_IDS = saved[:2]
+        for be, repacked in zip(backends, saved[2]):
+            be._repacked = repacked
 
 
 def reference_logits(cpu, ids: list[int]) -> np.ndarray:
     """The CPU engine's logits of ids [n, n_vocab], computed in float32 from the quantized weights."""
-    with float_activations():
+    with float_activations(cpu):
         return cpu.logits(ids)
 
 
