@@ -81,7 +81,7 @@ extern "C" __global__ void __launch_bounds__(1024)
         v[j] = c < n4 ? x[c] : zero;
         g[j] = c < n4 ? norm[c] : zero;
         w[j] = c < n4 ? __ldg(r + c) : zero;
-        ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+        ss += dot4(v[j], v[j]);
     }
     float inv = rsqrtf(block_sum_f(ss) / (float)n_embd + eps);
     float acc = 0.0f;
@@ -89,9 +89,8 @@ extern "C" __global__ void __launch_bounds__(1024)
     for (int j = 0; j < ROUTER_CHUNKS; ++j) {
         if (j * (int)blockDim.x >= n4) break;  // the same for the whole block, so whole warps shuffle below
         int c = threadIdx.x + j * blockDim.x;
-        float4 o = make_float4(v[j].x * inv * g[j].x, v[j].y * inv * g[j].y, v[j].z * inv * g[j].z,
-                               v[j].w * inv * g[j].w);
-        acc += o.x * w[j].x + o.y * w[j].y + o.z * w[j].z + o.w * w[j].w;
+        float4 o = scaled4(v[j], inv, g[j]);
+        acc += dot4(o, w[j]);
         if (blockIdx.x == 0) {
             if (c < n4) h[c] = o;
             store_q8_1_x4(o, c, c < n4, hq4, hds);  // chunks 8k .. 8k+7 are 8 consecutive lanes

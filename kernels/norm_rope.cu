@@ -49,15 +49,14 @@ extern "C" __global__ void __launch_bounds__(1024)
         int c = threadIdx.x + j * blockDim.x;
         v[j] = c < n4 ? x[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         g[j] = c < n4 ? w[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+        ss += dot4(v[j], v[j]);
     }
     float inv = rsqrtf(block_sum_f(ss) / (float)d + eps);
 #pragma unroll
     for (int j = 0; j < NORM_CHUNKS; ++j) {
         if (j * (int)blockDim.x >= n4) break;  // the same for the whole block, so whole warps shuffle below
         int c = threadIdx.x + j * blockDim.x;
-        float4 o = make_float4(v[j].x * inv * g[j].x, v[j].y * inv * g[j].y, v[j].z * inv * g[j].z,
-                               v[j].w * inv * g[j].w);
+        float4 o = scaled4(v[j], inv, g[j]);
         if (c < n4) out[c] = o;
         store_q8_1_x4(o, c, c < n4, xq4, xds);  // chunks 8k .. 8k+7 are 8 consecutive lanes
     }

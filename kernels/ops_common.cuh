@@ -57,6 +57,13 @@ __device__ __forceinline__ float block_sum_f(float v) {
     return warp_sum_f(v);
 }
 
+__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+
+// x * inv * w for a chunk of 4 (an rms norm's output: inv = 1 / sqrt(mean(x^2) + eps), w the norm's weights)
+__device__ __forceinline__ float4 scaled4(float4 x, float inv, float4 w) {
+    return make_float4(x.x * inv * w.x, x.y * inv * w.y, x.z * inv * w.z, x.w * inv * w.w);
+}
+
 // The gate's activation in a gated FFN. act 0: silu, 1: gelu with the tanh approximation (gemma).
 __device__ __forceinline__ float activation(float g, int act) {
     if (act == 0) return g / (1.0f + expf(-g));
