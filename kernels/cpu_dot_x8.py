@@ -11,26 +11,21 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from kernels.cpu_ir import array_data, call, dot4, i64, ir_loop, splat, splat_f
+from kernels.cpu_ir import array_data, dot4, fma, i64, ir_loop, ptr, splat, splat_f
 from kernels.cpu_repack import LAYOUTS, ROWS
 from kernels.cpu_types import Q4_0, Q4_1, Q5_0, Q5_1, X8, fast
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_ir", "cpu_repack")
-INLINED_DIGEST = "8fc862dba13e4164"
+INLINED_DIGEST = "fe0798730d04f6f0"
 
 OFFSETS = {Q4_0: 8, Q5_0: 16}
 
 
-def _ptr(context, builder, arr_t, arr, off, ty):
-    """A pointer of type ty* to element off of a C-contiguous array (flat index)."""
-    return builder.bitcast(builder.gep(array_data(context, builder, arr_t, arr).data, [off]), ty.as_pointer())
-
-
 def _halves(context, builder, w_t, w, off):
     """<8 x float> of the 8 f16 at w's flat byte offset off."""
-    h8 = builder.load(_ptr(context, builder, w_t, w, off, ir.VectorType(ir.HalfType(), 8)), align=1)
+    h8 = builder.load(ptr(context, builder, w_t, w, off, ir.VectorType(ir.HalfType(), 8)), align=1)
     return builder.fpext(h8, ir.VectorType(ir.FloatType(), 8))
 
 
@@ -42,14 +37,15 @@ def unpack(context, builder, tid, w_t, w, base):
     quants_at = 16 + 16 * has_min + 32 * has_qh
     low, high = [], []
     for k in range(4):
-        q = builder.load(_ptr(context, builder, w_t, w, builder.add(base, i64(quants_at + 32 * k)), b32), align=1)
+        q = builder.load(ptr(context, builder, w_t, w, builder.add(base, i64(quants_at + 32 * k)), b32), align=1)
         low.append(builder.and_(q, splat(builder, 0xF, 32)))
         high.append(builder.lshr(q, splat(builder, 4, 32)))
     values = low + high  # vector k: values 4k..4k+3 of each row (k >= 4: 16 + 4(k - 4)...)
     if has_qh:  # bit k of byte l of a row's qh word: the 5th bit of vector k's byte l
-        qh = builder.load(_ptr(context, builder, w_t, w, builder.add(base, i64(16 + 16 * has_min)), b32), align=1)
+        qh = builder.load(ptr(context, builder, w_t, w, builder.add(base, i64(16 + 16 * has_min)), b32), align=1)
         for k in range(8):
-            moved = builder.shl(qh, splat(builder, 4 - k, 32)) if k <= 4 else builder.lshr(qh, splat(builder, k - 4, 32))
+            shift = splat(builder, abs(4 - k), 32)
+            moved = builder.shl(qh, shift) if k <= 4 else builder.lshr(qh, shift)
             values[k] = builder.or_(values[k], builder.and_(moved, splat(builder, 0x10, 32)))
     d = _halves(context, builder, w_t, w, base)
     m = _halves(context, builder, w_t, w, builder.add(base, i64(16))) if has_min else None
@@ -81,17 +77,17 @@ def _dot(tid):
             def body(b, accs):
                 values, d, m = unpack(context, builder, tid, w_t, w,
                                       builder.add(base, builder.mul(b, i64(ROWS * block_bytes))))
-                sums16 = builder.load(_ptr(context, builder, xs_t, xs16, builder.mul(b, i64(2)), ir.VectorType(i16, 2)))
+                sums16 = builder.load(ptr(context, builder, xs_t, xs16, builder.mul(b, i64(2)), ir.VectorType(i16, 2)))
                 xsum = builder.add(*[builder.sext(builder.extract_element(sums16, i64(h)), i32) for h in range(2)])
                 sums = splat(builder, builder.mul(xsum, ir.Constant(i32, -offset)), 8, 32) if offset else v8([0] * 8)
                 for k in range(8):
-                    x4 = builder.load(_ptr(context, builder, xq_t, xq, builder.add(builder.mul(b, i64(32)), i64(4 * k)),
+                    x4 = builder.load(ptr(context, builder, xq_t, xq, builder.add(builder.mul(b, i64(32)), i64(4 * k)),
                                            i32), align=1)
                     sums = dot4(context, builder, sums, values[k], builder.bitcast(splat(builder, x4, 8, 32), b32))
                 xd_b = builder.load(builder.gep(array_data(context, builder, xd_t, xd).data, [b]))
-                acc = _fma(builder, builder.sitofp(sums, f8), builder.fmul(d, splat_f(builder, xd_b, 8)), accs[0])
+                acc = fma(builder, builder.sitofp(sums, f8), builder.fmul(d, splat_f(builder, xd_b, 8)), accs[0])
                 if has_min:
-                    acc = _fma(builder, m, splat_f(builder, builder.fmul(xd_b, builder.sitofp(xsum, f32)), 8), acc)
+                    acc = fma(builder, m, splat_f(builder, builder.fmul(xd_b, builder.sitofp(xsum, f32)), 8), acc)
                 return [acc]
 
             total, = ir_loop(builder, n_blocks, [f8([0.0] * 8)], body)
@@ -124,13 +120,13 @@ def _pack(tid):
                 bias = v8([0] * 8)
                 for k, vec in enumerate(values):
                     vec = builder.sub(vec, splat(builder, offset, 32)) if offset else vec
-                    builder.store(vec, _ptr(context, builder, packed_t, packed,
+                    builder.store(vec, ptr(context, builder, packed_t, packed,
                                             builder.mul(builder.add(at, i64(k)), i64(32)), vec.type), align=1)
                     bias = dot4(context, builder, bias, splat(builder, 128, 32), vec)
-                builder.store(builder.sub(v8([0] * 8), bias), _ptr(context, builder, corrs_t, corrs, at, v8), align=4)
-                builder.store(d, _ptr(context, builder, scales_t, scales, at, f8), align=4)
+                builder.store(builder.sub(v8([0] * 8), bias), ptr(context, builder, corrs_t, corrs, at, v8), align=4)
+                builder.store(d, ptr(context, builder, scales_t, scales, at, f8), align=4)
                 if has_min:
-                    builder.store(m, _ptr(context, builder, mins_t, mins, at, f8), align=4)
+                    builder.store(m, ptr(context, builder, mins_t, mins, at, f8), align=4)
                 return []
 
             ir_loop(builder, n_blocks, [], body)
@@ -139,10 +135,6 @@ def _pack(tid):
         return types.void(w, g, packed, corrs, scales, mins), codegen
 
     return pack
-
-
-def _fma(builder, a, b, c):
-    return call(builder, "llvm.fma.v8f32", a.type, [a, b, c])
 
 
 dot_x8_q4_0, dot_x8_q4_1, dot_x8_q5_0, dot_x8_q5_1 = (_dot(t) for t in LAYOUTS)

@@ -18,13 +18,13 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from kernels.cpu_dot_int8 import _high_bits32, _nibbles32, _row_at
-from kernels.cpu_ir import array_data, call, dot4, half_ir, i64, ir_loop, load_bytes, shuffle, splat, splat_f
+from kernels.cpu_ir import array_data, dot4, fma, half_ir, i64, ir_loop, load_bytes, ptr, shuffle, splat, splat_f
 from kernels.cpu_types import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_ir", "cpu_dot_int8")
-INLINED_DIGEST = "e08cf0e7043a33f9"
+INLINED_DIGEST = "148c764469b4ae5f"
 
 ROWS = 8  # rows of a tile: the int32 lanes of a 256-bit vector
 TOKENS = 4  # tokens of the micro-kernel's register tile (4 float + 4 int32 accumulators, 8 weight vectors)
@@ -34,14 +34,9 @@ BLOCKS = {Q4_0: (18, 2, None, 8, None), Q4_1: (20, 4, None, 0, 2), Q5_0: (22, 6,
           Q5_1: (24, 8, 4, 0, 2), Q8_0: (34, 2, None, 0, None)}
 
 
-def _ptr(context, builder, arr_t, arr, off, ty):
-    """A pointer of type ty* to element off of a C-contiguous array (any number of dimensions, flat index)."""
-    return builder.bitcast(builder.gep(array_data(context, builder, arr_t, arr).data, [off]), ty.as_pointer())
-
-
 def _byte(context, builder, row_t, row, off):
     """row[off] as an i32 (zero-extended)."""
-    return builder.zext(builder.load(_ptr(context, builder, row_t, row, off, ir.IntType(8))), ir.IntType(32))
+    return builder.zext(builder.load(ptr(context, builder, row_t, row, off, ir.IntType(8))), ir.IntType(32))
 
 
 def _block32(tid):
@@ -95,7 +90,7 @@ def _q6_k_group(context, builder, row_t, row, o, j, f16_t, f16):
     d = half_ir(context, builder, row_t, row, builder.add(o, i64(208)), f16_t, f16)
     scales = []
     for h in range(2):
-        sc = builder.load(_ptr(context, builder, row_t, row, builder.add(o, i64(192 + 2 * j + h)), ir.IntType(8)))
+        sc = builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(192 + 2 * j + h)), ir.IntType(8)))
         scales.append(builder.fmul(d, builder.sitofp(sc, ir.FloatType())))
     return values, scales, None
 
@@ -145,17 +140,17 @@ def _pack(tid):
                     for k in range(8):
                         vec = shuffle(builder, rows[0], None, [ROWS * i + k for i in range(ROWS)])
                         at = builder.mul(builder.add(builder.mul(g, i64(8)), i64(k)), i64(32))
-                        builder.store(vec, _ptr(context, builder, packed_t, packed, at, v8), align=1)
+                        builder.store(vec, ptr(context, builder, packed_t, packed, at, v8), align=1)
                         h = k * halves // 8
                         biases[h] = dot4(context, builder, biases[h], splat(builder, 128, 32),
                                          builder.bitcast(vec, ir.VectorType(ir.IntType(8), 32)))
                     for h in range(halves):
                         at = builder.mul(builder.add(builder.mul(g, i64(halves)), i64(h)), i64(ROWS))
-                        builder.store(builder.sub(v8([0] * 8), biases[h]), _ptr(context, builder, corrs_t, corrs, at,
+                        builder.store(builder.sub(v8([0] * 8), biases[h]), ptr(context, builder, corrs_t, corrs, at,
                                                                                 v8), align=4)
-                        builder.store(ds[h], _ptr(context, builder, scales_t, scales, at, f8), align=4)
+                        builder.store(ds[h], ptr(context, builder, scales_t, scales, at, f8), align=4)
                     if with_min:
-                        builder.store(m, _ptr(context, builder, mins_t, mins, builder.mul(g, i64(ROWS)), f8), align=4)
+                        builder.store(m, ptr(context, builder, mins_t, mins, builder.mul(g, i64(ROWS)), f8), align=4)
                 return []
 
             ir_loop(builder, n_blocks, [], body)
@@ -183,19 +178,19 @@ def _tile(with_min, halves=1):
             rows_of = [builder.mul(builder.add(t0, i64(j)), n_groups) for j in range(TOKENS)]  # flat xd index of g 0
 
             def body(g, accs):
-                weights = [builder.load(_ptr(context, builder, packed_t, packed, builder.mul(builder.add(
+                weights = [builder.load(ptr(context, builder, packed_t, packed, builder.mul(builder.add(
                     builder.mul(g, i64(8)), i64(k)), i64(32)), b32), align=1) for k in range(8)]
                 at = [builder.mul(builder.add(builder.mul(g, i64(halves)), i64(h)), i64(ROWS)) for h in range(halves)]
-                corr = [builder.load(_ptr(context, builder, corrs_t, corrs, a, v8), align=4) for a in at]
-                d = [builder.load(_ptr(context, builder, scales_t, scales, a, f8), align=4) for a in at]
+                corr = [builder.load(ptr(context, builder, corrs_t, corrs, a, v8), align=4) for a in at]
+                d = [builder.load(ptr(context, builder, scales_t, scales, a, f8), align=4) for a in at]
                 if with_min:
-                    m = builder.load(_ptr(context, builder, mins_t, mins, builder.mul(g, i64(ROWS)), f8), align=4)
+                    m = builder.load(ptr(context, builder, mins_t, mins, builder.mul(g, i64(ROWS)), f8), align=4)
                 new = []
                 for j, acc in enumerate(accs):
                     xg = builder.add(rows_of[j], g)  # token j's group g in xd, xds; its bytes at 32 xg in xu
                     sums = list(corr)
                     for k in range(8):  # a splat of 4 bytes of x as one int32: against every row's 4 values k
-                        x4 = builder.load(_ptr(context, builder, xu_t, xu, builder.add(builder.mul(xg, i64(32)),
+                        x4 = builder.load(ptr(context, builder, xu_t, xu, builder.add(builder.mul(xg, i64(32)),
                                                                                        i64(4 * k)), i32), align=1)
                         h = k * halves // 8
                         sums[h] = dot4(context, builder, sums[h], builder.bitcast(splat(builder, x4, 8, 32), b32),
@@ -203,25 +198,21 @@ def _tile(with_min, halves=1):
                     xd_g = splat_f(builder, builder.load(builder.gep(array_data(context, builder, xd_t, xd).data,
                                                                      [xg])), 8)
                     for h in range(halves):
-                        acc = _fma(builder, builder.sitofp(sums[h], f8), builder.fmul(d[h], xd_g), acc)
+                        acc = fma(builder, builder.sitofp(sums[h], f8), builder.fmul(d[h], xd_g), acc)
                     if with_min:
                         xs = builder.load(builder.gep(array_data(context, builder, xds_t, xds).data, [xg]))
-                        acc = _fma(builder, m, splat_f(builder, xs, 8), acc)
+                        acc = fma(builder, m, splat_f(builder, xs, 8), acc)
                     new.append(acc)
                 return new
 
             totals = ir_loop(builder, n_groups, [f8([0.0] * 8)] * TOKENS, body)
             for j, total in enumerate(totals):
-                builder.store(total, _ptr(context, builder, y_t, y, i64(j * ROWS), f8), align=4)
+                builder.store(total, ptr(context, builder, y_t, y, i64(j * ROWS), f8), align=4)
             return context.get_dummy_value()
 
         return types.void(packed, corrs, scales, mins, xu, xd, xds, t0, y), codegen
 
     return tile
-
-
-def _fma(builder, a, b, c):
-    return call(builder, "llvm.fma.v8f32", a.type, [a, b, c])
 
 
 pack_q4_0, pack_q4_1, pack_q5_0, pack_q5_1, pack_q8_0, pack_q4_k, pack_q6_k = (

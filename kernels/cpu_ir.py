@@ -105,6 +105,16 @@ def array_data(context, builder, arr_t, arr):
     return context.make_array(arr_t)(context, builder, arr)
 
 
+def ptr(context, builder, arr_t, arr, off, ty):
+    """A pointer of type ty* to element off of a C-contiguous array (a flat index over all its dimensions)."""
+    return builder.bitcast(builder.gep(array_data(context, builder, arr_t, arr).data, [off]), ty.as_pointer())
+
+
+def fma(builder, a, b, c):
+    """a * b + c, fused, for <8 x float> vectors."""
+    return call(builder, "llvm.fma.v8f32", a.type, [a, b, c])
+
+
 def half_ir(context, builder, row_t, row, off, f16_t, f16):
     """float32 of the little-endian IEEE half at row[off:off + 2] (an i64), looked up in the table f16."""
     ptr = builder.gep(array_data(context, builder, row_t, row).data, [off])
