@@ -48,7 +48,7 @@ def quantize_biased(x, xu, xd, xds):
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def gemm_int8(tid, w, xu, xd, xds, out, f16):
-    """out[t, r] = x8[t] . row r of W for W of a GEMM_IDS type tid, w: uint8 [n_rows, row_bytes] (or tid X8 +
+    """out[t, r] = x8[t] . row r of W for W of an INT8_IDS type tid, w: uint8 [n_rows, row_bytes] (or tid X8 +
     a type and w repacked, cpu_repack: uint8 [n_groups, 8 * row_bytes]), x8 given by quantize_biased (xu, xd, xds),
     out: float32 [n_tokens, n_rows]. Tiles of ROWS rows go to the threads; each is packed into scratch of its own
     (~11 bytes a column, L1-sized), then multiplied with every TOKENS tokens."""
