@@ -16,7 +16,7 @@ from inference.backend_cpu import OFFLOAD_MIN_TOKENS, moe_experts
 from inference.placement import GROUPED_MIN_TOKENS, PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.weights import ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
-from kernels import cpu_ops, cuda_moe, cuda_ops, cuda_prefill
+from kernels import cpu_ops, cuda_host, cuda_moe, cuda_ops, cuda_prefill
 from kernels.cuda_quant import FLOAT_TYPES, DeviceWeight, Q8Vector, matvec, quantize_q8_1, to_device
 from models.config import ModelConfig
 
@@ -106,6 +106,9 @@ class CUDABackend:
         self._experts_io = _HostExpertsIO.empty(cfg) if host_experts else None  # a step's experts on the host
         self._pieces = None  # while a decode step is captured: its graphs so far and the host work between them
         self._staging = None  # pinned bytes of a CPU layer's matrix on its way up (matmul_host_weight)
+        # the host experts' file pages, pinned where they lie so that a prompt chunk copies them up directly
+        self._pinned = cuda_host.pin_in_place([s.data for i in host_experts
+                                               for s in _stacks(weights.layers[i].experts)]) if host_experts else None
         self._inv_freq = {}  # (base, scale) -> float64 [rope_dim // 2]
         self._prefill_scratch = None  # cuda_prefill.Scratch, grown to the largest chunk seen
         self.ids = self.token  # [n] int32 the tokens of this forward
@@ -215,9 +218,15 @@ class CUDABackend:
         return y.get(stream=self.stream)
 
     def _upload(self, data: np.ndarray) -> cp.ndarray:
-        """A host weight's bytes in VRAM for one prompt chunk (its VRAM returns to the pool after): through
-        pinned memory, as a copy straight from the file's pages ran at ~1.6 GB/s on the H100 machine, filled by
-        all cores. Waits for the copy: the pinned buffer serves the next upload."""
+        """A host weight's bytes in VRAM for one prompt chunk (its VRAM returns to the pool after). From pages
+        pinned in place (host experts): one asynchronous copy. Else through a pinned buffer filled by all cores,
+        as a copy straight from the file's pageable pages ran at ~1.6 GB/s on the H100 machine; that waits for
+        the copy, since the buffer serves the next upload."""
+        if self._pinned is not None and self._pinned.holds(data):
+            with self.stream:
+                raw = cp.empty(data.shape, cp.uint8)
+            cuda_host.copy_up(raw, data, self.stream)
+            return raw
         if self._staging is None or self._staging.size < data.size:
             self._staging = cupyx.empty_pinned(data.size, np.uint8)  # grows to the largest weight
         staged = self._staging[:data.size].reshape(data.shape)
@@ -235,7 +244,7 @@ class CUDABackend:
             raw = self._upload(stack.data).reshape(-1, stack.data.shape[2])
             with self.stream:
                 return cuda_moe.DeviceExperts(to_device(raw, stack.qtype), stack.data.shape[0])
-        return up(experts.gate), up(experts.up), up(experts.down)
+        return tuple(up(stack) for stack in _stacks(experts))
 
     def add_matmul(self, x: cp.ndarray, w: QuantMatrix, a: cp.ndarray, norm: np.ndarray | None = None) -> cp.ndarray:
         """x + W a, W a normalized by norm first when given (sandwich norms); one launch in a one-token step."""
@@ -527,6 +536,10 @@ def _copy(dst, src, nbytes: int, kind, stream) -> None:
     """An asynchronous copy between pinned host memory and the device on stream (a graph node when captured)."""
     ptr = lambda a: a.data.ptr if isinstance(a, cp.ndarray) else a.ctypes.data  # noqa: E731
     cp.cuda.runtime.memcpyAsync(ptr(dst), ptr(src), nbytes, kind, stream.ptr)
+
+
+def _stacks(experts: ExpertFFN) -> tuple[QuantExperts, QuantExperts, QuantExperts]:
+    return experts.gate, experts.up, experts.down
 
 
 def _host_tensors(w: ModelWeights, layers: range, host_experts: range = range(0)):

@@ -209,6 +209,8 @@ def test_host_experts_stay_on_the_host(host_expert_engines):
     be = host._be
     for i, lw in enumerate(host._weights.layers):
         assert (id(lw.experts.gate) in be._dev) == (i >= k) and id(lw.experts.router) in be._dev
+        # a prompt chunk copies a host layer's experts straight from the file's pages, pinned where they lie
+        assert all(be._pinned.holds(s.data) == (i < k) for s in (lw.experts.gate, lw.experts.up, lw.experts.down))
     assert host.placement.weights_bytes < gpu.placement.weights_bytes
     assert f"experts of layer{'s 0-1' if k == n else ' 0'} on CPU" in host.placement.summary()
 
