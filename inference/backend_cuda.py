@@ -106,9 +106,9 @@ class CUDABackend:
         self._experts_io = _HostExpertsIO.empty(cfg) if host_experts else None  # a step's experts on the host
         self._pieces = None  # while a decode step is captured: its graphs so far and the host work between them
         self._staging = None  # pinned bytes of a CPU layer's matrix on its way up (matmul_host_weight)
-        # the host experts' file pages, pinned where they lie so that a prompt chunk copies them up directly
-        self._pinned = cuda_host.pin_in_place([s.data for i in host_experts
-                                               for s in _stacks(weights.layers[i].experts)]) if host_experts else None
+        # the file's pages a prompt chunk uploads, pinned where they lie so that it copies them up directly
+        uploaded = list(_uploaded_from_host(weights, range(self.layers.start), host_experts))
+        self._pinned = cuda_host.pin_in_place(uploaded) if uploaded else None
         self._inv_freq = {}  # (base, scale) -> float64 [rope_dim // 2]
         self._prefill_scratch = None  # cuda_prefill.Scratch, grown to the largest chunk seen
         self.ids = self.token  # [n] int32 the tokens of this forward
@@ -219,9 +219,9 @@ class CUDABackend:
 
     def _upload(self, data: np.ndarray) -> cp.ndarray:
         """A host weight's bytes in VRAM for one prompt chunk (its VRAM returns to the pool after). From pages
-        pinned in place (host experts): one asynchronous copy. Else through a pinned buffer filled by all cores,
-        as a copy straight from the file's pageable pages ran at ~1.6 GB/s on the H100 machine; that waits for
-        the copy, since the buffer serves the next upload."""
+        pinned in place (CPU layers' matrices, host experts): one asynchronous copy. Else through a pinned buffer
+        filled by all cores, as a copy straight from the file's pageable pages ran at ~1.6 GB/s on the H100
+        machine; that waits for the copy, since the buffer serves the next upload."""
         if self._pinned is not None and self._pinned.holds(data):
             with self.stream:
                 raw = cp.empty(data.shape, cp.uint8)
@@ -540,6 +540,20 @@ def _copy(dst, src, nbytes: int, kind, stream) -> None:
 
 def _stacks(experts: ExpertFFN) -> tuple[QuantExperts, QuantExperts, QuantExperts]:
     return experts.gate, experts.up, experts.down
+
+
+def _uploaded_from_host(w: ModelWeights, cpu_layers: range, host_experts: range):
+    """The host bytes a prompt chunk uploads: the CPU layers' matrices (matmul_host_weight) and the stacks of the
+    host experts of this backend's layers (_upload_experts). Nothing else may be handed to CuPy from the file's
+    pages after they are pinned: CuPy copies from a pinned address without staging, and the driver refuses a copy
+    that runs past the registered (page-rounded) range, as a vector next to a pinned matrix would."""
+    for i in cpu_layers:
+        lw = w.layers[i]
+        for name in lw.__dataclass_fields__:
+            if isinstance(t := getattr(lw, name), QuantMatrix):
+                yield t.data
+    for i in host_experts:
+        yield from (stack.data for stack in _stacks(w.layers[i].experts))
 
 
 def _host_tensors(w: ModelWeights, layers: range, host_experts: range = range(0)):

@@ -43,6 +43,9 @@ def test_split_places_the_last_layers_on_the_gpu(split_engines):
     assert (cpu_layers, gpu_layers) == (range(n - k), range(n - k, n)) and hybrid.device == "cuda"
     assert sorted(cpu_be.k_cache) == list(cpu_layers) and sorted(gpu_be.caches) == list(gpu_layers)
     assert cpu_be.gpu is gpu_be  # multiplies the CPU layers' matrices for prompt chunks
+    # and copies them up straight from the file's pages, pinned where they lie
+    assert all(gpu_be._pinned.holds(w.data) for lw in hybrid._weights.layers[:n - k]
+               for w in (*lw.qkv, lw.attn_output, lw.ffn_gate, lw.ffn_up, lw.ffn_down) if w is not None)
     assert id(hybrid._weights.layers[0].attn_norm) not in gpu_be._dev  # the CPU's layers are not uploaded
     assert id(hybrid._weights.layers[-1].attn_norm) in gpu_be._dev
     assert hybrid.placement.n_gpu_layers == k and hybrid.placement.embedding == "cpu"
