@@ -1,0 +1,58 @@
+"""Where the time of a model with all experts on the host goes, on the GPU machine: a 512-token prompt's time and
+the part of it spent uploading expert stacks (CUDABackend._upload), then the decode steps' time and the part of
+it in the host's expert work (backend_cpu.moe_experts).
+
+    python3 tests/device_host_experts.py FILE.gguf
+
+Each of two rounds processes a fresh 512-token prompt and times 64 generated tokens (BENCHMARKS.md, session 10).
+"""
+import collections
+import sys
+import time
+
+import numpy as np
+
+import inference.backend_cuda as backend_cuda
+from inference import load
+
+
+def timed(owner, name: str, times: dict, counts: collections.Counter) -> None:
+    """Wrap owner.name (a function or a method) to add its wall time and calls to times[name] and counts[name]."""
+    fn = getattr(owner, name)
+
+    def wrapper(*args, **kw):
+        t = time.perf_counter()
+        result = fn(*args, **kw)
+        times[name] += time.perf_counter() - t
+        counts[name] += 1
+        return result
+    setattr(owner, name, wrapper)
+
+
+def main(path: str) -> None:
+    times, counts = collections.defaultdict(float), collections.Counter()
+    timed(backend_cuda, "moe_experts", times, counts)
+    timed(backend_cuda.CUDABackend, "_upload", times, counts)
+    engine = load(path, device="cuda", ctx=2048, cpu_moe="all")
+    print(engine.placement.summary().splitlines()[0])
+    list(engine.generate(list(range(100, 612)), max_tokens=8, temperature=0))  # compile, capture
+    for r in range(2):
+        engine._cached = []
+        times.clear()
+        counts.clear()
+        stamps = [time.perf_counter()]
+        for i, _ in enumerate(engine.generate(list(range(1000 + r, 1512 + r)), max_tokens=65, temperature=0)):
+            stamps.append(time.perf_counter())
+            if i == 0:
+                print(f"prompt 512: {stamps[1] - stamps[0]:.3f} s; _upload {times['_upload']:.3f} s in "
+                      f"{counts['_upload']} calls; moe_experts {times['moe_experts']:.3f} s")
+                times.clear()
+                counts.clear()
+        dt = np.diff(stamps[1:]) * 1e3
+        print(f"decode: {dt.mean():.2f} ms a token (p10 {np.percentile(dt, 10):.2f} p90 {np.percentile(dt, 90):.2f}), "
+              f"{1e3 / dt.mean():.1f} tok/s; moe_experts {times['moe_experts'] / len(dt) * 1e3:.2f} ms a token in "
+              f"{counts['moe_experts'] / len(dt):.0f} calls")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
