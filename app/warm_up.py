@@ -5,14 +5,21 @@ import time
 
 SLOW_SECONDS = 1.0  # a warm-up longer than this is a first start: say so while it runs
 NOTICE = "preparing the kernels for this machine: once, on a first start (about half a minute)..."
+# A reply's first tokens attend to few keys, which the CPU runs in a single-threaded loop (kernels/cpu_ops.attention)
+# that Engine.warm_up's long prompt passes by: numba compiled it during the first reply, ~20% of that reply's
+# speed on 2 cores (BENCHMARKS.md, session 10). A few tokens of a short prompt compile it before.
+SHORT_PROMPT = "Hi"
 
 
 def warm_up(engine, say) -> float:
-    """engine.warm_up(), saying NOTICE through say(text) if it runs past SLOW_SECONDS; the seconds it took."""
+    """The short prompt, then engine.warm_up() (which leaves the context empty), saying NOTICE through say(text) if
+    they run past SLOW_SECONDS; the seconds they took."""
     timer = threading.Timer(SLOW_SECONDS, say, (NOTICE,))
     timer.start()
     t0 = time.perf_counter()
     try:
+        for _ in engine.generate(SHORT_PROMPT, max_tokens=3, temperature=1.0, seed=0):
+            pass
         engine.warm_up()
     finally:
         timer.cancel()
