@@ -4,6 +4,7 @@ They report through `post` (the app's post_message) with the messages of app/tui
 through a PieceBuffer that the UI drains once a frame, and never raise: an error the user can cause becomes a
 readable line in the UI, and the app stays up.
 """
+import gc
 import threading
 import time
 from dataclasses import asdict
@@ -28,6 +29,8 @@ def load_model(model: str, ctx: int | None, post, options: dict | None = None) -
     """options: more arguments of inference.load (device, gpu_layers, vram_budget)."""
     from inference import load  # heavy: numba, and CuPy when there is a GPU
 
+    gc.unfreeze()  # the model loaded before (frozen below), dropped by the app, can be collected again
+
     def progress(file: str, done: int, total: int) -> None:
         post(ModelProgress(model, file, done, total))
 
@@ -39,6 +42,11 @@ def load_model(model: str, ctx: int | None, post, options: dict | None = None) -
     except Exception as e:  # noqa: BLE001 - any failure is shown, never a crash
         post(ModelFailed(model, error_text(e)))
         return
+    # What is alive now (the model, numba's kernels, the UI) stays: out of the cyclic GC's full collections, which
+    # otherwise scanned it all every other reply (~90 ms on the UI thread, BENCHMARKS.md session 10). Garbage
+    # collected first: frozen, a replaced model's cycles would outlive it
+    gc.collect()
+    gc.freeze()
     post(ModelLoaded(model, engine, time.monotonic() - start))
 
 
