@@ -1,5 +1,10 @@
 """One message of a chat: who said it, the text as Markdown, and for a reply its speed and token counts; a
-reasoning model's <think> text folded above its answer (t shows it)."""
+reasoning model's <think> text folded above its answer (t shows it).
+
+A streaming reply shows its finished paragraphs as Markdown and the paragraph being written under them as plain
+text, which moves into the Markdown once a blank line ends it (or the reply ends). A frame then redraws one Static
+instead of re-parsing and rebuilding the Markdown's last block: about a quarter less UI work a frame, time that a
+2-core machine otherwise takes from the engine (BENCHMARKS.md, session 10)."""
 import re
 
 from textual.app import ComposeResult
@@ -53,10 +58,11 @@ class MessageView(Vertical, can_focus=True):
         super().__init__(classes=message.role)
         self.message = message
         self.author = author
-        self._stream = None
         self._split = None  # ThinkSplitter of a streaming reply
+        self._tail: Static | None = None  # a streaming reply's unfinished paragraph, as plain text
         self.reasoning, self.answer = split_thinking(message.content) if message.role == "assistant" else (
             "", message.content)
+        self._in_markdown = len(self.answer)  # of the answer, how much the Markdown shows
 
     def compose(self) -> ComposeResult:
         yield Label(self.author, classes="author")
@@ -68,8 +74,8 @@ class MessageView(Vertical, can_focus=True):
         yield Static(line, classes="stats" if line else "stats -empty")
 
     async def append(self, text: str) -> None:
-        """Stream text onto the end of the reply: reasoning into the folded part, the answer onto the end of the
-        Markdown without re-rendering what is there."""
+        """Stream text onto the end of the reply: reasoning into the folded part, the answer's finished paragraphs
+        onto the end of the Markdown (without re-rendering what is there), the rest under it."""
         self.message.content += text
         if self._split is None:
             self._split = ThinkSplitter()
@@ -83,18 +89,29 @@ class MessageView(Vertical, can_focus=True):
             folded.title = thinking_title(self.reasoning)
             folded.remove_class("-empty")
         if answer:
-            if self._stream is None:
-                self._stream = Markdown.get_stream(self.query_one(Markdown))
             self.answer += answer
-            await self._stream.write(answer)
+            cut = self.answer.rfind("\n\n")
+            await self._show_answer(cut + 2 if cut >= 0 else 0)
+
+    async def _show_answer(self, end: int) -> None:
+        """The answer up to `end` in the Markdown, the rest in the tail."""
+        if end > self._in_markdown:
+            await self.query_one(Markdown).append(self.answer[self._in_markdown:end])
+            self._in_markdown = end
+        if self._tail is None:
+            self._tail = Static(markup=False, classes="tail")
+            await self.mount(self._tail, after=self.query_one(Markdown))
+        self._tail.set_class(self._in_markdown > 0, "-below")
+        self._tail.update(self.answer[end:])
 
     async def finish(self, message: Message) -> None:
         if self._split is not None:
             await self._show(*self._split.feed("", final=True))
             self._split = None
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+        if self._tail is not None:
+            await self._show_answer(len(self.answer))
+            await self._tail.remove()
+            self._tail = None
         self.message = message
         reasoning, answer = split_thinking(message.content)
         if (reasoning, answer) != (self.reasoning, self.answer):  # the prompt had opened <think> (R1 distills)

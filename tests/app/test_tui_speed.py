@@ -3,6 +3,7 @@ import asyncio
 import gc
 import time
 import weakref
+from dataclasses import replace
 from types import SimpleNamespace
 
 import inference
@@ -105,6 +106,43 @@ def test_a_costly_frame_holds_the_next_back_at_most_the_longest_gap():
     assert not budget.allows()
     time.sleep(FRAME_MAX_GAP / 2 + 0.05)
     assert budget.allows()
+
+
+def test_a_streaming_reply_shows_its_finished_paragraphs_as_markdown_and_the_last_as_plain_text():
+    """A frame redraws the paragraph being written (plain text: brackets stay brackets), not the Markdown's last
+    block, and keeps the blank line of the paragraph break above it; at the end the whole reply is Markdown and the
+    plain part is gone."""
+    from textual.app import App
+    from textual.widgets import Static
+
+    from app.store import Message
+
+    message = Message(1, 1, "assistant", "", "streaming")
+
+    class OneMessage(App):
+        def compose(self):
+            yield MessageView(message, "SmolLM2")
+
+    async def run():
+        app = OneMessage()
+        async with app.run_test():
+            view = app.query_one(MessageView)
+
+            def shown():  # what the Markdown shows, and the plain part if any (with a blank line above it or not)
+                return view.query_one(Markdown).source, [(str(tail.content), tail.has_class("-below"))
+                                                         for tail in view.query(".tail")]
+
+            await view.append("A **bold** start")
+            first = shown()
+            await view.append(".\n\nThe [second] one")
+            second = shown()
+            await view.finish(replace(message, content=view.message.content, state="done"))
+            return first, second, shown()
+
+    first, second, last = asyncio.run(run())
+    assert first == ("", [("A **bold** start", False)])
+    assert second == ("A **bold** start.\n\n", [("The [second] one", True)])
+    assert last == ("A **bold** start.\n\nThe [second] one", [])
 
 
 def test_a_loaded_model_stays_out_of_full_collections_until_another_replaces_it(tmp_path, monkeypatch):
