@@ -68,10 +68,10 @@ def run(args) -> int:
     except OSError as e:
         raise ServeError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     host, port = sock.getsockname()[:2]
-    options = load_options(args)
-    engine = load(args.model, ctx=args.ctx, progress=DownloadBar(), **options)
-    warm_up(engine, lambda text: print(text, file=sys.stderr, flush=True))  # the first request at full speed
-    worker = EngineWorker(engine, args.model, load, options, args.ctx, args.max_queue)
+    worker = EngineWorker(args.model, load, load_options(args), args.ctx, args.max_queue)
+    # loaded and warmed up before the server says it is up: the first request at full speed
+    worker.start(DownloadBar(), lambda e: warm_up(e, lambda text: print(text, file=sys.stderr, flush=True)))
+    engine = worker.engine
     print(f"gguf-chat serve: {engine.path.name} ({engine.device}, context {engine.n_ctx}) on http://{host}:{port}"
           f"  OpenAI: http://{host}:{port}/v1  Ollama: http://{host}:{port}" + ("  (API key required)" if args.api_key
                                                                                     else ""), file=sys.stderr, flush=True)

@@ -1,11 +1,15 @@
 """How the server turns a request into prompt ids: whether the template leaves the reply inside <think> (the
-packaged models do not think, so the test engine here is a real template and tokenizer of a stand-in)."""
+packaged models do not think, so the test engine here is a real template and tokenizer of a stand-in); and on which
+thread its engine loads."""
+import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from app.server_schema import GenRequest, ollama_chat
-from app.server_worker import PromptError, prompt_ids
+from app.server_worker import EngineWorker, PromptError, prompt_ids
+from models.errors import UserError
 from models.chat_template import ChatTemplate
 
 # DeepSeek-R1 distills end the generation prompt with <think>; Qwen3 writes an empty think block when told not to
@@ -42,3 +46,25 @@ def test_prompt_errors():
     assert e.value.code == "context_length_exceeded"
     with pytest.raises(PromptError, match="the prompt is empty"):
         prompt_ids(engine(R1), GenRequest(model=None, prompt=""))
+
+
+def test_the_engine_loads_and_warms_up_on_the_thread_that_runs_it():
+    """numba's parallel regions run on a pool of the calling thread's: a load or warm-up on the main thread left a
+    second pool, and serve generated at ~40% of run's speed on 2 cores (BENCHMARKS.md, session 10)."""
+    calls = []
+
+    def load(model, ctx, progress, **options):
+        calls.append(("load", threading.get_ident()))
+        return SimpleNamespace(path=Path(model))
+    worker = EngineWorker("model.gguf", load, {}, None, 4)
+    worker.start(None, lambda engine: calls.append(("warm_up", threading.get_ident())))
+    assert calls == [("load", worker.thread.ident), ("warm_up", worker.thread.ident)]
+    assert worker.home == Path("model.gguf")
+    assert worker.thread.ident != threading.get_ident() and worker.thread.is_alive()  # it goes on to take the jobs
+
+
+def test_a_failed_load_is_raised_by_start():
+    def load(model, ctx, progress, **options):
+        raise UserError("no such file: missing.gguf")
+    with pytest.raises(UserError, match="no such file"):
+        EngineWorker("missing.gguf", load, {}, None, 4).start(None, lambda engine: None)
