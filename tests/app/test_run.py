@@ -61,9 +61,12 @@ def test_ctrl_c_stops_cleanly_with_the_partial_text(smollm2):
     signal tests nothing. Which seed runs long moves whenever the kernels' rounding does (seed 3's ended after
     124 once top-k's ties went to the lower id; seed 2's, which ran to the 2000, after 39 with the repacked 4-bit
     matvecs of 1aa047b)."""
+    # SIGINT as a terminal leaves it: a shell's background job (`.ci/run &`) ignores it, and Python then installs no
+    # KeyboardInterrupt handler, so the reply ran to its end (exit 0) in two such CI runs
     p = subprocess.Popen([sys.executable, "-m", "app.cli", "run", smollm2, "--raw", "-p", "Once upon a time",
                           "-n", "2000", "--ctx", "2048", "--seed", "10", "--temperature", "1", "--min-p", "0"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = p.stdout.read(1)  # blocks until the reply starts streaming
     time.sleep(1.0)
     p.send_signal(signal.SIGINT)
