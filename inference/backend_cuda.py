@@ -105,7 +105,7 @@ class CUDABackend:
         self._hidden_host = cupyx.empty_pinned((1, cfg.n_embd), dtype=np.float32)  # pinned: copied in by the graph
         self._experts_io = _HostExpertsIO.empty(cfg) if host_experts else None  # a step's experts on the host
         self._pieces = None  # while a decode step is captured: its graphs so far and the host work between them
-        self._staging = None  # pinned bytes of a CPU layer's matrix on its way up (matmul_host_weight)
+        self._staging = None  # pinned bytes of a host weight on its way up where its pages could not be pinned
         # the file's pages a prompt chunk uploads, pinned where they lie so that it copies them up directly
         uploaded = list(_uploaded_from_host(weights, range(self.layers.start), host_experts))
         self._pinned = cuda_host.pin_in_place(uploaded) if uploaded else None
