@@ -5,8 +5,10 @@ import numpy as np
 
 from inference.weights import ExpertFFN, ModelWeights, QuantMatrix
 from kernels import cpu_ops
-from kernels.cpu_quant import dequantize_rows, quantized_matmul, quantized_matmuls, quantized_matvecs_own_rows
+from kernels.cpu_quant import (dequantize_rows, expert_matvecs, quantized_matmul, quantized_matmuls,
+                               quantized_matvecs_own_rows)
 from kernels.cpu_repack import LAYOUTS, Repacked, repack
+from kernels.cpu_types import INT8_IDS
 from models.config import ModelConfig
 
 
@@ -25,7 +27,13 @@ def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.
     """The weighted sum [n, n_embd] of the chosen experts' FFNs on h [n, n_embd]; ids, weights [n, k] (the
     router's choice). Only the chosen experts are read; of several tokens, grouped by expert, so each chosen
     expert's matrices are read once a call."""
-    if len(h) == 1:  # one token: its experts' gate and up in one parallel region, their downs in another
+    gate, up, down = experts.gate, experts.up, experts.down
+    if len(h) == 1 and all(m.qtype.id in INT8_IDS for m in (gate, up, down)):
+        # one token: its experts' gate and up in one kernel call (one parallel region), their downs in another
+        g, u = expert_matvecs((gate.data, up.data), (gate.qtype, up.qtype), ids[0], h)
+        ys = expert_matvecs((down.data,), (down.qtype,), ids[0], cpu_ops.glu(g, u, activation), own_rows=True)[0]
+        return weights @ ys  # [1, k] @ [k, n_embd]
+    if len(h) == 1:  # one token, a type with no int8 kernel (F32, F16, Q5_K, ...): the chosen matrices as a list
         chosen = [(experts.gate.expert(e), experts.up.expert(e), experts.down.expert(e)) for e in ids[0]]
         gate_up = quantized_matmuls([m.data for g, u, _ in chosen for m in (g, u)],
                                     [m.qtype for g, u, _ in chosen for m in (g, u)], h)

@@ -47,69 +47,130 @@ def matvec_fused(w, x, out, f16, n16, n_chunks):
                 out[t, r] = dot_q5_k(w[r], x[t], xsum[t], f16, n16)
 
 
-@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def matvecs_int8(tids, ws, x, outs, f16, n_chunks, own_row=False):
-    """outs[m][t, r] = x[t] . row r of ws[m] for matrices of the INT8_IDS or X8_IDS types tids[m] sharing x, in ONE
-    parallel region (an X8_IDS matrix is repacked, cpu_repack: its "rows" are groups of 8): x is quantized once
-    per block size in use (see quantize_q8), and about n_chunks chunks
-    of rows, each matrix's number in proportion to its bytes (at most one a row), go to the threads.
-    own_row: matrix m multiplies row m of x alone (outs[m] [1, n_rows_m]): the chosen experts' down
-    projections of one token, each of its own activation.
-
-    One region instead of one per matrix, because numba splits a prange evenly between its threads, each
-    woken and joined per region; chunks of equal bytes keep that split even across matrices.
-    tids: tuple of type ids, ws: tuple of uint8 [n_rows_m, row_bytes_m], x: float32 [n_tokens, n_cols],
-    outs: tuple of float32 [n_tokens, n_rows_m]."""
+@fast
+def _quantize_x(x, tids):
+    """x [n_tokens, n_cols] quantized as the int8 dots of the types tids (INT8_IDS, X8_IDS) read it, once per block
+    size in use: (xq, xd, xs16) in blocks of 256 (Q4_K, Q6_K), xq4 (xq in q4_k_order, Q4_K), (xq8, xd8, xs8) in
+    blocks of 32 (the rest); those no type reads are empty."""
     n_tokens, n_cols = x.shape
-    n_mats = len(ws)
     k_quant = q4_k = b32 = False
-    nbytes = 0
-    for m in range(n_mats):
-        q4_k |= tids[m] == Q4_K
-        k_quant |= tids[m] == Q4_K or tids[m] == Q6_K
-        b32 |= tids[m] != Q4_K and tids[m] != Q6_K
-        nbytes += ws[m].size
-    nk, n8 = n_cols if k_quant else 0, n_cols if b32 else 0  # x in blocks of 256 (Q4_K, Q6_K), of 32 (the rest)
+    for tid in tids:
+        q4_k |= tid == Q4_K
+        k_quant |= tid == Q4_K or tid == Q6_K
+        b32 |= tid != Q4_K and tid != Q6_K
+    nk, n8 = n_cols if k_quant else 0, n_cols if b32 else 0
     xq, xd, xs16 = np.empty((n_tokens, nk), np.int8), np.empty((n_tokens, nk // 256), np.float32), np.empty(
         (n_tokens, nk // 16), np.int16)
     xq8, xd8, xs8 = np.empty((n_tokens, n8), np.int8), np.empty((n_tokens, n8 // 32), np.float32), np.empty(
         (n_tokens, n8 // 16), np.int16)
-    xq4 = np.empty((n_tokens, nk if q4_k else 0), np.int8)  # xq in Q4_K's nibble order
+    xq4 = np.empty((n_tokens, nk if q4_k else 0), np.int8)
     if k_quant:
         quantize_q8(x, xq, xd, xs16)
     if q4_k:
         q4_k_order(xq, xq4)
     if b32:
         quantize_q8(x, xq8, xd8, xs8)
-    first = np.empty(n_mats + 1, np.int64)  # matrix m has chunks first[m]..first[m + 1] - 1
-    first[0] = 0  # not np.zeros: under parallel=True that is a parallel region of its own (+9 us on 2 threads)
+    return xq, xd, xs16, xq4, xq8, xd8, xs8
+
+
+@fast
+def _chunk_starts(nbytes, n_rows, n_chunks):
+    """first: int64 [n_mats + 1], matrix m (nbytes[m] bytes, n_rows[m] rows) has chunks first[m]..first[m + 1] - 1:
+    about n_chunks in all, each matrix's number in proportion to its bytes, at least one, at most one a row."""
+    n_mats = len(nbytes)
+    total = 0
     for m in range(n_mats):
-        share = (n_chunks * ws[m].size + nbytes // 2) // max(nbytes, 1)
-        first[m + 1] = first[m] + max(1, min(ws[m].shape[0], share))
+        total += nbytes[m]
+    first = np.empty(n_mats + 1, np.int64)
+    first[0] = 0
+    for m in range(n_mats):
+        share = (n_chunks * nbytes[m] + total // 2) // max(total, 1)
+        first[m + 1] = first[m] + max(1, min(n_rows[m], share))
+    return first
+
+
+@fast
+def _chunk(first, n_rows, c):
+    """(m, r0, r1): chunk c of _chunk_starts' table is rows r0..r1 - 1 of matrix m."""
+    m = 0
+    while c >= first[m + 1]:
+        m += 1
+    k, j = first[m + 1] - first[m], c - first[m]
+    return m, j * n_rows[m] // k, (j + 1) * n_rows[m] // k
+
+
+@fast
+def _dot_rows(tid, w, r0, r1, xs, t0, t1, out, o, f16):
+    """out[o + t - t0, r] = x[t] . row r of w (type tid) for rows r0..r1 - 1, tokens t0..t1 - 1; xs: _quantize_x's
+    arrays of x. A few tokens: TOKEN_PASS_ROWS rows at a time, which stay in L1 while each token passes over them."""
+    xq, xd, xs16, xq4, xq8, xd8, xs8 = xs
+    step = r1 - r0 if t1 - t0 == 1 else TOKEN_PASS_ROWS
+    for ra in range(r0, r1, step):
+        rb = min(ra + step, r1)
+        for t in range(t0, t1):
+            y = out[o + t - t0]
+            if tid == Q4_K:
+                dot8_q4_k(w, ra, rb, xq4[t], xd[t], xs16[t], y, f16)
+            elif tid == Q6_K:
+                dot8_q6_k(w, ra, rb, xq[t], xd[t], xs16[t], y, f16)
+            elif tid == Q8_0:
+                dot8_q8_0(w, ra, rb, xq8[t], xd8[t], xs8[t], y, f16)
+            elif tid > X8:
+                dot8_x8(tid, w, ra, rb, xq8[t], xd8[t], xs8[t], y)
+            else:
+                dot8_b32(tid, w, ra, rb, xq8[t], xd8[t], xs8[t], y, f16)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def matvecs_int8(tids, ws, x, outs, f16, n_chunks, own_row=False):
+    """outs[m][t, r] = x[t] . row r of ws[m] for matrices of the INT8_IDS or X8_IDS types tids[m] sharing x, in ONE
+    parallel region (an X8_IDS matrix is repacked, cpu_repack: its "rows" are groups of 8): x is quantized once
+    per block size in use (_quantize_x), and about n_chunks chunks of rows, each matrix's number in proportion to
+    its bytes (_chunk_starts), go to the threads.
+    own_row: matrix m multiplies row m of x alone (outs[m] [1, n_rows_m]).
+
+    One region instead of one per matrix, because numba splits a prange evenly between its threads, each
+    woken and joined per region; chunks of equal bytes keep that split even across matrices.
+    tids: tuple of type ids, ws: tuple of uint8 [n_rows_m, row_bytes_m], x: float32 [n_tokens, n_cols],
+    outs: tuple of float32 [n_tokens, n_rows_m]."""
+    n_tokens = x.shape[0]
+    n_mats = len(ws)
+    xs = _quantize_x(x, tids)
+    nbytes, n_rows = np.empty(n_mats, np.int64), np.empty(n_mats, np.int64)
+    for m in range(n_mats):
+        nbytes[m], n_rows[m] = ws[m].size, ws[m].shape[0]
+    first = _chunk_starts(nbytes, n_rows, n_chunks)
     for c in nb.prange(first[n_mats]):
-        m = 0
-        while c >= first[m + 1]:
-            m += 1
-        w, out, tid = ws[m], outs[m], tids[m]
-        k, j = first[m + 1] - first[m], c - first[m]
-        r0, r1 = j * w.shape[0] // k, (j + 1) * w.shape[0] // k
+        m, r0, r1 = _chunk(first, n_rows, c)
         t0, t1 = (m, m + 1) if own_row else (0, n_tokens)  # the rows of x this matrix multiplies
-        # a few tokens: TOKEN_PASS_ROWS rows at a time, which stay in L1 while each token passes over them
-        step = r1 - r0 if t1 - t0 == 1 else TOKEN_PASS_ROWS
-        for ra in range(r0, r1, step):
-            rb = min(ra + step, r1)
-            for t in range(t0, t1):
-                y = out[t - t0]
-                if tid == Q4_K:
-                    dot8_q4_k(w, ra, rb, xq4[t], xd[t], xs16[t], y, f16)
-                elif tid == Q6_K:
-                    dot8_q6_k(w, ra, rb, xq[t], xd[t], xs16[t], y, f16)
-                elif tid == Q8_0:
-                    dot8_q8_0(w, ra, rb, xq8[t], xd8[t], xs8[t], y, f16)
-                elif tid > X8:
-                    dot8_x8(tid, w, ra, rb, xq8[t], xd8[t], xs8[t], y)
-                else:
-                    dot8_b32(tid, w, ra, rb, xq8[t], xd8[t], xs8[t], y, f16)
+        _dot_rows(tids[m], ws[m], r0, r1, xs, t0, t1, outs[m], 0, f16)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, own_row=False):
+    """out[m, s] = expert ids[s]'s matrix of stacks[m] times x[0] (own_row: times x[s]) for one token's chosen
+    experts, in ONE parallel region as matvecs_int8's (x quantized once, chunks of rows in proportion to bytes):
+    gate and up as two stacks of one call, the downs (own_row: each slot its own activation row) as one.
+
+    One call of few arguments instead of matvecs_int8's tuples of 2k views: numba types every array of a call's
+    arguments, and the Python that builds k views and their outputs costs more than the kernel at small shapes.
+    tids: tuple of the stacks' type ids (INT8_IDS), stacks: tuple of uint8 [n_expert, n_rows, row_bytes_m] (the
+    file's stacks: n_rows alike), ids: int32 [k], x: float32 [1 or k, n_cols], out: float32 [n_stacks, k, n_rows]."""
+    k = len(ids)
+    n_pairs = len(stacks) * k
+    for s in range(k):
+        if ids[s] < 0 or ids[s] >= stacks[0].shape[0]:
+            raise IndexError("expert id out of range")
+    xs = _quantize_x(x, tids)
+    nbytes, n_rows = np.empty(n_pairs, np.int64), np.empty(n_pairs, np.int64)
+    for p in range(n_pairs):  # pair p: stack p // k, slot p % k
+        nbytes[p], n_rows[p] = stacks[p // k][0].size, stacks[p // k].shape[1]
+    first = _chunk_starts(nbytes, n_rows, n_chunks)
+    for c in nb.prange(first[n_pairs]):
+        p, r0, r1 = _chunk(first, n_rows, c)
+        m, s = p // k, p % k
+        t = s if own_row else 0
+        _dot_rows(tids[m], stacks[m][ids[s]], r0, r1, xs, t, t + 1, out[m], s, f16)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)

@@ -27,7 +27,7 @@ import numpy as np
 
 from kernels.cpu_dequant import decode_rows
 from kernels.cpu_gemm import gemm_int8, padded_tokens, quantize_biased
-from kernels.cpu_matvec import MATVEC_CHUNKS, matvec_decoded, matvec_fused, matvecs_int8
+from kernels.cpu_matvec import MATVEC_CHUNKS, expert_matvecs_int8, matvec_decoded, matvec_fused, matvecs_int8
 from kernels.cpu_repack import ROWS, Repacked
 from kernels.cpu_types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, N16
 from models.ggml_types import GGMLType, UnsupportedTypeError
@@ -157,6 +157,30 @@ def quantized_matvecs_own_rows(ws: list[np.ndarray], qtypes: list[GGMLType], x: 
     matvecs_int8(tuple(q.id for q in qtypes), tuple(_read_only(w) for w in ws), x, outs, F16_TO_F32, MATVEC_CHUNKS,
                  True)
     return list(outs)
+
+
+def expert_matvecs(stacks: tuple[np.ndarray, ...], qtypes: tuple[GGMLType, ...], ids: np.ndarray, x: np.ndarray,
+                   own_rows: bool = False) -> np.ndarray:
+    """One token's chosen experts of stacks of INT8_IDS matrices sharing n_rows (a mixture of experts' gate and up;
+    its downs): float32 [len(stacks), k, n_rows], [m, s] = x[0] @ W.T (own_rows: x[s] @ W.T) for W expert ids[s]
+    of stacks[m], what quantized_matmuls (quantized_matvecs_own_rows) gives those k matrices, in one kernel call.
+
+    stacks: uint8 [n_expert, n_rows, row_bytes_m] (a GGUF file's stack: C-contiguous), ids: int [k],
+    x: float32 [1 or k, n_cols]. Checked once a call, not per expert: the decode step calls this twice a layer."""
+    ids = np.ascontiguousarray(ids, np.int32)
+    n_rows, n_cols = stacks[0].shape[1], stacks[0].shape[-1] // qtypes[0].block_bytes * qtypes[0].block_elems
+    for w, q in zip(stacks, qtypes):
+        if (q.id not in INT8_IDS or w.dtype != np.uint8 or w.ndim != 3 or not w.flags.c_contiguous
+                or w.shape[:2] != stacks[0].shape[:2] or w.shape[2] % q.block_bytes
+                or w.shape[2] // q.block_bytes * q.block_elems != n_cols):
+            raise ValueError(f"expert stacks must be C-contiguous uint8 {stacks[0].shape[:2]} + (row_bytes,) of "
+                             f"INT8_IDS types, {n_cols} columns; got {q.name} {w.dtype} {w.shape}")
+    if x.dtype != np.float32 or x.shape != ((len(ids) if own_rows else 1), n_cols):
+        raise ValueError(f"x must be float32 [{len(ids) if own_rows else 1}, {n_cols}], got {x.dtype} {x.shape}")
+    out = np.empty((len(stacks), len(ids), n_rows), np.float32)
+    expert_matvecs_int8(tuple(q.id for q in qtypes), tuple(_read_only(w) for w in stacks), ids,
+                        np.ascontiguousarray(x), out, F16_TO_F32, MATVEC_CHUNKS, own_rows)
+    return out
 
 
 def quantized_matmuls(ws: list[np.ndarray | Repacked], qtypes: list[GGMLType], x: np.ndarray) -> list[np.ndarray]:

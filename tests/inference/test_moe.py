@@ -156,6 +156,27 @@ def test_cpu_experts_op_matches_numpy_reference(n_tokens, gate_up, down):
     assert np.corrcoef((ours - x).ravel(), ffn.ravel())[0, 1] > 0.999
 
 
+@pytest.mark.parametrize("gate_up, down", [(T.Q4_K, T.Q6_K), (T.Q8_0, T.Q8_0), (T.Q4_0, T.Q4_K)])
+def test_one_token_experts_match_one_matrix_a_call(gate_up, down):
+    """A decode step's experts (backend_cpu.moe_experts, one token: two kernel calls on the stacks) against the
+    chosen experts one matrix a call (quantized_matmul, glu, the weighted sum in float64): float32 rounding apart,
+    where the bound above allows 3%; a slot paired with another slot's weight or activation fails it."""
+    from inference.backend_cpu import moe_experts
+    from kernels.cpu_quant import quantized_matmul
+    experts = _random_experts(dict(gate=gate_up, up=gate_up, down=down))
+    rng = np.random.default_rng(2)
+    h = rng.standard_normal((1, 256)).astype(np.float32)
+    ids, weights = np.array([[6, 1, 3]], np.int32), np.array([[0.5, 0.3, 0.2]], np.float32)
+    ours = moe_experts(experts, h, ids, weights, "silu")
+    want = np.zeros((1, 256))
+    for e, w in zip(ids[0], weights[0]):
+        gate, up, down = experts.gate.expert(e), experts.up.expert(e), experts.down.expert(e)
+        act = cpu_ops.glu(quantized_matmul(gate.data, gate.qtype, h), quantized_matmul(up.data, up.qtype, h), "silu")
+        want += w * quantized_matmul(down.data, down.qtype, act).astype(np.float64)
+    assert ours.shape == (1, 256) and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
 def _check_moe_parity(m: dict) -> None:
     """The issue's bar for experts: mean correlation >= 0.999, min >= 0.99, llama.cpp's clear top-1 kept."""
     assert m["decided_mismatches"] == 0, m

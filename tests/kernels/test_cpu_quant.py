@@ -251,6 +251,56 @@ def test_matvecs_of_own_rows_match_one_by_one(names):
         np.testing.assert_allclose(outs[m], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max(), err_msg=names[m])
 
 
+def expert_stack(name: str, n_expert: int, n_rows: int, n_cols: int, seed: int) -> np.ndarray:
+    """Random valid bytes of n_expert [n_rows, n_cols] matrices stacked as a GGUF file stacks them (read-only)."""
+    return random_weight(name, n_expert * n_rows, n_cols, seed).reshape(n_expert, n_rows, -1)
+
+
+@pytest.mark.parametrize("gate_up, down", [("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q8_0", "Q8_0"), ("Q6_K", "Q4_0")])
+def test_expert_matvecs_equal_the_per_matrix_path_bit_for_bit(gate_up, down):
+    """One token's chosen experts from the stacks in one call (a decode step's gate and up; its downs, each slot by
+    its own row of x) give what quantized_matmuls on the 2k chosen matrices and quantized_matvecs_own_rows on the
+    k downs give, bit for bit (the same quantized x, dots and chunks of rows), and x8 @ W.T of the dequantized
+    experts. Ids out of order, 41 rows (an odd last row), both kinds of x blocks.
+    Planted fault, seen once: the kernel reading expert ids[(s + 1) % k] for slot s fails every case here."""
+    from kernels.cpu_quant import expert_matvecs, quantized_matvecs_own_rows
+    n_expert, ids = 6, np.array([4, 0, 5], np.int32)
+    qg, qd = TYPES_BY_NAME[gate_up], TYPES_BY_NAME[down]
+    gate, up = expert_stack(gate_up, n_expert, 41, 512, 1), expert_stack(gate_up, n_expert, 41, 512, 2)
+    downs = expert_stack(down, n_expert, 512, 256, 3)
+    rng = np.random.default_rng(4)
+    x, act = rng.standard_normal((1, 512), np.float32), rng.standard_normal((len(ids), 256), np.float32)
+
+    got = expert_matvecs((gate, up), (qg, qg), ids, x)
+    assert got.shape == (2, len(ids), 41)
+    per_matrix = quantized_matmuls([m[e] for e in ids for m in (gate, up)], [qg] * 2 * len(ids), x)
+    np.testing.assert_array_equal(got, np.stack([np.concatenate(per_matrix[0::2]), np.concatenate(per_matrix[1::2])]))
+    ys = expert_matvecs((downs,), (qd,), ids, act, own_rows=True)
+    assert ys.shape == (1, len(ids), 512)
+    np.testing.assert_array_equal(ys[0], np.concatenate(quantized_matvecs_own_rows([downs[e] for e in ids],
+                                                                                  [qd] * len(ids), act)))
+    for s, e in enumerate(ids):  # against the dequantized experts, as the int8 matvecs are held above
+        for m, stack in enumerate((gate, up)):
+            want, bound = expected(stack[e], gate_up, x)
+            assert np.all(np.abs(got[m, s] - want[0]) <= bound[0]), (m, s)
+        want, bound = expected(downs[e], down, act[s:s + 1])
+        assert np.all(np.abs(ys[0, s] - want[0]) <= bound[0]), s
+
+
+def test_expert_matvecs_refuse_bad_stacks_and_ids():
+    from kernels.cpu_quant import expert_matvecs
+    q4_k, q5_k = TYPES_BY_NAME["Q4_K"], TYPES_BY_NAME["Q5_K"]
+    stack, x = expert_stack("Q4_K", 4, 8, 256, 0), np.ones((1, 256), np.float32)
+    with pytest.raises(IndexError, match="expert id"):
+        expert_matvecs((stack,), (q4_k,), np.array([1, 4], np.int32), x)
+    with pytest.raises(ValueError, match="INT8_IDS"):
+        expert_matvecs((expert_stack("Q5_K", 4, 8, 256, 0),), (q5_k,), np.array([1], np.int32), x)
+    with pytest.raises(ValueError, match="expert stacks"):
+        expert_matvecs((stack, expert_stack("Q4_K", 4, 16, 256, 0)), (q4_k, q4_k), np.array([1], np.int32), x)
+    with pytest.raises(ValueError, match="x must be"):
+        expert_matvecs((stack,), (q4_k,), np.array([1, 2], np.int32), x, own_rows=True)
+
+
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"])
 def test_gemm_tile_agrees_without_vnni(name, monkeypatch):
     """The GEMM's byte dots in generic IR (CPUs without AVX-512 VNNI) give what vpdpbusd gives here, lane for lane,
