@@ -21,6 +21,10 @@ from kernels.cuda_quant import FLOAT_TYPES, DeviceWeight, Q8Vector, matvec, quan
 from models.config import ModelConfig
 
 ALIGN = 256  # bytes: arena arrays start where CUDA allocations would (16-byte loads, coalescing)
+# Of a token's chosen experts in a layer whose experts stay in host memory, how many the GPU runs itself, reading
+# them in place over PCIe while the cores run the rest: on the H100 machine a kernel reads pinned pages at 31-37
+# GB/s and the cores a token's experts at ~41, so ~8 * 35 / 76 of 8 (BENCHMARKS.md, session 11, measured 0-4).
+HOST_EXPERTS_GPU_SLOTS = 3
 
 
 class Arena:
@@ -109,6 +113,12 @@ class CUDABackend:
         # the file's pages a prompt chunk uploads, pinned where they lie so that it copies them up directly
         uploaded = list(_uploaded_from_host(weights, range(self.layers.start), host_experts))
         self._pinned = cuda_host.pin_in_place(uploaded) if uploaded else None
+        # id(experts) -> their stacks as the GPU reads them in place, for its share of a token's host experts
+        self._in_place = {}
+        for i in host_experts:
+            if share := self._read_in_place(weights.layers[i].experts):
+                self._in_place[id(weights.layers[i].experts)] = share
+        self._side = cp.cuda.Stream(non_blocking=True)  # the GPU's share runs here while the host works
         self._inv_freq = {}  # (base, scale) -> float64 [rope_dim // 2]
         self._prefill_scratch = None  # cuda_prefill.Scratch, grown to the largest chunk seen
         self.ids = self.token  # [n] int32 the tokens of this forward
@@ -346,7 +356,9 @@ class CUDABackend:
     def _add_moe_on_host(self, x, experts: ExpertFFN, h, ids, weights) -> cp.ndarray:
         """x + the experts chosen on the device, run by the CPU (backend_cpu.moe_experts) from host memory. A
         prompt chunk reads h, ids and weights back and waits; a decode step copies them into pinned buffers and
-        leaves the host's work to host_point, so that a captured step is graphs with the host's work between."""
+        leaves the host's work to host_point, so that a captured step is graphs with the host's work between. In a
+        decode step the GPU runs the last HOST_EXPERTS_GPU_SLOTS of the k chosen experts itself, reading them from
+        the pinned file pages, while the cores run the others (where _read_in_place allows)."""
         cfg, out = self.cfg, self._empty(x.shape)
         if h.shape[0] > 1:
             y = moe_experts(experts, self.to_host(h), self.to_host(ids), self.to_host(weights), cfg.activation)
@@ -358,24 +370,61 @@ class CUDABackend:
         down = cp.cuda.runtime.memcpyDeviceToHost
         for dst, src in ((io.h, h), (io.ids, ids), (io.weights, weights)):
             _copy(dst, src, dst.nbytes, down, self.stream)
+        k = ids.shape[1]
+        share = self._in_place.get(id(experts))
+        n_gpu = min(HOST_EXPERTS_GPU_SLOTS, k - 1) if share else 0  # the last n_gpu slots: the GPU's
+        x_gpu = x  # x + the GPU's slots' sum
+        beside = None
+        if n_gpu:
+            hq, x_gpu = self._q8(h), self._empty(x.shape)
+            act, act_q = self._empty((n_gpu, share[0].n_rows)), Q8Vector(
+                self._empty((n_gpu * share[0].n_rows,), cp.int8), self._empty((n_gpu * share[0].n_rows // 32, 2)))
+
+            def beside() -> None:  # on the side stream, while the cores run theirs
+                ids_gpu, weights_gpu = ids[:, k - n_gpu:], weights[:, k - n_gpu:]
+                cuda_moe.gate_up_glu(share[0], share[1], ids_gpu, hq, act, act_q, cfg.activation, stream=self._side)
+                cuda_moe.down(share[2], ids_gpu, weights_gpu, act_q, x_gpu, x, stream=self._side)
 
         def run() -> None:  # on the host, once the copies are done
-            io.y[:] = moe_experts(experts, io.h, io.ids, io.weights, cfg.activation)
+            n_cpu = k - n_gpu
+            io.y[:] = moe_experts(experts, io.h, io.ids[:, :n_cpu], io.weights[:, :n_cpu], cfg.activation)
 
-        self.host_point(run)
+        self.host_point(run, beside)
         y = self._empty(x.shape)
         _copy(y, io.y, io.y.nbytes, cp.cuda.runtime.memcpyHostToDevice, self.stream)
-        cuda_ops.add(x, y, out, stream=self.stream)
+        cuda_ops.add(x_gpu, y, out, stream=self.stream)
         return out
 
-    def host_point(self, work) -> None:
+    def _read_in_place(self, experts: ExpertFFN):
+        """(gate, up, down) of a host layer's experts as stacks the decode kernels read where they lie (pinned
+        file pages, over PCIe), or None where they cannot: pages not pinned, a type without such kernels, a
+        gate/up pair gate_up_glu does not take, or a device that cannot use host addresses as its own."""
+        stacks = _stacks(experts)
+        attr = 91  # cudaDevAttrCanUseHostPointerForRegisteredMem
+        if self._pinned is None or not all(self._pinned.holds(m.data) for m in stacks) or \
+                not cp.cuda.runtime.deviceGetAttribute(attr, cp.cuda.Device().id):
+            return None
+        share = tuple(cuda_moe.experts_in_host_memory(m.data, m.qtype) for m in stacks)
+        if None in share or share[0].qtype != share[1].qtype or share[0].n_rows % 32:
+            return None
+        return share
+
+    def host_point(self, work, beside=None) -> None:
         """Host work in the middle of a step: run now, after the device's queued work; while a decode step is
-        captured, end the graph so far, keep work as the next piece and capture on (see begin_pieces)."""
+        captured, end the graph so far, keep work as the next piece and capture on (see begin_pieces).
+        beside: launches kernels on the side stream that run while the host works (captured as a graph of their
+        own when the step is); the step goes on once both are done."""
         if self._pieces is None:
             self.stream.synchronize()
-            work()
+            _together(work, beside, self._side)
             return
-        self._pieces += [self.stream.end_capture(), work]
+        self._pieces.append(self.stream.end_capture())
+        if beside is not None:
+            self._side.begin_capture()
+            beside()
+            graph = self._side.end_capture()
+            beside = lambda: graph.launch(self._side)  # noqa: E731
+        self._pieces.append(lambda: _together(work, beside, self._side))
         self.stream.begin_capture()
 
     def begin_pieces(self) -> None:
@@ -530,6 +579,16 @@ class _HostExpertsIO:
         k, d = cfg.n_expert_used, cfg.n_embd
         return cls(*(cupyx.empty_pinned((1, n), dtype=t) for n, t in ((d, np.float32), (k, np.int32),
                                                                         (k, np.float32), (d, np.float32))))
+
+
+def _together(work, beside, side: cp.cuda.Stream) -> None:
+    """beside's kernels launched on side, work done on the host meanwhile, then both finished."""
+    if beside is None:
+        work()
+        return
+    beside()
+    work()
+    side.synchronize()
 
 
 def _copy(dst, src, nbytes: int, kind, stream) -> None:

@@ -14,7 +14,8 @@ import numpy as np
 from kernels.cuda_layout import ELEMS_PER_ITEM
 from kernels.cuda_module import Kernel, kernel
 from kernels.cuda_ops import GLU_ACTIVATIONS
-from kernels.cuda_quant import FLOAT_TYPES, THREADS, DeviceWeight, Q8Vector, default_threads_per_row, to_device
+from kernels.cuda_quant import (FLOAT_TYPES, THREADS, DeviceWeight, Q8Vector, default_threads_per_row, matrix_shape,
+                                to_device)
 from models.ggml_types import GGMLType, UnsupportedTypeError
 
 MAX_USED = 32  # moe_route keeps one choice a lane of a warp
@@ -27,6 +28,7 @@ class DeviceExperts:
     experts at once."""
     weight: DeviceWeight
     n_expert: int
+    in_host: bool = False  # the file's bytes in pinned host memory, read in place (experts_in_host_memory)
 
     @property
     def n_rows(self) -> int:
@@ -39,6 +41,29 @@ class DeviceExperts:
     @property
     def qtype(self) -> GGMLType:
         return self.weight.qtype
+
+    @property
+    def kernels(self) -> str:
+        """The suffix of the matvec.cu kernels that read this stack's layout."""
+        return HOST_KERNELS[self.qtype.name] if self.in_host else self.qtype.name.lower()
+
+
+# types whose stacks the decode kernels read in the file's own layout, and those kernels' suffix: Q4_K and Q5_K
+# keep that layout in VRAM too; Q6_K's 210-byte blocks have kernels of their own
+HOST_KERNELS = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k_file"}
+
+
+def experts_in_host_memory(raw: np.ndarray, qtype: GGMLType) -> DeviceExperts | None:
+    """raw uint8 [n_expert, n_rows, row_bytes] in registered (pinned) host memory -> a stack the decode kernels
+    read in place over PCIe (unified addressing: the host address is the device's), or None for a type without
+    such kernels. Takes no VRAM; raw must stay registered while it is used."""
+    if qtype.name not in HOST_KERNELS or not raw.flags.c_contiguous:
+        return None
+    flat = raw.reshape(-1, raw.shape[2])
+    n_rows, n_cols = matrix_shape(flat, qtype)
+    memory = cp.cuda.UnownedMemory(flat.ctypes.data, flat.nbytes, flat)  # holds flat, so its mapping
+    data = cp.ndarray((flat.nbytes,), cp.uint8, cp.cuda.MemoryPointer(memory, 0))
+    return DeviceExperts(DeviceWeight(data, qtype, n_rows, n_cols), raw.shape[0], in_host=True)
 
 
 def experts_to_device(raw: np.ndarray, qtype: GGMLType) -> DeviceExperts:
@@ -108,7 +133,7 @@ def gate_up(ws: tuple[DeviceExperts, ...], ids: cp.ndarray, xq: Q8Vector, out: c
     args = (w.weight.data, ws[-1].weight.data, ids, np.int32(k), xq.qs, xq.ds, out, np.int32(w.n_rows),
             np.int32(w.weight.n_rows), np.int32(w.n_cols // w.qtype.block_elems), np.int32(tpr))
     with stream or cp.cuda.get_current_stream():
-        kernel("matvec.cu", "moe_matvec_" + w.qtype.name.lower())((blocks, n_tok * k, len(ws)), (THREADS,), args)
+        kernel("matvec.cu", "moe_matvec_" + w.kernels)((blocks, n_tok * k, len(ws)), (THREADS,), args)
 
 
 def gate_up_glu(gate: DeviceExperts, up: DeviceExperts, ids: cp.ndarray, xq: Q8Vector, out: cp.ndarray,
@@ -125,7 +150,7 @@ def gate_up_glu(gate: DeviceExperts, up: DeviceExperts, ids: cp.ndarray, xq: Q8V
             np.int32(gate.n_rows), np.int32(gate.weight.n_rows), np.int32(gate.n_cols // gate.qtype.block_elems),
             np.int32(GLU_ACTIVATIONS[activation]))
     with stream or cp.cuda.get_current_stream():
-        kernel("matvec.cu", "moe_gate_up_glu_" + gate.qtype.name.lower())((gate.n_rows // 32, n_tok * k), (256,), args)
+        kernel("matvec.cu", "moe_gate_up_glu_" + gate.kernels)((gate.n_rows // 32, n_tok * k), (256,), args)
 
 
 def down(w: DeviceExperts, ids: cp.ndarray, weights: cp.ndarray, xq: Q8Vector, out: cp.ndarray,
@@ -142,9 +167,10 @@ def down(w: DeviceExperts, ids: cp.ndarray, weights: cp.ndarray, xq: Q8Vector, o
             raise ValueError(f"down: {name} must be contiguous float32 ({n_tok}, {w.n_rows}), got {a.dtype} {a.shape}")
     blocks, tpr = _grid_args(w, k * w.n_cols // ELEMS_PER_ITEM[w.qtype.name], n_tok)
     args = (w.weight.data, ids, weights, np.int32(k), xq.qs, xq.ds, out, residual, np.int32(w.n_rows),
-            np.int32(w.weight.n_rows), np.int32(w.n_cols // w.qtype.block_elems), np.int32(tpr))
+            np.int32(w.weight.n_rows), np.int32(w.n_cols // w.qtype.block_elems), np.int32(tpr),
+            np.int32(not w.in_host))  # rows in host memory are not asked of L2 ahead
     with stream or cp.cuda.get_current_stream():
-        kernel("matvec.cu", "moe_down_" + w.qtype.name.lower())((blocks, n_tok), (THREADS,), args)
+        kernel("matvec.cu", "moe_down_" + w.kernels)((blocks, n_tok), (THREADS,), args)
 
 
 @dataclass(frozen=True)

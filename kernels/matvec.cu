@@ -249,6 +249,7 @@ __device__ __forceinline__ void moe_down_q(const uint8_t* w, const int* __restri
     row_store(acc, row, n_rows, tpr, out + (size_t)t * n_rows, res + (size_t)t * n_rows, 1);
 }
 
+// prefetch (moe_down): 0 for stacks in host memory, which the L2 bulk prefetch is not for.
 // MIN_BLOCKS: blocks of moe_gate_up_glu a multiprocessor must hold (2 caps registers at 128 a thread, so that
 // Qwen3-30B-A3B's 192 blocks run in one wave on an H100; Q3_K spills at 128 and keeps 1).
 #define MOE_Q(SUFFIX, T, MIN_BLOCKS)                                                                          \
@@ -268,8 +269,8 @@ __device__ __forceinline__ void moe_down_q(const uint8_t* w, const int* __restri
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         moe_down_##SUFFIX(const uint8_t* w, const int* ids, const float* weights, int k, const int8_t* xq,    \
                           const float2* xds, float* out, const float* res, int n_rows, int n_total, int nb,   \
-                          int tpr) {                                                                          \
-        prefetch_expert_rows(w, ids, k, n_rows, n_total, nb, tpr, T::BULK, T::META);                          \
+                          int tpr, int prefetch) {                                                            \
+        if (prefetch) prefetch_expert_rows(w, ids, k, n_rows, n_total, nb, tpr, T::BULK, T::META);            \
         wait_prior();                                                                                         \
         moe_down_q<T>(w, ids, weights, k, xq, xds, out, res, n_rows, n_total, nb, tpr);                       \
     }
@@ -284,3 +285,4 @@ MOE_Q(q3_k, Q3_K, 1)
 MOE_Q(q4_k, Q4_K, 2)
 MOE_Q(q5_k, Q5_K, 2)
 MOE_Q(q6_k, Q6_K, 2)
+MOE_Q(q6_k_file, Q6_K_FILE, 2)  // experts read in place from the file's pages in host memory

@@ -225,17 +225,36 @@ QD int q6k_dot(uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3, uint4 qh, int
            32 * sum16(x);
 }
 
-// ---- Q6_K: block ql(128) qh(64) scales(16, int8) d(2). bulk ql qh scales (208), meta d. 4 items.
+// 4 and 16 bytes at an address known only to be even: a Q6_K block in the file's layout is 210 bytes, so its
+// fields lie at any even offset (host memory read in place, see Q6_KL)
+QD uint32_t load4_even(const uint8_t* p) {
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
+    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+}
+
+QD uint4 load16_even(const uint8_t* p) {
+    uint4 v;
+    v.x = load4_even(p), v.y = load4_even(p + 4), v.z = load4_even(p + 8), v.w = load4_even(p + 12);
+    return v;
+}
+
+// ---- Q6_K: block ql(128) qh(64) scales(16, int8) d(2). In VRAM (FILE false): bulk ql qh scales (208), meta d.
+// FILE true: the file's 210-byte blocks as they are (experts in host memory, read in place over PCIe). 4 items.
 // Item k: half = k/2 (128 weights), l0 = 16*(k%2). In a half, weight 32g + l (g = 0..3, l < 32) has its low
 // 4 bits in ql[l + 32*(g%2)] (low nibble for g < 2, high for g >= 2) and its top 2 bits in qh[l] at shift 2g;
 // scale index l/16 + 2g. The item takes l = l0 .. l0+15 of all four g. w = d * scale * (q - 32).
-struct Q6_K {
-    static constexpr int QK = 256, BULK = 208, META = 2, ITEMS = 4;
+template <bool FILE>
+struct Q6_KL {
+    static constexpr int QK = 256, BULK = FILE ? 210 : 208, META = FILE ? 0 : 2, ITEMS = 4;
+    static QD uint4 load(const uint8_t* p) { return FILE ? load16_even(p) : load16(p); }
     static QD float dot(const uint8_t* b, const uint8_t* m, int k, const int8_t* xq, const float2* xds) {
         int half = k >> 1, l0 = 16 * (k & 1);
-        uint4 qa = load16(b + 64 * half + l0), qb = load16(b + 64 * half + 32 + l0);
-        uint4 qh = load16(b + 128 + 32 * half + l0);
-        uint2 sc = *reinterpret_cast<const uint2*>(b + 192 + 8 * half);  // scales of this half
+        uint4 qa = load(b + 64 * half + l0), qb = load(b + 64 * half + 32 + l0);
+        uint4 qh = load(b + 128 + 32 * half + l0);
+        const uint8_t* scales = b + 192 + 8 * half;  // scales of this half
+        uint2 sc;
+        if (FILE) sc.x = load4_even(scales), sc.y = load4_even(scales + 4);
+        else sc = *reinterpret_cast<const uint2*>(scales);
         const int8_t* x = xq + 128 * half + l0;
         const uint32_t M = 0x0F0F0F0F;
         int s0 = q6k_dot(qa.x & M, qa.y & M, qa.z & M, qa.w & M, qh, 0, xload16(x));
@@ -250,9 +269,11 @@ struct Q6_K {
                   (float)(int8_t)(sc.x >> (sh + 16)) * ds[1].x * (float)s1 +
                   (float)(int8_t)(sc.y >> sh) * ds[2].x * (float)s2 +
                   (float)(int8_t)(sc.y >> (sh + 16)) * ds[3].x * (float)s3;
-        return half_at(m) * r;
+        return half_at(FILE ? b + 208 : m) * r;
     }
 };
+using Q6_K = Q6_KL<false>;
+using Q6_K_FILE = Q6_KL<true>;
 
 // 6-bit scale i (0..15) of Q3_K from its 12 packed bytes, minus 32
 QD int scale_q3_k(const uint8_t* s, int i) {

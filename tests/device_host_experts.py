@@ -2,11 +2,14 @@
 the part of it spent uploading expert stacks (CUDABackend._upload), then the decode steps' time and the part of
 it in the host's expert work (backend_cpu.moe_experts).
 
-    python3 tests/device_host_experts.py FILE.gguf
+    python3 tests/device_host_experts.py FILE.gguf [SLOTS ...]
 
-Each of two rounds processes a fresh 512-token prompt and times 64 generated tokens (BENCHMARKS.md, session 10).
+Each of two rounds processes a fresh 512-token prompt and times 64 generated tokens (BENCHMARKS.md, session 10);
+once for each SLOTS given, the GPU running that many of a token's chosen experts from the pinned pages
+(backend_cuda.HOST_EXPERTS_GPU_SLOTS; default: its value).
 """
 import collections
+import gc
 import sys
 import time
 
@@ -14,6 +17,9 @@ import numpy as np
 
 import inference.backend_cuda as backend_cuda
 from inference import load
+
+
+TIMES, COUNTS = collections.defaultdict(float), collections.Counter()
 
 
 def timed(owner, name: str, times: dict, counts: collections.Counter) -> None:
@@ -29,12 +35,11 @@ def timed(owner, name: str, times: dict, counts: collections.Counter) -> None:
     setattr(owner, name, wrapper)
 
 
-def main(path: str) -> None:
-    times, counts = collections.defaultdict(float), collections.Counter()
-    timed(backend_cuda, "moe_experts", times, counts)
-    timed(backend_cuda.CUDABackend, "_upload", times, counts)
+def main(path: str, slots: int) -> None:
+    times, counts = TIMES, COUNTS
+    backend_cuda.HOST_EXPERTS_GPU_SLOTS = slots
     engine = load(path, device="cuda", ctx=2048, cpu_moe="all")
-    print(engine.placement.summary().splitlines()[0])
+    print(f"{engine.placement.summary().splitlines()[0]}; the GPU runs {slots} of a token's experts itself")
     list(engine.generate(list(range(100, 612)), max_tokens=8, temperature=0))  # compile, capture
     for r in range(2):
         engine._cached = []
@@ -55,4 +60,8 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    timed(backend_cuda, "moe_experts", TIMES, COUNTS)
+    timed(backend_cuda.CUDABackend, "_upload", TIMES, COUNTS)
+    for n in sys.argv[2:] or [backend_cuda.HOST_EXPERTS_GPU_SLOTS]:
+        main(sys.argv[1], int(n))
+        gc.collect()  # the last engine's VRAM and pinned pages go before the next loads

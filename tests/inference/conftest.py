@@ -51,6 +51,14 @@ def synth_qwen2(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def synth_qwen3moe_k(tmp_path_factory):
+    """Qwen3 MoE in q4_k_m (tests/synth_gguf.py's qwen3moe-tiny): Q4_K gate and up experts, down Q4_K in layer 0 and
+    Q6_K in layer 1, the types the GPU reads in place from host memory. Its logits barely depend on the input:
+    compare a layer's output (test_hybrid's op tests), not logits, where the comparison must see the input."""
+    return _synth(tmp_path_factory, "qwen3moe-tiny", "q4_k_m")
+
+
+@pytest.fixture(scope="session")
 def synth_qwen3moe(tmp_path_factory):
     """16 experts, 4 of them run a token."""
     return _write_small(tmp_path_factory, "qwen3moe")

@@ -252,3 +252,58 @@ def test_layers_on_the_cpu_and_experts_on_the_host(synth_qwen3moe):
     tokens, logits = greedy_steps(mixed, ids, 10)
     ref = reference_logits(cpu, ids + tokens[:-1])[len(ids):]
     assert_close_logits(logits, ref, "its decode steps")
+
+
+# ---- the GPU's share of a token's host experts, read in place from the file's pinned pages
+
+def _host_moe(engine, layer: int, x, in_place: bool):
+    """x + layer's experts on x (float32 [1, n_embd]) through the engine's backend as a decode step runs them (the
+    router on the GPU, the experts on the host), with (in_place) or without the GPU's share of the chosen ones."""
+    import cupy as cp
+    be, lw = engine._be, engine._weights.layers[layer]
+    saved = be._in_place
+    be._in_place = saved if in_place else {}
+    try:
+        be.begin_step()
+        out = be.add_moe(cp.asarray(x), lw.experts, lw.ffn_norm, engine.config.n_expert_used)
+        return be.to_host(out)
+    finally:
+        be._in_place = saved
+
+
+def test_gpu_share_of_host_experts_adds_what_the_cores_would(synth_qwen3moe_k):
+    """A one-token FFN of host experts with the GPU running the last HOST_EXPERTS_GPU_SLOTS of the chosen experts
+    from the pinned file pages (Q4_K down in layer 0, Q6_K in layer 1) equals the cores running all of them (the
+    GPU rounds the activation to 8 bits per 32, the cores per 256: close, not equal), and sees its input: two
+    inputs give clearly different outputs. Planted once (the GPU given the cores' slots instead of its own, so
+    that some experts count twice and others not at all), the first assertion failed (session 11)."""
+    import numpy as np
+
+    from inference import load
+    from inference.backend_cuda import HOST_EXPERTS_GPU_SLOTS
+    engine = load(synth_qwen3moe_k, device="cuda", ctx=CTX, cpu_moe="all")
+    layers = engine._weights.layers
+    assert HOST_EXPERTS_GPU_SLOTS > 0 and len(engine._be._in_place) == len(layers)
+    assert {lw.experts.down.qtype.name for lw in layers} == {"Q4_K", "Q6_K"}
+    rng = np.random.default_rng(0)
+    for i in range(len(layers)):
+        xs = rng.standard_normal((2, 1, engine.config.n_embd)).astype(np.float32)
+        ffn = [[_host_moe(engine, i, x, in_place) - x for in_place in (True, False)] for x in xs]
+        for shared, cores in ffn:
+            assert np.corrcoef(shared.ravel(), cores.ravel())[0, 1] > 0.999, i
+        assert np.corrcoef(ffn[0][0].ravel(), ffn[1][0].ravel())[0, 1] < 0.5, i
+
+
+def test_gpu_share_of_host_experts_in_the_captured_step(synth_qwen3moe_k):
+    """The captured step with the GPU's share as a graph of its own beside the host's work: the same tokens and
+    bit-equal logits as the same step run eagerly, and close to the all-GPU engine's."""
+    from inference import load
+    gpu = load(synth_qwen3moe_k, device="cuda", ctx=CTX)
+    host = load(synth_qwen3moe_k, device="cuda", ctx=CTX, cpu_moe="all")
+    eager = load(synth_qwen3moe_k, device="cuda", ctx=CTX, cpu_moe="all", cuda_graph=False)
+    assert host._be._in_place and eager._be._in_place
+    ids = random_prompt(gpu, 12)
+    tokens, logits = greedy_steps(host, ids, 20)
+    gpu_tokens, gpu_logits = greedy_steps(gpu, ids, 20)
+    assert_close_logits(logits, gpu_logits, "host experts with the GPU's share vs all-GPU")
+    assert_graph_replay_equals_eager(host, eager)

@@ -14,7 +14,9 @@ QUANT_TYPES = [n for n in META_SPLIT if n not in ("F32", "F16", "BF16")]
 
 @pytest.mark.parametrize("name", QUANT_TYPES)
 def test_kernel_constants_match_layout(name):
-    m = re.search(rf"struct {name} {{\s*static constexpr int QK = (\d+), BULK = (\d+), META = (\d+), ITEMS = (\d+)",
+    # Q6_K is Q6_KL<false> (FILE ? the file's layout : VRAM's): the VRAM values are checked
+    vram = r"(?:FILE \? \d+ : )?(\d+)"
+    m = re.search(rf"struct {name}L? {{\s*static constexpr int QK = (\d+), BULK = {vram}, META = {vram}, ITEMS = (\d+)",
                   CUH)
     assert m, f"struct {name} not found in quant_dot.cuh"
     qtype = TYPES_BY_NAME[name]

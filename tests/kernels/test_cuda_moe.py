@@ -130,6 +130,43 @@ def test_an_expert_is_read_from_its_own_place(cuda):
     assert np.argmin(errs) == 3 and errs[3] < REL_TOL, errs
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_stacks_read_in_place_from_host_memory_match_vram(cuda, name):
+    """Experts left in pinned host memory in the file's layout (experts_in_host_memory: Q6_K through its own
+    kernels, whose 210-byte blocks lie at even offsets) give what the same stacks in VRAM give: gate, up and glu,
+    then the weighted downs, for 3 of 4 chosen slots (a view of the ids, as the GPU's share of a token's experts
+    is). A host stack whose bytes were shifted by one block gives a clearly different result (the check can fail)."""
+    cp, cq, moe = cuda
+    import cupyx
+    n_expert, k, d, f = 16, 4, 1024, 768
+    stacks = [_stack(name, n_expert, f, d, 0), _stack(name, n_expert, f, d, 100), _stack(name, n_expert, d, f, 7)]
+    vram = [moe.experts_to_device(raw, qtype) for raw, qtype in stacks]
+
+    def in_host(raw, qtype, shift=0):
+        pinned = cupyx.empty_pinned(raw.shape, np.uint8)
+        pinned.reshape(-1)[:] = np.roll(raw.reshape(-1), shift)
+        return moe.experts_in_host_memory(pinned, qtype)
+
+    host = [in_host(raw, qtype) for raw, qtype in stacks]
+    assert all(w.in_host for w in host) and host[2].kernels == name.lower() + ("_file" if name == "Q6_K" else "")
+    ids = cp.asarray(_ids(1, n_expert, k, 5))[:, 1:]  # slots 1..3
+    weights = cp.asarray(np.random.default_rng(3).dirichlet(np.ones(k), 1).astype(np.float32))[:, 1:]
+    xq, _ = _q8(cp, cq, np.random.default_rng(1).standard_normal((1, d)).astype(np.float32))
+    residual = cp.asarray(np.random.default_rng(2).standard_normal((1, d)).astype(np.float32))
+
+    def ffn(gate, up, down):
+        act, act_q = cp.empty((k - 1, f), cp.float32), cq.Q8Vector.empty((k - 1) * f)
+        moe.gate_up_glu(gate, up, ids, xq, act, act_q, "silu")
+        out = cp.full((1, d), cp.nan, cp.float32)
+        moe.down(down, ids, weights, act_q, out, residual)
+        return cp.asnumpy(act), cp.asnumpy(out)
+
+    (act_v, out_v), (act_h, out_h) = ffn(*vram), ffn(*host)
+    assert _rel_err(act_h, act_v) < REL_TOL and _rel_err(out_h, out_v) < REL_TOL
+    shifted = in_host(*stacks[2], shift=stacks[2][1].block_bytes)
+    assert _rel_err(ffn(*host[:2], shifted)[1] - cp.asnumpy(residual), out_v - cp.asnumpy(residual)) > 0.1
+
+
 @pytest.mark.parametrize("n_expert, k, n_embd", [(128, 8, 2048), (60, 4, 4096), (8, 2, 1024)])
 def test_norm_router_route_is_the_norm_then_router_then_route(cuda, n_expert, k, n_embd):
     """One launch: h = rms_norm(x, norm) (and its q8_1 copy), the F32 router's logits of h, then the choice of the

@@ -53,5 +53,23 @@ def test_dot_matches_reference_dequantize(host_lib, name, shape):
     assert err < REL_TOL, f"{name} seed {seed}: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("shape", [(8, 4096), (5, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_q6_k_in_the_files_layout_matches_the_repacked(host_lib, shape):
+    """Q6_K_FILE (experts read in place from host memory) on the file's bytes gives Q6_K's result on the repacked
+    bytes, exactly: the same dots, only the loads differ."""
+    qtype = TYPES_BY_NAME["Q6_K"]
+    n_rows, n_cols = shape
+    raw = random_weight_bytes(qtype, n_rows, n_cols, seed=n_rows)
+    qs, ds = quantize_q8_1(np.random.default_rng(n_rows).standard_normal(n_cols).astype(np.float32))
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    outs = []
+    for name, w in ((b"Q6_K", np.ascontiguousarray(repack(raw, qtype))), (b"Q6_K_FILE", np.ascontiguousarray(raw))):
+        out = np.full(n_rows, np.nan, dtype=np.float32)
+        assert host_lib.matvec_host(name, ptr(w), ptr(qs), ptr(ds), ptr(out), n_rows, n_cols // 256) == 0
+        outs.append(out)
+    np.testing.assert_array_equal(outs[1], outs[0])
+    assert np.isfinite(outs[0]).all() and np.abs(outs[0]).max() > 0
+
+
 def test_unknown_type_is_refused(host_lib):
     assert host_lib.matvec_host(b"IQ2_XXS", None, None, None, None, 0, 0) == -1
