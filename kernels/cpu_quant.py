@@ -174,7 +174,7 @@ def expert_matvecs(stacks: tuple[np.ndarray, ...], qtypes: tuple[GGMLType, ...],
                 or w.shape[:2] != stacks[0].shape[:2] or w.shape[2] % q.block_bytes
                 or w.shape[2] // q.block_bytes * q.block_elems != n_cols):
             raise ValueError(f"expert stacks must be C-contiguous uint8 {stacks[0].shape[:2]} + (row_bytes,) of "
-                             f"INT8_IDS types, {n_cols} columns; got {q.name} {w.dtype} {w.shape}")
+                             f"INT8_IDS types, {n_cols} columns; got {q.name} {w.dtype} {w.shape} strides {w.strides}")
     if x.dtype != np.float32 or x.shape != ((len(ids) if own_rows else 1), n_cols):
         raise ValueError(f"x must be float32 [{len(ids) if own_rows else 1}, {n_cols}], got {x.dtype} {x.shape}")
     out = np.empty((len(stacks), len(ids), n_rows), np.float32)
