@@ -22,8 +22,9 @@ from models.config import ModelConfig
 
 ALIGN = 256  # bytes: arena arrays start where CUDA allocations would (16-byte loads, coalescing)
 # Of a token's chosen experts in a layer whose experts stay in host memory, how many the GPU runs itself, reading
-# them in place over PCIe while the cores run the rest: on the H100 machine a kernel reads pinned pages at 31-37
-# GB/s and the cores a token's experts at ~41, so ~8 * 35 / 76 of 8 (BENCHMARKS.md, session 11, measured 0-4).
+# them in place over PCIe while the cores run the rest: a kernel reads pinned pages at 31-37 GB/s (H100 machine,
+# session 10) and the cores a token's experts at ~41, so ~8 * 35 / 76 of 8; 3 was the fastest of 0, 2, 3, 4 on the
+# H200 machine (BENCHMARKS.md, session 11).
 HOST_EXPERTS_GPU_SLOTS = 3
 
 

@@ -22,46 +22,45 @@ from inference import load
 TIMES, COUNTS = collections.defaultdict(float), collections.Counter()
 
 
-def timed(owner, name: str, times: dict, counts: collections.Counter) -> None:
-    """Wrap owner.name (a function or a method) to add its wall time and calls to times[name] and counts[name]."""
+def timed(owner, name: str) -> None:
+    """Wrap owner.name (a function or a method) to add its wall time and calls to TIMES[name] and COUNTS[name]."""
     fn = getattr(owner, name)
 
     def wrapper(*args, **kw):
         t = time.perf_counter()
         result = fn(*args, **kw)
-        times[name] += time.perf_counter() - t
-        counts[name] += 1
+        TIMES[name] += time.perf_counter() - t
+        COUNTS[name] += 1
         return result
     setattr(owner, name, wrapper)
 
 
 def main(path: str, slots: int) -> None:
-    times, counts = TIMES, COUNTS
     backend_cuda.HOST_EXPERTS_GPU_SLOTS = slots
     engine = load(path, device="cuda", ctx=2048, cpu_moe="all")
     print(f"{engine.placement.summary().splitlines()[0]}; the GPU runs {slots} of a token's experts itself")
     list(engine.generate(list(range(100, 612)), max_tokens=8, temperature=0))  # compile, capture
     for r in range(2):
         engine._cached = []
-        times.clear()
-        counts.clear()
+        TIMES.clear()
+        COUNTS.clear()
         stamps = [time.perf_counter()]
         for i, _ in enumerate(engine.generate(list(range(1000 + r, 1512 + r)), max_tokens=65, temperature=0)):
             stamps.append(time.perf_counter())
             if i == 0:
-                print(f"prompt 512: {stamps[1] - stamps[0]:.3f} s; _upload {times['_upload']:.3f} s in "
-                      f"{counts['_upload']} calls; moe_experts {times['moe_experts']:.3f} s")
-                times.clear()
-                counts.clear()
+                print(f"prompt 512: {stamps[1] - stamps[0]:.3f} s; _upload {TIMES['_upload']:.3f} s in "
+                      f"{COUNTS['_upload']} calls; moe_experts {TIMES['moe_experts']:.3f} s")
+                TIMES.clear()
+                COUNTS.clear()
         dt = np.diff(stamps[1:]) * 1e3
         print(f"decode: {dt.mean():.2f} ms a token (p10 {np.percentile(dt, 10):.2f} p90 {np.percentile(dt, 90):.2f}), "
-              f"{1e3 / dt.mean():.1f} tok/s; moe_experts {times['moe_experts'] / len(dt) * 1e3:.2f} ms a token in "
-              f"{counts['moe_experts'] / len(dt):.0f} calls")
+              f"{1e3 / dt.mean():.1f} tok/s; moe_experts {TIMES['moe_experts'] / len(dt) * 1e3:.2f} ms a token in "
+              f"{COUNTS['moe_experts'] / len(dt):.0f} calls")
 
 
 if __name__ == "__main__":
-    timed(backend_cuda, "moe_experts", TIMES, COUNTS)
-    timed(backend_cuda.CUDABackend, "_upload", TIMES, COUNTS)
+    timed(backend_cuda, "moe_experts")
+    timed(backend_cuda.CUDABackend, "_upload")
     for n in sys.argv[2:] or [backend_cuda.HOST_EXPERTS_GPU_SLOTS]:
         main(sys.argv[1], int(n))
         gc.collect()  # the last engine's VRAM and pinned pages go before the next loads
