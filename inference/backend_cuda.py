@@ -12,7 +12,8 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from inference.backend_cpu import OFFLOAD_MIN_TOKENS, moe_experts
+from inference.backend_cpu import OFFLOAD_MIN_TOKENS
+from inference.host_experts import HostExperts
 from inference.placement import GROUPED_MIN_TOKENS, PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.weights import ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
@@ -21,11 +22,6 @@ from kernels.cuda_quant import FLOAT_TYPES, DeviceWeight, Q8Vector, matvec, quan
 from models.config import ModelConfig
 
 ALIGN = 256  # bytes: arena arrays start where CUDA allocations would (16-byte loads, coalescing)
-# Of a token's chosen experts in a layer whose experts stay in host memory, how many the GPU runs itself, reading
-# them in place over PCIe while the cores run the rest: a kernel reads pinned pages at 31-37 GB/s (H100 machine,
-# session 10) and the cores a token's experts at ~41, so ~8 * 35 / 76 of 8; 3 was the fastest of 0, 2, 3, 4 on the
-# H200 machine (BENCHMARKS.md, session 11).
-HOST_EXPERTS_GPU_SLOTS = 3
 
 
 class Arena:
@@ -74,7 +70,7 @@ class CUDABackend:
     token_embd stays on the host and each forward starts from the hidden state receive() brings over; the output
     head is always here. host_experts: layers whose experts stay in host memory, where the CPU's kernels run
     them for this backend (the router and the choice stay here: only the hidden row, the ids and the weights
-    go down, the experts' sum comes back)."""
+    go down, the experts' sum comes back; host_experts.py)."""
 
     prefill_chunk = PREFILL_CHUNK
 
@@ -108,18 +104,11 @@ class CUDABackend:
             self._hidden = cp.empty((1, cfg.n_embd), dtype=cp.float32)  # a one-token step's input from the CPU
             self._route_done = cp.zeros(1, dtype=cp.uint32)  # cuda_moe.norm_router_route's count of finished blocks
         self._hidden_host = cupyx.empty_pinned((1, cfg.n_embd), dtype=np.float32)  # pinned: copied in by the graph
-        self._experts_io = _HostExpertsIO.empty(cfg) if host_experts else None  # a step's experts on the host
-        self._pieces = None  # while a decode step is captured: its graphs so far and the host work between them
         self._staging = None  # pinned bytes of a host weight on its way up where its pages could not be pinned
         # the file's pages a prompt chunk uploads, pinned where they lie so that it copies them up directly
         uploaded = list(_uploaded_from_host(weights, range(self.layers.start), host_experts))
         self._pinned = cuda_host.pin_in_place(uploaded) if uploaded else None
-        # id(experts) -> their stacks as the GPU reads them in place, for its share of a token's host experts
-        self._in_place = {}
-        for i in host_experts:
-            if share := self._read_in_place(weights.layers[i].experts):
-                self._in_place[id(weights.layers[i].experts)] = share
-        self._side = cp.cuda.Stream(non_blocking=True)  # the GPU's share runs here while the host works
+        self.host_experts = HostExperts(self.stream, cfg, weights, host_experts, self._pinned)
         self._inv_freq = {}  # (base, scale) -> float64 [rope_dim // 2]
         self._prefill_scratch = None  # cuda_prefill.Scratch, grown to the largest chunk seen
         self.ids = self.token  # [n] int32 the tokens of this forward
@@ -184,7 +173,7 @@ class CUDABackend:
     def staged(self) -> cp.ndarray:
         """The staged hidden state [1, n_embd] on the GPU: an asynchronous copy from pinned memory, which a
         CUDA graph captures as a node, so every replay copies what stage() wrote last."""
-        _copy(self._hidden, self._hidden_host, self._hidden.nbytes, cp.cuda.runtime.memcpyHostToDevice, self.stream)
+        cuda_host.copy_up(self._hidden, self._hidden_host, self.stream)
         return self._hidden
 
     # ---- the op set of forward() ----
@@ -337,12 +326,12 @@ class CUDABackend:
             # this layer's experts stay on the host: up for this chunk (float experts have no GPU kernels)
             gate, up, down = self._upload_experts(experts)
         else:
-            return self._add_moe_on_host(x, experts, h, ids, weights)
+            return self.host_experts.add_moe(self, x, experts, h, ids, weights)
         if n >= GROUPED_MIN_TOKENS and cuda_moe.grouped_supported(gate, up, down):
             return self._experts_grouped(x, h, gate, up, down, ids, weights)
         hq = self._q8(h)
         act = self._empty((n * k, gate.n_rows))
-        act_q = Q8Vector(self._empty((act.size,), cp.int8), self._empty((act.size // 32, 2)))
+        act_q = self._empty_q8(act.size)
         if gate.qtype == up.qtype and gate.n_rows % 32 == 0:
             cuda_moe.gate_up_glu(gate, up, ids, hq, act, act_q, self.cfg.activation, stream=self.stream)
         else:
@@ -353,90 +342,6 @@ class CUDABackend:
         out = self._empty(x.shape)
         cuda_moe.down(down, ids, weights, act_q, out, x, stream=self.stream)
         return out
-
-    def _add_moe_on_host(self, x, experts: ExpertFFN, h, ids, weights) -> cp.ndarray:
-        """x + the experts chosen on the device, run by the CPU (backend_cpu.moe_experts) from host memory. A
-        prompt chunk reads h, ids and weights back and waits; a decode step copies them into pinned buffers and
-        leaves the host's work to host_point, so that a captured step is graphs with the host's work between. In a
-        decode step the GPU runs the last HOST_EXPERTS_GPU_SLOTS of the k chosen experts itself, reading them from
-        the pinned file pages, while the cores run the others (where _read_in_place allows)."""
-        cfg, out = self.cfg, self._empty(x.shape)
-        if h.shape[0] > 1:
-            y = moe_experts(experts, self.to_host(h), self.to_host(ids), self.to_host(weights), cfg.activation)
-            with self.stream:
-                y_dev = cp.asarray(y)
-            cuda_ops.add(x, y_dev, out, stream=self.stream)
-            return out
-        io = self._experts_io
-        down = cp.cuda.runtime.memcpyDeviceToHost
-        for dst, src in ((io.h, h), (io.ids, ids), (io.weights, weights)):
-            _copy(dst, src, dst.nbytes, down, self.stream)
-        k = ids.shape[1]
-        share = self._in_place.get(id(experts))
-        n_gpu = min(HOST_EXPERTS_GPU_SLOTS, k - 1) if share else 0  # the last n_gpu slots: the GPU's
-        x_gpu = x  # x + the GPU's slots' sum
-        beside = None
-        if n_gpu:
-            hq, x_gpu = self._q8(h), self._empty(x.shape)
-            act, act_q = self._empty((n_gpu, share[0].n_rows)), Q8Vector(
-                self._empty((n_gpu * share[0].n_rows,), cp.int8), self._empty((n_gpu * share[0].n_rows // 32, 2)))
-
-            def beside() -> None:  # on the side stream, while the cores run theirs
-                ids_gpu, weights_gpu = ids[:, k - n_gpu:], weights[:, k - n_gpu:]
-                cuda_moe.gate_up_glu(share[0], share[1], ids_gpu, hq, act, act_q, cfg.activation, stream=self._side)
-                cuda_moe.down(share[2], ids_gpu, weights_gpu, act_q, x_gpu, x, stream=self._side)
-
-        def run() -> None:  # on the host, once the copies are done
-            n_cpu = k - n_gpu
-            io.y[:] = moe_experts(experts, io.h, io.ids[:, :n_cpu], io.weights[:, :n_cpu], cfg.activation)
-
-        self.host_point(run, beside)
-        y = self._empty(x.shape)
-        _copy(y, io.y, io.y.nbytes, cp.cuda.runtime.memcpyHostToDevice, self.stream)
-        cuda_ops.add(x_gpu, y, out, stream=self.stream)
-        return out
-
-    def _read_in_place(self, experts: ExpertFFN):
-        """(gate, up, down) of a host layer's experts as stacks the decode kernels read where they lie (pinned
-        file pages, over PCIe), or None where they cannot: pages not pinned, a type without such kernels, a
-        gate/up pair gate_up_glu does not take, or a device that cannot use host addresses as its own."""
-        stacks = _stacks(experts)
-        attr = 91  # cudaDevAttrCanUseHostPointerForRegisteredMem
-        if self._pinned is None or not all(self._pinned.holds(m.data) for m in stacks) or \
-                not cp.cuda.runtime.deviceGetAttribute(attr, cp.cuda.Device().id):
-            return None
-        share = tuple(cuda_moe.experts_in_host_memory(m.data, m.qtype) for m in stacks)
-        if None in share or share[0].qtype != share[1].qtype or share[0].n_rows % 32:
-            return None
-        return share
-
-    def host_point(self, work, beside=None) -> None:
-        """Host work in the middle of a step: run now, after the device's queued work; while a decode step is
-        captured, end the graph so far, keep work as the next piece and capture on (see begin_pieces).
-        beside: launches kernels on the side stream that run while the host works (captured as a graph of their
-        own when the step is); the step goes on once both are done."""
-        if self._pieces is None:
-            self.stream.synchronize()
-            _together(work, beside, self._side)
-            return
-        self._pieces.append(self.stream.end_capture())
-        if beside is not None:
-            self._side.begin_capture()
-            beside()
-            graph = self._side.end_capture()
-            beside = lambda: graph.launch(self._side)  # noqa: E731
-        self._pieces.append(lambda: _together(work, beside, self._side))
-        self.stream.begin_capture()
-
-    def begin_pieces(self) -> None:
-        """A decode step is about to be captured: host_point splits it into pieces."""
-        self._pieces = []
-
-    def end_pieces(self, last) -> list:
-        """The captured step's pieces in order: graphs (launch them) and host work (wait for the stream, then
-        call it); last: the graph captured after the last host point."""
-        pieces, self._pieces = self._pieces + [last], None
-        return pieces
 
     def _router_logits(self, router: DeviceWeight, h: cp.ndarray) -> cp.ndarray:
         """h [n, n_embd] @ router.T: an F32 router in float32 cuBLAS for a prompt chunk (the prompt matmuls'
@@ -516,9 +421,13 @@ class CUDABackend:
         None where x is not whole q8_1 blocks (the kernel then writes x alone)."""
         if x.size % 32:
             return None
-        xq = Q8Vector(self._empty((x.size,), cp.int8), self._empty((x.size // 32, 2)))
+        xq = self._empty_q8(x.size)
         self._q8_of = (x.data.ptr, xq)
         return xq
+
+    def _empty_q8(self, n: int) -> Q8Vector:
+        """Room for n values quantized to q8_1 (from the arena in a one-token step)."""
+        return Q8Vector(self._empty((n,), cp.int8), self._empty((n // 32, 2)))
 
     def _scratch(self, n_cols: int) -> cuda_prefill.Scratch:
         s = self._prefill_scratch
@@ -564,38 +473,6 @@ def row_groups(ws: tuple[QuantMatrix, ...], biases: tuple | None, place=to_devic
         groups.append(RowGroup(place(raw, ws[idx[0]].qtype), bias,
                                tuple(zip(idx, [0] + ends[:-1], ends))))
     return groups
-
-
-@dataclass(frozen=True)
-class _HostExpertsIO:
-    """Pinned buffers a decode step's host experts read (the layer's hidden row, ids, weights) and write (their
-    weighted sum), copied by the step's graphs; one set serves every layer, as the host runs them in turn."""
-    h: np.ndarray
-    ids: np.ndarray
-    weights: np.ndarray
-    y: np.ndarray
-
-    @classmethod
-    def empty(cls, cfg: ModelConfig) -> "_HostExpertsIO":
-        k, d = cfg.n_expert_used, cfg.n_embd
-        return cls(*(cupyx.empty_pinned((1, n), dtype=t) for n, t in ((d, np.float32), (k, np.int32),
-                                                                        (k, np.float32), (d, np.float32))))
-
-
-def _together(work, beside, side: cp.cuda.Stream) -> None:
-    """beside's kernels launched on side, work done on the host meanwhile, then both finished."""
-    if beside is None:
-        work()
-        return
-    beside()
-    work()
-    side.synchronize()
-
-
-def _copy(dst, src, nbytes: int, kind, stream) -> None:
-    """An asynchronous copy between pinned host memory and the device on stream (a graph node when captured)."""
-    ptr = lambda a: a.data.ptr if isinstance(a, cp.ndarray) else a.ctypes.data  # noqa: E731
-    cp.cuda.runtime.memcpyAsync(ptr(dst), ptr(src), nbytes, kind, stream.ptr)
 
 
 def _stacks(experts: ExpertFFN) -> tuple[QuantExperts, QuantExperts, QuantExperts]:

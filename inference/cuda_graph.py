@@ -11,8 +11,9 @@ just read back and runs its layers, stage() puts the hidden state in pinned memo
 copy onto the GPU, the GPU layers, the head and the sampler) is the graph.
 
 With experts on the host (GPU layers whose experts stay in host memory), the GPU part is captured as pieces:
-graphs, and between them the host's work (the CPU runs a layer's chosen experts), which the backend's
-host_point marks; a replay launches each graph and waits for the stream before each piece of host work.
+graphs, and between them the host's work (the CPU runs a layer's chosen experts), which host_point of the
+backend's host_experts marks (host_experts.py); a replay launches each graph and waits for the stream before each
+piece of host work.
 """
 from collections.abc import Iterator
 
@@ -65,13 +66,13 @@ class DecodeStep:
         self.logits = self._gpu_part(greedy)
         if self.use_graph:
             stream = self.be.stream
-            self.be.begin_pieces()
+            self.be.host_experts.begin_pieces()
             stream.begin_capture()
             try:
                 with programmatic_launches():  # each kernel's launch overlaps the one ahead (cuda_module)
                     logits = self._gpu_part(greedy)
             finally:
-                pieces = self.be.end_pieces(stream.end_capture())
+                pieces = self.be.host_experts.end_pieces(stream.end_capture())
             assert logits.data.ptr == self.logits.data.ptr, "the captured step must reuse the warm-up's buffers"
             self.graphs[greedy] = pieces
 

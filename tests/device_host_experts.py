@@ -6,7 +6,7 @@ it in the host's expert work (backend_cpu.moe_experts).
 
 Each of two rounds processes a fresh 512-token prompt and times 64 generated tokens (BENCHMARKS.md, session 10);
 once for each SLOTS given, the GPU running that many of a token's chosen experts from the pinned pages
-(backend_cuda.HOST_EXPERTS_GPU_SLOTS; default: its value).
+(host_experts.HOST_EXPERTS_GPU_SLOTS; default: its value).
 """
 import collections
 import gc
@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 import inference.backend_cuda as backend_cuda
+import inference.host_experts as host_experts
 from inference import load
 
 
@@ -36,7 +37,7 @@ def timed(owner, name: str) -> None:
 
 
 def main(path: str, slots: int) -> None:
-    backend_cuda.HOST_EXPERTS_GPU_SLOTS = slots
+    host_experts.HOST_EXPERTS_GPU_SLOTS = slots
     engine = load(path, device="cuda", ctx=2048, cpu_moe="all")
     print(f"{engine.placement.summary().splitlines()[0]}; the GPU runs {slots} of a token's experts itself")
     list(engine.generate(list(range(100, 612)), max_tokens=8, temperature=0))  # compile, capture
@@ -59,8 +60,8 @@ def main(path: str, slots: int) -> None:
 
 
 if __name__ == "__main__":
-    timed(backend_cuda, "moe_experts")
+    timed(host_experts, "moe_experts")
     timed(backend_cuda.CUDABackend, "_upload")
-    for n in sys.argv[2:] or [backend_cuda.HOST_EXPERTS_GPU_SLOTS]:
+    for n in sys.argv[2:] or [host_experts.HOST_EXPERTS_GPU_SLOTS]:
         main(sys.argv[1], int(n))
         gc.collect()  # the last engine's VRAM and pinned pages go before the next loads

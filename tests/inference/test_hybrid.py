@@ -261,14 +261,14 @@ def _host_moe(engine, layer: int, x, in_place: bool):
     router on the GPU, the experts on the host), with (in_place) or without the GPU's share of the chosen ones."""
     import cupy as cp
     be, lw = engine._be, engine._weights.layers[layer]
-    saved = be._in_place
-    be._in_place = saved if in_place else {}
+    saved = be.host_experts.in_place
+    be.host_experts.in_place = saved if in_place else {}
     try:
         be.begin_step()
         out = be.add_moe(cp.asarray(x), lw.experts, lw.ffn_norm, engine.config.n_expert_used)
         return be.to_host(out)
     finally:
-        be._in_place = saved
+        be.host_experts.in_place = saved
 
 
 def test_gpu_share_of_host_experts_adds_what_the_cores_would(synth_qwen3moe_k):
@@ -280,10 +280,10 @@ def test_gpu_share_of_host_experts_adds_what_the_cores_would(synth_qwen3moe_k):
     import numpy as np
 
     from inference import load
-    from inference.backend_cuda import HOST_EXPERTS_GPU_SLOTS
+    from inference.host_experts import HOST_EXPERTS_GPU_SLOTS
     engine = load(synth_qwen3moe_k, device="cuda", ctx=CTX, cpu_moe="all")
     layers = engine._weights.layers
-    assert HOST_EXPERTS_GPU_SLOTS > 0 and len(engine._be._in_place) == len(layers)
+    assert HOST_EXPERTS_GPU_SLOTS > 0 and len(engine._be.host_experts.in_place) == len(layers)
     assert {lw.experts.down.qtype.name for lw in layers} == {"Q4_K", "Q6_K"}
     rng = np.random.default_rng(0)
     for i in range(len(layers)):
@@ -301,7 +301,7 @@ def test_gpu_share_of_host_experts_in_the_captured_step(synth_qwen3moe_k):
     gpu = load(synth_qwen3moe_k, device="cuda", ctx=CTX)
     host = load(synth_qwen3moe_k, device="cuda", ctx=CTX, cpu_moe="all")
     eager = load(synth_qwen3moe_k, device="cuda", ctx=CTX, cpu_moe="all", cuda_graph=False)
-    assert host._be._in_place and eager._be._in_place
+    assert host._be.host_experts.in_place and eager._be.host_experts.in_place
     ids = random_prompt(gpu, 12)
     tokens, logits = greedy_steps(host, ids, 20)
     gpu_tokens, gpu_logits = greedy_steps(gpu, ids, 20)

@@ -1,0 +1,167 @@
+"""The experts of a GPU backend's host layers (placement.py's cpu_moe: their stacks stay in host RAM) in a step.
+
+The router and the choice run on the GPU. A decode step copies the hidden row, the chosen ids and their weights
+down into pinned buffers; the cores run most of the chosen experts there (backend_cpu.moe_experts), and the GPU
+runs the last HOST_EXPERTS_GPU_SLOTS of them itself, reading their stacks in place from the file's pinned pages
+over PCIe, on a side stream beside the cores: two readers of host memory instead of one. The cores' sum comes back
+up and is added to the GPU's. Host work cannot be captured, so a captured step is pieces: graphs with the host's
+work between them (host_point; cuda_graph.DecodeStep replays them). A prompt chunk the backend does not upload
+the experts for reads h, ids and weights back and waits for the cores.
+"""
+from dataclasses import dataclass
+
+import cupy as cp
+import cupyx
+import numpy as np
+
+from inference.backend_cpu import moe_experts
+from inference.weights import ExpertFFN, ModelWeights
+from kernels import cuda_moe, cuda_ops
+from kernels.cuda_host import PinnedPages
+from models.config import ModelConfig
+
+# Of a token's chosen experts in a layer whose experts stay in host memory, how many the GPU runs itself, reading
+# them in place over PCIe while the cores run the rest: a kernel reads pinned pages at 31-37 GB/s (H100 machine,
+# session 10) and the cores a token's experts at ~41, so ~8 * 35 / 76 of 8; 3 was the fastest of 0, 2, 3, 4 on the
+# H200 machine (BENCHMARKS.md, session 11).
+HOST_EXPERTS_GPU_SLOTS = 3
+CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM = 91  # cudaDevAttrCanUseHostPointerForRegisteredMem
+
+
+class HostExperts:
+    """For a CUDABackend, the experts of its layers that stay in host memory (maybe none): add_moe runs a layer's
+    chosen ones, host_point puts host work into a step, begin_pieces and end_pieces frame a captured step.
+
+    stream: the backend's, where its steps run and are captured; pinned: its pinned file pages (None: none),
+    which hold the layers' stacks where they could be pinned."""
+
+    def __init__(self, stream: cp.cuda.Stream, cfg: ModelConfig, weights: ModelWeights, layers: range,
+                 pinned: PinnedPages | None):
+        self.stream = stream
+        self.io = _HostExpertsIO.empty(cfg) if layers else None  # a step's experts on the host
+        self.side = cp.cuda.Stream(non_blocking=True)  # the GPU's share runs here while the host works
+        # id(experts) -> their stacks as the GPU reads them in place, for its share of a token's host experts; none
+        # where the device cannot use host addresses as its own (asked once)
+        self.in_place = {}
+        if layers and pinned is not None and cp.cuda.runtime.deviceGetAttribute(
+                CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, cp.cuda.Device().id):
+            for i in layers:
+                if share := _read_in_place(weights.layers[i].experts, pinned):
+                    self.in_place[id(weights.layers[i].experts)] = share
+        self._pieces = None  # while a decode step is captured: its graphs so far and the host work between them
+
+    def add_moe(self, be, x, experts: ExpertFFN, h, ids, weights) -> cp.ndarray:
+        """x + the experts chosen on the device, run by the CPU (backend_cpu.moe_experts) from host memory; be: the
+        backend whose arena and q8_1 copies the buffers come from (_empty, _empty_q8, _q8). A prompt chunk reads h,
+        ids and weights back and waits; a decode step copies them into pinned buffers and leaves the host's work to
+        host_point, so that a captured step is graphs with the host's work between. In a decode step the GPU runs
+        the last HOST_EXPERTS_GPU_SLOTS of the k chosen experts itself, reading them from the pinned file pages,
+        while the cores run the others (where _read_in_place allows)."""
+        cfg, out = be.cfg, be._empty(x.shape)
+        if h.shape[0] > 1:
+            y = moe_experts(experts, be.to_host(h), be.to_host(ids), be.to_host(weights), cfg.activation)
+            with self.stream:
+                y_dev = cp.asarray(y)
+            cuda_ops.add(x, y_dev, out, stream=self.stream)
+            return out
+        io = self.io
+        down = cp.cuda.runtime.memcpyDeviceToHost
+        for dst, src in ((io.h, h), (io.ids, ids), (io.weights, weights)):
+            _copy(dst, src, dst.nbytes, down, self.stream)
+        k = ids.shape[1]
+        share = self.in_place.get(id(experts))
+        n_gpu = min(HOST_EXPERTS_GPU_SLOTS, k - 1) if share else 0  # the last n_gpu slots: the GPU's
+        x_gpu = x  # x + the GPU's slots' sum
+        beside = None
+        if n_gpu:
+            hq, x_gpu = be._q8(h), be._empty(x.shape)
+            act = be._empty((n_gpu, share[0].n_rows))
+            act_q = be._empty_q8(act.size)
+
+            def beside() -> None:  # on the side stream, while the cores run theirs
+                ids_gpu, weights_gpu = ids[:, k - n_gpu:], weights[:, k - n_gpu:]
+                cuda_moe.gate_up_glu(share[0], share[1], ids_gpu, hq, act, act_q, cfg.activation, stream=self.side)
+                cuda_moe.down(share[2], ids_gpu, weights_gpu, act_q, x_gpu, x, stream=self.side)
+
+        def run() -> None:  # on the host, once the copies are done
+            n_cpu = k - n_gpu
+            io.y[:] = moe_experts(experts, io.h, io.ids[:, :n_cpu], io.weights[:, :n_cpu], cfg.activation)
+
+        self.host_point(run, beside)
+        y = be._empty(x.shape)
+        _copy(y, io.y, io.y.nbytes, cp.cuda.runtime.memcpyHostToDevice, self.stream)
+        cuda_ops.add(x_gpu, y, out, stream=self.stream)
+        return out
+
+    def host_point(self, work, beside=None) -> None:
+        """Host work in the middle of a step: run now, after the device's queued work; while a decode step is
+        captured, end the graph so far, keep work as the next piece and capture on (see begin_pieces).
+        beside: launches kernels on the side stream that run while the host works (captured as a graph of their
+        own when the step is); the step goes on once both are done."""
+        if self._pieces is None:
+            self.stream.synchronize()
+            _together(work, beside, self.side)
+            return
+        self._pieces.append(self.stream.end_capture())
+        if beside is not None:
+            self.side.begin_capture()
+            beside()
+            graph = self.side.end_capture()
+            beside = lambda: graph.launch(self.side)  # noqa: E731
+        self._pieces.append(lambda: _together(work, beside, self.side))
+        self.stream.begin_capture()
+
+    def begin_pieces(self) -> None:
+        """A decode step is about to be captured: host_point splits it into pieces."""
+        self._pieces = []
+
+    def end_pieces(self, last) -> list:
+        """The captured step's pieces in order: graphs (launch them) and host work (wait for the stream, then
+        call it); last: the graph captured after the last host point."""
+        pieces, self._pieces = self._pieces + [last], None
+        return pieces
+
+
+def _read_in_place(experts: ExpertFFN, pinned: PinnedPages):
+    """(gate, up, down) of a host layer's experts as stacks the decode kernels read where they lie (pinned file
+    pages, over PCIe), or None where they cannot: pages not pinned, a type without such kernels, or a gate/up pair
+    gate_up_glu does not take."""
+    stacks = (experts.gate, experts.up, experts.down)
+    if not all(pinned.holds(m.data) for m in stacks):
+        return None
+    share = tuple(cuda_moe.experts_in_host_memory(m.data, m.qtype) for m in stacks)
+    if None in share or share[0].qtype != share[1].qtype or share[0].n_rows % 32:
+        return None
+    return share
+
+
+@dataclass(frozen=True)
+class _HostExpertsIO:
+    """Pinned buffers a decode step's host experts read (the layer's hidden row, ids, weights) and write (their
+    weighted sum), copied by the step's graphs; one set serves every layer, as the host runs them in turn."""
+    h: np.ndarray
+    ids: np.ndarray
+    weights: np.ndarray
+    y: np.ndarray
+
+    @classmethod
+    def empty(cls, cfg: ModelConfig) -> "_HostExpertsIO":
+        k, d = cfg.n_expert_used, cfg.n_embd
+        return cls(*(cupyx.empty_pinned((1, n), dtype=t) for n, t in ((d, np.float32), (k, np.int32),
+                                                                        (k, np.float32), (d, np.float32))))
+
+
+def _together(work, beside, side: cp.cuda.Stream) -> None:
+    """beside's kernels launched on side, work done on the host meanwhile, then both finished."""
+    if beside is None:
+        work()
+        return
+    beside()
+    work()
+    side.synchronize()
+
+
+def _copy(dst, src, nbytes: int, kind, stream) -> None:
+    """An asynchronous copy between pinned host memory and the device on stream (a graph node when captured)."""
+    ptr = lambda a: a.data.ptr if isinstance(a, cp.ndarray) else a.ctypes.data  # noqa: E731
+    cp.cuda.runtime.memcpyAsync(ptr(dst), ptr(src), nbytes, kind, stream.ptr)
