@@ -18,7 +18,8 @@ from inference.placement import GROUPED_MIN_TOKENS, PREFILL_CHUNK, PREFILL_TILE_
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.weights import ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
 from kernels import cpu_ops, cuda_host, cuda_moe, cuda_ops, cuda_prefill
-from kernels.cuda_quant import FLOAT_TYPES, DeviceWeight, Q8Vector, matvec, quantize_q8_1, to_device
+from kernels.cuda_quant import (FLOAT_TYPES, DeviceWeight, Q8Vector, matvec, matvec_pair, pairs_in_one_launch,
+                                 quantize_q8_1, to_device)
 from models.config import ModelConfig
 
 ALIGN = 256  # bytes: arena arrays start where CUDA allocations would (16-byte loads, coalescing)
@@ -198,15 +199,26 @@ class CUDABackend:
         """matmul(w, x, bias) for each of ws, one launch per row group; a one-token step's outputs are views
         of their group's output, a prompt chunk's are contiguous copies of its columns (as the ops want)."""
         outs = [None] * len(ws)
-        for g in self._groups[_group_key(ws, biases)]:
-            y = self._matmul(g.weight, x, g.bias)  # [n, g.weight.n_rows]
-            for i, first, end in g.parts:
+        groups = self._groups[_group_key(ws, biases)]
+        for g, y in zip(groups, self._pair(groups, x) or [self._matmul(g.weight, x, g.bias) for g in groups]):
+            for i, first, end in g.parts:  # y [n, g.weight.n_rows]
                 if x.shape[0] == 1 or len(g.parts) == 1:
                     outs[i] = y[:, first:end]
                 else:
                     with self.stream:
                         outs[i] = cp.ascontiguousarray(y[:, first:end])
         return tuple(outs)
+
+    def _pair(self, groups: list[RowGroup], x: cp.ndarray) -> tuple | None:
+        """A one-token step's two row groups of different types (a K-quant mix's q, k and attn_v) in one launch:
+        their outputs [1, n_rows] as views of one buffer. None where matvec_pair does not apply."""
+        if (x.shape[0] != 1 or len(groups) != 2 or any(g.bias is not None for g in groups)
+                or not pairs_in_one_launch(groups[0].weight, groups[1].weight)):
+            return None
+        n0 = groups[0].weight.n_rows
+        y = self._empty((1, n0 + groups[1].weight.n_rows))
+        matvec_pair(groups[0].weight, groups[1].weight, self._q8(x), y[0, :n0], y[0, n0:], stream=self.stream)
+        return y[:, :n0], y[:, n0:]
 
     def matmul_host_weight(self, w: QuantMatrix, x: np.ndarray) -> np.ndarray:
         """x [n, n_cols] @ W.T for a prompt chunk of a layer on the CPU: W goes up for this call only (its

@@ -23,6 +23,7 @@ from models.ggml_types import GGMLType
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 THREADS = 128  # a block; threads_per_row of them share a row
+MATVEC_PAIRS = {("Q4_K", "Q6_K"), ("Q5_K", "Q6_K"), ("Q3_K", "Q5_K")}  # matvec.cu: MATVEC_PAIR
 
 
 @dataclass(frozen=True)
@@ -113,16 +114,14 @@ def matvec(
     """out float32 [w.n_rows] = W . x (+ residual [w.n_rows], added in the same launch; out may be residual);
     x is a Q8Vector when w.takes_q8, else float32 [w.n_cols]."""
     for name, a in (("out", out), ("residual", out if residual is None else residual)):
-        if a.dtype != cp.float32 or a.shape != (w.n_rows,) or not a.flags.c_contiguous:
-            raise ValueError(f"matvec: {name} must be contiguous float32 ({w.n_rows},), got {a.dtype} {a.shape}")
+        _check_out(name, a, w.n_rows)
     tpr = threads_per_row or default_threads_per_row(w.n_rows, w.n_cols // ELEMS_PER_ITEM[w.qtype.name])
     if tpr not in (32, 64, 128):
         raise ValueError(f"threads_per_row must be 32, 64 or 128, got {tpr}")
-    grid = ((w.n_rows + THREADS // tpr - 1) // (THREADS // tpr),)
+    grid = (_blocks(w.n_rows, tpr),)
     name = "matvec_" + w.qtype.name.lower()
     if w.takes_q8:
-        if not isinstance(x, Q8Vector) or x.qs.shape != (w.n_cols,):
-            raise ValueError(f"matvec: {w.qtype.name} weights take a Q8Vector of {w.n_cols} (see quantize_q8_1)")
+        _check_q8_input(w, x)
         nb = w.n_cols // w.qtype.block_elems
         args = (w.data, x.qs, x.ds, out, np.int32(w.n_rows), np.int32(nb), np.int32(tpr))
     else:
@@ -134,3 +133,45 @@ def matvec(
     args += (out if residual is None else residual, np.int32(residual is not None))
     with stream or cp.cuda.get_current_stream():
         kernel("matvec.cu", name)(grid, (THREADS,), args)
+
+
+def pairs_in_one_launch(w0: DeviceWeight, w1: DeviceWeight) -> bool:
+    """Whether matvec_pair takes w0 and w1: a pair of types matvec.cu compiles, of the same width."""
+    kinds = {(w0.qtype.name, w1.qtype.name), (w1.qtype.name, w0.qtype.name)}
+    return bool(kinds & MATVEC_PAIRS) and w0.n_cols == w1.n_cols
+
+
+def matvec_pair(w0: DeviceWeight, w1: DeviceWeight, x: Q8Vector, out0: cp.ndarray, out1: cp.ndarray,
+                stream: cp.cuda.Stream | None = None) -> None:
+    """out0 = W0 . x and out1 = W1 . x in one launch, for two matrices of different types that read the same x
+    (pairs_in_one_launch); each with matvec's default threads per row."""
+    if not pairs_in_one_launch(w0, w1):
+        raise ValueError(f"matvec_pair: no kernel for {w0.qtype.name} x {w0.n_cols} with {w1.qtype.name} x {w1.n_cols}")
+    if (w0.qtype.name, w1.qtype.name) not in MATVEC_PAIRS:
+        w0, w1, out0, out1 = w1, w0, out1, out0
+    for w, out in ((w0, out0), (w1, out1)):
+        _check_out("out", out, w.n_rows)
+        _check_q8_input(w, x)
+    tpr = [default_threads_per_row(w.n_rows, w.n_cols // ELEMS_PER_ITEM[w.qtype.name]) for w in (w0, w1)]
+    blocks0 = _blocks(w0.n_rows, tpr[0])
+    name = f"matvec_{w0.qtype.name.lower()}_{w1.qtype.name.lower()}"
+    with stream or cp.cuda.get_current_stream():
+        kernel("matvec.cu", name)(
+            (blocks0 + _blocks(w1.n_rows, tpr[1]),), (THREADS,),
+            (w0.data, w1.data, x.qs, x.ds, out0, out1, np.int32(w0.n_rows), np.int32(w1.n_rows),
+             np.int32(w0.n_cols // w0.qtype.block_elems), np.int32(w1.n_cols // w1.qtype.block_elems),
+             np.int32(tpr[0]), np.int32(tpr[1]), np.int32(blocks0)))
+
+
+def _blocks(n_rows: int, tpr: int) -> int:
+    return (n_rows + THREADS // tpr - 1) // (THREADS // tpr)
+
+
+def _check_out(name: str, a: cp.ndarray, n_rows: int) -> None:
+    if a.dtype != cp.float32 or a.shape != (n_rows,) or not a.flags.c_contiguous:
+        raise ValueError(f"matvec: {name} must be contiguous float32 ({n_rows},), got {a.dtype} {a.shape}")
+
+
+def _check_q8_input(w: DeviceWeight, x) -> None:
+    if not isinstance(x, Q8Vector) or x.qs.shape != (w.n_cols,):
+        raise ValueError(f"matvec: {w.qtype.name} weights take a Q8Vector of {w.n_cols} (see quantize_q8_1)")

@@ -43,11 +43,12 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __
     store_q8_1(x[i], i, xq, xds);
 }
 
-// The bytes of this block's rows (blockDim.x / tpr of them: bulk, then meta, as cuda_layout.py lays a matrix
+// The bytes of block `block`'s rows (blockDim.x / tpr of them: bulk, then meta, as cuda_layout.py lays a matrix
 // out, nb items of `bulk` and `meta` bytes a row) asked of L2 before wait_prior(): a matvec's weights do not
 // depend on the kernel ahead, so their DRAM latency passes while it runs.
-__device__ __forceinline__ void prefetch_rows(const uint8_t* w, int n_rows, int nb, int tpr, int bulk, int meta) {
-    int rows = blockDim.x / tpr, row0 = blockIdx.x * rows;
+__device__ __forceinline__ void prefetch_rows(const uint8_t* w, int n_rows, int nb, int tpr, int bulk, int meta,
+                                              int block) {
+    int rows = blockDim.x / tpr, row0 = block * rows;
     rows = min(rows, n_rows - row0);
     size_t row_bulk = (size_t)nb * bulk, row_meta = (size_t)nb * meta;
     if (threadIdx.x == 0 && rows > 0) prefetch_l2(w + row0 * row_bulk, rows * row_bulk);
@@ -57,8 +58,8 @@ __device__ __forceinline__ void prefetch_rows(const uint8_t* w, int n_rows, int 
 template <class T>
 __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
                                          const float2* __restrict__ xds, float* out, int n_rows, int nb,
-                                         int tpr, const float* res, int add_res) {
-    int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
+                                         int tpr, const float* res, int add_res, int block) {
+    int row = block * (blockDim.x / tpr) + threadIdx.x / tpr;
     float acc = row < n_rows ? row_dot<T>(w, row, n_rows, nb, threadIdx.x % tpr, tpr, xq, xds) : 0.0f;
     row_store(acc, row, n_rows, tpr, out, res, add_res);
 }
@@ -68,9 +69,9 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, const in
     extern "C" __global__ void __launch_bounds__(128)                                                   \
         NAME(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb,    \
              int tpr, const float* res, int add_res) {                                                  \
-        prefetch_rows(w, n_rows, nb, tpr, T::BULK, T::META);                                            \
+        prefetch_rows(w, n_rows, nb, tpr, T::BULK, T::META, blockIdx.x);                                \
         wait_prior();                                                                                   \
-        matvec_q<T>(w, xq, xds, out, n_rows, nb, tpr, res, add_res);                                    \
+        matvec_q<T>(w, xq, xds, out, n_rows, nb, tpr, res, add_res, blockIdx.x);                        \
     }
 
 MATVEC_Q(matvec_q4_0, Q4_0)
@@ -83,6 +84,29 @@ MATVEC_Q(matvec_q3_k, Q3_K)
 MATVEC_Q(matvec_q4_k, Q4_K)
 MATVEC_Q(matvec_q5_k, Q5_K)
 MATVEC_Q(matvec_q6_k, Q6_K)
+
+// Two matrices of different types that read the same x, in one launch (a K-quant mix keeps a layer's attn_v in
+// another type than its q and k: a launch and a wait less a layer). Blocks [0, blocks0) run w0's rows into
+// out0, the rest w1's into out1, each matrix with its own nb and threads per row.
+#define MATVEC_PAIR(S0, T0, S1, T1)                                                                      \
+    extern "C" __global__ void __launch_bounds__(128)                                                   \
+        matvec_##S0##_##S1(const uint8_t* w0, const uint8_t* w1, const int8_t* xq, const float2* xds,  \
+                           float* out0, float* out1, int n_rows0, int n_rows1, int nb0, int nb1,       \
+                           int tpr0, int tpr1, int blocks0) {                                           \
+        if (blockIdx.x < blocks0) {                                                                     \
+            prefetch_rows(w0, n_rows0, nb0, tpr0, T0::BULK, T0::META, blockIdx.x);                      \
+            wait_prior();                                                                               \
+            matvec_q<T0>(w0, xq, xds, out0, n_rows0, nb0, tpr0, out0, 0, blockIdx.x);                   \
+        } else {                                                                                        \
+            prefetch_rows(w1, n_rows1, nb1, tpr1, T1::BULK, T1::META, blockIdx.x - blocks0);            \
+            wait_prior();                                                                               \
+            matvec_q<T1>(w1, xq, xds, out1, n_rows1, nb1, tpr1, out1, 0, blockIdx.x - blocks0);         \
+        }                                                                                               \
+    }
+
+MATVEC_PAIR(q4_k, Q4_K, q6_k, Q6_K)  // Q4_K_M
+MATVEC_PAIR(q5_k, Q5_K, q6_k, Q6_K)  // Q5_K_M
+MATVEC_PAIR(q3_k, Q3_K, q5_k, Q5_K)  // Q3_K_M, Q3_K_L
 
 // Float weights, 8 values a 16- or 32-byte item; x float32. n_cols is a multiple of 8.
 struct F32W {
@@ -144,7 +168,7 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const fl
     extern "C" __global__ void __launch_bounds__(128)                                                    \
         NAME(const uint8_t* w, const float* x, float* out, int n_rows, int n_cols, int tpr,             \
              const float* res, int add_res) {                                                            \
-        prefetch_rows(w, n_rows, n_cols / 8, tpr, 8 * T::BYTES, 0);                                      \
+        prefetch_rows(w, n_rows, n_cols / 8, tpr, 8 * T::BYTES, 0, blockIdx.x);                          \
         wait_prior();                                                                                    \
         matvec_f<T>(w, x, out, n_rows, n_cols, tpr, res, add_res);                                       \
     }

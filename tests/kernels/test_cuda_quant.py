@@ -16,6 +16,7 @@ pytestmark = pytest.mark.gpu
 
 REL_TOL = 1e-5
 SHAPES = [(1024, 4096), (2048, 8192), (3, 256)]  # rows x cols: llama3-8b wk, llama-1b ffn_down, a ragged grid
+MATVEC_PAIRS = [("Q3_K", "Q5_K"), ("Q4_K", "Q6_K"), ("Q5_K", "Q6_K")]  # kernels/cuda_quant.MATVEC_PAIRS
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +95,30 @@ def test_matvec_adds_residual(cuda, name):
     cq.matvec(w, xin, in_place, residual=in_place)
     np.testing.assert_array_equal(cp.asnumpy(added), cp.asnumpy(plain) + r)  # the same float32 add
     np.testing.assert_array_equal(cp.asnumpy(in_place), cp.asnumpy(added))
+
+
+@pytest.mark.parametrize("pair", MATVEC_PAIRS, ids="-".join)
+@pytest.mark.parametrize("swapped", [False, True])
+def test_matvec_pair_equals_two_matvecs(cuda, pair, swapped):
+    """Two types in one launch (a Q4_K_M layer's q, k and its Q6_K attn_v): each output equals its own
+    matvec's bit for bit (the same threads per row, so the same sums), in either order of the two; and a
+    ragged row count, so the second matrix's blocks start mid-grid."""
+    cp, cq = cuda
+    assert set(MATVEC_PAIRS) == cq.MATVEC_PAIRS
+    rng = np.random.default_rng(np.random.SeedSequence().generate_state(1)[0])
+    names = pair[::-1] if swapped else pair
+    ws = [cq.to_device(random_weight_bytes(TYPES_BY_NAME[n], rows, 2048, seed=int(rng.integers(1 << 31))),
+                       TYPES_BY_NAME[n]) for n, rows in zip(names, (4096 + 1, 512))]
+    xq = cq.Q8Vector.empty(2048)
+    cq.quantize_q8_1(cp.asarray(rng.standard_normal(2048).astype(np.float32)), xq)
+    alone = [cp.full(w.n_rows, cp.nan, dtype=cp.float32) for w in ws]
+    for w, out in zip(ws, alone):
+        cq.matvec(w, xq, out)
+    together = [cp.full(w.n_rows, cp.nan, dtype=cp.float32) for w in ws]
+    assert cq.pairs_in_one_launch(*ws)
+    cq.matvec_pair(*ws, xq, *together)
+    for a, b in zip(alone, together):
+        np.testing.assert_array_equal(cp.asnumpy(b), cp.asnumpy(a))
 
 
 def test_quantize_q8_1_matches_numpy(cuda):
