@@ -162,7 +162,7 @@ def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig) -> int:
     max_cols = max(cfg.n_embd, cfg.n_ff, attn_dim, cfg.n_expert_used * cfg.n_ff_exp)  # the widest matmul input
     q8_bytes = max_cols * (1 + 8 / 32)  # q8_1: a byte a value + float32 (d, s) a block of 32
     decode = (4 * (token_floats + cfg.n_vocab) + q8_bytes
-              + 4 * cfg.n_heads * ATTN_SPLITS_MAX * (cfg.head_dim + 2)  # attention splits
+              + 4 * cfg.n_heads * ATTN_SPLITS_MAX * (cfg.head_dim + 4)  # attention splits (attention.cu: PART_EXTRA)
               + 8 * math.ceil(cfg.n_vocab / SAMPLE_CHUNK) * SAMPLE_K_MAX)  # sampler candidates
     matrices = [t for name, t in tensors.items() if name.startswith("blk.") and len(t.shape) == 2]
     largest, largest_bytes = max(t.n_elems for t in matrices), max(t.nbytes for t in matrices)

@@ -6,6 +6,7 @@ and each kernel's time in the same step run eagerly, read by Nsight Compute.
         python3 tests/device_kernel_times.py FILE.gguf kernels [DEPTH] > ncu.csv
     python3 tests/device_kernel_times.py ncu.csv table       # per kernel: launches, total us, share
     python3 tests/device_kernel_times.py FILE.gguf prefill   # ms of a 512-token prompt, and of its parts
+    python3 tests/device_kernel_times.py FILE.gguf doubled [DEPTH]  # what each kernel costs inside the graph
 
 A kernel runs as long in the graph as eagerly; the step's time less the kernels' sum is what launching and the
 gaps between nodes cost.
@@ -99,6 +100,49 @@ def prefill(path: str) -> None:
     print(f"synchronized: {whole:.1f} ms; " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
 
 
+def doubled(path: str, depth: int = 64) -> None:
+    """Each kernel's cost inside the captured step, where launches overlap (Nsight Compute runs them one at a
+    time): the graph step with every launch of that kernel made twice, less the step as it is, per launch.
+    The doubled launches compute the same again (the norms, matvecs, attention) or add their output twice to
+    the residual (a wrong but finite step: only its time is read)."""
+    from inference import load
+    from kernels import cuda_module
+    engine = load(path, device="cuda", ctx=depth + 1024)
+    list(engine.generate(_prompt(depth), max_tokens=8, temperature=0))
+    decode, launch = engine._decode, cuda_module.Kernel.__call__
+    seen, twice = collections.Counter(), set()
+
+    def launch_counted(self, grid, block, args, shared_mem=0):
+        seen[self.raw.name] += 1
+        launch(self, grid, block, args, shared_mem)
+        if self.raw.name in twice:
+            launch(self, grid, block, args, shared_mem)
+    cuda_module.Kernel.__call__ = launch_counted
+
+    def step_us() -> float:
+        decode.graphs.clear()
+        seen.clear()
+        decode(True, 0, depth)  # an eager step, then the capture
+        times = []
+        for _ in range(3):
+            decode.wait()
+            t = time.perf_counter()
+            for i in range(200):
+                decode(True, 0, depth + i)
+            decode.wait()
+            times.append((time.perf_counter() - t) / 200 * 1e6)
+        return float(np.median(times))
+
+    base = step_us()
+    launches = {name: n // 2 for name, n in seen.items()}  # the eager step's and the capture's
+    print(f"graph step {base:.1f} us at depth {depth}; per kernel: launches a step, us a launch in the graph")
+    for name, n in sorted(launches.items(), key=lambda kv: -kv[1]):
+        twice = {name}
+        print(f"{name:<40} {n:>4} {(step_us() - base) / n:7.2f}")
+    twice = set()
+    print(f"graph step again {step_us():.1f} us")
+
+
 def table(csv_path: str) -> None:
     rows = [r for r in csv.reader(open(csv_path)) if len(r) > 10]
     head = rows[0]
@@ -117,5 +161,5 @@ def table(csv_path: str) -> None:
 
 
 if __name__ == "__main__":
-    {"step": step_ms, "kernels": kernels, "table": table, "prefill": prefill}[sys.argv[2]](
+    {"step": step_ms, "kernels": kernels, "doubled": doubled, "table": table, "prefill": prefill}[sys.argv[2]](
         sys.argv[1], *map(int, sys.argv[3:]))
