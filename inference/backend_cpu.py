@@ -4,11 +4,10 @@ import mmap
 import numpy as np
 
 from inference.weights import ExpertFFN, ModelWeights, QuantMatrix
-from kernels import cpu_ops
+from kernels import cpu_ops, cpu_quant
 from kernels.cpu_quant import (dequantize_rows, expert_matvecs, quantized_matmul, quantized_matmuls,
                                quantized_matvecs_own_rows)
 from kernels.cpu_repack import LAYOUTS, Repacked, repack
-from kernels.cpu_types import Q4_K, Q6_K
 from models.config import ModelConfig
 
 
@@ -28,14 +27,14 @@ def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.
     router's choice). Only the chosen experts are read; of several tokens, grouped by expert, so each chosen
     expert's matrices are read once a call."""
     gate, up, down = experts.gate, experts.up, experts.down
-    # Q4_K and Q6_K only: on the H100/H200 host, Q4_1 stacks of tests/inference's qwen3moe file were refused by
-    # expert_matvecs' check (cause not found, session 11; not seen on the 2-core machine)
-    if len(h) == 1 and all(m.qtype.id in (Q4_K, Q6_K) for m in (gate, up, down)):
+    # the types with int8 kernels as cpu_quant holds them now, the list expert_matvecs checks and quantized_matmuls
+    # reads: the GPU tests' float32 reference (gpu_compare.float_activations) empties it to keep x in float32
+    if len(h) == 1 and all(m.qtype.id in cpu_quant.INT8_IDS for m in (gate, up, down)):
         # one token: its experts' gate and up in one kernel call (one parallel region), their downs in another
         g, u = expert_matvecs((gate.data, up.data), (gate.qtype, up.qtype), ids[0], h)
         ys = expert_matvecs((down.data,), (down.qtype,), ids[0], cpu_ops.glu(g, u, activation), own_rows=True)[0]
         return weights @ ys  # [1, k] @ [k, n_embd]
-    if len(h) == 1:  # one token, other types: the chosen matrices as a list
+    if len(h) == 1:  # one token, a type with no int8 kernel (F16, Q5_K; any in that reference): the matrices as a list
         chosen = [(experts.gate.expert(e), experts.up.expert(e), experts.down.expert(e)) for e in ids[0]]
         gate_up = quantized_matmuls([m.data for g, u, _ in chosen for m in (g, u)],
                                     [m.qtype for g, u, _ in chosen for m in (g, u)], h)

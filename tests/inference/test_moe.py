@@ -156,7 +156,7 @@ def test_cpu_experts_op_matches_numpy_reference(n_tokens, gate_up, down):
     assert np.corrcoef((ours - x).ravel(), ffn.ravel())[0, 1] > 0.999
 
 
-@pytest.mark.parametrize("gate_up, down", [(T.Q4_K, T.Q6_K), (T.Q8_0, T.Q8_0), (T.Q4_0, T.Q4_K)])
+@pytest.mark.parametrize("gate_up, down", [(T.Q4_K, T.Q6_K), (T.Q8_0, T.Q8_0), (T.Q4_0, T.Q4_K), (T.Q4_1, T.Q5_0)])
 def test_one_token_experts_match_one_matrix_a_call(gate_up, down):
     """A decode step's experts (backend_cpu.moe_experts, one token: two kernel calls on the stacks) against the
     chosen experts one matrix a call (quantized_matmul, glu, the weighted sum in float64): float32 rounding apart,
@@ -176,6 +176,21 @@ def test_one_token_experts_match_one_matrix_a_call(gate_up, down):
     assert ours.shape == (1, 256) and ours.dtype == np.float32
     np.testing.assert_allclose(ours, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
+
+
+@pytest.mark.parametrize("model", ["synth_qwen3moe", "synth_qwen3moe_k"])  # Q4_1 and Q5_0 experts; Q4_K and Q6_K
+def test_float_reference_of_one_token(model, request):
+    """The GPU tests' CPU reference (gpu_compare.reference_logits: cpu_quant's int8 kernels off, x in float32) of one
+    token, which runs the experts as a decode step does, is the first row of a longer prompt's reference to float32
+    rounding (x rounded to int8 is 0.3-3% off here). Session 11's moe_experts chose expert_matvecs by a type list of
+    its own, which the reference does not empty, and expert_matvecs refused the stacks by the emptied one: this
+    raised for the Q4_K file, and 4 GPU tests of the Q4_1 file failed until the stack path was kept from Q4_1."""
+    from inference import load
+    from tests.inference.gpu_compare import random_prompt, reference_logits
+    cpu = load(request.getfixturevalue(model), device="cpu", ctx=64)
+    ids = random_prompt(cpu, 9)
+    one, first = reference_logits(cpu, ids[:1])[0], reference_logits(cpu, ids)[0]
+    assert np.abs(one - first).max() <= 1e-5 * np.abs(first).max()
 
 def _check_moe_parity(m: dict) -> None:
     """The issue's bar for experts: mean correlation >= 0.999, min >= 0.99, llama.cpp's clear top-1 kept."""

@@ -270,7 +270,8 @@ def expert_stack(name: str, n_expert: int, n_rows: int, n_cols: int, seed: int) 
     return random_weight(name, n_expert * n_rows, n_cols, seed).reshape(n_expert, n_rows, -1)
 
 
-@pytest.mark.parametrize("gate_up, down", [("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q8_0", "Q8_0"), ("Q6_K", "Q4_0")])
+@pytest.mark.parametrize("gate_up, down", [("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q8_0", "Q8_0"), ("Q6_K", "Q4_0"),
+                                           ("Q4_1", "Q5_0")])
 def test_expert_matvecs_equal_the_per_matrix_path_bit_for_bit(gate_up, down):
     """One token's chosen experts from the stacks in one call (a decode step's gate and up; its downs, each slot by
     its own row of x) give what quantized_matmuls on the 2k chosen matrices and quantized_matvecs_own_rows on the
