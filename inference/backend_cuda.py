@@ -14,7 +14,7 @@ import numpy as np
 
 from inference.backend_cpu import OFFLOAD_MIN_TOKENS
 from inference.host_experts import HostExperts
-from inference.placement import GROUPED_MIN_TOKENS, PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR
+from inference.placement import GROUPED_MIN_TOKENS, PREFILL_CHUNK, prefill_tile_elems
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.weights import ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
 from kernels import cpu_ops, cuda_host, cuda_moe, cuda_ops, cuda_prefill
@@ -447,9 +447,9 @@ class CUDABackend:
             cfg = self.cfg
             max_cols = max(cfg.n_embd, cfg.n_ff, cfg.n_heads * cfg.v_head_dim)
             largest = max(cfg.n_ff * cfg.n_embd, cfg.n_heads * cfg.head_dim * cfg.n_embd)
-            tile = largest // PREFILL_TILE_ELEMS_DIVISOR
             with self.stream:
-                s = self._prefill_scratch = cuda_prefill.Scratch.empty(self.n, max_cols, tile)
+                s = self._prefill_scratch = cuda_prefill.Scratch.empty(self.n, max_cols,
+                                                                       prefill_tile_elems(cfg, largest))
         return s
 
     def _set_cublas_stream(self) -> None:

@@ -40,9 +40,9 @@ RUNTIME_RESERVE_BYTES = 256 * MiB
 # chunks amortize it (and dequantize each weight tile once per chunk), at ~80 floats a token per 1024 of n_ff
 # of activations. 1024 put llama3-8b's peak VRAM at file + KV + 14% (issue 5 allows 10%): 512 halves that part.
 PREFILL_CHUNK = 512
-# The fp16 tile a prompt matmul dequantizes weight rows into: half the largest layer matrix (two tiles for it,
-# one cuBLAS call more) rather than all of it, 117 MB less VRAM on llama3-8b.
-PREFILL_TILE_ELEMS_DIVISOR = 2
+# The fp16 tile a prompt matmul dequantizes weight rows into (prefill_tile_elems): a whole matmuls call where
+# that is at most 64 MiB, else half the largest layer matrix.
+PREFILL_WHOLE_TILE_ELEMS = 1 << 25
 # From this many tokens a prompt chunk's experts run grouped by expert (kernels/moe_mm.cu: each chosen expert's
 # weight tiles dequantized once per 64 of its pairs, tensor cores); below, per (token, slot) pair with the decode
 # kernels. Qwen3-30B-A3B's layer on the H100 (kernels/bench_moe.py, us grouped / per pair): 32 tokens 603 / 300,
@@ -153,6 +153,16 @@ def share_ring_bytes(largest_matrix_bytes: int) -> int:
     return SHARE_RING_MATRICES * largest_matrix_bytes
 
 
+def prefill_tile_elems(cfg: ModelConfig, largest: int) -> int:
+    """Elements of the fp16 tile of the prompt matmuls (cuda_prefill.Scratch.w16), largest the elements of the
+    largest layer matrix. Each tile costs a dequantize launch and a cuBLAS call of ~25 us of Python a chunk: a
+    small model's prompt is host-bound, so it gets a tile that holds its largest call (gate and up, or q, k and
+    v: one tile a call, 64 MiB for llama-1b); a larger one half its largest matrix (two tiles for it rather
+    than one: 117 MB less VRAM on llama3-8b)."""
+    call = max(2 * cfg.n_ff, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim) * cfg.n_embd
+    return call if call <= PREFILL_WHOLE_TILE_ELEMS else largest // 2
+
+
 def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig) -> int:
     """Decode and prefill buffers of the GPU engine (one set serves every layer: they run in turn)."""
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
@@ -168,7 +178,7 @@ def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig) -> int:
     largest, largest_bytes = max(t.n_elems for t in matrices), max(t.nbytes for t in matrices)
     prefill = (4 * PREFILL_CHUNK * token_floats  # float32 activations of a chunk
                + 2 * PREFILL_CHUNK * max_cols + PREFILL_CHUNK * q8_bytes  # Scratch.x16, Scratch.xq
-               + 2 * largest // PREFILL_TILE_ELEMS_DIVISOR  # Scratch.w16: the fp16 tile
+               + 2 * prefill_tile_elems(cfg, largest)  # Scratch.w16: the fp16 tile
                + 2 * largest_bytes)  # a CPU layer's matrix uploaded for a prompt chunk, as read and repacked
     if cfg.n_expert:  # a chunk's pairs grouped by expert: fp16 act and float32 y a pair (and the per-pair path's
         pairs = PREFILL_CHUNK * cfg.n_expert_used  # float32 act and its q8_1: no more than these)

@@ -1,15 +1,16 @@
 """Placement arithmetic on the CPU: real tensor tables of the packaged models and llama3-8b's built from shapes."""
+import dataclasses
 import os
 
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from inference.placement import (CUDA_CONTEXT_BYTES, PREFILL_CHUNK, PREFILL_TILE_ELEMS_DIVISOR, RUNTIME_RESERVE_BYTES,
+from inference.placement import (CUDA_CONTEXT_BYTES, PREFILL_CHUNK, RUNTIME_RESERVE_BYTES,
                                  GiB, GpuLayersError, GpuShareError, MiB, VramBudgetError, all_on_cpu, cap_gpu_share,
                                  free_vram, host_memory_available, kv_bytes_per_layer, layer_weight_bytes,
                                  parse_cpu_moe, parse_gpu_layers, parse_gpu_share, parse_vram_budget, plan_placement,
-                                 scratch_bytes, share_ring_bytes, split)
+                                 prefill_tile_elems, scratch_bytes, share_ring_bytes, split)
 from models.config import ModelConfig, config_from_metadata
 from models.ggml_types import TYPES_BY_NAME
 from models.gguf import TensorInfo, open_gguf
@@ -326,10 +327,20 @@ def test_counts_cover_what_the_kernels_allocate(llama3):
     max_cols = max(cfg.n_embd, cfg.n_ff, cfg.n_heads * cfg.v_head_dim)
     pool = cp.get_default_memory_pool()
     before = pool.used_bytes()
-    buffers = (Scratch.empty(PREFILL_CHUNK, max_cols, largest // PREFILL_TILE_ELEMS_DIVISOR), cuda_ops.argmax_scratch(),
+    buffers = (Scratch.empty(PREFILL_CHUNK, max_cols, prefill_tile_elems(cfg, largest)), cuda_ops.argmax_scratch(),
                cuda_ops.decode_scratch(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim), cuda_ops.sample_scratch(cfg.n_vocab))
     kernel_bytes = pool.used_bytes() - before
     assert buffers and largest < kernel_bytes <= scratch_bytes(tensors, cfg)
+
+
+def test_a_small_models_prompt_matmuls_take_one_tile_a_call(llama3):
+    """A prompt chunk's matmuls call costs a dequantize launch and a cuBLAS call a tile (host-bound on small
+    models): llama-1b's gate and up (2 x 8192 x 2048) fit one 64 MiB tile; llama3-8b keeps half its largest
+    matrix (ffn 14336 x 4096), four tiles for gate and up, rather than 235 MB of VRAM for one."""
+    _, cfg = llama3
+    llama_1b = dataclasses.replace(cfg, n_embd=2048, n_ff=8192, n_heads=32, n_kv_heads=8, head_dim=64)
+    assert prefill_tile_elems(llama_1b, 8192 * 2048) == 2 * 8192 * 2048
+    assert prefill_tile_elems(cfg, 14336 * 4096) == 14336 * 4096 // 2
 
 
 def test_the_share_ring_is_counted_only_with_layers_on_the_cpu(llama3):
