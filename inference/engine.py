@@ -115,8 +115,11 @@ class Engine:
         self._cached, self._prompt_logits = [], None
 
     def summary(self) -> str:
-        """Where the model runs (run --verbose): the placement, and the GPU's share of the CPU layers if any."""
-        return self.placement.summary() + (f"\n  {self.gpu_share.describe()}" if self.gpu_share else "")
+        """Where the model runs (run --verbose): the placement, the GPU's share of the CPU layers if any, and who
+        runs the experts kept in host memory if any."""
+        host_experts = self._be.host_experts.describe() if self.device == "cuda" else None
+        return "\n  ".join([self.placement.summary()] + [s for s in (self.gpu_share and self.gpu_share.describe(),
+                                                                    host_experts) if s])
 
     def _with_gpu_layers(self, k: int) -> Placement:
         """The placement with only its last k layers on the GPU, after running out of VRAM."""

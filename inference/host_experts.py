@@ -38,6 +38,7 @@ class HostExperts:
     def __init__(self, stream: cp.cuda.Stream, cfg: ModelConfig, weights: ModelWeights, layers: range,
                  pinned: PinnedPages | None):
         self.stream = stream
+        self.layers, self.k = layers, cfg.n_expert_used
         self.io = _HostExpertsIO.empty(cfg) if layers else None  # a step's experts on the host
         self.side = cp.cuda.Stream(non_blocking=True)  # the GPU's share runs here while the host works
         # id(experts) -> their stacks as the GPU reads them in place, for its share of a token's host experts; none
@@ -49,6 +50,16 @@ class HostExperts:
                 if share := _read_in_place(weights.layers[i].experts, pinned):
                     self.in_place[id(weights.layers[i].experts)] = share
         self._pieces = None  # while a decode step is captured: its graphs so far and the host work between them
+
+    def describe(self) -> str | None:
+        """Who runs a token's host experts (run --verbose), or None without any."""
+        if not self.layers:
+            return None
+        n, shared = len(self.layers), len(self.in_place)
+        if not shared:
+            return f"host experts: the CPU runs every chosen expert of the {n} layers (no GPU share for their types)"
+        return (f"host experts: the GPU runs {min(HOST_EXPERTS_GPU_SLOTS, self.k - 1)} of a token's {self.k} chosen "
+                f"experts itself in {shared} of the {n} layers, reading them from host memory; the CPU the rest")
 
     def add_moe(self, be, x, experts: ExpertFFN, h, ids, weights) -> cp.ndarray:
         """x + the experts chosen on the device, run by the CPU (backend_cpu.moe_experts) from host memory; be: the

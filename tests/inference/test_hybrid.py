@@ -216,6 +216,7 @@ def test_host_experts_stay_on_the_host(host_expert_engines):
         assert all(be._pinned.holds(s.data) == (i < k) for s in (lw.experts.gate, lw.experts.up, lw.experts.down))
     assert host.placement.weights_bytes < gpu.placement.weights_bytes
     assert f"experts of layer{'s 0-1' if k == n else ' 0'} on CPU" in host.placement.summary()
+    assert f"the CPU runs every chosen expert of the {k} layers" in host.summary()  # Q4_1: no in-place kernels
 
 
 def test_host_experts_logits_match_cpu(host_expert_engines, request):
@@ -285,6 +286,9 @@ def test_gpu_share_of_host_experts_adds_what_the_cores_would(synth_qwen3moe_k):
     layers = engine._weights.layers
     assert HOST_EXPERTS_GPU_SLOTS > 0 and len(engine._be.host_experts.in_place) == len(layers)
     assert {lw.experts.down.qtype.name for lw in layers} == {"Q4_K", "Q6_K"}
+    k = engine.config.n_expert_used  # 2 here: the GPU takes one, the cores keep at least one
+    assert f"the GPU runs {min(HOST_EXPERTS_GPU_SLOTS, k - 1)} of a token's {k} chosen experts itself in " \
+        f"{len(layers)} of the {len(layers)} layers" in engine.summary()
     rng = np.random.default_rng(0)
     for i in range(len(layers)):
         xs = rng.standard_normal((2, 1, engine.config.n_embd)).astype(np.float32)
