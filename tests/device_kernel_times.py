@@ -24,13 +24,8 @@ def _prompt(depth: int) -> list[int]:
     return [100 + i % 1000 for i in range(depth)]
 
 
-def step_ms(path: str, depth: int = 64) -> None:
-    import cupy as cp
-
-    from inference import load
-    engine = load(path, device="cuda", ctx=depth + 1024)
-    list(engine.generate(_prompt(depth), max_tokens=8, temperature=0))  # compile, capture the graph
-    decode = engine._decode
+def _step_times(decode, depth: int) -> list[float]:
+    """ms a step of three runs of 200 decode steps from position depth, each waited for."""
     times = []
     for _ in range(3):
         decode.wait()
@@ -39,6 +34,16 @@ def step_ms(path: str, depth: int = 64) -> None:
             decode(True, 0, depth + i)
         decode.wait()
         times.append((time.perf_counter() - t) / 200 * 1e3)
+    return times
+
+
+def step_ms(path: str, depth: int = 64) -> None:
+    import cupy as cp
+
+    from inference import load
+    engine = load(path, device="cuda", ctx=depth + 1024)
+    list(engine.generate(_prompt(depth), max_tokens=8, temperature=0))  # compile, capture the graph
+    times = _step_times(engine._decode, depth)
     print(f"graph step: {' '.join(f'{t:.3f}' for t in times)} ms ({cp.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
 
 
@@ -123,15 +128,7 @@ def doubled(path: str, depth: int = 64) -> None:
         decode.graphs.clear()
         seen.clear()
         decode(True, 0, depth)  # an eager step, then the capture
-        times = []
-        for _ in range(3):
-            decode.wait()
-            t = time.perf_counter()
-            for i in range(200):
-                decode(True, 0, depth + i)
-            decode.wait()
-            times.append((time.perf_counter() - t) / 200 * 1e6)
-        return float(np.median(times))
+        return float(np.median(_step_times(decode, depth))) * 1e3
 
     base = step_us()
     launches = {name: n // 2 for name, n in seen.items()}  # the eager step's and the capture's
