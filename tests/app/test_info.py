@@ -111,7 +111,7 @@ def test_split_model_is_one_model(tmp_path):
 def test_plan_shows_the_split_and_refuses_a_budget_too_small(smollm2):
     done = info(smollm2, "--plan", "--vram-budget", "1", "--ctx", "8192")
     assert done.returncode == 0, done.stderr
-    assert "placement: 23/30 layers on GPU, layers 0-6 on CPU: VRAM budget exhausted" in done.stdout
+    assert "placement: 22/30 layers on GPU, layers 0-7 on CPU: VRAM budget exhausted" in done.stdout
     # without --ctx the model's 8192 halves until every layer fits, as load() does
     plan = json.loads(info(smollm2, "--plan", "--vram-budget", "1", "--json").stdout)["plan"]
     assert plan.splitlines()[0] == "placement: 30/30 layers on GPU" and "(ctx 4096, f16)" in plan
