@@ -11,14 +11,14 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from kernels.cpu_ir import array_data, dot4, fma, i64, ir_loop, ptr, splat, splat_f
+from kernels.cpu_ir import array_data, dot4, dot4_many, fma, i64, ir_loop, ptr, splat, splat_f
 from kernels.cpu_repack import LAYOUTS, ROWS
 from kernels.cpu_types import Q4_0, Q4_1, Q5_0, Q5_1, X8, fast
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_ir", "cpu_repack")
-INLINED_DIGEST = "fe0798730d04f6f0"
+INLINED_DIGEST = "728e1d7238315e34"
 
 OFFSETS = {Q4_0: 8, Q5_0: 16}
 
@@ -62,7 +62,7 @@ def _group_base(context, builder, w_t, w, g_t, g, block_bytes):
 def _dot(tid):
     """An intrinsic f(w, g, xq, xd, xs16) -> UniTuple(float32, 8): group g of the repacked w (uint8 [n_groups,
     row_bytes]) dotted with one token's x8 (xq int8 [n_cols], xd float32 [n_cols // 32], xs16 int16 [n_cols // 16])."""
-    block_bytes, has_min, _ = LAYOUTS[tid]
+    block_bytes, has_min, has_qh = LAYOUTS[tid]
     offset = OFFSETS.get(tid, 0)
 
     @intrinsic
@@ -75,15 +75,15 @@ def _dot(tid):
             base, n_blocks = _group_base(context, builder, w_t, w, g_t, g, block_bytes)
 
             def body(b, accs):
-                values, d, m = unpack(context, builder, tid, w_t, w,
-                                      builder.add(base, builder.mul(b, i64(ROWS * block_bytes))))
+                at = builder.add(base, builder.mul(b, i64(ROWS * block_bytes)))
+                values, d, m = unpack(context, builder, tid, w_t, w, at)
                 sums16 = builder.load(ptr(context, builder, xs_t, xs16, builder.mul(b, i64(2)), ir.VectorType(i16, 2)))
                 xsum = builder.add(*[builder.sext(builder.extract_element(sums16, i64(h)), i32) for h in range(2)])
                 sums = splat(builder, builder.mul(xsum, ir.Constant(i32, -offset)), 8, 32) if offset else v8([0] * 8)
-                for k in range(8):
-                    x4 = builder.load(ptr(context, builder, xq_t, xq, builder.add(builder.mul(b, i64(32)), i64(4 * k)),
-                                           i32), align=1)
-                    sums = dot4(context, builder, sums, values[k], builder.bitcast(splat(builder, x4, 8, 32), b32))
+                x4s = [builder.load(ptr(context, builder, xq_t, xq, builder.add(builder.mul(b, i64(32)), i64(4 * k)),
+                                        i32), align=1) for k in range(8)]
+                sums = dot4_many(context, builder, sums, [(values[k], builder.bitcast(splat(builder, x4s[k], 8, 32), b32))
+                                                          for k in range(8)], 31 if has_qh else 15)
                 xd_b = builder.load(builder.gep(array_data(context, builder, xd_t, xd).data, [b]))
                 acc = fma(builder, builder.sitofp(sums, f8), builder.fmul(d, splat_f(builder, xd_b, 8)), accs[0])
                 if has_min:

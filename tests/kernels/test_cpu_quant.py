@@ -383,3 +383,40 @@ def test_repacked_dots_agree_without_vnni(name, monkeypatch):
         results[has_vnni] = dot(w, xq, xd, xs16)
         assert ("vpdpbusd" in next(iter(dot.inspect_llvm().values()))) == has_vnni
     assert results.get(True, results[False]) == results[False]
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_repacked_dots_agree_on_every_simd_path(name, monkeypatch):
+    """The repacked matvec's byte dots without VNNI: AVX2's pmaddubsw (int16 sums of several vectors, then one
+    pmaddwd) and generic IR give what the host's best path gives, lane for lane, with x at its extremes (-128,
+    127: the int16 sums' worst case) as well as random."""
+    from kernels import cpu_dot_x8
+    from kernels.cpu_repack import repack
+    qtype = TYPES_BY_NAME[name]
+    w = random_weight(name, 8, 2048)
+    high = np.full(w.shape, 0xFF, np.uint8)
+    for off in range(0, w.shape[1], qtype.block_bytes):  # every quant (and 5th bit) at its largest, scales kept
+        scale_bytes = {18: 2, 20: 4, 22: 2, 24: 4}[qtype.block_bytes]
+        high[:, off:off + scale_bytes] = w[:, off:off + scale_bytes]
+    rng = np.random.default_rng(3)
+    dot_x8 = getattr(cpu_dot_x8, f"dot_x8_{name.lower()}")
+    paths = [(s, v) for s in host_simd_paths() for v in (host_vnni_paths() if s == "avx512bw" else [False])]
+    for weight, xq in ((w, rng.integers(-127, 128, 2048).astype(np.int8)), (high, np.full(2048, 127, np.int8)),
+                       (high, np.full(2048, -128, np.int8))):
+        packed = repack(weight, qtype.id).data
+        xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int16)
+        xd = rng.random(64, np.float32)
+        results = {}
+        for simd, has_vnni in paths:
+            monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
+            monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
+
+            @nb.njit  # not cached: compiled anew under each path
+            def dot(w, xq, xd, xs16):
+                return dot_x8(w, 0, xq, xd, xs16)
+
+            results[(simd, has_vnni)] = dot(packed, xq, xd, xs16)
+            llvm_ir = next(iter(dot.inspect_llvm().values()))
+            assert ("vpdpbusd" in llvm_ir) == has_vnni
+            assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni)
+        assert len(set(results.values())) == 1, results
