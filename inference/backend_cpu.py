@@ -50,9 +50,6 @@ def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.
     return out
 
 
-OFFLOAD_MIN_TOKENS = 32  # llama.cpp's threshold for running a CPU weight's matmul on the GPU
-
-
 def repacked_matrices(weights: ModelWeights, layers: range) -> dict[int, Repacked]:
     """id(matrix) -> the matrix repacked eight rows at a time (kernels/cpu_repack), for the layers' matrices of the
     types that layout has (Q4_0, Q4_1, Q5_0, Q5_1; experts are left as they are)."""
@@ -74,20 +71,19 @@ class CPUBackend:
     """Holds the KV cache of its layers and the input buffers (tokens, start position) the forward pass reads.
 
     layers: the layers it runs (default all); with the GPU holding the rest, they are the first ones.
-    gpu: the GPU backend of the other layers, if any: it multiplies this backend's matrices for prompt chunks of
-    OFFLOAD_MIN_TOKENS or more, each matrix uploaded for the call (as llama.cpp does), because dequantizing
-    every weight for BLAS on the CPU (~70 tok/s on llama3-8b's 8 CPU layers) is far slower than the copy.
+    with_gpu: a GPU backend runs the other layers, and prompt chunks of placement.OFFLOAD_MIN_TOKENS or more
+    run these layers too (backend_cuda: lent layers); this backend then runs their decode steps and short chunks.
     share: a gpu_share.GpuShare, set after construction, through which the GPU multiplies the first rows of
     this backend's matrices for one token while the CPU does the rest (None: the CPU does all)."""
 
     prefill_chunk = 256  # prompt tokens a forward: bounds the attention scores to [heads, 256, ctx]
     _repacked: dict[int, Repacked] = {}  # set in __init__; empty here for a backend made without it (tests' op checks)
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None, gpu=None):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None,
+                 with_gpu: bool = False):
         self.cfg = cfg
         self.n_ctx = n_ctx
         self.layers = range(cfg.n_layers) if layers is None else layers
-        self.gpu = gpu
         self.share = None
         self.k_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.head_dim)) for i in self.layers}
         self.v_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.v_head_dim)) for i in self.layers}
@@ -100,10 +96,10 @@ class CPUBackend:
         # largest matrix, read whole every token (Gemma 3 270M: 178 MB, ~40% of a token), read ~13% faster from
         # the copy than from the file's mmap on the 2-core machine (numpy puts it on huge pages). Made here, at
         # load (~0.1-0.5 s for Gemma's), not in the first reply.
-        self._head = (weights.output.data, _read_only(np.array(weights.output.data))) if gpu is None else None
+        self._head = (weights.output.data, _read_only(np.array(weights.output.data))) if not with_gpu else None
         # the layers' 4-bit 32-value block matrices repacked when no GPU reads them in the file's layout: their
         # matvecs read 8 rows a vector, ~2x faster a core (Q4_1 576 x 1536: 13.6 -> 30.5 GB/s on one)
-        self._repacked = repacked_matrices(weights, self.layers) if gpu is None else {}
+        self._repacked = repacked_matrices(weights, self.layers) if not with_gpu else {}
 
     def set_input(self, tokens: np.ndarray, pos: int) -> None:
         self.tokens = np.asarray(tokens, np.int32)
@@ -123,9 +119,7 @@ class CPUBackend:
         return cpu_ops.rms_norm(x, weight, self.cfg.rms_eps)
 
     def matmul(self, w: QuantMatrix, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        if self.gpu is not None and len(x) >= OFFLOAD_MIN_TOKENS:
-            y = self.gpu.matmul_host_weight(w, x)
-        elif self.share is not None and len(x) == 1:
+        if self.share is not None and len(x) == 1:
             y = self.share.matmuls((w,), x)[0]
         else:
             y = quantized_matmul(self._repacked.get(id(w), w.data), w.qtype, x)  # [n, n_rows]
@@ -134,8 +128,6 @@ class CPUBackend:
     def matmuls(self, ws: tuple[QuantMatrix, ...], x: np.ndarray, biases: tuple | None = None) -> tuple:
         """The matmuls of several matrices by one x. For a few tokens, one kernel call quantizes x once and runs
         all their rows in one parallel region: a layer's decode step makes 4 of each instead of 7."""
-        if self.gpu is not None and len(x) >= OFFLOAD_MIN_TOKENS:
-            return tuple(self.matmul(w, x, b) for w, b in zip(ws, biases or (None,) * len(ws)))
         if self.share is not None and len(x) == 1:
             ys = self.share.matmuls(ws, x)
         else:

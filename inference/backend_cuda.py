@@ -12,9 +12,8 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from inference.backend_cpu import OFFLOAD_MIN_TOKENS
 from inference.host_experts import HostExperts
-from inference.placement import GROUPED_MIN_TOKENS, PREFILL_CHUNK, prefill_tile_elems
+from inference.placement import GROUPED_MIN_TOKENS, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, prefill_tile_elems
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.weights import ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
 from kernels import cpu_ops, cuda_host, cuda_moe, cuda_ops, cuda_prefill
@@ -71,7 +70,13 @@ class CUDABackend:
     token_embd stays on the host and each forward starts from the hidden state receive() brings over; the output
     head is always here. host_experts: layers whose experts stay in host memory, where the CPU's kernels run
     them for this backend (the router and the choice stay here: only the hidden row, the ids and the weights
-    go down, the experts' sum comes back; host_experts.py)."""
+    go down, the experts' sum comes back; host_experts.py).
+
+    Lent layers: a prompt chunk of OFFLOAD_MIN_TOKENS or more runs the CPU backend's layers here too, as the
+    layers before this backend's (the CPU only embeds). Each of their weights is uploaded for the op that reads
+    it (from the file's pages pinned in place: ~50 GB/s) and its VRAM goes back to the pool; their KV cache is
+    lent one layer at a time (lend): keys and values before the chunk up from the host cache, the chunk's back.
+    The GPU's attention and the rest beat the cores' ~10x on a chunk, as the copies cost ~20 ms a GB."""
 
     prefill_chunk = PREFILL_CHUNK
 
@@ -106,6 +111,9 @@ class CUDABackend:
             self._route_done = cp.zeros(1, dtype=cp.uint32)  # cuda_moe.norm_router_route's count of finished blocks
         self._hidden_host = cupyx.empty_pinned((1, cfg.n_embd), dtype=np.float32)  # pinned: copied in by the graph
         self._staging = None  # pinned bytes of a host weight on its way up where its pages could not be pinned
+        self._host_kv = None  # (k_cache, v_cache): the CPU layers' host KV caches by layer (lend)
+        self._lent = None  # (layer, (k, v) in VRAM) of the lent layer the chunk is in
+        self._pos = 0  # pos[0] of a prompt chunk, on the host
         # the file's pages a prompt chunk uploads, pinned where they lie so that it copies them up directly
         uploaded = list(_uploaded_from_host(weights, range(self.layers.start), host_experts))
         self._pinned = cuda_host.pin_in_place(uploaded) if uploaded else None
@@ -115,6 +123,7 @@ class CUDABackend:
         self.ids = self.token  # [n] int32 the tokens of this forward
         self.n = 1
         self._q8_of = None  # (address of x, its Q8Vector): q, k and v (gate and up) share one quantization
+        self._set_cublas_stream()  # the handle and its workspace made now, at load: out of VRAM here, not in a prompt
         self.stream.synchronize()
 
     # ---- inputs ----
@@ -131,6 +140,7 @@ class CUDABackend:
             self.ids.set(tokens, stream=self.stream)
             self.n = len(tokens)
             self._q8_of = None
+            self._pos, self._lent = pos, None
         self.pos.set(np.array([pos], np.int32), stream=self.stream)
 
     def begin_step(self) -> None:
@@ -145,6 +155,11 @@ class CUDABackend:
             return self._arena.take(shape, dtype)
         with self.stream:
             return cp.empty(shape, dtype=dtype)
+
+    def lend(self, k_cache: dict[int, np.ndarray], v_cache: dict[int, np.ndarray]) -> None:
+        """Prompt chunks may run the layers of these host KV caches (the CPU backend's: float32 [n_kv_heads,
+        n_ctx, head_dim] by layer) here, before this backend's own (see Lent layers above)."""
+        self._host_kv = (k_cache, v_cache)
 
     def to_host(self, x: cp.ndarray) -> np.ndarray:
         return x.get(stream=self.stream)
@@ -189,17 +204,19 @@ class CUDABackend:
         out = self._empty(x.shape)
         one_row = self.n == 1 and x.ndim == 2 and x.shape[1] <= cuda_ops.NORM_Q8_MAX  # a step's hidden state
         xq = self._q8_out(out) if one_row else None  # for the matvecs next
-        cuda_ops.rms_norm(x, self._dev[id(weight)], out, self.cfg.rms_eps, xq=xq, stream=self.stream)
+        cuda_ops.rms_norm(x, self._weight(weight), out, self.cfg.rms_eps, xq=xq, stream=self.stream)
         return out
 
     def matmul(self, w: QuantMatrix, x: cp.ndarray, bias: np.ndarray | None = None) -> cp.ndarray:
-        return self._matmul(self._dev[id(w)], x, None if bias is None else self._dev[id(bias)])
+        return self._matmul(self._weight(w), x, None if bias is None else self._weight(bias))
 
     def matmuls(self, ws: tuple[QuantMatrix, ...], x: cp.ndarray, biases: tuple | None = None) -> tuple:
         """matmul(w, x, bias) for each of ws, one launch per row group; a one-token step's outputs are views
         of their group's output, a prompt chunk's are contiguous copies of its columns (as the ops want)."""
+        groups = self._groups.get(_group_key(ws, biases))
+        if groups is None:  # a lent layer's call: each matrix uploaded for it
+            return tuple(self.matmul(w, x, b) for w, b in zip(ws, biases or (None,) * len(ws)))
         outs = [None] * len(ws)
-        groups = self._groups[_group_key(ws, biases)]
         for g, y in zip(groups, self._pair(groups, x) or [self._matmul(g.weight, x, g.bias) for g in groups]):
             for i, first, end in g.parts:  # y [n, g.weight.n_rows]
                 if x.shape[0] == 1 or len(g.parts) == 1:
@@ -220,14 +237,19 @@ class CUDABackend:
         matvec_pair(groups[0].weight, groups[1].weight, self._q8(x), y[0, :n0], y[0, n0:], stream=self.stream)
         return y[:, :n0], y[:, n0:]
 
-    def matmul_host_weight(self, w: QuantMatrix, x: np.ndarray) -> np.ndarray:
-        """x [n, n_cols] @ W.T for a prompt chunk of a layer on the CPU: W goes up for this call only (its
-        VRAM returns to the pool), x up, y [n, n_rows] back. This backend has the same chunk as input."""
-        assert self.n == len(x) > 1, "set_input gives every segment the chunk before the forward"
-        with self.stream:
-            y = self._matmul(to_device(self._upload(w.data), w.qtype),
-                             cp.asarray(np.ascontiguousarray(x, np.float32)), None)
-        return y.get(stream=self.stream)
+    def _weight(self, t):
+        """The device copy of a host weight (a QuantMatrix, or a vector as float32): uploaded at load, or in a
+        prompt chunk's lent layer for the op that reads it (its VRAM returns to the pool after)."""
+        d = self._dev.get(id(t))
+        if d is not None:
+            return d
+        assert self.n >= OFFLOAD_MIN_TOKENS, "only a prompt chunk runs lent layers"
+        if isinstance(t, QuantMatrix):
+            raw = self._upload(t.data)
+            with self.stream:
+                return to_device(raw, t.qtype)
+        with self.stream:  # a copy first: the vector may share a page with pinned weights (_uploaded_from_host)
+            return cp.asarray(np.array(t, np.float32))
 
     def _upload(self, data: np.ndarray) -> cp.ndarray:
         """A host weight's bytes in VRAM for one prompt chunk (its VRAM returns to the pool after). From pages
@@ -262,7 +284,7 @@ class CUDABackend:
         """x + W a, W a normalized by norm first when given (sandwich norms); one launch in a one-token step."""
         if norm is not None:
             return self.add(x, self.rms_norm(self.matmul(w, a), norm))
-        return self._matmul(self._dev[id(w)], a, None, residual=x)
+        return self._matmul(self._weight(w), a, None, residual=x)
 
     def _matmul(self, dw: DeviceWeight, x: cp.ndarray, bias: cp.ndarray | None,
                 residual: cp.ndarray | None = None) -> cp.ndarray:
@@ -291,15 +313,45 @@ class CUDABackend:
         if head_norms is not None and q.shape[2] % cuda_ops.HEAD_NORM_MULTIPLE:
             q, k = (self.rms_norm(a, w) for a, w in zip((q, k), head_norms))  # no whole warps for the fused norms
             head_norms = None
-        norms = None if head_norms is None else tuple(self._dev[id(w)] for w in head_norms)
+        norms = None if head_norms is None else tuple(self._weight(w) for w in head_norms)
+        cache = self._cache(layer)
         cuda_ops.rope_kv_write(q, k, v, self._inv_freq[key], self.pos, self.cfg.rope_style == "neox",
-                               *self.caches[layer], head_norms=norms, eps=self.cfg.rms_eps, stream=self.stream)
+                               *cache, head_norms=norms, eps=self.cfg.rms_eps, stream=self.stream)
+        if layer not in self.caches:
+            self._give_back(layer, cache)
         return q
+
+    def _cache(self, layer: int) -> tuple[cp.ndarray, cp.ndarray]:
+        """The layer's (k, v) cache in VRAM: its own, or for a lent layer, one as long as the chunk's last position
+        with the host cache's keys and values before the chunk copied in (float32 up, float16 here)."""
+        if layer in self.caches:
+            return self.caches[layer]
+        if self._lent is None or self._lent[0] != layer:
+            self._lent = None  # the last lent layer's cache back to the pool first
+            p, end = self._pos, self._pos + self.n
+            with self.stream:
+                cache = tuple(cp.empty((a.shape[0], end, a.shape[2]), cp.float16) for a in self._host_caches(layer))
+                for c, a in zip(cache, self._host_caches(layer)):
+                    if p:
+                        c[:, :p] = cp.asarray(np.ascontiguousarray(a[:, :p]))
+            self._lent = (layer, cache)
+        return self._lent[1]
+
+    def _host_caches(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._host_kv[0][layer], self._host_kv[1][layer]
+
+    def _give_back(self, layer: int, cache: tuple[cp.ndarray, cp.ndarray]) -> None:
+        """A lent layer's keys and values of this chunk into the host cache (float16 -> float32)."""
+        p, end = self._pos, self._pos + self.n
+        for c, a in zip(cache, self._host_caches(layer)):
+            with self.stream:
+                rows = c[:, p:end].astype(cp.float32)
+            a[:, p:end] = rows.get(stream=self.stream)
 
     def attention(self, layer: int, q: cp.ndarray, window: int, scale: float) -> cp.ndarray:
         n, heads, head_dim = q.shape
         out = self._empty((n, heads, head_dim))
-        k_cache, v_cache = self.caches[layer]
+        k_cache, v_cache = self._cache(layer)
         if n == 1:
             cuda_ops.attention_decode(q[0], k_cache, v_cache, out[0], self.pos, self._attn_scratch, scale, window,
                                       xq=self._q8_out(out), stream=self.stream)
@@ -320,12 +372,12 @@ class CUDABackend:
         their down projections weighted, summed and added to x in one. A prompt chunk: grouped by expert
         (_experts_grouped)."""
         n = x.shape[0]
-        router = self._dev[id(experts.router)]
+        router = self._weight(experts.router)
         ids, weights = self._empty((n, k), cp.int32), self._empty((n, k))
         if n == 1 and router.qtype.name == "F32" and x.shape[1] % 32 == 0 and \
                 x.shape[1] <= cuda_moe.ROUTER_CHUNKS * 4 * 1024:
             h = self._empty(x.shape)
-            cuda_moe.norm_router_route(x.reshape(-1), self._dev[id(norm)], self.cfg.rms_eps, router, h.reshape(-1),
+            cuda_moe.norm_router_route(x.reshape(-1), self._weight(norm), self.cfg.rms_eps, router, h.reshape(-1),
                                        self._q8_out(h), self._empty((router.n_rows,)), ids, weights,
                                        self._route_done, stream=self.stream)
         else:
@@ -492,15 +544,18 @@ def _stacks(experts: ExpertFFN) -> tuple[QuantExperts, QuantExperts, QuantExpert
 
 
 def _uploaded_from_host(w: ModelWeights, cpu_layers: range, host_experts: range):
-    """The host bytes a prompt chunk uploads: the CPU layers' matrices (matmul_host_weight) and the stacks of the
-    host experts of this backend's layers (_upload_experts). Nothing else may be handed to CuPy from the file's
-    pages after they are pinned: CuPy copies from a pinned address without staging, and the driver refuses a copy
-    that runs past the registered (page-rounded) range, as a vector next to a pinned matrix would."""
+    """The host bytes a prompt chunk uploads: the CPU layers' matrices and expert stacks (lent layers) and the
+    stacks of the host experts of this backend's layers (_upload_experts). Nothing else may be handed to CuPy
+    from the file's pages after they are pinned: CuPy copies from a pinned address without staging, and the
+    driver refuses a copy that runs past the registered (page-rounded) range, as a vector next to a pinned matrix
+    would (_weight copies a lent layer's vectors first)."""
     for i in cpu_layers:
         lw = w.layers[i]
         for name in lw.__dataclass_fields__:
             if isinstance(t := getattr(lw, name), QuantMatrix):
                 yield t.data
+        if lw.experts is not None:
+            yield from (stack.data for stack in _stacks(lw.experts))
     for i in host_experts:
         yield from (stack.data for stack in _stacks(w.layers[i].experts))
 

@@ -10,8 +10,8 @@ import numpy as np
 
 from inference.backend_cpu import CPUBackend
 from inference.forward import forward
-from inference.placement import (DEFAULT_GPU_SHARE, Placement, VramBudgetError, all_on_cpu, free_vram, plan_placement,
-                                 split)
+from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, Placement, VramBudgetError, all_on_cpu,
+                                 free_vram, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
 from inference.weights import load_weights
 from models.chat_template import load_chat_template
@@ -101,6 +101,10 @@ class Engine:
         self.device = "cpu" if k == 0 else "cuda"
         self._be = self._segments[-1][0]  # gives the logits
         first = self._segments[0][0]
+        # a prompt chunk of OFFLOAD_MIN_TOKENS or more runs every layer on the GPU, the CPU layers lent to it
+        # (backend_cuda): the CPU embeds its tokens only
+        self._chunk_segments = self._segments if len(self._segments) == 1 else [
+            (first, range(0)), (self._be, range(self.config.n_layers))]
         self.gpu_share = first.share if isinstance(first, CPUBackend) else None  # a GpuShare or None
 
     def warm_up(self) -> None:
@@ -159,7 +163,7 @@ class Engine:
                 if self.device != "cuda" or not _out_of_vram(e):
                     raise
             # past the except, no traceback holds the old backends: dropping them frees their VRAM
-            self._segments = self._decode = self._be = None
+            self._segments = self._chunk_segments = self._decode = self._be = self.gpu_share = None
             self._cached = []
             self._place(self._with_gpu_layers(_fewer_layers(self.placement.n_gpu_layers, self._notify,
                                                             "processing the prompt")))
@@ -174,14 +178,17 @@ class Engine:
         # else the last token always runs: its logits pick the next one
         keep = min(cached, len(ids) - 1)
         out = []
-        size = min(be.prefill_chunk for be, _ in self._segments)  # the GPU alone takes longer chunks
+        # the GPU's chunk where there is a GPU: it runs every layer of a chunk (_chunk_segments); one shorter than
+        # OFFLOAD_MIN_TOKENS, shorter than the CPU's too, runs on the segments as placed
+        size = self._be.prefill_chunk
         for start in range(keep, len(ids), size):
             if cancelled is not None and cancelled():
                 return None  # the chunks so far stay cached: a later prompt that shares them goes on from there
             chunk = np.array(ids[start:start + size], np.int32)
-            for be, _ in self._segments:
+            segments = self._chunk_segments if len(chunk) >= OFFLOAD_MIN_TOKENS else self._segments
+            for be, _ in segments:
                 be.set_input(chunk, start)
-            logits = forward(self._segments, self.config, self._weights, all_logits=all_logits)
+            logits = forward(segments, self.config, self._weights, all_logits=all_logits)
             out.append(self._be.to_host(logits) if all_logits else logits)
             self._cached = ids[:start + len(chunk)]
         if all_logits:
@@ -354,8 +361,9 @@ def _build(config: ModelConfig, weights, n_ctx: int, n_gpu_layers: int, cuda_gra
     from inference.cuda_graph import DecodeStep  # noqa: PLC0415
     first = n - n_gpu_layers
     gpu = CUDABackend(config, weights, n_ctx, range(first, n), host_experts=range(first, cpu_expert_layers))
-    cpu = CPUBackend(config, weights, n_ctx, range(first), gpu) if first else None
+    cpu = CPUBackend(config, weights, n_ctx, range(first), with_gpu=True) if first else None
     if cpu:
+        gpu.lend(cpu.k_cache, cpu.v_cache)
         from inference.gpu_share import build_share  # noqa: PLC0415
         cpu.share = build_share(gpu.stream, weights, cpu.layers, gpu_share, cuda_graph, notify or _to_stderr)
     segments = ([(cpu, cpu.layers)] if cpu else []) + [(gpu, gpu.layers)]
@@ -363,10 +371,13 @@ def _build(config: ModelConfig, weights, n_ctx: int, n_gpu_layers: int, cuda_gra
 
 
 def _out_of_vram(e: Exception) -> bool:
-    """CuPy's pool failing to allocate, or a CUDA call failing for memory (cudaErrorMemoryAllocation = 2)."""
+    """CuPy's pool failing to allocate, a CUDA call failing for memory (cudaErrorMemoryAllocation = 2), or cuBLAS
+    unable to make its handle's workspace (CUBLAS_STATUS_ALLOC_FAILED = 3)."""
     import cupy  # noqa: PLC0415  (only asked once a GPU backend raised)
+    from cupy_backends.cuda.libs.cublas import CUBLASError  # noqa: PLC0415
     return isinstance(e, cupy.cuda.memory.OutOfMemoryError) or (
-        isinstance(e, cupy.cuda.runtime.CUDARuntimeError) and e.status == 2)
+        isinstance(e, cupy.cuda.runtime.CUDARuntimeError) and e.status == 2) or (
+        isinstance(e, CUBLASError) and e.status == 3)
 
 
 def _fewer_layers(k: int, notify, doing: str) -> int:

@@ -43,6 +43,10 @@ PREFILL_CHUNK = 512
 # The fp16 tile a prompt matmul dequantizes weight rows into (prefill_tile_elems): a whole matmuls call where
 # that is at most 64 MiB, else half the largest layer matrix.
 PREFILL_WHOLE_TILE_ELEMS = 1 << 25
+# From this many tokens a prompt chunk runs the CPU layers on the GPU too, their weights uploaded for each call
+# and their KV cache lent for the chunk (backend_cuda: lent layers), as llama.cpp runs a host weight's matmul on
+# the GPU from 32 tokens; host experts are uploaded from this many too. Below it the CPU runs them.
+OFFLOAD_MIN_TOKENS = 32
 # From this many tokens a prompt chunk's experts run grouped by expert (kernels/moe_mm.cu: each chosen expert's
 # weight tiles dequantized once per 64 of its pairs, tensor cores); below, per (token, slot) pair with the decode
 # kernels. Qwen3-30B-A3B's layer on the H100 (kernels/bench_moe.py, us grouped / per pair): 32 tokens 603 / 300,

@@ -7,7 +7,7 @@ small). Out-of-memory is real: a buffer takes all but a measured amount of the c
 """
 import pytest
 
-from inference.placement import DEFAULT_GPU_SHARE, GiB, MiB, VramBudgetError, split
+from inference.placement import DEFAULT_GPU_SHARE, RUNTIME_RESERVE_BYTES, GiB, MiB, VramBudgetError, split
 from models.gguf import open_gguf
 from tests.inference.gpu_compare import (assert_close_logits, assert_graph_replay_equals_eager, greedy_steps,
                                          random_prompt, reference_logits, teacher_prompt)
@@ -42,8 +42,10 @@ def test_split_places_the_last_layers_on_the_gpu(split_engines):
     (cpu_be, cpu_layers), (gpu_be, gpu_layers) = hybrid._segments
     assert (cpu_layers, gpu_layers) == (range(n - k), range(n - k, n)) and hybrid.device == "cuda"
     assert sorted(cpu_be.k_cache) == list(cpu_layers) and sorted(gpu_be.caches) == list(gpu_layers)
-    assert cpu_be.gpu is gpu_be  # multiplies the CPU layers' matrices for prompt chunks
-    # and copies them up straight from the file's pages, pinned where they lie
+    # a prompt chunk runs every layer on the GPU, the CPU's lent to it (the CPU embeds)
+    assert hybrid._chunk_segments == [(cpu_be, range(0)), (gpu_be, range(n))]
+    assert gpu_be._host_kv == (cpu_be.k_cache, cpu_be.v_cache)
+    # their matrices copied up straight from the file's pages, pinned where they lie
     assert all(gpu_be._pinned.holds(w.data) for lw in hybrid._weights.layers[:n - k]
                for w in (*lw.qkv, lw.attn_output, lw.ffn_gate, lw.ffn_up, lw.ffn_down) if w is not None)
     assert id(hybrid._weights.layers[0].attn_norm) not in gpu_be._dev  # the CPU's layers are not uploaded
@@ -58,7 +60,7 @@ def test_split_places_the_last_layers_on_the_gpu(split_engines):
 @pytest.mark.parametrize("split_engines", MODELS, indirect=True)
 def test_split_teacher_forced_logits_match_cpu(split_engines, request):
     cpu, _, hybrid, _ = split_engines
-    # one token (staged through pinned memory), a few (CPU matmuls), two CPU chunks (matmuls on the GPU)
+    # one token (staged through pinned memory), a few (the CPU runs its layers), a chunk of 300 (the GPU runs all)
     for n in (1, 9, 300):
         if n == 9 and cpu.path.name == "llama-1b.gguf":
             # a few tokens' CPU matmuls round x to int8 (the CPU's GEMM, as llama.cpp's): its random 16 layers
@@ -67,6 +69,22 @@ def test_split_teacher_forced_logits_match_cpu(split_engines, request):
         ids = teacher_prompt(request, cpu, n, seed=n)
         ref = reference_logits(cpu, ids)
         assert_close_logits(hybrid.logits(ids), ref, f"{cpu.path.name} split, logits of {n} tokens")
+
+
+@pytest.mark.parametrize("split_engines", MODELS, indirect=True)
+def test_split_prompt_after_a_cached_prefix_matches_cpu(split_engines, request):
+    """A chunk at position 200 after a cached prefix: each lent layer's keys and values of positions 0..199 come
+    up from the host cache (a chunk from position 0 needs none of them), and the chunk's go back down for the
+    decode steps after; then a decode step on the CPU layers reads those."""
+    cpu, _, hybrid, _ = split_engines
+    ids = teacher_prompt(request, cpu, 300, seed=7)
+    ref = reference_logits(cpu, ids)
+    hybrid.logits(ids[:200])  # positions 0..199 into the caches, the CPU layers' by the GPU
+    ours = hybrid._prefill(ids, all_logits=True)  # runs ids[200:] only
+    assert ours.shape[0] == 100
+    assert_close_logits(ours, ref[200:], f"{cpu.path.name} split, 100 tokens after a cached 200")
+    tokens, logits = greedy_steps(hybrid, ids[:250], 4)  # a fresh prompt: cached from 0 again
+    assert_close_logits(logits, reference_logits(cpu, ids[:250] + tokens[:-1])[250:], "decode after it")
 
 
 @pytest.mark.parametrize("split_engines", MODELS, indirect=True)
@@ -113,7 +131,7 @@ def test_a_budget_below_the_model_splits_it_and_runs(synth_1b):
     """--vram-budget under the model's size: a split that loads and answers like the CPU; a budget too small
     for the head and one layer is refused, naming the sizes."""
     from inference import load
-    from inference.placement import CUDA_CONTEXT_BYTES, RUNTIME_RESERVE_BYTES
+    from inference.placement import CUDA_CONTEXT_BYTES
     gguf = open_gguf(synth_1b)
     size = gguf.file_size
     budget = CUDA_CONTEXT_BYTES + RUNTIME_RESERVE_BYTES + size * 3 // 4
@@ -154,7 +172,9 @@ def test_out_of_vram_at_load_retries_with_fewer_layers(synth_1b, monkeypatch):
     cfg = config_from_metadata(gguf.metadata)
     half = split(gguf.tensors, cfg, CTX, cfg.n_layers // 2, 0, 0, "")
     monkeypatch.setattr(engine_module, "free_vram", lambda: 70 * GiB)
-    hog = _hog_all_but(half.weights_bytes + half.kv_bytes + half.scratch_bytes)
+    # what half the layers take, and the runtime's reserve (cuBLAS's handle and workspace, the kernels' modules):
+    # without the reserve the prompt after the load ran out in each retry down to no GPU layer (session 13)
+    hog = _hog_all_but(half.weights_bytes + half.kv_bytes + half.scratch_bytes + RUNTIME_RESERVE_BYTES)
     notices = []
     try:
         engine = load(synth_1b, device="cuda", ctx=CTX, notify=notices.append)
@@ -242,17 +262,22 @@ def test_host_experts_decode_matches_all_gpu(host_expert_engines):
 
 
 def test_layers_on_the_cpu_and_experts_on_the_host(synth_qwen3moe):
-    """Layer 0 wholly on the CPU, layer 1 on the GPU with its experts on the host."""
+    """Layer 0 wholly on the CPU, layer 1 on the GPU with its experts on the host. Its 40-token prompt runs on
+    the GPU (layer 0 lent), so the decode steps after it are compared with the all-GPU engine's after the same
+    prompt: against the CPU engine's, the all-GPU engine's own decode here reaches only mean correlation 0.9975
+    (min 0.979; the mixed engine the same to 4 digits, and 0.99992 against the all-GPU one; session 13)."""
     from inference import load
     cpu = load(synth_qwen3moe, device="cpu", ctx=CTX)
+    gpu = load(synth_qwen3moe, device="cuda", ctx=CTX)
     mixed = load(synth_qwen3moe, device="cuda", ctx=CTX, gpu_layers=1, cpu_moe="all")
     assert mixed.placement.n_gpu_layers == 1 and mixed.placement.cpu_expert_layers == 2
     assert "layer 0 on CPU" in mixed.placement.summary() and "experts of layer 1 on CPU" in mixed.placement.summary()
     ids = random_prompt(cpu, 40, seed=3)
     assert_close_logits(mixed.logits(ids), reference_logits(cpu, ids), "layer 0 on the CPU, layer 1's experts too")
     tokens, logits = greedy_steps(mixed, ids, 10)
-    ref = reference_logits(cpu, ids + tokens[:-1])[len(ids):]
-    assert_close_logits(logits, ref, "its decode steps")
+    gpu_tokens, gpu_logits = greedy_steps(gpu, ids, 10)
+    assert tokens == gpu_tokens
+    assert_close_logits(logits, gpu_logits, "its decode steps against the all-GPU engine's")
 
 
 # ---- the GPU's share of a token's host experts, read in place from the file's pinned pages

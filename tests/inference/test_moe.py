@@ -145,8 +145,8 @@ def test_cpu_experts_op_matches_numpy_reference(n_tokens, gate_up, down):
     x = rng.standard_normal((n_tokens, 256)).astype(np.float32)
     norm = rng.uniform(0.5, 1.5, 256).astype(np.float32)
     h = x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + 1e-6) * norm
-    be = CPUBackend.__new__(CPUBackend)  # add_moe needs no cache: only the config's activation, eps and no GPU
-    be.gpu, be.share, be.cfg = None, None, type("Cfg", (), {"activation": "silu", "rms_eps": 1e-6})()
+    be = CPUBackend.__new__(CPUBackend)  # add_moe needs no cache: only the config's activation, eps and no GPU share
+    be.share, be.cfg = None, type("Cfg", (), {"activation": "silu", "rms_eps": 1e-6})()
     ours = be.add_moe(x, experts, norm, 3)
     ref = _reference_moe(x, experts, h, 3)
     # x is rounded to int8 for the quantized kernels (as llama.cpp does): errors of ~1% of the FFN's output
