@@ -23,7 +23,7 @@ from kernels.cpu_types import Q4_0, Q4_1, Q5_0, fast
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_ir")
 PREFETCH_BYTES = 2048
-INLINED_DIGEST = "37f324554bf0a836"
+INLINED_DIGEST = "22f0651f13330bde"
 
 
 def _nibbles32(context, builder, row_t, row, off):

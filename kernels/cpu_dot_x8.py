@@ -18,7 +18,7 @@ from kernels.cpu_types import Q4_0, Q4_1, Q5_0, Q5_1, X8, fast
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_ir", "cpu_repack")
-INLINED_DIGEST = "728e1d7238315e34"
+INLINED_DIGEST = "aaad3738f8a24c07"
 
 OFFSETS = {Q4_0: 8, Q5_0: 16}
 
@@ -83,7 +83,7 @@ def _dot(tid):
                 x4s = [builder.load(ptr(context, builder, xq_t, xq, builder.add(builder.mul(b, i64(32)), i64(4 * k)),
                                         i32), align=1) for k in range(8)]
                 sums = dot4_many(context, builder, sums, [(values[k], builder.bitcast(splat(builder, x4s[k], 8, 32), b32))
-                                                          for k in range(8)], 31 if has_qh else 15)
+                                                          for k in range(8)], (31 if has_qh else 15) * 128)
                 xd_b = builder.load(builder.gep(array_data(context, builder, xd_t, xd).data, [b]))
                 acc = fma(builder, builder.sitofp(sums, f8), builder.fmul(d, splat_f(builder, xd_b, 8)), accs[0])
                 if has_min:

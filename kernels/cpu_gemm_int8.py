@@ -18,13 +18,14 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from kernels.cpu_dot_int8 import _high_bits32, _nibbles32, _row_at
-from kernels.cpu_ir import array_data, dot4, fma, half_ir, i64, ir_loop, load_bytes, ptr, shuffle, splat, splat_f
+from kernels.cpu_ir import (array_data, dot4, dot4_many, fma, half_ir, i64, ir_loop, load_bytes, ptr, shuffle, splat,
+                            splat_f)
 from kernels.cpu_types import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_ir", "cpu_dot_int8")
-INLINED_DIGEST = "5e0607368488c900"
+INLINED_DIGEST = "415258ab26adfbb1"
 
 ROWS = 8  # rows of a tile: the int32 lanes of a 256-bit vector
 TOKENS = 4  # tokens of the micro-kernel's register tile (4 float + 4 int32 accumulators, 8 weight vectors)
@@ -161,11 +162,12 @@ def _pack(tid):
     return pack
 
 
-def _tile(with_min, halves=1):
+def _tile(with_min, halves=1, max_abs=128):
     """An intrinsic f(packed, corrs, scales, mins, xu, xd, xds, t0, y): y[j * ROWS + i] = token t0 + j's x8 . row i
     of a packed tile, for j < TOKENS, over all groups. xu uint8 [n_tokens, n_groups * 32] (xq + 128), xd and xds
     float32 [n_tokens, n_groups] (xds: xd * the sum of xq over the group; read only with_min); halves: scales a
-    group (2: Q6_K's, one a 16)."""
+    group (2: Q6_K's, one a 16); max_abs: the largest |packed value| of the types it runs (cpu_ir.dot4_many: below
+    64, AVX2's pmaddubsw where there is no VNNI)."""
     @intrinsic
     def tile(typingctx, packed, corrs, scales, mins, xu, xd, xds, t0, y):
         def codegen(context, builder, sig, args):
@@ -188,13 +190,13 @@ def _tile(with_min, halves=1):
                 new = []
                 for j, acc in enumerate(accs):
                     xg = builder.add(rows_of[j], g)  # token j's group g in xd, xds; its bytes at 32 xg in xu
-                    sums = list(corr)
+                    operands = []
                     for k in range(8):  # a splat of 4 bytes of x as one int32: against every row's 4 values k
                         x4 = builder.load(ptr(context, builder, xu_t, xu, builder.add(builder.mul(xg, i64(32)),
                                                                                        i64(4 * k)), i32), align=1)
-                        h = k * halves // 8
-                        sums[h] = dot4(context, builder, sums[h], builder.bitcast(splat(builder, x4, 8, 32), b32),
-                                       weights[k])
+                        operands.append((builder.bitcast(splat(builder, x4, 8, 32), b32), weights[k]))
+                    sums = [dot4_many(context, builder, corr[h], operands[8 * h // halves:8 * (h + 1) // halves],
+                                      255 * max_abs) for h in range(halves)]
                     xd_g = splat_f(builder, builder.load(builder.gep(array_data(context, builder, xd_t, xd).data,
                                                                      [xg])), 8)
                     for h in range(halves):
@@ -217,4 +219,6 @@ def _tile(with_min, halves=1):
 
 pack_q4_0, pack_q4_1, pack_q5_0, pack_q5_1, pack_q8_0, pack_q4_k, pack_q6_k = (
     _pack(tid) for tid in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K))
-tile_with_min, tile_no_min, tile_halves = _tile(True), _tile(False), _tile(False, 2)
+# the packed values' largest size: Q4_1, Q4_K 15, Q5_1 31 (with a minimum); Q4_0 8, Q5_0 16; Q6_K 32; Q8_0 128
+tile_with_min, tile_no_min, tile_halves = _tile(True, max_abs=31), _tile(False, max_abs=16), _tile(False, 2, 32)
+tile_q8_0 = _tile(False)

@@ -200,21 +200,21 @@ def madd32(context, builder, quants, xq):
     return pairs(builder, builder.sext(pairs(builder, products), ir.VectorType(i32, 16)))
 
 
-def dot4_many(context, builder, acc, operands, bound):
-    """<8 x i32>: acc + the dot4 sums of every (unsigned, signed) pair of <32 x i8> in operands, each unsigned
-    byte <= bound (a 4-bit quant: 15, with its 5th bit: 31), each signed one >= -128.
+def dot4_many(context, builder, acc, operands, max_product):
+    """<8 x i32>: acc + the dot4 sums of every (unsigned, signed) pair of <32 x i8> in operands, where no product of an
+    unsigned byte and a signed one exceeds max_product in size (a matvec's 4-bit quants against x: 15 * 128).
 
-    vpdpbusd a pair with AVX-512 VNNI. Without it, where there is AVX2: pmaddubsw a pair (its int16 pair sums
-    stay within 2 * bound * 128, never saturated), as many pairs' int16 sums added as stay below 2^15 (4-bit: 8,
-    5-bit: 4), then one pmaddwd by ones a group: the generic dot4 (32 bytes widened to int32, multiplied, two
-    rounds of pair adds) made the repacked Q4_1 matvec 576 x 1536 140 us on one core of the AVX2-only Zen 1 VM, this
-    60 us. Else generic IR (dot4). All give the same int32 sums."""
-    if vnni(context) or not simd(context):
+    vpdpbusd a pair with AVX-512 VNNI. Without it, where there is AVX2 and 2 * max_product < 2^15: pmaddubsw a pair
+    (its int16 pair sums, at most 2 * max_product, never saturate), as many pairs' int16 sums added as stay below
+    2^15 (4-bit quants against x: 8, 5-bit: 4), then one pmaddwd by ones a group: the generic dot4 (32 bytes widened
+    to int32, multiplied, two rounds of pair adds) made the repacked Q4_1 matvec 576 x 1536 140 us on one core of
+    the AVX2-only Zen 1 VM, this 60 us. Else generic IR (dot4). All give the same int32 sums."""
+    per_group = 32767 // (2 * max_product)
+    if vnni(context) or not simd(context) or per_group == 0:
         for unsigned, signed in operands:
             acc = dot4(context, builder, acc, unsigned, signed)
         return acc
     i16, i32 = ir.IntType(16), ir.IntType(32)
-    per_group = max(1, 32767 // (2 * bound * 128))
     ones = ir.VectorType(i16, 16)([1] * 16)
     for g in range(0, len(operands), per_group):
         total = None

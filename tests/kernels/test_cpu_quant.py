@@ -420,3 +420,64 @@ def test_repacked_dots_agree_on_every_simd_path(name, monkeypatch):
             assert ("vpdpbusd" in llvm_ir) == has_vnni
             assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni)
         assert len(set(results.values())) == 1, results
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "X8_Q4_1", "X8_Q5_0"])
+def test_gemm_tile_agrees_on_every_simd_path(name, monkeypatch):
+    """The GEMM's byte dots without VNNI: AVX2's pmaddubsw (int16 sums of as many vectors as cannot overflow, then
+    pmaddwd) where the packed values are small enough, generic IR else, and vpdpbusd where the host has it, give
+    the same floats; with the quants at both extremes (all bytes 0x00 and 0xFF but the scales) against x's biased
+    bytes at 0 and 255, the int16 sums' worst cases, as well as random."""
+    from kernels.cpu_dot_x8 import pack_x8_q4_1, pack_x8_q5_0
+    from kernels.cpu_repack import repack
+    base = name.removeprefix("X8_")
+    qtype = TYPES_BY_NAME[base]
+    w = random_weight(base, 8, 2048)
+    scale_at = {"Q4_0": [0, 1], "Q4_1": [0, 1, 2, 3], "Q5_0": [0, 1], "Q5_1": [0, 1, 2, 3], "Q8_0": [0, 1],
+                "Q4_K": list(range(16)), "Q6_K": list(range(192, 210))}[base]  # Q4_K, Q6_K: scales and d kept
+    rng = np.random.default_rng(5)
+    cases = [(w, rng.integers(0, 256, (4, 2048)).astype(np.uint8))]
+    for fill in (0x00, 0xFF):
+        extreme = np.full(w.shape, fill, np.uint8)
+        for off in range(0, w.shape[1], qtype.block_bytes):
+            extreme[:, off + np.array(scale_at)] = w[:, off + np.array(scale_at)]
+        cases += [(extreme, np.full((4, 2048), 255, np.uint8)), (extreme, np.zeros((4, 2048), np.uint8))]
+    if name.startswith("X8_"):
+        pack = pack_x8_q4_1 if base == "Q4_1" else pack_x8_q5_0
+    else:
+        pack = getattr(cpu_gemm_int8, f"pack_{base.lower()}")
+    tile = {"Q4_1": cpu_gemm_int8.tile_with_min, "Q5_1": cpu_gemm_int8.tile_with_min, "Q4_K": cpu_gemm_int8.tile_with_min,
+            "Q6_K": cpu_gemm_int8.tile_halves, "Q8_0": cpu_gemm_int8.tile_q8_0}.get(base, cpu_gemm_int8.tile_no_min)
+    paths = [(s, v) for s in host_simd_paths() for v in (host_vnni_paths() if s == "avx512bw" else [False])]
+    for weight, xu in cases:
+        data = repack(weight, qtype.id).data if name.startswith("X8_") else weight
+        xd, xds = rng.random((4, 64), np.float32), rng.random((4, 64), np.float32)
+        results = {}
+        for simd, has_vnni in paths:
+            monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
+            monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
+            if name.startswith("X8_"):
+                @nb.njit  # not cached: compiled anew under each path
+                def packed_tile(w, xu, xd, xds):
+                    n = xd.shape[1] * cpu_gemm_int8.ROWS
+                    packed, corrs = np.empty(n * 32, np.uint8), np.empty(2 * n, np.int32)
+                    scales, mins = np.empty(2 * n, np.float32), np.empty(n, np.float32)
+                    pack(w, 0, packed, corrs, scales, mins)
+                    y = np.empty(cpu_gemm_int8.TOKENS * cpu_gemm_int8.ROWS, np.float32)
+                    tile(packed, corrs, scales, mins, xu, xd, xds, 0, y)
+                    return y
+            else:
+                @nb.njit  # not cached: compiled anew under each path
+                def packed_tile(w, xu, xd, xds):
+                    n = xd.shape[1] * cpu_gemm_int8.ROWS
+                    packed, corrs = np.empty(n * 32, np.uint8), np.empty(2 * n, np.int32)
+                    scales, mins = np.empty(2 * n, np.float32), np.empty(n, np.float32)
+                    pack(w, 0, packed, corrs, scales, mins, F16_TO_F32)
+                    y = np.empty(cpu_gemm_int8.TOKENS * cpu_gemm_int8.ROWS, np.float32)
+                    tile(packed, corrs, scales, mins, xu, xd, xds, 0, y)
+                    return y
+            results[(simd, has_vnni)] = packed_tile(data, xu, xd, xds)
+            llvm_ir = next(iter(packed_tile.inspect_llvm().values()))
+            assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni and base != "Q8_0")
+        for got in results.values():
+            np.testing.assert_array_equal(got, results[("", False)])
