@@ -4,6 +4,8 @@ from kernels.cpu_threads import configure_thread_waits
 
 configure_thread_waits()  # before numba's first parallel region loads libgomp (numpy may be loaded already)
 
+import math  # noqa: E402
+
 import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -187,3 +189,30 @@ def matvec_decoded(tid, w, x, out, f16, n16, n_chunks):
                 for k in range(n_cols):
                     acc += y[k] * x[t, k]
                 out[t, r] = acc
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def matvec_add_int8(tids, ws, x, resid, norm, eps, out, f16, n_chunks):
+    """out[0] = resid[0] + W x[0] for ONE token and ONE matrix (ws, tids: 1-tuples, as matvecs_int8 takes them):
+    a decode step's attention output and down projections with their residual add in the same call. norm (its
+    size > 0): out[0] = resid[0] + rms_norm(W x[0]) * norm (a sandwich norm), as cpu_ops.rms_norm computes it.
+
+    x: float32 [1, n_cols], resid, out: float32 [1, n_rows], norm: float32 [n_rows] or [0]."""
+    xs = _quantize_x(x, tids)
+    nbytes, n_rows = np.empty(1, np.int64), np.empty(1, np.int64)
+    nbytes[0], n_rows[0] = ws[0].size, ws[0].shape[0]
+    first = _chunk_starts(nbytes, n_rows, n_chunks)
+    y = np.empty((1, out.shape[1]), np.float32)
+    for c in nb.prange(first[1]):
+        _, r0, r1 = _chunk(first, n_rows, c)
+        _dot_rows(tids[0], ws[0], r0, r1, xs, 0, 1, y, 0, f16)
+    if norm.size > 0:
+        ss = 0.0
+        for j in range(y.shape[1]):
+            ss += y[0, j] * y[0, j]
+        scale = np.float32(1.0 / math.sqrt(ss / y.shape[1] + eps))
+        for j in range(y.shape[1]):
+            out[0, j] = resid[0, j] + y[0, j] * scale * norm[j]
+    else:
+        for j in range(y.shape[1]):
+            out[0, j] = resid[0, j] + y[0, j]

@@ -15,9 +15,10 @@ ATTENTION_LOOP_MAX_TOKENS = 4  # up to this many queries the loop kernel beats B
 # cores: 32 heads x 64 keys x 128 dims 0.065 -> 0.042 ms, SmolLM2's 9 heads x 128 keys x 64 0.024 -> 0.017 ms;
 # below ~64k the wake-up of the threads is most of it (SmolLM2 lost 15% a token with every step parallel).
 ATTENTION_PARALLEL_WORK = 1 << 16
-# From this many values (a prompt's rows) GLU runs in numba on all cores; below (decode), numpy's SIMD exp and tanh
-# on one core beat a parallel region of scalar math.exp right after a matmul's: llama-1b's 8192 values on 2
-# cores 116-160 -> 30-66 us (median), where the device's profile had llama3-8b's 14336 at ~85 us a call on 16.
+# From this many values (a prompt's rows) GLU runs on all cores; below (decode), on one: a parallel region of scalar
+# math.exp right after a matmul's cost more than the work (llama-1b's 8192 values on 2 cores 116-160 us, numpy's
+# SIMD exp 30-66 us, median), and numpy's five passes and temporaries cost more than one numba loop on a decode
+# step's few thousand values (SmolLM2's 1536 on the AVX2 2-core VM: 21 -> 12 us).
 GLU_PARALLEL_SIZE = 1 << 16
 
 
@@ -73,6 +74,47 @@ def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> 
     out = x.copy()
     _rope_rotate(x, cos, sin, style == "neox", out)
     return out
+
+
+@_jit
+def _rotate_into(x, cos, sin, neox, out):  # x, out [head_dim]; cos, sin [half]: _rope_rotate's arithmetic
+    half = cos.shape[0]
+    for i in range(2 * half, x.shape[0]):
+        out[i] = x[i]
+    for i in range(half):
+        c, s = cos[i], sin[i]
+        a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
+        x0, x1 = x[a], x[b]
+        out[a] = x0 * c - x1 * s
+        out[b] = x0 * s + x1 * c
+
+
+@_jit
+def _rope_kv_store(q, k, v, cos, sin, neox, k_cache, v_cache, pos, q_out):
+    for t in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            _rotate_into(q[t, h], cos[t], sin[t], neox, q_out[t, h])
+        for h in range(k.shape[1]):
+            _rotate_into(k[t, h], cos[t], sin[t], neox, k_cache[h, pos + t])
+            v_cache[h, pos + t, :] = v[t, h]
+
+
+def rope_kv_store(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str,
+                  k_cache: np.ndarray, v_cache: np.ndarray, pos: int) -> np.ndarray:
+    """q and k [n, heads, head_dim] rotated as rope_rotate does (the same arithmetic, so the same floats), k into
+    k_cache [n_kv, n_ctx, head_dim] at positions pos..pos+n-1 and v [n, n_kv, vd] into v_cache, in one call;
+    returns the rotated q. A decode step's rope of q, of k and the two cache writes were four calls and three
+    copies."""
+    n = q.shape[0]
+    if (k.shape[0] != n or v.shape[0] != n or pos < 0 or pos + n > k_cache.shape[1] or pos + n > v_cache.shape[1]
+            or k.shape[1:] != (k_cache.shape[0], k_cache.shape[2]) or v.shape[1:] != (v_cache.shape[0], v_cache.shape[2])
+            or q.shape[2] != k.shape[2] or cos.shape != sin.shape or cos.shape[0] != n or 2 * cos.shape[1] > q.shape[2]):
+        raise ValueError(f"rope_kv_store: q {q.shape}, k {k.shape}, v {v.shape} at {pos} do not fit the caches "
+                         f"{k_cache.shape}, {v_cache.shape} or cos {cos.shape}")
+    q_out = np.empty(q.shape, np.float32)
+    _rope_kv_store(np.ascontiguousarray(q, np.float32), np.ascontiguousarray(k, np.float32),
+                   np.ascontiguousarray(v, np.float32), cos, sin, style == "neox", k_cache, v_cache, pos, q_out)
+    return q_out
 
 
 def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, style: str) -> np.ndarray:
@@ -202,17 +244,18 @@ def _glu_parallel(gate, up, gelu, table, out):
         out[j] = _glu_one(gate[j], up[j], gelu, table)
 
 
+@nb.njit(cache=True, nogil=True)
+def _glu_serial(gate, up, gelu, table, out):
+    for j in range(gate.shape[0]):
+        out[j] = _glu_one(gate[j], up[j], gelu, table)
+
+
 def glu(gate: np.ndarray, up: np.ndarray, activation: str) -> np.ndarray:
     """activation(gate) * up, both [n, n_ff]; activation "silu" or "gelu" (tanh approximation)."""
     gate, up = np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32)
-    if gate.size < GLU_PARALLEL_SIZE:
-        with np.errstate(over="ignore"):  # exp(-g) and g**3 reach inf for large |g|, where the results are right
-            if activation == "gelu":
-                inner = np.float32(math.sqrt(2 / math.pi)) * (gate + np.float32(0.044715) * gate * gate * gate)
-                return np.float32(0.5) * gate * (np.float32(1.0) + np.tanh(inner)) * up
-            return gate / (np.float32(1.0) + np.exp(-gate)) * up
     out = np.empty_like(gate)
-    _glu_parallel(gate.reshape(-1), up.reshape(-1), activation == "gelu", GELU_TABLE, out.reshape(-1))
+    glu_fn = _glu_serial if gate.size < GLU_PARALLEL_SIZE else _glu_parallel
+    glu_fn(gate.reshape(-1), up.reshape(-1), activation == "gelu", GELU_TABLE, out.reshape(-1))
     return out
 
 

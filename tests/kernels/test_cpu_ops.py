@@ -70,3 +70,49 @@ def test_rms_norm_and_glu(parallel, monkeypatch):
     x = g.astype(np.float64)
     gelu = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
     np.testing.assert_allclose(cpu_ops.glu(g, np.full_like(g, 2.0), "gelu"), 2 * gelu, rtol=0, atol=4e-6)
+
+
+@pytest.mark.parametrize("style", ["normal", "neox"])
+@pytest.mark.parametrize("n,pos", [(1, 0), (1, 37), (5, 11)])
+def test_rope_kv_store_is_rope_then_cache_writes(style, n, pos):
+    """One call's rotated q, and k and v in the caches, are what rope_rotate of q and of k and the two writes give,
+    bit for bit (the same arithmetic); the rest of the caches untouched."""
+    rng = np.random.default_rng(n + pos)
+    n_heads, n_kv, hd, vd, n_ctx = 6, 2, 10, 7, 64
+    q = rng.standard_normal((n, n_heads, hd)).astype(np.float32)
+    k = rng.standard_normal((n, n_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((n, n_kv, vd)).astype(np.float32)
+    cos, sin = cpu_ops.rope_cos_sin(np.arange(pos, pos + n), cpu_ops.rope_inv_freq(8, 10000.0))  # 8 of 10 rotate
+    k_cache = rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float32)
+    v_cache = rng.standard_normal((n_kv, n_ctx, vd)).astype(np.float32)
+    want_k, want_v = k_cache.copy(), v_cache.copy()
+    want_k[:, pos:pos + n] = cpu_ops.rope_rotate(k, cos, sin, style).transpose(1, 0, 2)
+    want_v[:, pos:pos + n] = v.transpose(1, 0, 2)
+    got_q = cpu_ops.rope_kv_store(q, k, v, cos, sin, style, k_cache, v_cache, pos)
+    np.testing.assert_array_equal(got_q, cpu_ops.rope_rotate(q, cos, sin, style))
+    np.testing.assert_array_equal(k_cache, want_k)
+    np.testing.assert_array_equal(v_cache, want_v)
+
+
+def test_glu_of_a_token_on_one_core_matches_all_cores(monkeypatch):
+    """A decode step's GLU (one numba loop on one core) gives what the prompt's parallel loop gives, bit for bit."""
+    g = np.random.default_rng(2).standard_normal((1, 1536)).astype(np.float32) * 4
+    up = np.random.default_rng(3).standard_normal((1, 1536)).astype(np.float32)
+    for activation in ("silu", "gelu"):
+        serial = cpu_ops.glu(g, up, activation)
+        monkeypatch.setattr(cpu_ops, "GLU_PARALLEL_SIZE", 0)
+        np.testing.assert_array_equal(serial, cpu_ops.glu(g, up, activation))
+        monkeypatch.undo()
+
+
+def test_rope_kv_store_refuses_what_does_not_fit():
+    """Positions past the cache, or heads of another shape, are refused before the kernel (which does not check
+    bounds) writes."""
+    q, k, v = np.zeros((1, 4, 8), np.float32), np.zeros((1, 2, 8), np.float32), np.zeros((1, 2, 8), np.float32)
+    cos, sin = cpu_ops.rope_cos_sin(np.arange(1), cpu_ops.rope_inv_freq(8, 10000.0))
+    caches = np.zeros((2, 16, 8), np.float32), np.zeros((2, 16, 8), np.float32)
+    cpu_ops.rope_kv_store(q, k, v, cos, sin, "normal", *caches, 15)
+    with pytest.raises(ValueError, match="do not fit"):
+        cpu_ops.rope_kv_store(q, k, v, cos, sin, "normal", *caches, 16)
+    with pytest.raises(ValueError, match="do not fit"):
+        cpu_ops.rope_kv_store(q, np.zeros((1, 3, 8), np.float32), v, cos, sin, "normal", *caches, 0)

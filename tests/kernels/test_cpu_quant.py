@@ -422,6 +422,35 @@ def test_repacked_dots_agree_on_every_simd_path(name, monkeypatch):
         assert len(set(results.values())) == 1, results
 
 
+@pytest.mark.parametrize("names", [("Q4_1", "Q4_1", "Q4_1"), ("Q5_0", "Q4_K", "Q6_K"), ("Q8_0",), ("Q4_0", "Q5_1")])
+def test_one_token_matvecs_match_quantized_matmuls(names):
+    """OneToken (a decode step's matrices checked once) gives quantized_matmuls' results bit for bit, repacked or
+    not; its add_matmul gives resid + the matvec bit for bit, and with a norm resid + rms_norm(W x) * norm to
+    float32 rounding."""
+    from kernels import cpu_ops
+    from kernels.cpu_quant import OneToken
+    from kernels.cpu_repack import LAYOUTS, repack
+    rng = np.random.default_rng(len(names))
+    qtypes = [TYPES_BY_NAME[n] for n in names]
+    raw = [random_weight(n, 40 + 24 * m + 3, 512, seed=m) for m, n in enumerate(names)]
+    for ws in (raw, [repack(w, q.id) if q.id in LAYOUTS else w for w, q in zip(raw, qtypes)]):
+        x = rng.standard_normal((1, 512), np.float32)
+        plan = OneToken(ws, qtypes)
+        assert plan.int8
+        want = quantized_matmuls(ws, qtypes, x)
+        got = plan.matmuls(x)
+        assert [g.tolist() for g in got] == [w.tolist() for w in want]
+        one = OneToken(ws[:1], qtypes[:1])
+        resid = rng.standard_normal((1, want[0].shape[1]), np.float32)
+        assert one.add_matmul(x, resid).tolist() == (resid + want[0]).tolist()
+        norm = rng.standard_normal(want[0].shape[1]).astype(np.float32)
+        np.testing.assert_allclose(one.add_matmul(x, resid, norm, 1e-6),
+                                   resid + cpu_ops.rms_norm(want[0], norm, 1e-6), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="x must be"):
+        OneToken(raw, qtypes).matmuls(np.zeros((2, 512), np.float32))
+    assert not OneToken([random_weight("Q5_K", 8, 512)], [TYPES_BY_NAME["Q5_K"]]).int8
+
+
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "X8_Q4_1", "X8_Q5_0"])
 def test_gemm_tile_agrees_on_every_simd_path(name, monkeypatch):
     """The GEMM's byte dots without VNNI: AVX2's pmaddubsw (int16 sums of as many vectors as cannot overflow, then
