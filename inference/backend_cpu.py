@@ -5,7 +5,7 @@ import numpy as np
 
 from inference.weights import ExpertFFN, ModelWeights, QuantMatrix
 from kernels import cpu_ops, cpu_quant
-from kernels.cpu_quant import (dequantize_rows, expert_matvecs, quantized_matmul, quantized_matmuls,
+from kernels.cpu_quant import (OneToken, dequantize_rows, expert_matvecs, quantized_matmul, quantized_matmuls,
                                quantized_matvecs_own_rows)
 from kernels.cpu_repack import LAYOUTS, Repacked, repack
 from models.config import ModelConfig
@@ -125,26 +125,49 @@ class CPUBackend:
             y = quantized_matmul(self._repacked.get(id(w), w.data), w.qtype, x)  # [n, n_rows]
         return y + bias if bias is not None else y
 
+    def _one_token(self, ws: tuple[QuantMatrix, ...]) -> OneToken | None:
+        """The decode step's kernel arguments for the matrices ws (cpu_quant.OneToken: checked and built once, where a
+        quantized_matmuls call pays ~20 us of Python each time), made on first use and kept with ws (so their ids
+        stay theirs; LayerWeights.qkv makes a new tuple each time, its matrices are the same). None where the
+        one-token path does not apply: the GPU shares the rows, a type has no int8 kernel, or a float32 reference
+        (tests' gpu_compare) set cpu_quant.MATVEC_MAX_TOKENS to 0."""
+        if self.share is not None or cpu_quant.MATVEC_MAX_TOKENS < 1:
+            return None
+        plans = self.__dict__.setdefault("_one_token_plans", {})
+        key = (id(ws[0]), len(ws))
+        plan = plans.get(key)
+        if plan is None or any(a is not b for a, b in zip(plan[0], ws)):
+            plan = plans[key] = (tuple(ws), OneToken([self._repacked.get(id(w), w.data) for w in ws],
+                                                     [w.qtype for w in ws]))
+        return plan[1] if plan[1].int8 else None
+
     def matmuls(self, ws: tuple[QuantMatrix, ...], x: np.ndarray, biases: tuple | None = None) -> tuple:
         """The matmuls of several matrices by one x. For a few tokens, one kernel call quantizes x once and runs
         all their rows in one parallel region: a layer's decode step makes 4 of each instead of 7."""
-        if self.share is not None and len(x) == 1:
+        plan = self._one_token(ws) if len(x) == 1 else None
+        if plan is not None:
+            ys = plan.matmuls(np.ascontiguousarray(x, np.float32))
+        elif self.share is not None and len(x) == 1:
             ys = self.share.matmuls(ws, x)
         else:
             ys = quantized_matmuls([self._repacked.get(id(w), w.data) for w in ws], [w.qtype for w in ws], x)
         return tuple(y + b if b is not None else y for y, b in zip(ys, biases or (None,) * len(ws)))
 
-    def rope(self, x: np.ndarray, base: float, scale: float) -> np.ndarray:
-        """x [n, heads, head_dim] rotated for positions pos..pos+n-1."""
+    def _rope_cos_sin(self, base: float, scale: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin [n, rope_dim // 2] of positions pos..pos+n-1 for this rope base and scale."""
         key = (base, scale)
         if key not in self._inv_freq:
             self._inv_freq[key] = cpu_ops.rope_inv_freq(self.cfg.rope_dim, base, self._rope_freqs) * scale
         at, cos_sin = self._cos_sin.get(key, (None, None))
-        if at != (self.pos, len(x)):  # once a forward pass per base, not for each layer's q and k
-            at = (self.pos, len(x))
-            cos_sin = cpu_ops.rope_cos_sin(np.arange(self.pos, self.pos + len(x)), self._inv_freq[key])
+        if at != (self.pos, n):  # once a forward pass per base, not for each layer's q and k
+            at = (self.pos, n)
+            cos_sin = cpu_ops.rope_cos_sin(np.arange(self.pos, self.pos + n), self._inv_freq[key])
             self._cos_sin[key] = at, cos_sin
-        return cpu_ops.rope_rotate(x, *cos_sin, self.cfg.rope_style)
+        return cos_sin
+
+    def rope(self, x: np.ndarray, base: float, scale: float) -> np.ndarray:
+        """x [n, heads, head_dim] rotated for positions pos..pos+n-1."""
+        return cpu_ops.rope_rotate(x, *self._rope_cos_sin(base, scale, len(x)), self.cfg.rope_style)
 
     def kv_write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """k [n, n_kv, hd], v [n, n_kv, vd] stored at positions pos..pos+n-1."""
@@ -158,8 +181,9 @@ class CPUBackend:
         head_norms (q_norm, k_norm): q and k normalized per head first (qwen3, gemma3)."""
         if head_norms is not None:
             q, k = self.rms_norm(q, head_norms[0]), self.rms_norm(k, head_norms[1])
-        self.kv_write(layer, self.rope(k, base, scale), v)
-        return self.rope(q, base, scale)
+        # one call: rope_rotate's arithmetic for q and k and the two cache writes (were four calls, three copies)
+        return cpu_ops.rope_kv_store(q, k, v, *self._rope_cos_sin(base, scale, len(q)), self.cfg.rope_style,
+                                     self.k_cache[layer], self.v_cache[layer], self.pos)
 
     def attention(self, layer: int, q: np.ndarray, window: int, scale: float) -> np.ndarray:
         return cpu_ops.attention(q, self.k_cache[layer], self.v_cache[layer], self.pos, window, scale)
@@ -171,7 +195,12 @@ class CPUBackend:
         return x + y
 
     def add_matmul(self, x: np.ndarray, w: QuantMatrix, a: np.ndarray, norm: np.ndarray | None = None) -> np.ndarray:
-        """x + W a, W a normalized by norm first when given (sandwich norms); the GPU fuses the add."""
+        """x + W a, W a normalized by norm first when given (sandwich norms); the GPU fuses the add, and so does a
+        decode step here (the add and the norm in the matvec's call: OneToken.add_matmul)."""
+        plan = self._one_token((w,)) if len(a) == 1 else None
+        if plan is not None:
+            return plan.add_matmul(np.ascontiguousarray(a, np.float32), np.asarray(x, np.float32), norm,
+                                   self.cfg.rms_eps)
         y = self.matmul(w, a)
         return x + (self.rms_norm(y, norm) if norm is not None else y)
 
