@@ -24,6 +24,7 @@ from inference.placement import MAX_GPU_SHARE, cap_gpu_share, host_memory_availa
 from inference.share_ring import RingSchedule, aligned
 from inference.weights import ModelWeights, QuantMatrix
 from kernels.cpu_quant import quantized_matmuls
+from kernels.cuda_host import copy_down, copy_up
 from kernels.cuda_layout import META_SPLIT
 from kernels.cuda_quant import DeviceWeight, Q8Vector, matvec, quantize_q8_1, to_pinned
 
@@ -171,8 +172,7 @@ class GpuShare:
         """x from pinned memory to the GPU, quantized, each row group's matvec from the ring, y back to pinned
         memory."""
         n, stream = call.n_cols, self.stream
-        cp.cuda.runtime.memcpyAsync(self._x.data.ptr, self._x_host.ctypes.data, 4 * n,
-                                    cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        copy_up(self._x[:n], self._x_host[:n], stream)
         x, xq = self._x[:n], Q8Vector(self._xq.qs[:n], self._xq.ds[:n // 32])
         if any(w.takes_q8 for w in call.ring):
             quantize_q8_1(x, xq, stream=stream)
@@ -180,8 +180,7 @@ class GpuShare:
         for w in call.ring:
             matvec(w, xq if w.takes_q8 else x, self._y[at:at + w.n_rows], stream=stream)
             at += w.n_rows
-        cp.cuda.runtime.memcpyAsync(self._y_host.ctypes.data, self._y.data.ptr, 4 * at,
-                                    cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        copy_down(self._y_host[:at], self._y[:at], stream)
 
 
 def build_share(stream: cp.cuda.Stream, weights: ModelWeights, layers: range, share: float, use_graph: bool,

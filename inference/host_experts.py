@@ -17,7 +17,7 @@ import numpy as np
 from inference.backend_cpu import moe_experts
 from inference.weights import ExpertFFN, ModelWeights
 from kernels import cuda_moe, cuda_ops
-from kernels.cuda_host import PinnedPages
+from kernels.cuda_host import PinnedPages, copy_down, copy_up
 from models.config import ModelConfig
 
 # Of a token's chosen experts in a layer whose experts stay in host memory, how many the GPU runs itself, reading
@@ -76,9 +76,8 @@ class HostExperts:
             cuda_ops.add(x, y_dev, out, stream=self.stream)
             return out
         io = self.io
-        down = cp.cuda.runtime.memcpyDeviceToHost
         for dst, src in ((io.h, h), (io.ids, ids), (io.weights, weights)):
-            _copy(dst, src, dst.nbytes, down, self.stream)
+            copy_down(dst, src, self.stream)
         k = ids.shape[1]
         share = self.in_place.get(id(experts))
         n_gpu = min(HOST_EXPERTS_GPU_SLOTS, k - 1) if share else 0  # the last n_gpu slots: the GPU's
@@ -89,10 +88,11 @@ class HostExperts:
             act = be._empty((n_gpu, share[0].n_rows))
             act_q = be._empty_q8(act.size)
 
-            def beside() -> None:  # on the side stream, while the cores run theirs
+            def gpu_slots() -> None:  # on the side stream, while the cores run theirs
                 ids_gpu, weights_gpu = ids[:, k - n_gpu:], weights[:, k - n_gpu:]
                 cuda_moe.gate_up_glu(share[0], share[1], ids_gpu, hq, act, act_q, cfg.activation, stream=self.side)
                 cuda_moe.down(share[2], ids_gpu, weights_gpu, act_q, x_gpu, x, stream=self.side)
+            beside = gpu_slots
 
         def run() -> None:  # on the host, once the copies are done
             n_cpu = k - n_gpu
@@ -100,7 +100,7 @@ class HostExperts:
 
         self.host_point(run, beside)
         y = be._empty(x.shape)
-        _copy(y, io.y, io.y.nbytes, cp.cuda.runtime.memcpyHostToDevice, self.stream)
+        copy_up(y, io.y, self.stream)
         cuda_ops.add(x_gpu, y, out, stream=self.stream)
         return out
 
@@ -171,8 +171,3 @@ def _together(work, beside, side: cp.cuda.Stream) -> None:
     work()
     side.synchronize()
 
-
-def _copy(dst, src, nbytes: int, kind, stream) -> None:
-    """An asynchronous copy between pinned host memory and the device on stream (a graph node when captured)."""
-    ptr = lambda a: a.data.ptr if isinstance(a, cp.ndarray) else a.ctypes.data  # noqa: E731
-    cp.cuda.runtime.memcpyAsync(ptr(dst), ptr(src), nbytes, kind, stream.ptr)

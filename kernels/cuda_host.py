@@ -65,11 +65,24 @@ def pin_in_place(arrays: list[np.ndarray]) -> PinnedPages | None:
 
 
 def copy_up(dst: cp.ndarray, src: np.ndarray, stream: cp.cuda.Stream) -> None:
-    """dst[:] = src (same bytes) on stream, from pinned pages: asynchronous, src must stay mapped until it is done."""
-    if dst.nbytes != src.nbytes or not (dst.flags.c_contiguous and src.flags.c_contiguous):
-        raise ValueError(f"copy_up: two C-contiguous arrays of one size, got {src.nbytes} and {dst.nbytes} bytes")
+    """dst[:] = src (same bytes) on stream, from pinned pages: asynchronous (a graph node when captured), src must
+    stay mapped until it is done."""
+    _check_pair("copy_up", dst, src)
     cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.ctypes.data, src.nbytes, cp.cuda.runtime.memcpyHostToDevice,
                                 stream.ptr)
+
+
+def copy_down(dst: np.ndarray, src: cp.ndarray, stream: cp.cuda.Stream) -> None:
+    """dst[:] = src (same bytes) on stream, into pinned host memory: asynchronous (a graph node when captured),
+    dst is read once the stream has done it."""
+    _check_pair("copy_down", dst, src)
+    cp.cuda.runtime.memcpyAsync(dst.ctypes.data, src.data.ptr, src.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
+                                stream.ptr)
+
+
+def _check_pair(name: str, dst, src) -> None:
+    if dst.nbytes != src.nbytes or not (dst.flags.c_contiguous and src.flags.c_contiguous):
+        raise ValueError(f"{name}: two C-contiguous arrays of one size, got {src.nbytes} and {dst.nbytes} bytes")
 
 
 def _unregister(starts: list[int]) -> None:
