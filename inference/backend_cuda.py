@@ -109,6 +109,8 @@ class CUDABackend:
             self._arena = Arena(_step_arena_bytes(cfg))
             self._hidden = cp.empty((1, cfg.n_embd), dtype=cp.float32)  # a one-token step's input from the CPU
             self._route_done = cp.zeros(1, dtype=cp.uint32)  # cuda_moe.norm_router_route's count of finished blocks
+        self._sampled = cp.cuda.Event(block=False, disable_timing=True)  # mark_sampled's point (spin-waited)
+        self._read_stream = cp.cuda.Stream(non_blocking=True)
         self._hidden_host = cupyx.empty_pinned((1, cfg.n_embd), dtype=np.float32)  # pinned: copied in by the graph
         self._staging = None  # pinned bytes of a host weight on its way up where its pages could not be pinned
         self._host_kv = None  # (k_cache, v_cache): the CPU layers' host KV caches by layer (lend)
@@ -469,6 +471,17 @@ class CUDABackend:
 
     def read_token(self) -> int:
         return int(self.token.get(stream=self.stream)[0])
+
+    def mark_sampled(self) -> None:
+        """Remember this point of the stream: read_sampled waits for it, not for the steps queued after it."""
+        self._sampled.record(self.stream)
+
+    def read_sampled(self, pos: int) -> int:
+        """The token sampled for position pos (kept in the history ring) by the work before mark_sampled, read on
+        a stream of its own once that work is done, so that a step queued after it may already run (and
+        overwrite token[0]): the ring keeps REPEAT_LAST_N positions."""
+        self._sampled.synchronize()
+        return int(self.history[pos % REPEAT_LAST_N].get(stream=self._read_stream))
 
     # ---- helpers ----
 

@@ -85,7 +85,8 @@ class DecodeStep:
         """The tokens after history (at most max_tokens), sampled on the device from logits [1, n_vocab] (the
         last forward's, of history's last token). The step on each token but the last is launched before the
         token is handed out, so the GPU runs it while the caller handles the token (detokenizing, stop strings)
-        and the next next() only waits for it (with layers on the CPU, their part runs first, on the host).
+        and the next next() only waits for it (with layers on the CPU, their part runs first, on the host; with
+        every layer and expert on the GPU, the step is queued even before its token is read back).
         A caller that stops early (end of generation, a stop string)
         leaves one step done for nothing: its cache row lies past the engine's cached tokens, so a later
         prompt overwrites it before anything reads it."""
@@ -94,9 +95,18 @@ class DecodeStep:
         self.be.sample(logits[0], greedy)
         pos = len(history)  # of the token read next
         end = self.be.n_ctx if max_tokens is None else min(self.be.n_ctx, pos + max_tokens - 1)
+        # a step that needs no host work reads its token on the device: it is queued before that token is read,
+        # so the GPU goes on from one step to the next without waiting for the host to read, return and launch
+        ahead = self.cpu is None and not self.be.host_experts.layers
         while True:
-            token = self.be.read_token()
-            if pos < end:  # a step writes the token's k, v at pos: only inside the cache, only if more come
-                self(greedy, token, pos)
+            if ahead:
+                self.be.mark_sampled()
+                if pos < end:  # a step writes the token's k, v at pos: only inside the cache, only if more come
+                    self(greedy, 0, pos)  # the token is the sampler's, on the device
+                token = self.be.read_sampled(pos)
+            else:
+                token = self.be.read_token()
+                if pos < end:
+                    self(greedy, token, pos)
             pos += 1
             yield token
