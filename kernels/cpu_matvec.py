@@ -13,12 +13,13 @@ from kernels.cpu_dequant import decode_row  # noqa: E402
 from kernels.cpu_dot_float import dot_q5_k  # noqa: E402
 from kernels.cpu_dot_int8 import dot8_b32, dot8_q4_k, dot8_q6_k, dot8_q8_0, q4_k_order, quantize_q8  # noqa: E402
 from kernels.cpu_dot_x8 import dot8_x8  # noqa: E402
+from kernels.cpu_ops import _glu_one  # noqa: E402
 from kernels.cpu_types import Q4_K, Q6_K, Q8_0, X8, fast  # noqa: E402
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
-INLINED = ("cpu_types", "cpu_dequant", "cpu_dot_float", "cpu_dot_int8", "cpu_dot_x8")
-INLINED_DIGEST = "6cd6b1a8fc3ad9ff"
+INLINED = ("cpu_types", "cpu_dequant", "cpu_dot_float", "cpu_dot_int8", "cpu_dot_x8", "cpu_ops")
+INLINED_DIGEST = "ad3629fb787e8572"
 
 MATVEC_CHUNKS = 64  # row chunks of a matvec shared out to the threads: several per thread evens out their finish
 TOKEN_PASS_ROWS = 16  # rows that each of a few tokens passes over in turn (see matvecs_int8)
@@ -216,3 +217,26 @@ def matvec_add_int8(tids, ws, x, resid, norm, eps, out, f16, n_chunks):
     else:
         for j in range(y.shape[1]):
             out[0, j] = resid[0, j] + y[0, j]
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def glu_matvecs_int8(tids, ws, x, gelu, table, out, f16, n_chunks):
+    """out[0, r] = act(gate[r]) * up[r] for ONE token, gate and up = ws[0] x[0], ws[1] x[0] (a layer's gate and
+    up: one type tids[0] == tids[1], one shape), act silu or gelu (gelu: cpu_ops' table) as cpu_ops.glu computes it:
+    each chunk multiplies the same rows of both and applies the GLU to them, so the products stay in the core that
+    made them and the decode step's GLU call goes (SmolLM2 on the 2-core VM: ~22 us a layer, most of it reading
+    the other core's half of gate and up). gate and up are what matvecs_int8 gives, bit for bit.
+
+    x: float32 [1, n_cols], out: float32 [1, n_rows], table: cpu_ops.GELU_TABLE."""
+    xs = _quantize_x(x, tids)
+    n_units = ws[0].shape[0]  # rows, or groups of 8 rows for a repacked type
+    n_rows = out.shape[1]
+    per_unit = 8 if tids[0] > X8 else 1
+    gate, up = np.empty((1, n_rows), np.float32), np.empty((1, n_rows), np.float32)
+    n_chunks = min(n_chunks, n_units)
+    for c in nb.prange(n_chunks):
+        u0, u1 = c * n_units // n_chunks, (c + 1) * n_units // n_chunks
+        _dot_rows(tids[0], ws[0], u0, u1, xs, 0, 1, gate, 0, f16)
+        _dot_rows(tids[1], ws[1], u0, u1, xs, 0, 1, up, 0, f16)
+        for r in range(u0 * per_unit, min(u1 * per_unit, n_rows)):
+            out[0, r] = _glu_one(gate[0, r], up[0, r], gelu, table)

@@ -27,8 +27,9 @@ import numpy as np
 
 from kernels.cpu_dequant import decode_rows
 from kernels.cpu_gemm import gemm_int8, padded_tokens, quantize_biased
-from kernels.cpu_matvec import (MATVEC_CHUNKS, expert_matvecs_int8, matvec_add_int8, matvec_decoded, matvec_fused,
-                                matvecs_int8)
+from kernels.cpu_matvec import (MATVEC_CHUNKS, expert_matvecs_int8, glu_matvecs_int8, matvec_add_int8, matvec_decoded,
+                                matvec_fused, matvecs_int8)
+from kernels.cpu_ops import GELU_TABLE
 from kernels.cpu_repack import ROWS, Repacked
 from kernels.cpu_types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, N16
 from models.ggml_types import GGMLType, UnsupportedTypeError
@@ -234,6 +235,18 @@ class OneToken:
         outs = tuple([np.empty((1, n), np.float32) for n in self.n_rows])
         matvecs_int8(self.tids, self.datas, self._x(x), outs, F16_TO_F32, MATVEC_CHUNKS)
         return outs
+
+    def glu(self, x: np.ndarray, activation: str) -> np.ndarray | None:
+        """activation(x @ W_0.T) * (x @ W_1.T) for two matrices of one type and shape (a layer's gate and up), float32
+        [1, n_rows], in their matvecs' parallel region (glu_matvecs_int8): cpu_ops.glu of matmuls' two results, bit
+        for bit. None where the two differ in type or shape (the caller then takes matmuls and cpu_ops.glu)."""
+        if len(self.tids) != 2 or self.tids[0] != self.tids[1] or self.datas[0].shape != self.datas[1].shape \
+                or self.n_rows[0] != self.n_rows[1]:
+            return None
+        out = np.empty((1, self.n_rows[0]), np.float32)
+        glu_matvecs_int8(self.tids, self.datas, self._x(x), activation == "gelu", GELU_TABLE, out, F16_TO_F32,
+                         MATVEC_CHUNKS)
+        return out
 
     def add_matmul(self, x: np.ndarray, resid: np.ndarray, norm: np.ndarray | None = None,
                    eps: float = 0.0) -> np.ndarray:

@@ -510,3 +510,24 @@ def test_gemm_tile_agrees_on_every_simd_path(name, monkeypatch):
             assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni and base != "Q8_0")
         for got in results.values():
             np.testing.assert_array_equal(got, results[("", False)])
+
+
+@pytest.mark.parametrize("name,repacked", [("Q4_1", True), ("Q5_0", True), ("Q4_K", False), ("Q8_0", False),
+                                           ("Q4_0", True)])
+def test_one_token_glu_is_glu_of_the_matvecs(name, repacked):
+    """A layer's gate and up with their GLU in one region (OneToken.glu) give cpu_ops.glu of matmuls' two results
+    bit for bit, silu and gelu, row counts that are and are not whole groups of 8; mixed types are declined."""
+    from kernels import cpu_ops
+    from kernels.cpu_quant import OneToken
+    from kernels.cpu_repack import repack
+    qtype = TYPES_BY_NAME[name]
+    for n_rows in (203, 256):
+        ws = [random_weight(name, n_rows, 512, seed=s) for s in (1, 2)]
+        ws = [repack(w, qtype.id) for w in ws] if repacked else ws
+        plan = OneToken(ws, [qtype] * 2)
+        x = np.random.default_rng(n_rows).standard_normal((1, 512), np.float32) * 2
+        gate, up = plan.matmuls(x)
+        for activation in ("silu", "gelu"):
+            assert plan.glu(x, activation).tolist() == cpu_ops.glu(gate, up, activation).tolist()
+    mixed = [random_weight("Q4_K", 64, 512), random_weight("Q6_K", 64, 512)]
+    assert OneToken(mixed, [TYPES_BY_NAME["Q4_K"], TYPES_BY_NAME["Q6_K"]]).glu(x, "silu") is None
