@@ -5,9 +5,10 @@ them too and serves as the oracle. The weights are random but scaled so logits s
 a near-tie.
 """
 import numpy as np
-from gguf import GGMLQuantizationType as T, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFWriter
 from gguf.quants import quantize
 
+from models.dequant import DEQUANTIZERS
 from models.gguf import open_gguf
 
 # layers, n_embd, n_ff, heads, kv heads, head size
@@ -22,6 +23,37 @@ SHAPES = {
 # random network amplifies that noise far more than a trained one (top-1 agreement fell to 94% with Q8_0).
 F16_LAYERS = dict.fromkeys(["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"], T.F16)
 EXPERTS = (16, 4)  # qwen3moe's experts, used per token
+# llama.cpp's Q4_K_M mix of a llama's layer matrices (v and down one step up, as its quantizer does for most layers)
+Q4_K_M_LAYERS = dict(attn_q=T.Q4_K, attn_k=T.Q4_K, attn_v=T.Q6_K, attn_output=T.Q4_K, ffn_gate=T.Q4_K,
+                     ffn_up=T.Q4_K, ffn_down=T.Q6_K)
+
+
+def random_k_quant(rng, shape: tuple, std: float, qtype) -> np.ndarray:
+    """Random Q4_K / Q5_K / Q6_K blocks (uint8 [..., rows, row bytes]) whose values have mean 0 and the given std.
+
+    gguf-py has no quantizer for the K-quants (gguf.quants.quantize raises NotImplementedError), so the blocks
+    are written directly: random bytes for the quants and the 6-bit sub-block scales, then the fp16 super-block
+    scales. Q6_K is w = d * sc * (q - 32) with sc drawn symmetric in [-127, 127]: mean 0. Q4_K / Q5_K is
+    w = d * sc * q - dmin * m with sc, m uniform in [0, 63]: dmin = d * E[q] (7.5, 15.5) makes the mean 0.
+    d varies by block (x0.5 to x1.5) so that a kernel reading another block's d is seen, and is scaled by the
+    measured std of the dequantized values (models/dequant.py, the bit-exact reference)."""
+    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+    n = int(np.prod(shape)) // block_elems
+    blocks = rng.integers(0, 256, (n, block_bytes), dtype=np.uint8)
+    u = rng.uniform(0.5, 1.5, n)
+
+    def set_d(d):
+        f16 = lambda x: x.astype("<f2")[:, None].view(np.uint8)  # noqa: E731
+        if qtype == T.Q6_K:  # ql[128] | qh[64] | scales[16] (int8) | d
+            blocks[:, 208:210] = f16(d)
+        else:  # d | dmin | scales[12] | (qh[32] for Q5_K) | qs[128]
+            blocks[:, 0:2], blocks[:, 2:4] = f16(d), f16(d * (7.5 if qtype == T.Q4_K else 15.5))
+
+    if qtype == T.Q6_K:
+        blocks[:, 192:208] = rng.integers(-127, 128, (n, 16)).astype(np.int8).view(np.uint8)
+    set_d(u)
+    set_d(u * std / DEQUANTIZERS[qtype.name](blocks).std())
+    return blocks.reshape(*shape[:-1], shape[-1] // block_elems * block_bytes)
 
 
 def spm_vocab(n_vocab: int = 1024) -> dict:
@@ -37,9 +69,10 @@ def spm_vocab(n_vocab: int = 1024) -> dict:
 
 def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAYERS, window: int = 16,
                     experts=None) -> None:
-    """A random {arch} model at path with Q8_0 embeddings, layer matrices of `types` (name -> quant type):
+    """A random {arch} model at path with Q8_0 embeddings, layer matrices of `types` (name -> quant type; the
+    K-quants Q4_K, Q5_K, Q6_K need widths that are multiples of 256, e.g. Q4_K_M_LAYERS):
     qwen2 with qkv biases and its own output matrix, qwen3 with q/k norms, gemma3 with q/k and sandwich norms
-    and a `window`-token sliding window; qwen3 and gemma3 tie the output to the embeddings. qwen3moe is qwen3
+    and a `window`-token sliding window; the others tie the output to the embeddings. qwen3moe is qwen3
     with experts = (count, used) in every layer (default EXPERTS), its expert matrices of the ffn_* types, its
     router F32 (as llama.cpp's quantizer leaves it); llama takes experts too (Mixtral's kind: no expert width of
     its own). The vocabulary is vocab_from's (a GGUF file), else spm_vocab()'s."""
@@ -80,7 +113,11 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
 
     def mat(name, rows, cols, std, qtype, n_expert=0):
-        a = (rng.standard_normal((n_expert, rows, cols) if n_expert else (rows, cols)) * std).astype(np.float32)
+        shape = (n_expert, rows, cols) if n_expert else (rows, cols)
+        if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
+            w.add_tensor(name, random_k_quant(rng, shape, std, qtype), raw_dtype=qtype)
+            return
+        a = (rng.standard_normal(shape) * std).astype(np.float32)
         if qtype in (T.F32, T.F16):
             w.add_tensor(name, a.astype(np.float16 if qtype == T.F16 else np.float32))
         else:
