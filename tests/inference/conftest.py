@@ -1,9 +1,10 @@
 """Engines shared by the engine tests (loading once per session keeps the files under a few minutes), and the
 synthetic models of the GPU tests.
 
-Synthetic llama files with real shapes (random weights) are written by tests/synth_gguf.py (the team's bench
-writer, carried in the repository so that a clone needs nothing beside it; $SYNTH_GGUF
-overrides it).
+Small synthetic files (random weights scaled so that logits depend on the input) are written by
+tests/inference/synthetic.py; llama files with real shapes (synth_1b) and the q4_k_m Qwen3 MoE by
+tests/synth_gguf.py (the team's bench writer, carried in the repository so that a clone needs nothing beside
+it; $SYNTH_GGUF overrides it), whose logits barely depend on the input.
 """
 import os
 import subprocess
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.inference.synthetic import write_synthetic
+from tests.inference.synthetic import Q4_K_M_LAYERS, write_synthetic
+
+LLAMA_K_SHAPES = (2, 256, 512, 4, 2, 64)  # layers, n_embd, n_ff, heads, kv heads, head size: K-quant rows of 256
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +41,18 @@ def synth_tiny(tmp_path_factory):
 @pytest.fixture(scope="session")
 def synth_1b(tmp_path_factory):
     return _synth(tmp_path_factory, "llama-1b", "q4_k_m")
+
+
+@pytest.fixture(scope="session")
+def synth_llama_k(tmp_path_factory):
+    """A 2-layer llama in llama.cpp's Q4_K_M mix (Q4_K q, k, attention output, gate, up; Q6_K v and down) with its
+    own SentencePiece vocabulary, written by tests/inference/synthetic.py: random K-quant blocks scaled so that
+    logits depend on the input (two prompts' last logits correlate 0.06; 0.99998 on tests/synth_gguf.py's tiny
+    preset). Its output is tied to the random embeddings, so top-1 is the input token: comparisons of its logits
+    rest on their correlation, which a dropped attention brings to 0.80 (test_synthetic.py)."""
+    path = tmp_path_factory.mktemp("synth") / "llama_k.gguf"
+    write_synthetic(path, "llama", shapes=LLAMA_K_SHAPES, types=Q4_K_M_LAYERS)
+    return path
 
 
 @pytest.fixture(scope="session")
