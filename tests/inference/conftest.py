@@ -34,11 +34,6 @@ SYNTH_GGUF = os.environ.get("SYNTH_GGUF") or str(Path(__file__).parents[1] / "sy
 
 
 @pytest.fixture(scope="session")
-def synth_tiny(tmp_path_factory):
-    return _synth(tmp_path_factory, "tiny", "q4_k_m")
-
-
-@pytest.fixture(scope="session")
 def synth_1b(tmp_path_factory):
     return _synth(tmp_path_factory, "llama-1b", "q4_k_m")
 

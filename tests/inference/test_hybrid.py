@@ -111,20 +111,22 @@ def test_split_graph_replay_equals_eager(split_engines):
     assert_graph_replay_equals_eager(graph, eager)
 
 
-@pytest.mark.parametrize("split_engines", ["synth_tiny"], indirect=True)
-def test_one_and_all_but_one_layer_on_the_gpu(split_engines, synth_tiny):
+@pytest.mark.parametrize("split_engines", ["synth_llama_k"], indirect=True)
+def test_one_and_all_but_one_layer_on_the_gpu(split_engines, synth_llama_k):
+    """1 and n - 1 layers on the GPU (the second with the default share) against the CPU engine, on the 2-layer
+    Q4_K_M llama (Q4_K and Q6_K matrices, logits that depend on the input); no layer on the GPU is the CPU engine."""
     from inference import load
     cpu = split_engines[0]
     n = cpu.config.n_layers
     ids = random_prompt(cpu, 20)
     ref = reference_logits(cpu, ids)
     for k, share in ((1, 0), (n - 1, DEFAULT_GPU_SHARE)):
-        engine = load(synth_tiny, device="cuda", ctx=CTX, gpu_layers=k, gpu_share=share)
+        engine = load(synth_llama_k, device="cuda", ctx=CTX, gpu_layers=k, gpu_share=share)
         assert engine.placement.n_gpu_layers == k and (share or engine.gpu_share is None)
-        assert_close_logits(engine.logits(ids), ref, f"tiny, {k} of {n} layers on the GPU")
+        assert_close_logits(engine.logits(ids), ref, f"llama_k, {k} of {n} layers on the GPU")
         sampled = list(engine.generate("Once upon a time", max_tokens=20, temperature=0.8, seed=3))
         assert sampled[-1].generated_tokens >= 1
-    assert load(synth_tiny, device="cuda", ctx=CTX, gpu_layers=0).device == "cpu"
+    assert load(synth_llama_k, device="cuda", ctx=CTX, gpu_layers=0).device == "cpu"
 
 
 def test_a_budget_below_the_model_splits_it_and_runs(synth_1b):
