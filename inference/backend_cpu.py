@@ -106,6 +106,7 @@ class CPUBackend:
         # matvecs read 8 rows a vector, ~2x faster a core (Q4_1 576 x 1536: 13.6 -> 30.5 GB/s on one)
         self._repacked = repacked_matrices(weights, self.layers) if not with_gpu else {}
         # the layers' (gate, up) pairs by id: their decode step's matmuls give the GLU at once (see matmuls)
+        self._one_token_plans = {}  # see _one_token
         self._glu_pairs = {(id(lw.ffn_gate), id(lw.ffn_up)) for lw in (weights.layers[i] for i in self.layers)
                            if lw.ffn_gate is not None and lw.ffn_up is not None}
 
@@ -141,7 +142,7 @@ class CPUBackend:
         (tests' gpu_compare) set cpu_quant.MATVEC_MAX_TOKENS to 0."""
         if self.share is not None or cpu_quant.MATVEC_MAX_TOKENS < 1:
             return None
-        plans = self.__dict__.setdefault("_one_token_plans", {})
+        plans = self._one_token_plans
         key = (id(ws[0]), len(ws))
         plan = plans.get(key)
         if plan is None or any(a is not b for a, b in zip(plan[0], ws)):
@@ -159,7 +160,7 @@ class CPUBackend:
         plan = self._one_token(ws) if len(x) == 1 else None
         if plan is not None:
             x = np.ascontiguousarray(x, np.float32)
-            if len(ws) == 2 and biases is None and (id(ws[0]), id(ws[1])) in getattr(self, "_glu_pairs", ()):
+            if len(ws) == 2 and biases is None and (id(ws[0]), id(ws[1])) in self._glu_pairs:
                 act = plan.glu(x, self.cfg.activation)
                 if act is not None:
                     return act, GLU_DONE
@@ -181,16 +182,6 @@ class CPUBackend:
             cos_sin = cpu_ops.rope_cos_sin(np.arange(self.pos, self.pos + n), self._inv_freq[key])
             self._cos_sin[key] = at, cos_sin
         return cos_sin
-
-    def rope(self, x: np.ndarray, base: float, scale: float) -> np.ndarray:
-        """x [n, heads, head_dim] rotated for positions pos..pos+n-1."""
-        return cpu_ops.rope_rotate(x, *self._rope_cos_sin(base, scale, len(x)), self.cfg.rope_style)
-
-    def kv_write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
-        """k [n, n_kv, hd], v [n, n_kv, vd] stored at positions pos..pos+n-1."""
-        n = len(k)
-        self.k_cache[layer][:, self.pos:self.pos + n] = k.transpose(1, 0, 2)
-        self.v_cache[layer][:, self.pos:self.pos + n] = v.transpose(1, 0, 2)
 
     def rope_kv_write(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, base: float,
                       scale: float, head_norms: tuple | None = None) -> np.ndarray:
