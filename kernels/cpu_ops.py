@@ -59,29 +59,7 @@ def rope_cos_sin(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarra
 
 
 @_jit
-def _rope_rotate(x, cos, sin, neox, out):  # x, out [n, heads, head_dim]; cos, sin [n, half]
-    half = cos.shape[1]
-    for t in range(x.shape[0]):
-        for h in range(x.shape[1]):
-            for i in range(half):
-                c, s = cos[t, i], sin[t, i]
-                a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
-                x0, x1 = x[t, h, a], x[t, h, b]
-                out[t, h, a] = x0 * c - x1 * s
-                out[t, h, b] = x0 * s + x1 * c
-
-
-def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndarray:
-    """Rotate x [n, heads, head_dim] by the angles of rope_cos_sin. style "normal": pairs (2i, 2i+1); "neox":
-    (i, i + half). Only the first 2 * cos.shape[1] dims of each head rotate; the rest pass through."""
-    x = np.ascontiguousarray(x, np.float32)
-    out = x.copy()
-    _rope_rotate(x, cos, sin, style == "neox", out)
-    return out
-
-
-@_jit
-def _rotate_into(x, cos, sin, neox, out):  # x, out [head_dim]; cos, sin [half]: _rope_rotate's arithmetic
+def _rotate_into(x, cos, sin, neox, out):  # x, out [head_dim]; cos, sin [half]
     half = cos.shape[0]
     for i in range(2 * half, x.shape[0]):
         out[i] = x[i]
@@ -91,6 +69,22 @@ def _rotate_into(x, cos, sin, neox, out):  # x, out [head_dim]; cos, sin [half]:
         x0, x1 = x[a], x[b]
         out[a] = x0 * c - x1 * s
         out[b] = x0 * s + x1 * c
+
+
+@_jit
+def _rope_rotate(x, cos, sin, neox, out):  # x, out [n, heads, head_dim]; cos, sin [n, half]
+    for t in range(x.shape[0]):
+        for h in range(x.shape[1]):
+            _rotate_into(x[t, h], cos[t], sin[t], neox, out[t, h])
+
+
+def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndarray:
+    """Rotate x [n, heads, head_dim] by the angles of rope_cos_sin. style "normal": pairs (2i, 2i+1); "neox":
+    (i, i + half). Only the first 2 * cos.shape[1] dims of each head rotate; the rest pass through."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    _rope_rotate(x, cos, sin, style == "neox", out)
+    return out
 
 
 @_jit
@@ -105,7 +99,7 @@ def _rope_kv_store(q, k, v, cos, sin, neox, k_cache, v_cache, pos, q_out):
 
 def rope_kv_store(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str,
                   k_cache: np.ndarray, v_cache: np.ndarray, pos: int) -> np.ndarray:
-    """q and k [n, heads, head_dim] rotated as rope_rotate does (the same arithmetic, so the same floats), k into
+    """q and k [n, heads, head_dim] rotated as rope_rotate does (_rotate_into: the same floats), k into
     k_cache [n_kv, n_ctx, head_dim] at positions pos..pos+n-1 and v [n, n_kv, vd] into v_cache, in one call;
     returns the rotated q. A decode step's rope of q, of k and the two cache writes were four calls and three
     copies."""
