@@ -316,6 +316,31 @@ def test_expert_matvecs_refuse_bad_stacks_and_ids():
         expert_matvecs((stack,), (q4_k,), np.array([1, 2], np.int32), x, own_rows=True)
 
 
+def _packed_tile(pack, tile, f16_table: bool):
+    """A fresh njit function (not cached, so compiled under whatever path cpu_ir is patched to) that packs w's rows
+    for the GEMM tile and runs it: y [TOKENS * ROWS]. f16_table: pack takes the f16 -> f32 table (the packs of the
+    file's layout; the repacked X8 ones do not)."""
+    if f16_table:
+        @nb.njit
+        def pack_rows(w, packed, corrs, scales, mins):
+            pack(w, 0, packed, corrs, scales, mins, F16_TO_F32)
+    else:
+        @nb.njit
+        def pack_rows(w, packed, corrs, scales, mins):
+            pack(w, 0, packed, corrs, scales, mins)
+
+    @nb.njit
+    def packed_tile(w, xu, xd, xds):
+        n = xd.shape[1] * cpu_gemm_int8.ROWS
+        packed, corrs = np.empty(n * 32, np.uint8), np.empty(2 * n, np.int32)
+        scales, mins = np.empty(2 * n, np.float32), np.empty(n, np.float32)
+        pack_rows(w, packed, corrs, scales, mins)
+        y = np.empty(cpu_gemm_int8.TOKENS * cpu_gemm_int8.ROWS, np.float32)
+        tile(packed, corrs, scales, mins, xu, xd, xds, 0, y)
+        return y
+    return packed_tile
+
+
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"])
 def test_gemm_tile_agrees_without_vnni(name, monkeypatch):
     """The GEMM's byte dots in generic IR (CPUs without AVX-512 VNNI) give what vpdpbusd gives here, lane for lane,
@@ -332,16 +357,7 @@ def test_gemm_tile_agrees_without_vnni(name, monkeypatch):
     for has_vnni in host_vnni_paths():
         monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
 
-        @nb.njit  # not cached: compiled anew under each vnni
-        def gemm_tile(w, xu, xd, xds):
-            n = xd.shape[1] * cpu_gemm_int8.ROWS
-            packed, corrs = np.empty(n * 32, np.uint8), np.empty(2 * n, np.int32)
-            scales, mins = np.empty(2 * n, np.float32), np.empty(n, np.float32)
-            pack(w, 0, packed, corrs, scales, mins, F16_TO_F32)
-            y = np.empty(cpu_gemm_int8.TOKENS * cpu_gemm_int8.ROWS, np.float32)
-            tile(packed, corrs, scales, mins, xu, xd, xds, 0, y)
-            return y
-
+        gemm_tile = _packed_tile(pack, tile, f16_table=True)  # compiled anew under each vnni
         results[has_vnni] = gemm_tile(w, xu, xd, xds)
         assert ("vpdpbusd" in next(iter(gemm_tile.inspect_llvm().values()))) == has_vnni
     np.testing.assert_array_equal(results.get(True, results[False]), results[False])
@@ -485,26 +501,7 @@ def test_gemm_tile_agrees_on_every_simd_path(name, monkeypatch):
         for simd, has_vnni in paths:
             monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
             monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
-            if name.startswith("X8_"):
-                @nb.njit  # not cached: compiled anew under each path
-                def packed_tile(w, xu, xd, xds):
-                    n = xd.shape[1] * cpu_gemm_int8.ROWS
-                    packed, corrs = np.empty(n * 32, np.uint8), np.empty(2 * n, np.int32)
-                    scales, mins = np.empty(2 * n, np.float32), np.empty(n, np.float32)
-                    pack(w, 0, packed, corrs, scales, mins)
-                    y = np.empty(cpu_gemm_int8.TOKENS * cpu_gemm_int8.ROWS, np.float32)
-                    tile(packed, corrs, scales, mins, xu, xd, xds, 0, y)
-                    return y
-            else:
-                @nb.njit  # not cached: compiled anew under each path
-                def packed_tile(w, xu, xd, xds):
-                    n = xd.shape[1] * cpu_gemm_int8.ROWS
-                    packed, corrs = np.empty(n * 32, np.uint8), np.empty(2 * n, np.int32)
-                    scales, mins = np.empty(2 * n, np.float32), np.empty(n, np.float32)
-                    pack(w, 0, packed, corrs, scales, mins, F16_TO_F32)
-                    y = np.empty(cpu_gemm_int8.TOKENS * cpu_gemm_int8.ROWS, np.float32)
-                    tile(packed, corrs, scales, mins, xu, xd, xds, 0, y)
-                    return y
+            packed_tile = _packed_tile(pack, tile, f16_table=not name.startswith("X8_"))  # compiled anew a path
             results[(simd, has_vnni)] = packed_tile(data, xu, xd, xds)
             llvm_ir = next(iter(packed_tile.inspect_llvm().values()))
             assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni and base != "Q8_0")
