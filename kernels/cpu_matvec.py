@@ -19,7 +19,7 @@ from kernels.cpu_types import Q4_K, Q6_K, Q8_0, X8, fast  # noqa: E402
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_dequant", "cpu_dot_float", "cpu_dot_int8", "cpu_dot_x8", "cpu_ops")
-INLINED_DIGEST = "913165c700f7d07e"
+INLINED_DIGEST = "037819b975f66497"
 
 MATVEC_CHUNKS = 64  # row chunks of a matvec shared out to the threads: several per thread evens out their finish
 TOKEN_PASS_ROWS = 16  # rows that each of a few tokens passes over in turn (see matvecs_int8)
