@@ -2,13 +2,15 @@
 
 The router and the choice run on the GPU. A decode step copies the hidden row, the chosen ids and their weights
 down into pinned buffers; the cores run most of the chosen experts there (backend_cpu.moe_experts), and the GPU
-runs the last HOST_EXPERTS_GPU_SLOTS of them itself, reading their stacks in place from the file's pinned pages
-over PCIe, on a side stream beside the cores: two readers of host memory instead of one. The cores' sum comes back
-up and is added to the GPU's. Host work cannot be captured, so a captured step is pieces: graphs with the host's
-work between them (host_point; cuda_graph.DecodeStep replays them). A prompt chunk the backend does not upload
-the experts for reads h, ids and weights back and waits for the cores.
+runs the last gpu_slots of them itself (a count measured at load), reading their stacks in place from the file's
+pinned pages over PCIe, on a side stream beside the cores: two readers of host memory instead of one. The cores'
+sum comes back up and is added to the GPU's. Host work cannot be captured, so a captured step is pieces: graphs
+with the host's work between them (host_point; cuda_graph.DecodeStep replays them). A prompt chunk the backend
+does not upload the experts for reads h, ids and weights back and waits for the cores.
 """
+import time
 from dataclasses import dataclass
+from functools import partial
 
 import cupy as cp
 import cupyx
@@ -18,13 +20,16 @@ from inference.backend_cpu import moe_experts
 from inference.weights import ExpertFFN, ModelWeights
 from kernels import cuda_moe, cuda_ops
 from kernels.cuda_host import PinnedPages, copy_down, copy_up
+from kernels.cuda_quant import Q8Vector, quantize_q8_1
 from models.config import ModelConfig
 
 # Of a token's chosen experts in a layer whose experts stay in host memory, how many the GPU runs itself, reading
-# them in place over PCIe while the cores run the rest: a kernel reads pinned pages at 31-37 GB/s (H100 machine,
-# session 10) and the cores a token's experts at ~41, so ~8 * 35 / 76 of 8; 3 was the fastest of 0, 2, 3, 4 on the
-# H200 machine (BENCHMARKS.md, session 11).
-HOST_EXPERTS_GPU_SLOTS = 3
+# them in place over PCIe while the cores run the rest. None: measured at load (_fastest_gpu_slots), because the
+# best count is the host's: the GPU's reads and the cores' share the host's memory, and on the H200 machine one
+# lease's host ran a token's 8 experts on its cores alone faster than 5 beside the GPU's 3, the next lease's 3 ms
+# slower (BENCHMARKS.md, session 14). A number fixes it (tests that compare two engines bit for bit).
+HOST_EXPERTS_GPU_SLOTS = None
+MEASURED_LAYERS = 16  # host layers a measuring pass runs (~0.3 ms each on the H200 machine's 16 cores)
 CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM = 91  # cudaDevAttrCanUseHostPointerForRegisteredMem
 
 
@@ -49,6 +54,11 @@ class HostExperts:
             for i in layers:
                 if share := _read_in_place(weights.layers[i].experts, pinned):
                     self.in_place[id(weights.layers[i].experts)] = share
+        # how many of a token's chosen experts the GPU runs in a layer of in_place
+        self.gpu_slots = 0
+        if self.in_place:
+            self.gpu_slots = (self._fastest_gpu_slots(cfg, weights) if HOST_EXPERTS_GPU_SLOTS is None
+                              else min(HOST_EXPERTS_GPU_SLOTS, self.k - 1))
         self._pieces = None  # while a decode step is captured: its graphs so far and the host work between them
 
     def describe(self) -> str | None:
@@ -58,16 +68,19 @@ class HostExperts:
         n, shared = len(self.layers), len(self.in_place)
         if not shared:
             return f"host experts: the CPU runs every chosen expert of the {n} layers (no GPU share for their types)"
-        return (f"host experts: the GPU runs {min(HOST_EXPERTS_GPU_SLOTS, self.k - 1)} of a token's {self.k} chosen "
-                f"experts itself in {shared} of the {n} layers, reading them from host memory; the CPU the rest")
+        if not self.gpu_slots:
+            return (f"host experts: the CPU runs every chosen expert of the {n} layers (on this host that measured "
+                    "faster than the GPU reading some of them from host memory beside it)")
+        return (f"host experts: the GPU runs {self.gpu_slots} of a token's {self.k} chosen experts itself in "
+                f"{shared} of the {n} layers, reading them from host memory; the CPU the rest")
 
     def add_moe(self, be, x, experts: ExpertFFN, h, ids, weights) -> cp.ndarray:
         """x + the experts chosen on the device, run by the CPU (backend_cpu.moe_experts) from host memory; be: the
         backend whose arena and q8_1 copies the buffers come from (_empty, _empty_q8, _q8). A prompt chunk reads h,
         ids and weights back and waits; a decode step copies them into pinned buffers and leaves the host's work to
         host_point, so that a captured step is graphs with the host's work between. In a decode step the GPU runs
-        the last HOST_EXPERTS_GPU_SLOTS of the k chosen experts itself, reading them from the pinned file pages,
-        while the cores run the others (where _read_in_place allows)."""
+        the last gpu_slots of the k chosen experts itself, reading them from the pinned file pages, while the cores
+        run the others (where _read_in_place allows)."""
         cfg, out = be.cfg, be._empty(x.shape)
         if h.shape[0] > 1:
             y = moe_experts(experts, be.to_host(h), be.to_host(ids), be.to_host(weights), cfg.activation)
@@ -80,19 +93,15 @@ class HostExperts:
             copy_down(dst, src, self.stream)
         k = ids.shape[1]
         share = self.in_place.get(id(experts))
-        n_gpu = min(HOST_EXPERTS_GPU_SLOTS, k - 1) if share else 0  # the last n_gpu slots: the GPU's
+        n_gpu = self.gpu_slots if share else 0  # the last n_gpu slots: the GPU's
         x_gpu = x  # x + the GPU's slots' sum
         beside = None
         if n_gpu:
             hq, x_gpu = be._q8(h), be._empty(x.shape)
             act = be._empty((n_gpu, share[0].n_rows))
             act_q = be._empty_q8(act.size)
-
-            def gpu_slots() -> None:  # on the side stream, while the cores run theirs
-                ids_gpu, weights_gpu = ids[:, k - n_gpu:], weights[:, k - n_gpu:]
-                cuda_moe.gate_up_glu(share[0], share[1], ids_gpu, hq, act, act_q, cfg.activation, stream=self.side)
-                cuda_moe.down(share[2], ids_gpu, weights_gpu, act_q, x_gpu, x, stream=self.side)
-            beside = gpu_slots
+            beside = lambda: _gpu_share(share, ids[:, k - n_gpu:], weights[:, k - n_gpu:], hq, act, act_q,  # noqa: E731
+                                        x_gpu, x, cfg.activation, self.side)
 
         def run() -> None:  # on the host, once the copies are done
             n_cpu = k - n_gpu
@@ -103,6 +112,43 @@ class HostExperts:
         copy_up(y, io.y, self.stream)
         cuda_ops.add(x_gpu, y, out, stream=self.stream)
         return out
+
+    def _fastest_gpu_slots(self, cfg: ModelConfig, weights: ModelWeights) -> int:
+        """Of a token's k chosen experts, the count the GPU should run itself: for each count from 0 to k // 2 + 1
+        (at most k - 1), a pass over up to MEASURED_LAYERS host layers of in_place with the GPU's share launched
+        beside the cores' work, as a decode step runs them, on a random row; two rounds in opposite orders, each
+        count's best pass. Each pass chooses its experts anew: the same ones again would come from the host's
+        caches (~300 MB of L3 on the H200 machine), which a token's do not. ~0.1-0.2 s at load for Qwen3-30B-A3B."""
+        k, rng = self.k, np.random.default_rng(0)
+        ffns = [f for f in (weights.layers[i].experts for i in self.layers) if id(f) in self.in_place]
+        ffns = ffns[:MEASURED_LAYERS]
+        h = rng.standard_normal((1, cfg.n_embd)).astype(np.float32)
+        w = np.full((1, k), 1 / k, np.float32)
+        with self.side:
+            w_dev, x = cp.asarray(w), cp.asarray(h)
+            x_gpu, hq = cp.empty_like(x), Q8Vector.empty(cfg.n_embd)
+            quantize_q8_1(x.reshape(-1), hq, stream=self.side)
+
+        def one_pass(n: int) -> float:
+            ids = [rng.permutation(cfg.n_expert)[:k].astype(np.int32)[None] for _ in ffns]
+            with self.side:
+                ids_dev = [cp.asarray(i) for i in ids]
+                act = cp.empty((n, self.in_place[id(ffns[0])][0].n_rows), cp.float32)
+                act_q = Q8Vector.empty(act.size)
+            self.side.synchronize()
+            t = time.perf_counter()
+            for f, i, i_dev in zip(ffns, ids, ids_dev):
+                beside = partial(_gpu_share, self.in_place[id(f)], i_dev[:, k - n:], w_dev[:, k - n:], hq, act, act_q,
+                                 x_gpu, x, cfg.activation, self.side) if n else None
+                _together(partial(moe_experts, f, h, i[:, :k - n], w[:, :k - n], cfg.activation), beside, self.side)
+            return time.perf_counter() - t
+
+        counts = list(range(min(k - 1, k // 2 + 1) + 1))
+        one_pass(counts[-1])  # compiles the GPU's kernels: not timed
+        best = {}
+        for n in counts + counts[::-1]:
+            best[n] = min(best.get(n, float("inf")), one_pass(n))
+        return min(best, key=best.get)
 
     def host_point(self, work, beside=None) -> None:
         """Host work in the middle of a step: run now, after the device's queued work; while a decode step is
@@ -160,6 +206,14 @@ class _HostExpertsIO:
         k, d = cfg.n_expert_used, cfg.n_embd
         return cls(*(cupyx.empty_pinned((1, n), dtype=t) for n, t in ((d, np.float32), (k, np.int32),
                                                                         (k, np.float32), (d, np.float32))))
+
+
+def _gpu_share(share, ids: cp.ndarray, weights: cp.ndarray, hq: Q8Vector, act: cp.ndarray, act_q: Q8Vector,
+               out: cp.ndarray, x: cp.ndarray, activation: str, side: cp.cuda.Stream) -> None:
+    """out = x + the experts ids [1, n] of a layer's in-place stacks (share: _read_in_place's) weighted by weights
+    [1, n], on hq (q8_1 of the layer's hidden row), launched on side; act [n, n_ff] and act_q their buffers."""
+    cuda_moe.gate_up_glu(share[0], share[1], ids, hq, act, act_q, activation, stream=side)
+    cuda_moe.down(share[2], ids, weights, act_q, out, x, stream=side)
 
 
 def _together(work, beside, side: cp.cuda.Stream) -> None:

@@ -6,7 +6,7 @@ it in the host's expert work (backend_cpu.moe_experts).
 
 Each of two rounds processes a fresh 512-token prompt and times 64 generated tokens (BENCHMARKS.md, session 10);
 once for each SLOTS given, the GPU running that many of a token's chosen experts from the pinned pages
-(host_experts.HOST_EXPERTS_GPU_SLOTS; default: its value).
+(host_experts.HOST_EXPERTS_GPU_SLOTS; default: the count load measures).
 """
 import collections
 import gc
@@ -36,10 +36,11 @@ def timed(owner, name: str) -> None:
     setattr(owner, name, wrapper)
 
 
-def main(path: str, slots: int) -> None:
+def main(path: str, slots: int | None) -> None:
     host_experts.HOST_EXPERTS_GPU_SLOTS = slots
     engine = load(path, device="cuda", ctx=2048, cpu_moe="all")
-    print(f"{engine.placement.summary().splitlines()[0]}; the GPU runs {slots} of a token's experts itself")
+    print(f"{engine.placement.summary().splitlines()[0]}; the GPU runs {engine._be.host_experts.gpu_slots} of a "
+          f"token's experts itself ({'measured at load' if slots is None else 'as asked'})")
     list(engine.generate(list(range(100, 612)), max_tokens=8, temperature=0))  # compile, capture
     for r in range(2):
         engine._cached = []
@@ -62,6 +63,6 @@ def main(path: str, slots: int) -> None:
 if __name__ == "__main__":
     timed(host_experts, "moe_experts")
     timed(backend_cuda.CUDABackend, "_upload")
-    for n in sys.argv[2:] or [host_experts.HOST_EXPERTS_GPU_SLOTS]:
-        main(sys.argv[1], int(n))
+    for n in sys.argv[2:] or [None]:
+        main(sys.argv[1], n and int(n))
         gc.collect()  # the last engine's VRAM and pinned pages go before the next loads

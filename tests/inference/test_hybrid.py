@@ -299,23 +299,24 @@ def _host_moe(engine, layer: int, x, in_place: bool):
         be.host_experts.in_place = saved
 
 
-def test_gpu_share_of_host_experts_adds_what_the_cores_would(synth_qwen3moe_k):
-    """A one-token FFN of host experts with the GPU running the last HOST_EXPERTS_GPU_SLOTS of the chosen experts
+def test_gpu_share_of_host_experts_adds_what_the_cores_would(synth_qwen3moe_k, monkeypatch):
+    """A one-token FFN of host experts with the GPU running the last gpu_slots of the chosen experts
     from the pinned file pages (Q4_K down in layer 0, Q6_K in layer 1) equals the cores running all of them (the
     GPU rounds the activation to 8 bits per 32, the cores per 256: close, not equal), and sees its input: two
     inputs give clearly different outputs. Planted once (the GPU given the cores' slots instead of its own, so
     that some experts count twice and others not at all), the first assertion failed (session 11)."""
     import numpy as np
 
-    from inference import load
-    from inference.host_experts import HOST_EXPERTS_GPU_SLOTS
+    from inference import host_experts, load
+    monkeypatch.setattr(host_experts, "HOST_EXPERTS_GPU_SLOTS", 3)  # not measured: the GPU takes a share
     engine = load(synth_qwen3moe_k, device="cuda", ctx=CTX, cpu_moe="all")
     layers = engine._weights.layers
-    assert HOST_EXPERTS_GPU_SLOTS > 0 and len(engine._be.host_experts.in_place) == len(layers)
+    assert len(engine._be.host_experts.in_place) == len(layers)
     assert {lw.experts.down.qtype.name for lw in layers} == {"Q4_K", "Q6_K"}
     k = engine.config.n_expert_used  # 2 here: the GPU takes one, the cores keep at least one
-    assert f"the GPU runs {min(HOST_EXPERTS_GPU_SLOTS, k - 1)} of a token's {k} chosen experts itself in " \
-        f"{len(layers)} of the {len(layers)} layers" in engine.summary()
+    assert engine._be.host_experts.gpu_slots == k - 1
+    assert f"the GPU runs {k - 1} of a token's {k} chosen experts itself in {len(layers)} of the {len(layers)} " \
+        "layers" in engine.summary()
     rng = np.random.default_rng(0)
     for i in range(len(layers)):
         xs = rng.standard_normal((2, 1, engine.config.n_embd)).astype(np.float32)
@@ -325,14 +326,33 @@ def test_gpu_share_of_host_experts_adds_what_the_cores_would(synth_qwen3moe_k):
         assert np.corrcoef(ffn[0][0].ravel(), ffn[1][0].ravel())[0, 1] < 0.5, i
 
 
-def test_gpu_share_of_host_experts_in_the_captured_step(synth_qwen3moe_k):
+def test_gpu_share_of_host_experts_measured_at_load(synth_qwen3moe_k, monkeypatch):
+    """Without a fixed count, load times the cores alone and beside the GPU's share and keeps the faster (passes
+    over the host layers, each count in two rounds); run --verbose says which was kept."""
+    from inference import host_experts, load
+    monkeypatch.setattr(host_experts, "HOST_EXPERTS_GPU_SLOTS", None)
+    cores_ran = []  # of each moe_experts call: how many experts the cores ran
+    moe_experts = host_experts.moe_experts
+    monkeypatch.setattr(host_experts, "moe_experts", lambda f, h, ids, *a: cores_ran.append(ids.shape[1]) or
+                        moe_experts(f, h, ids, *a))
+    engine = load(synth_qwen3moe_k, device="cuda", ctx=CTX, cpu_moe="all")
+    he, k, n = engine._be.host_experts, engine.config.n_expert_used, engine.config.n_layers
+    assert k == 2 and cores_ran == [1] * n + [2] * n + [1] * n + [1] * n + [2] * n  # warm; 0, 1; 1, 0 GPU slots
+    assert he.gpu_slots in (0, 1) and len(he.in_place) == n
+    said = (f"the CPU runs every chosen expert of the {n} layers (on this host that measured faster"
+            if he.gpu_slots == 0 else f"the GPU runs 1 of a token's {k} chosen experts itself in {n} of the {n} layers")
+    assert said in engine.summary()
+
+
+def test_gpu_share_of_host_experts_in_the_captured_step(synth_qwen3moe_k, monkeypatch):
     """The captured step with the GPU's share as a graph of its own beside the host's work: the same tokens and
     bit-equal logits as the same step run eagerly, and close to the all-GPU engine's."""
-    from inference import load
+    from inference import host_experts, load
+    monkeypatch.setattr(host_experts, "HOST_EXPERTS_GPU_SLOTS", 1)  # both engines alike, not each its own measure
     gpu = load(synth_qwen3moe_k, device="cuda", ctx=CTX)
     host = load(synth_qwen3moe_k, device="cuda", ctx=CTX, cpu_moe="all")
     eager = load(synth_qwen3moe_k, device="cuda", ctx=CTX, cpu_moe="all", cuda_graph=False)
-    assert host._be.host_experts.in_place and eager._be.host_experts.in_place
+    assert host._be.host_experts.gpu_slots == eager._be.host_experts.gpu_slots == 1
     ids = random_prompt(gpu, 12)
     tokens, logits = greedy_steps(host, ids, 20)
     gpu_tokens, gpu_logits = greedy_steps(gpu, ids, 20)
