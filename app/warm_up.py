@@ -1,5 +1,6 @@
 """A model's first reply at full speed: its kernels compiled before it (Engine.warm_up), and the user told when
-that takes a while (a first start compiles numba's CPU kernels once: ~30 s on 2 cores; later starts load them)."""
+that takes a while (a first start compiles numba's CPU kernels once: ~30 s on a 2-core AVX-512 VM, ~70 s on an
+AVX2-only one; later starts load them)."""
 import threading
 import time
 

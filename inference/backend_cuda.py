@@ -331,9 +331,10 @@ class CUDABackend:
         if self._lent is None or self._lent[0] != layer:
             self._lent = None  # the last lent layer's cache back to the pool first
             p, end = self._pos, self._pos + self.n
+            host = self._host_caches(layer)
             with self.stream:
-                cache = tuple(cp.empty((a.shape[0], end, a.shape[2]), cp.float16) for a in self._host_caches(layer))
-                for c, a in zip(cache, self._host_caches(layer)):
+                cache = tuple(cp.empty((a.shape[0], end, a.shape[2]), cp.float16) for a in host)
+                for c, a in zip(cache, host):
                     if p:
                         c[:, :p] = cp.asarray(np.ascontiguousarray(a[:, :p]))
             self._lent = (layer, cache)

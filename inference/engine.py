@@ -109,7 +109,7 @@ class Engine:
 
     def warm_up(self) -> None:
         """Run a prompt and a few sampled decode steps once and forget them, so that the kernels a reply needs are
-        compiled (numba's on a first start: ~30 s on 2 cores; CUDA's, the sampler's and the decode graph on a GPU)
+        compiled (numba's on a first start: ~30-70 s on 2 cores; CUDA's, the sampler's and the decode graph on a GPU)
         before a reply is timed or waited for. The prompt is WARM_UP_TOKENS long where the context allows."""
         ids = self.tokenizer.encode("Hello, world. Hello again, world. " * (WARM_UP_TOKENS // 4))
         ids = ids[:min(WARM_UP_TOKENS, self.n_ctx - 3)]
