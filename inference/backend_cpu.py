@@ -5,8 +5,8 @@ import numpy as np
 
 from inference.weights import ExpertFFN, ModelWeights, QuantMatrix
 from kernels import cpu_ops, cpu_quant
-from kernels.cpu_quant import (OneToken, dequantize_rows, expert_matvecs, quantized_matmul, quantized_matmuls,
-                               quantized_matvecs_own_rows)
+from kernels.cpu_quant import (OneToken, dequantize_rows, expert_glu_matvecs, expert_matvecs, quantized_matmul,
+                               quantized_matmuls, quantized_matvecs_own_rows)
 from kernels.cpu_repack import LAYOUTS, Repacked, repack
 from models.config import ModelConfig
 
@@ -30,9 +30,9 @@ def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.
     # the types with int8 kernels as cpu_quant holds them now, the list expert_matvecs checks and quantized_matmuls
     # reads: the GPU tests' float32 reference (gpu_compare.float_activations) empties it to keep x in float32
     if len(h) == 1 and all(m.qtype.id in cpu_quant.INT8_IDS for m in (gate, up, down)):
-        # one token: its experts' gate and up in one kernel call (one parallel region), their downs in another
-        g, u = expert_matvecs((gate.data, up.data), (gate.qtype, up.qtype), ids[0], h)
-        ys = expert_matvecs((down.data,), (down.qtype,), ids[0], cpu_ops.glu(g, u, activation), own_rows=True)[0]
+        # one token: its experts' gate, up and GLU in one kernel call (one parallel region), their downs in another
+        act = expert_glu_matvecs((gate.data, up.data), (gate.qtype, up.qtype), ids[0], h, activation)
+        ys = expert_matvecs((down.data,), (down.qtype,), ids[0], act, own_rows=True)[0]
         return weights @ ys  # [1, k] @ [k, n_embd]
     if len(h) == 1:  # one token, a type with no int8 kernel (F16, Q5_K; any in that reference): the matrices as a list
         chosen = [(experts.gate.expert(e), experts.up.expert(e), experts.down.expert(e)) for e in ids[0]]

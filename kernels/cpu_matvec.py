@@ -149,6 +149,13 @@ def matvecs_int8(tids, ws, x, outs, f16, n_chunks, own_row=False):
         _dot_rows(tids[m], ws[m], r0, r1, xs, t0, t1, outs[m], 0, f16)
 
 
+@fast
+def _check_ids(ids, n_expert):
+    for s in range(len(ids)):
+        if ids[s] < 0 or ids[s] >= n_expert:
+            raise IndexError("expert id out of range")
+
+
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, own_row=False):
     """out[m, s] = expert ids[s]'s matrix of stacks[m] times x[0] (own_row: times x[s]) for one token's chosen
@@ -161,9 +168,7 @@ def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, own_row=False)
     file's stacks: n_rows alike), ids: int32 [k], x: float32 [1 or k, n_cols], out: float32 [n_stacks, k, n_rows]."""
     k = len(ids)
     n_pairs = len(stacks) * k
-    for s in range(k):
-        if ids[s] < 0 or ids[s] >= stacks[0].shape[0]:
-            raise IndexError("expert id out of range")
+    _check_ids(ids, stacks[0].shape[0])
     xs = _quantize_x(x, tids)
     nbytes, n_rows = np.empty(n_pairs, np.int64), np.empty(n_pairs, np.int64)
     for p in range(n_pairs):  # pair p: stack p // k, slot p % k
@@ -174,6 +179,31 @@ def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, own_row=False)
         m, s = p // k, p % k
         t = s if own_row else 0
         _dot_rows(tids[m], stacks[m][ids[s]], r0, r1, xs, t, t + 1, out[m], s, f16)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def expert_glu_matvecs_int8(tids, stacks, ids, x, gelu, table, out, f16, n_chunks):
+    """out[s, r] = act(gate[s, r]) * up[s, r] for one token's chosen experts, gate and up = expert_matvecs_int8's
+    out[0] and out[1] of stacks (gate, up) and x[0], act silu or gelu (gelu: cpu_ops' table) as cpu_ops.glu computes
+    it, bit for bit: as glu_matvecs_int8 for a dense layer, each chunk multiplies the same rows of an expert's gate
+    and up and applies the GLU to them, so the products stay in the core that made them and the GLU call goes.
+    Chunks are (slot, row range) pairs, about n_chunks, each slot's number in proportion to its bytes.
+
+    tids: the two stacks' type ids (INT8_IDS), stacks: (gate, up) uint8 [n_expert, n_rows, row_bytes_m], ids: int32
+    [k], x: float32 [1, n_cols], table: cpu_ops.GELU_TABLE, out: float32 [k, n_rows]."""
+    k, n_rows = out.shape
+    _check_ids(ids, stacks[0].shape[0])
+    xs = _quantize_x(x, tids)
+    nbytes, rows = np.empty(k, np.int64), np.full(k, n_rows, np.int64)
+    nbytes[:] = stacks[0][0].size + stacks[1][0].size
+    first = _chunk_starts(nbytes, rows, n_chunks)
+    gate, up = np.empty((k, n_rows), np.float32), np.empty((k, n_rows), np.float32)
+    for c in nb.prange(first[k]):
+        s, r0, r1 = _chunk(first, rows, c)
+        _dot_rows(tids[0], stacks[0][ids[s]], r0, r1, xs, 0, 1, gate, s, f16)
+        _dot_rows(tids[1], stacks[1][ids[s]], r0, r1, xs, 0, 1, up, s, f16)
+        for r in range(r0, r1):
+            out[s, r] = _glu_one(gate[s, r], up[s, r], gelu, table)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)

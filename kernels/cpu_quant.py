@@ -27,8 +27,8 @@ import numpy as np
 
 from kernels.cpu_dequant import decode_rows
 from kernels.cpu_gemm import gemm_int8, padded_tokens, quantize_biased
-from kernels.cpu_matvec import (MATVEC_CHUNKS, expert_matvecs_int8, glu_matvecs_int8, matvec_add_int8, matvec_decoded,
-                                matvec_fused, matvecs_int8)
+from kernels.cpu_matvec import (MATVEC_CHUNKS, expert_glu_matvecs_int8, expert_matvecs_int8, glu_matvecs_int8,
+                                matvec_add_int8, matvec_decoded, matvec_fused, matvecs_int8)
 from kernels.cpu_ops import GELU_TABLE
 from kernels.cpu_repack import ROWS, Repacked
 from kernels.cpu_types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, N16
@@ -161,14 +161,9 @@ def quantized_matvecs_own_rows(ws: list[np.ndarray], qtypes: list[GGMLType], x: 
     return list(outs)
 
 
-def expert_matvecs(stacks: tuple[np.ndarray, ...], qtypes: tuple[GGMLType, ...], ids: np.ndarray, x: np.ndarray,
-                   own_rows: bool = False) -> np.ndarray:
-    """One token's chosen experts of stacks of INT8_IDS matrices sharing n_rows (a mixture of experts' gate and up;
-    its downs): float32 [len(stacks), k, n_rows], [m, s] = x[0] @ W.T (own_rows: x[s] @ W.T) for W expert ids[s]
-    of stacks[m], what quantized_matmuls (quantized_matvecs_own_rows) gives those k matrices, in one kernel call.
-
-    stacks: uint8 [n_expert, n_rows, row_bytes_m] (a GGUF file's stack: C-contiguous), ids: int [k],
-    x: float32 [1 or k, n_cols]. Checked once a call, not per expert: the decode step calls this twice a layer."""
+def _expert_args(stacks: tuple[np.ndarray, ...], qtypes: tuple[GGMLType, ...], ids: np.ndarray, x: np.ndarray,
+                 own_rows: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """(ids int32, x C-contiguous, n_rows) of an expert kernel's call, checked: INT8_IDS stacks of one token's x."""
     ids = np.ascontiguousarray(ids, np.int32)
     n_rows, n_cols = stacks[0].shape[1], stacks[0].shape[-1] // qtypes[0].block_bytes * qtypes[0].block_elems
     for w, q in zip(stacks, qtypes):
@@ -179,9 +174,33 @@ def expert_matvecs(stacks: tuple[np.ndarray, ...], qtypes: tuple[GGMLType, ...],
                              f"INT8_IDS types, {n_cols} columns; got {q.name} {w.dtype} {w.shape} strides {w.strides}")
     if x.dtype != np.float32 or x.shape != ((len(ids) if own_rows else 1), n_cols):
         raise ValueError(f"x must be float32 [{len(ids) if own_rows else 1}, {n_cols}], got {x.dtype} {x.shape}")
+    return ids, np.ascontiguousarray(x), n_rows
+
+
+def expert_matvecs(stacks: tuple[np.ndarray, ...], qtypes: tuple[GGMLType, ...], ids: np.ndarray, x: np.ndarray,
+                   own_rows: bool = False) -> np.ndarray:
+    """One token's chosen experts of stacks of INT8_IDS matrices sharing n_rows (a mixture of experts' gate and up;
+    its downs): float32 [len(stacks), k, n_rows], [m, s] = x[0] @ W.T (own_rows: x[s] @ W.T) for W expert ids[s]
+    of stacks[m], what quantized_matmuls (quantized_matvecs_own_rows) gives those k matrices, in one kernel call.
+
+    stacks: uint8 [n_expert, n_rows, row_bytes_m] (a GGUF file's stack: C-contiguous), ids: int [k],
+    x: float32 [1 or k, n_cols]. Checked once a call, not per expert: the decode step calls this twice a layer."""
+    ids, x, n_rows = _expert_args(stacks, qtypes, ids, x, own_rows)
     out = np.empty((len(stacks), len(ids), n_rows), np.float32)
-    expert_matvecs_int8(tuple(q.id for q in qtypes), tuple(_read_only(w) for w in stacks), ids,
-                        np.ascontiguousarray(x), out, F16_TO_F32, MATVEC_CHUNKS, own_rows)
+    expert_matvecs_int8(tuple(q.id for q in qtypes), tuple(_read_only(w) for w in stacks), ids, x, out, F16_TO_F32,
+                        MATVEC_CHUNKS, own_rows)
+    return out
+
+
+def expert_glu_matvecs(stacks: tuple[np.ndarray, np.ndarray], qtypes: tuple[GGMLType, GGMLType], ids: np.ndarray,
+                       x: np.ndarray, activation: str) -> np.ndarray:
+    """activation(gate) * up of one token's chosen experts, float32 [k, n_rows], for stacks (gate, up):
+    cpu_ops.glu of expert_matvecs' two results, bit for bit, the GLU in their parallel region
+    (expert_glu_matvecs_int8). Arguments as expert_matvecs'; x: float32 [1, n_cols]."""
+    ids, x, n_rows = _expert_args(stacks, qtypes, ids, x, False)
+    out = np.empty((len(ids), n_rows), np.float32)
+    expert_glu_matvecs_int8((qtypes[0].id, qtypes[1].id), (_read_only(stacks[0]), _read_only(stacks[1])), ids, x,
+                            activation == "gelu", GELU_TABLE, out, F16_TO_F32, MATVEC_CHUNKS)
     return out
 
 

@@ -302,6 +302,28 @@ def test_expert_matvecs_equal_the_per_matrix_path_bit_for_bit(gate_up, down):
         assert np.all(np.abs(ys[0, s] - want[0]) <= bound[0]), s
 
 
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
+@pytest.mark.parametrize("gate_t, up_t", [("Q4_K", "Q4_K"), ("Q8_0", "Q8_0"), ("Q6_K", "Q6_K"), ("Q4_1", "Q4_1"),
+                                          ("Q4_K", "Q6_K")])
+def test_expert_glu_matvecs_equal_expert_matvecs_then_glu_bit_for_bit(gate_t, up_t, activation):
+    """The gate/up kernel with the GLU in its parallel region (a decode step's experts) gives cpu_ops.glu of
+    expert_matvecs' gate and up, bit for bit: the same dots of the same rows, the same _glu_one. Ids out of order,
+    41 rows (chunks that split an expert's rows unevenly), the INT8_IDS types the expert test covers, gate and up
+    of different types."""
+    from kernels import cpu_ops
+    from kernels.cpu_quant import expert_glu_matvecs, expert_matvecs
+    n_expert, ids = 6, np.array([4, 0, 5], np.int32)
+    stacks = expert_stack(gate_t, n_expert, 41, 512, 1), expert_stack(up_t, n_expert, 41, 512, 2)
+    qtypes = TYPES_BY_NAME[gate_t], TYPES_BY_NAME[up_t]
+    x = np.random.default_rng(4).standard_normal((1, 512), np.float32)
+    g, u = expert_matvecs(stacks, qtypes, ids, x)
+    got = expert_glu_matvecs(stacks, qtypes, ids, x, activation)
+    assert got.shape == (len(ids), 41)
+    np.testing.assert_array_equal(got, cpu_ops.glu(g, u, activation))
+    with pytest.raises(IndexError, match="expert id"):
+        expert_glu_matvecs(stacks, qtypes, np.array([1, n_expert], np.int32), x, activation)
+
+
 def test_expert_matvecs_refuse_bad_stacks_and_ids():
     from kernels.cpu_quant import expert_matvecs
     q4_k, q5_k = TYPES_BY_NAME["Q4_K"], TYPES_BY_NAME["Q5_K"]
