@@ -23,6 +23,11 @@ INLINED_DIGEST = "037819b975f66497"
 
 MATVEC_CHUNKS = 64  # row chunks of a matvec shared out to the threads: several per thread evens out their finish
 TOKEN_PASS_ROWS = 16  # rows that each of a few tokens passes over in turn (see matvecs_int8)
+# expert_down_sum_int8's chunks: one a thread. prange splits its range evenly between the threads, so MATVEC_CHUNKS
+# would give each the same rows in pieces, and there a piece is a few rows of each of k experts: 64 chunks (32 rows
+# of each of 8 experts at a time) ran ~15% slower on the 2-core VM at Qwen3-30B-A3B's downs. (numba.get_num_threads
+# costs ~2.4 us from Python, and in a kernel keeps it out of numba's cache.)
+EXPERT_DOWN_CHUNKS = nb.config.NUMBA_NUM_THREADS
 
 
 @fast
@@ -204,6 +209,30 @@ def expert_glu_matvecs_int8(tids, stacks, ids, x, gelu, table, out, f16, n_chunk
         _dot_rows(tids[1], stacks[1][ids[s]], r0, r1, xs, 0, 1, up, s, f16)
         for r in range(r0, r1):
             out[s, r] = _glu_one(gate[s, r], up[s, r], gelu, table)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def expert_down_sum_int8(tid, stack, ids, weights, x, out, f16, n_chunks):
+    """out[0, r] = sum over slots s of weights[s] * (x[s] . row r of expert ids[s]'s matrix of stack): one token's
+    chosen experts' downs and their weighted sum in ONE parallel region. Chunks split the output rows: each dots its
+    rows of every slot's expert (the dots of expert_matvecs_int8 with own_row, bit for bit) and sums them, weighted, in
+    slot order, so there is no [k, n_rows] of dots to write, read back and multiply by the weights in another call.
+    n_chunks: EXPERT_DOWN_CHUNKS.
+
+    tid: the stack's type id (INT8_IDS), stack: uint8 [n_expert, n_rows, row_bytes], ids: int32 [k], weights: float32
+    [k], x: float32 [k, n_cols], out: float32 [1, n_rows]."""
+    k, n_rows = len(ids), out.shape[1]
+    _check_ids(ids, stack.shape[0])
+    xs = _quantize_x(x, (tid,))
+    n_chunks = min(n_chunks, n_rows)
+    for c in nb.prange(n_chunks):
+        r0, r1 = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
+        y = np.empty((1, r1 - r0), np.float32)  # one slot's dots of the chunk's rows
+        out[0, r0:r1] = 0
+        for s in range(k):
+            _dot_rows(tid, stack[ids[s]][r0:r1], 0, r1 - r0, xs, s, s + 1, y, 0, f16)
+            for j in range(r1 - r0):
+                out[0, r0 + j] += weights[s] * y[0, j]
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)

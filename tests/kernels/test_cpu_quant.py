@@ -324,6 +324,57 @@ def test_expert_glu_matvecs_equal_expert_matvecs_then_glu_bit_for_bit(gate_t, up
         expert_glu_matvecs(stacks, qtypes, np.array([1, n_expert], np.int32), x, activation)
 
 
+@pytest.mark.parametrize("gate_up, down", [("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q8_0", "Q8_0"), ("Q6_K", "Q4_0"),
+                                           ("Q4_1", "Q5_0")])
+def test_one_token_experts_sum_the_downs_as_weights_times_expert_matvecs(gate_up, down):
+    """OneTokenExperts.ffn (a decode step's experts: gate/up with the GLU, then the downs and their weighted sum in one
+    kernel, expert_down_sum_int8) gives weights @ expert_matvecs of the downs on expert_glu_matvecs' result, to float32
+    rounding of the k-term sum (summed in slot order, not BLAS's), into out when given; the kernel's chunks of rows do
+    not change a bit. Ids out of order, random weights, the INT8_IDS types the expert test covers.
+    Planted fault, seen once: the kernel taking weight 1 for slot 1 fails every case here."""
+    from kernels.cpu_matvec import expert_down_sum_int8
+    from kernels.cpu_quant import OneTokenExperts, expert_glu_matvecs, expert_matvecs
+    n_expert, ids = 6, np.array([4, 0, 5], np.int32)
+    qg, qd = TYPES_BY_NAME[gate_up], TYPES_BY_NAME[down]
+    stacks = (expert_stack(gate_up, n_expert, 256, 512, 1), expert_stack(gate_up, n_expert, 256, 512, 2),
+              expert_stack(down, n_expert, 512, 256, 3))
+    rng = np.random.default_rng(4)
+    h, weights = rng.standard_normal((1, 512), np.float32), rng.uniform(0.1, 1, len(ids)).astype(np.float32)
+    experts = OneTokenExperts(stacks, (qg, qg, qd))
+    out = np.full((1, 512), np.nan, np.float32)
+    assert experts.ffn(h, ids, weights, "silu", out) is out
+
+    act = expert_glu_matvecs(stacks[:2], (qg, qg), ids, h, "silu")
+    ys = expert_matvecs(stacks[2:], (qd,), ids, act, own_rows=True)[0]
+    bound = len(ids) * np.finfo(np.float32).eps * (np.abs(weights) @ np.abs(ys))
+    assert np.all(np.abs(out[0] - weights @ ys) <= bound)
+    np.testing.assert_array_equal(experts.ffn(h, ids, weights, "silu"), out)
+    for n_chunks in (1, 3, 64):  # rows split unevenly, or 8 a chunk
+        again = np.empty((1, 512), np.float32)
+        expert_down_sum_int8(qd.id, experts.down, ids, weights, act, again, F16_TO_F32, n_chunks)
+        np.testing.assert_array_equal(again, out, err_msg=str(n_chunks))
+
+
+def test_one_token_experts_refuse_bad_arguments():
+    from kernels.cpu_quant import OneTokenExperts
+    q4_k, q6_k = TYPES_BY_NAME["Q4_K"], TYPES_BY_NAME["Q6_K"]
+    gate, up = expert_stack("Q4_K", 4, 256, 512, 0), expert_stack("Q4_K", 4, 256, 512, 1)
+    with pytest.raises(ValueError, match="down stack"):
+        OneTokenExperts((gate, up, expert_stack("Q6_K", 4, 256, 512, 2)), (q4_k, q4_k, q6_k))
+    with pytest.raises(ValueError, match="INT8_IDS"):
+        OneTokenExperts((gate, up, expert_stack("Q5_K", 4, 512, 256, 2)), (q4_k, q4_k, TYPES_BY_NAME["Q5_K"]))
+    experts = OneTokenExperts((gate, up, expert_stack("Q6_K", 4, 512, 256, 2)), (q4_k, q4_k, q6_k))
+    h, ids, weights = np.ones((1, 512), np.float32), np.array([1, 3], np.int32), np.ones(2, np.float32)
+    with pytest.raises(IndexError, match="expert id"):
+        experts.ffn(h, np.array([1, 4], np.int32), weights, "silu")
+    with pytest.raises(ValueError, match="h must be"):
+        experts.ffn(np.ones((2, 512), np.float32), ids, weights, "silu")
+    with pytest.raises(ValueError, match="ids and weights"):
+        experts.ffn(h, ids, np.ones(3, np.float32), "silu")
+    with pytest.raises(ValueError, match="out must be"):
+        experts.ffn(h, ids, weights, "silu", np.empty((1, 512), np.float64))
+
+
 def test_expert_matvecs_refuse_bad_stacks_and_ids():
     from kernels.cpu_quant import expert_matvecs
     q4_k, q5_k = TYPES_BY_NAME["Q4_K"], TYPES_BY_NAME["Q5_K"]
