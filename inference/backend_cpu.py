@@ -1,12 +1,13 @@
 """The op set of the forward pass on the CPU: numpy arrays, quantized matmuls from kernels/cpu_quant."""
 import mmap
+import weakref
 
 import numpy as np
 
 from inference.weights import ExpertFFN, ModelWeights, QuantMatrix
 from kernels import cpu_ops, cpu_quant
-from kernels.cpu_quant import (OneToken, dequantize_rows, expert_glu_matvecs, expert_matvecs, quantized_matmul,
-                               quantized_matmuls, quantized_matvecs_own_rows)
+from kernels.cpu_quant import (OneToken, OneTokenExperts, dequantize_rows, quantized_matmul, quantized_matmuls,
+                               quantized_matvecs_own_rows)
 from kernels.cpu_repack import LAYOUTS, Repacked, repack
 from models.config import ModelConfig
 
@@ -21,21 +22,47 @@ def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, max(1, n) * 4), np.float32)[:n].reshape(shape)
 
 
-def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.ndarray,
-                activation: str) -> np.ndarray:
+# id(ExpertFFN) -> (a weak reference to it, its cpu_quant.OneTokenExperts): a layer's stacks are checked once, not
+# every decode token (~10 us a call). The reference tells the same FFN from a later one of the same id, and its
+# callback drops the entry (and the stacks' views) with the FFN.
+_ONE_TOKEN_EXPERTS: dict[int, tuple[weakref.ref, OneTokenExperts]] = {}
+
+
+def _one_token_experts(experts: ExpertFFN) -> OneTokenExperts:
+    key = id(experts)
+    entry = _ONE_TOKEN_EXPERTS.get(key)
+    if entry is None or entry[0]() is not experts:
+        stacks = (experts.gate.data, experts.up.data, experts.down.data)
+        entry = _ONE_TOKEN_EXPERTS[key] = (
+            weakref.ref(experts, lambda _: _ONE_TOKEN_EXPERTS.pop(key, None)),
+            OneTokenExperts(stacks, (experts.gate.qtype, experts.up.qtype, experts.down.qtype)))
+    return entry[1]
+
+
+def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.ndarray, activation: str,
+                out: np.ndarray | None = None) -> np.ndarray:
     """The weighted sum [n, n_embd] of the chosen experts' FFNs on h [n, n_embd]; ids, weights [n, k] (the
-    router's choice). Only the chosen experts are read; of several tokens, grouped by expert, so each chosen
-    expert's matrices are read once a call."""
+    router's choice), written into out (float32 [n, n_embd]) when given. Only the chosen experts are read; of
+    several tokens, grouped by expert, so each chosen expert's matrices are read once a call."""
     gate, up, down = experts.gate, experts.up, experts.down
-    # the types with int8 kernels as cpu_quant holds them now, the list expert_matvecs checks and quantized_matmuls
-    # reads: the GPU tests' float32 reference (gpu_compare.float_activations) empties it to keep x in float32 (three
-    # tests, not all() of a generator: 0.8 us less a call on the 2-core VM)
+    # the types with int8 kernels as cpu_quant holds them now, the list its expert checks and quantized_matmuls read:
+    # the GPU tests' float32 reference (gpu_compare.float_activations) empties it to keep x in float32 (three tests,
+    # not all() of a generator: 0.8 us less a call on the 2-core VM)
     int8 = cpu_quant.INT8_IDS
     if len(h) == 1 and gate.qtype.id in int8 and up.qtype.id in int8 and down.qtype.id in int8:
-        # one token: its experts' gate, up and GLU in one kernel call (one parallel region), their downs in another
-        act = expert_glu_matvecs((gate.data, up.data), (gate.qtype, up.qtype), ids[0], h, activation)
-        ys = expert_matvecs((down.data,), (down.qtype,), ids[0], act, own_rows=True)[0]
-        return weights @ ys  # [1, k] @ [k, n_embd]
+        # one token: its experts' gate, up and GLU in one kernel call (one parallel region), their downs and the
+        # weighted sum in another, written straight into out
+        return _one_token_experts(experts).ffn(h, ids[0], weights[0], activation, out)
+    y = _moe_experts_listed(experts, h, ids, weights, activation)
+    if out is None:
+        return y
+    out[:] = y
+    return out
+
+
+def _moe_experts_listed(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.ndarray,
+                        activation: str) -> np.ndarray:
+    """moe_experts where its one-token kernels do not apply: a type with no int8 kernel, or several tokens."""
     if len(h) == 1:  # one token, a type with no int8 kernel (F16, Q5_K; any in that reference): the matrices as a list
         chosen = [(experts.gate.expert(e), experts.up.expert(e), experts.down.expert(e)) for e in ids[0]]
         gate_up = quantized_matmuls([m.data for g, u, _ in chosen for m in (g, u)],

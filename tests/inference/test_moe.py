@@ -178,6 +178,41 @@ def test_one_token_experts_match_one_matrix_a_call(gate_up, down):
 
 
 
+@pytest.mark.parametrize("n_tokens", [1, 3])
+@pytest.mark.parametrize("gate_up, down", [(T.Q4_K, T.Q6_K), (T.F16, T.F16)])  # the int8 kernels' branch; the list's
+def test_moe_experts_write_out(n_tokens, gate_up, down):
+    """moe_experts(..., out=buf) (host_experts' pinned buffer) writes into buf what it returns without out, and
+    returns buf, in each branch."""
+    from inference.backend_cpu import moe_experts
+    experts = _random_experts(dict(gate=gate_up, up=gate_up, down=down))
+    rng = np.random.default_rng(3)
+    h = rng.standard_normal((n_tokens, 256)).astype(np.float32)
+    ids = np.array([[6, 1, 3], [0, 6, 2], [5, 4, 1]][:n_tokens], np.int32)
+    weights = rng.uniform(0.1, 1, (n_tokens, 3)).astype(np.float32)
+    want = moe_experts(experts, h, ids, weights, "silu")
+    buf = np.full((n_tokens, 256), np.nan, np.float32)
+    assert moe_experts(experts, h, ids, weights, "silu", out=buf) is buf
+    np.testing.assert_array_equal(buf, want)
+
+
+def test_one_token_experts_are_checked_once_and_dropped_with_their_ffn():
+    """moe_experts' one-token branch checks an FFN's stacks on its first call (backend_cpu._ONE_TOKEN_EXPERTS) and keeps
+    them no longer than the FFN: a later FFN given the same id must not get the old one's stacks."""
+    import gc
+
+    from inference import backend_cpu
+    experts = _random_experts(dict(gate=T.Q4_K, up=T.Q4_K, down=T.Q6_K))
+    h, ids, weights = np.ones((1, 256), np.float32), np.array([[6, 1, 3]], np.int32), np.ones((1, 3), np.float32)
+    backend_cpu.moe_experts(experts, h, ids, weights, "silu")
+    key = id(experts)
+    checked = backend_cpu._ONE_TOKEN_EXPERTS[key][1]
+    backend_cpu.moe_experts(experts, h, ids, weights, "silu")
+    assert backend_cpu._ONE_TOKEN_EXPERTS[key][1] is checked
+    del experts
+    gc.collect()
+    assert key not in backend_cpu._ONE_TOKEN_EXPERTS
+
+
 @pytest.mark.parametrize("model", ["synth_qwen3moe", "synth_qwen3moe_k"])  # Q4_1 and Q5_0 experts; Q4_K and Q6_K
 def test_float_reference_of_one_token(model, request):
     """The GPU tests' CPU reference (gpu_compare.reference_logits: cpu_quant's int8 kernels off, x in float32) of one
