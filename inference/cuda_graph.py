@@ -12,8 +12,8 @@ copy onto the GPU, the GPU layers, the head and the sampler) is the graph.
 
 With experts on the host (GPU layers whose experts stay in host memory), the GPU part is captured as pieces:
 graphs, and between them the host's work (the CPU runs a layer's chosen experts), which host_point of the
-backend's host_experts marks (host_experts.py); a replay launches each graph and waits for the stream before each
-piece of host work.
+backend's host_experts marks (host_experts.py); a replay launches each graph and calls each piece of host work,
+which waits for its layer's choice to reach the host (the GPU's share of those experts runs on meanwhile).
 """
 from collections.abc import Iterator
 
@@ -57,8 +57,7 @@ class DecodeStep:
         pieces = self.graphs.get(greedy)
         if pieces is not None:
             for piece in pieces:
-                if callable(piece):  # host work: after the graphs before it
-                    self.be.stream.synchronize()
+                if callable(piece):  # host work: it waits for what it needs of the graphs before it
                     piece()
                 else:
                     piece.launch(self.be.stream)

@@ -1,16 +1,16 @@
 """The experts of a GPU backend's host layers (placement.py's cpu_moe: their stacks stay in host RAM) in a step.
 
 The router and the choice run on the GPU. A decode step copies the hidden row, the chosen ids and their weights
-down into pinned buffers; the cores run most of the chosen experts there (backend_cpu.moe_experts), and the GPU
-runs the last gpu_slots of them itself (a count measured at load), reading their stacks in place from the file's
-pinned pages over PCIe, on a side stream beside the cores: two readers of host memory instead of one. The cores'
-sum comes back up and is added to the GPU's. Host work cannot be captured, so a captured step is pieces: graphs
-with the host's work between them (host_point; cuda_graph.DecodeStep replays them). A prompt chunk the backend
-does not upload the experts for reads h, ids and weights back and waits for the cores.
+down into pinned buffers, then a word that tells the host they are there; the cores run most of the chosen experts
+(backend_cpu.moe_experts) as soon as the host sees it, while the GPU runs the last gpu_slots of them itself (a
+count measured at load), queued on the stream after those copies, reading their stacks in place from the file's
+pinned pages over PCIe: two readers of host memory instead of one. The cores' sum comes back up and is added to
+the GPU's. Host work cannot be captured, so a captured step is pieces: graphs with the host's work between them
+(host_point; cuda_graph.DecodeStep replays them). A prompt chunk the backend does not upload the experts for reads
+h, ids and weights back and waits for the cores.
 """
 import time
 from dataclasses import dataclass
-from functools import partial
 
 import cupy as cp
 import cupyx
@@ -30,6 +30,7 @@ from models.config import ModelConfig
 # slower (BENCHMARKS.md, session 14). A number fixes it (tests that compare two engines bit for bit).
 HOST_EXPERTS_GPU_SLOTS = None
 MEASURED_LAYERS = 16  # host layers a measuring pass runs (~0.3 ms each on the H200 machine's 16 cores)
+HAND_OVER_SECONDS = 10  # a host piece waiting longer for its layer, with the stream idle, is an error
 CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM = 91  # cudaDevAttrCanUseHostPointerForRegisteredMem
 
 
@@ -45,7 +46,7 @@ class HostExperts:
         self.stream = stream
         self.layers, self.k = layers, cfg.n_expert_used
         self.io = _HostExpertsIO.empty(cfg) if layers else None  # a step's experts on the host
-        self.side = cp.cuda.Stream(non_blocking=True)  # the GPU's share runs here while the host works
+        self._one = cp.ones(1, cp.int32)  # copied into io.handed after a layer's choice
         # id(experts) -> their stacks as the GPU reads them in place, for its share of a token's host experts; none
         # where the device cannot use host addresses as its own (asked once)
         self.in_place = {}
@@ -91,23 +92,22 @@ class HostExperts:
         io = self.io
         for dst, src in ((io.h, h), (io.ids, ids), (io.weights, weights)):
             copy_down(dst, src, self.stream)
+        copy_down(io.handed, self._one, self.stream)  # after them: once the host sees it, they are there
         k = ids.shape[1]
         share = self.in_place.get(id(experts))
         n_gpu = self.gpu_slots if share else 0  # the last n_gpu slots: the GPU's
         x_gpu = x  # x + the GPU's slots' sum
-        beside = None
-        if n_gpu:
+        if n_gpu:  # queued after the copies: the GPU runs them while the host runs the cores' slots
             hq, x_gpu = be._q8(h), be._empty(x.shape)
             act = be._empty((n_gpu, share[0].n_rows))
-            act_q = be._empty_q8(act.size)
-            beside = lambda: _gpu_share(share, ids[:, k - n_gpu:], weights[:, k - n_gpu:], hq, act, act_q,  # noqa: E731
-                                        x_gpu, x, cfg.activation, self.side)
+            _gpu_share(share, ids[:, k - n_gpu:], weights[:, k - n_gpu:], hq, act, be._empty_q8(act.size), x_gpu, x,
+                       cfg.activation, self.stream)
 
         def run() -> None:  # on the host, once the copies are done
             n_cpu = k - n_gpu
-            io.y[:] = moe_experts(experts, io.h, io.ids[:, :n_cpu], io.weights[:, :n_cpu], cfg.activation)
+            moe_experts(experts, io.h, io.ids[:, :n_cpu], io.weights[:, :n_cpu], cfg.activation, out=io.y)
 
-        self.host_point(run, beside)
+        self.host_point(run)
         y = be._empty(x.shape)
         copy_up(y, io.y, self.stream)
         cuda_ops.add(x_gpu, y, out, stream=self.stream)
@@ -115,32 +115,34 @@ class HostExperts:
 
     def _fastest_gpu_slots(self, cfg: ModelConfig, weights: ModelWeights) -> int:
         """Of a token's k chosen experts, the count the GPU should run itself: for each count from 0 to k // 2 + 1
-        (at most k - 1), a pass over up to MEASURED_LAYERS host layers of in_place with the GPU's share launched
-        beside the cores' work, as a decode step runs them, on a random row; two rounds in opposite orders, each
+        (at most k - 1), a pass over up to MEASURED_LAYERS host layers of in_place with the GPU's share queued
+        before the cores' work, as a decode step runs them, on a random row; two rounds in opposite orders, each
         count's best pass. Each pass chooses its experts anew: the same ones again would come from the host's
         caches (~300 MB of L3 on the H200 machine), which a token's do not. ~0.1-0.2 s at load for Qwen3-30B-A3B."""
-        k, rng = self.k, np.random.default_rng(0)
+        k, rng, stream = self.k, np.random.default_rng(0), self.stream
         ffns = [f for f in (weights.layers[i].experts for i in self.layers) if id(f) in self.in_place]
         ffns = ffns[:MEASURED_LAYERS]
         h = rng.standard_normal((1, cfg.n_embd)).astype(np.float32)
         w = np.full((1, k), 1 / k, np.float32)
-        with self.side:
+        with stream:
             w_dev, x = cp.asarray(w), cp.asarray(h)
             x_gpu, hq = cp.empty_like(x), Q8Vector.empty(cfg.n_embd)
-            quantize_q8_1(x.reshape(-1), hq, stream=self.side)
+            quantize_q8_1(x.reshape(-1), hq, stream=stream)
 
         def one_pass(n: int) -> float:
             ids = [rng.permutation(cfg.n_expert)[:k].astype(np.int32)[None] for _ in ffns]
-            with self.side:
+            with stream:
                 ids_dev = [cp.asarray(i) for i in ids]
                 act = cp.empty((n, self.in_place[id(ffns[0])][0].n_rows), cp.float32)
                 act_q = Q8Vector.empty(act.size)
-            self.side.synchronize()
+            stream.synchronize()
             t = time.perf_counter()
             for f, i, i_dev in zip(ffns, ids, ids_dev):
-                beside = partial(_gpu_share, self.in_place[id(f)], i_dev[:, k - n:], w_dev[:, k - n:], hq, act, act_q,
-                                 x_gpu, x, cfg.activation, self.side) if n else None
-                _together(partial(moe_experts, f, h, i[:, :k - n], w[:, :k - n], cfg.activation), beside, self.side)
+                if n:
+                    _gpu_share(self.in_place[id(f)], i_dev[:, k - n:], w_dev[:, k - n:], hq, act, act_q, x_gpu, x,
+                               cfg.activation, stream)
+                moe_experts(f, h, i[:, :k - n], w[:, :k - n], cfg.activation)
+                stream.synchronize()
             return time.perf_counter() - t
 
         counts = list(range(min(k - 1, k // 2 + 1) + 1))
@@ -150,31 +152,35 @@ class HostExperts:
             best[n] = min(best.get(n, float("inf")), one_pass(n))
         return min(best, key=best.get)
 
-    def host_point(self, work, beside=None) -> None:
-        """Host work in the middle of a step: run now, after the device's queued work; while a decode step is
-        captured, end the graph so far, keep work as the next piece and capture on (see begin_pieces).
-        beside: launches kernels on the side stream that run while the host works (captured as a graph of their
-        own when the step is); the step goes on once both are done."""
+    def host_point(self, work) -> None:
+        """Host work in the middle of a decode step, once the stream has handed the host a layer's choice (the
+        copy into io.handed; the host waits for that copy, not for the stream, so that kernels queued after it run
+        on while the host works): done now, or while a decode step is captured, the graph so far ended, work kept
+        as the next piece (it waits for the hand-over itself) and the capture goes on (see begin_pieces)."""
         if self._pieces is None:
-            self.stream.synchronize()
-            _together(work, beside, self.side)
+            self._wait_handed()
+            work()
             return
         self._pieces.append(self.stream.end_capture())
-        if beside is not None:
-            self.side.begin_capture()
-            beside()
-            graph = self.side.end_capture()
-            beside = lambda: graph.launch(self.side)  # noqa: E731
-        self._pieces.append(lambda: _together(work, beside, self.side))
+        self._pieces.append(lambda: (self._wait_handed(), work()))
         self.stream.begin_capture()
+
+    def _wait_handed(self) -> None:
+        """Until the stream's copy into io.handed has landed (spinning: a layer's wait is tens of microseconds),
+        then ready for the next layer's."""
+        handed, t = self.io.handed, time.monotonic()
+        while not handed[0, 0]:
+            if time.monotonic() - t > HAND_OVER_SECONDS and self.stream.done:
+                raise RuntimeError("host experts: the GPU's step ended without handing a layer's choice over")
+        handed[0, 0] = 0
 
     def begin_pieces(self) -> None:
         """A decode step is about to be captured: host_point splits it into pieces."""
         self._pieces = []
 
     def end_pieces(self, last) -> list:
-        """The captured step's pieces in order: graphs (launch them) and host work (wait for the stream, then
-        call it); last: the graph captured after the last host point."""
+        """The captured step's pieces in order: graphs (launch them) and host work (call it: it waits for its
+        layer's hand-over); last: the graph captured after the last host point."""
         pieces, self._pieces = self._pieces + [last], None
         return pieces
 
@@ -195,33 +201,27 @@ def _read_in_place(experts: ExpertFFN, pinned: PinnedPages):
 @dataclass(frozen=True)
 class _HostExpertsIO:
     """Pinned buffers a decode step's host experts read (the layer's hidden row, ids, weights) and write (their
-    weighted sum), copied by the step's graphs; one set serves every layer, as the host runs them in turn."""
+    weighted sum), copied by the step's graphs; one set serves every layer, as the host runs them in turn.
+    handed: 1 once the stream has copied a layer's h, ids and weights down (its copy comes last), 0 again once
+    the host has seen it."""
     h: np.ndarray
     ids: np.ndarray
     weights: np.ndarray
     y: np.ndarray
+    handed: np.ndarray
 
     @classmethod
     def empty(cls, cfg: ModelConfig) -> "_HostExpertsIO":
         k, d = cfg.n_expert_used, cfg.n_embd
-        return cls(*(cupyx.empty_pinned((1, n), dtype=t) for n, t in ((d, np.float32), (k, np.int32),
-                                                                        (k, np.float32), (d, np.float32))))
+        io = cls(*(cupyx.empty_pinned((1, n), dtype=t) for n, t in ((d, np.float32), (k, np.int32),
+                                                                      (k, np.float32), (d, np.float32), (1, np.int32))))
+        io.handed[0, 0] = 0
+        return io
 
 
 def _gpu_share(share, ids: cp.ndarray, weights: cp.ndarray, hq: Q8Vector, act: cp.ndarray, act_q: Q8Vector,
-               out: cp.ndarray, x: cp.ndarray, activation: str, side: cp.cuda.Stream) -> None:
+               out: cp.ndarray, x: cp.ndarray, activation: str, stream: cp.cuda.Stream) -> None:
     """out = x + the experts ids [1, n] of a layer's in-place stacks (share: _read_in_place's) weighted by weights
-    [1, n], on hq (q8_1 of the layer's hidden row), launched on side; act [n, n_ff] and act_q their buffers."""
-    cuda_moe.gate_up_glu(share[0], share[1], ids, hq, act, act_q, activation, stream=side)
-    cuda_moe.down(share[2], ids, weights, act_q, out, x, stream=side)
-
-
-def _together(work, beside, side: cp.cuda.Stream) -> None:
-    """beside's kernels launched on side, work done on the host meanwhile, then both finished."""
-    if beside is None:
-        work()
-        return
-    beside()
-    work()
-    side.synchronize()
-
+    [1, n], on hq (q8_1 of the layer's hidden row), launched on stream; act [n, n_ff] and act_q their buffers."""
+    cuda_moe.gate_up_glu(share[0], share[1], ids, hq, act, act_q, activation, stream=stream)
+    cuda_moe.down(share[2], ids, weights, act_q, out, x, stream=stream)

@@ -10,8 +10,8 @@ Rows, each the best and median of 5 passes over the layers (ms a token, and GB/s
   issuing them;
 - both: the cores on 8 - N while the GPU reads N in place or by copies, each layer's GPU work issued just before
   the cores start on it, as a step does; the GPU's own time from events.
-Then the captured decode step's pieces: per token, the host's wait for the stream before each piece of host work,
-the work itself (of it, moe_experts) and the graph launches.
+Then the captured decode step's pieces: per token, the host's wait for each layer's hand-over, the host's work
+after it (of it, moe_experts) and the graph launches.
 """
 import statistics
 import sys
@@ -204,7 +204,7 @@ def step_profile(engine, slots: int) -> None:
     step, be = engine._decode, engine._be
     pieces = step.graphs[True]
     spent = {"wait": 0.0, "host work": 0.0, "launch": 0.0}
-    inner = host_experts.moe_experts
+    inner, wait = host_experts.moe_experts, be.host_experts._wait_handed
     work = [0.0]
 
     def timed(*a, **kw):
@@ -212,24 +212,29 @@ def step_profile(engine, slots: int) -> None:
         r = inner(*a, **kw)
         work[0] += time.perf_counter() - t
         return r
+
+    def timed_wait():  # a host piece's wait for its layer's hand-over
+        t = time.perf_counter()
+        wait()
+        spent["wait"] += time.perf_counter() - t
     host_experts.moe_experts = timed
+    be.host_experts._wait_handed = timed_wait
     n_steps = 64
     t0 = time.perf_counter()
     for _ in range(n_steps):
         for piece in pieces:
             t = time.perf_counter()
             if callable(piece):
-                be.stream.synchronize()
-                t2 = time.perf_counter()
-                spent["wait"] += t2 - t
                 piece()
-                spent["host work"] += time.perf_counter() - t2
+                spent["host work"] += time.perf_counter() - t
             else:
                 piece.launch(be.stream)
                 spent["launch"] += time.perf_counter() - t
     be.stream.synchronize()
     total = time.perf_counter() - t0
+    spent["host work"] -= spent["wait"]
     host_experts.moe_experts = inner
+    del be.host_experts._wait_handed
     print(f"captured step, GPU slots {slots}, {n_steps} steps, {len(pieces)} pieces: "
           f"{total / n_steps * 1e3:.2f} ms a token; " +
           ", ".join(f"{k} {v / n_steps * 1e3:.2f}" for k, v in spent.items()) +

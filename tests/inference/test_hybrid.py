@@ -333,8 +333,8 @@ def test_gpu_share_of_host_experts_measured_at_load(synth_qwen3moe_k, monkeypatc
     monkeypatch.setattr(host_experts, "HOST_EXPERTS_GPU_SLOTS", None)
     cores_ran = []  # of each moe_experts call: how many experts the cores ran
     moe_experts = host_experts.moe_experts
-    monkeypatch.setattr(host_experts, "moe_experts", lambda f, h, ids, *a: cores_ran.append(ids.shape[1]) or
-                        moe_experts(f, h, ids, *a))
+    monkeypatch.setattr(host_experts, "moe_experts", lambda f, h, ids, *a, **kw: cores_ran.append(ids.shape[1]) or
+                        moe_experts(f, h, ids, *a, **kw))
     engine = load(synth_qwen3moe_k, device="cuda", ctx=CTX, cpu_moe="all")
     he, k, n = engine._be.host_experts, engine.config.n_expert_used, engine.config.n_layers
     assert k == 2 and cores_ran == [1] * n + [2] * n + [1] * n + [1] * n + [2] * n  # warm; 0, 1; 1, 0 GPU slots
@@ -345,8 +345,8 @@ def test_gpu_share_of_host_experts_measured_at_load(synth_qwen3moe_k, monkeypatc
 
 
 def test_gpu_share_of_host_experts_in_the_captured_step(synth_qwen3moe_k, monkeypatch):
-    """The captured step with the GPU's share as a graph of its own beside the host's work: the same tokens and
-    bit-equal logits as the same step run eagerly, and close to the all-GPU engine's."""
+    """The captured step with the GPU's share queued after the hand-over, running while the host works: the same
+    tokens and bit-equal logits as the same step run eagerly, and close to the all-GPU engine's."""
     from inference import host_experts, load
     monkeypatch.setattr(host_experts, "HOST_EXPERTS_GPU_SLOTS", 1)  # both engines alike, not each its own measure
     gpu = load(synth_qwen3moe_k, device="cuda", ctx=CTX)
