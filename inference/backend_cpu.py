@@ -1,12 +1,11 @@
 """The op set of the forward pass on the CPU: numpy arrays, quantized matmuls from kernels/cpu_quant."""
 import mmap
-import weakref
 
 import numpy as np
 
 from inference.weights import ExpertFFN, ModelWeights, QuantMatrix
 from kernels import cpu_ops, cpu_quant
-from kernels.cpu_quant import (OneToken, OneTokenExperts, dequantize_rows, quantized_matmul, quantized_matmuls,
+from kernels.cpu_quant import (OneToken, dequantize_rows, quantized_matmul, quantized_matmuls,
                                quantized_matvecs_own_rows)
 from kernels.cpu_repack import LAYOUTS, Repacked, repack
 from models.config import ModelConfig
@@ -22,23 +21,6 @@ def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, max(1, n) * 4), np.float32)[:n].reshape(shape)
 
 
-# id(ExpertFFN) -> (a weak reference to it, its cpu_quant.OneTokenExperts): a layer's stacks are checked once, not
-# every decode token (~10 us a call). The reference tells the same FFN from a later one of the same id, and its
-# callback drops the entry (and the stacks' views) with the FFN.
-_ONE_TOKEN_EXPERTS: dict[int, tuple[weakref.ref, OneTokenExperts]] = {}
-
-
-def _one_token_experts(experts: ExpertFFN) -> OneTokenExperts:
-    key = id(experts)
-    entry = _ONE_TOKEN_EXPERTS.get(key)
-    if entry is None or entry[0]() is not experts:
-        stacks = (experts.gate.data, experts.up.data, experts.down.data)
-        entry = _ONE_TOKEN_EXPERTS[key] = (
-            weakref.ref(experts, lambda _: _ONE_TOKEN_EXPERTS.pop(key, None)),
-            OneTokenExperts(stacks, (experts.gate.qtype, experts.up.qtype, experts.down.qtype)))
-    return entry[1]
-
-
 def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.ndarray, activation: str,
                 out: np.ndarray | None = None) -> np.ndarray:
     """The weighted sum [n, n_embd] of the chosen experts' FFNs on h [n, n_embd]; ids, weights [n, k] (the
@@ -52,7 +34,7 @@ def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.
     if len(h) == 1 and gate.qtype.id in int8 and up.qtype.id in int8 and down.qtype.id in int8:
         # one token: its experts' gate, up and GLU in one kernel call (one parallel region), their downs and the
         # weighted sum in another, written straight into out
-        return _one_token_experts(experts).ffn(h, ids[0], weights[0], activation, out)
+        return experts.one_token.ffn(h, ids[0], weights[0], activation, out)
     y = _moe_experts_listed(experts, h, ids, weights, activation)
     if out is None:
         return y

@@ -1,8 +1,10 @@
 """The model's tensors as the forward pass uses them: quantized matrices stay zero-copy views of the file."""
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
+from kernels.cpu_quant import OneTokenExperts
 from models.config import ModelConfig
 from models.errors import UserError
 from models.ggml_types import GGMLType, require_supported
@@ -48,6 +50,13 @@ class ExpertFFN:
     gate: QuantExperts  # ffn_gate_exps [n_expert, n_ff_exp, n_embd]
     up: QuantExperts  # ffn_up_exps [n_expert, n_ff_exp, n_embd]
     down: QuantExperts  # ffn_down_exps [n_expert, n_embd, n_ff_exp]
+
+    @cached_property
+    def one_token(self) -> OneTokenExperts:
+        """The stacks as the CPU's one-token expert kernels take them, checked on first use (not every decode
+        token: ~10 us a call on the 2-core VM) and kept with this FFN. Only for INT8_IDS types."""
+        return OneTokenExperts((self.gate.data, self.up.data, self.down.data),
+                               (self.gate.qtype, self.up.qtype, self.down.qtype))
 
 
 @dataclass(frozen=True)

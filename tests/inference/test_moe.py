@@ -196,21 +196,23 @@ def test_moe_experts_write_out(n_tokens, gate_up, down):
 
 
 def test_one_token_experts_are_checked_once_and_dropped_with_their_ffn():
-    """moe_experts' one-token branch checks an FFN's stacks on its first call (backend_cpu._ONE_TOKEN_EXPERTS) and keeps
-    them no longer than the FFN: a later FFN given the same id must not get the old one's stacks."""
+    """moe_experts' one-token branch checks an FFN's stacks on its first call (ExpertFFN.one_token, kept in the
+    FFN) and keeps them no longer than the FFN."""
     import gc
+    import weakref
 
     from inference import backend_cpu
     experts = _random_experts(dict(gate=T.Q4_K, up=T.Q4_K, down=T.Q6_K))
     h, ids, weights = np.ones((1, 256), np.float32), np.array([[6, 1, 3]], np.int32), np.ones((1, 3), np.float32)
+    assert "one_token" not in vars(experts)
     backend_cpu.moe_experts(experts, h, ids, weights, "silu")
-    key = id(experts)
-    checked = backend_cpu._ONE_TOKEN_EXPERTS[key][1]
+    checked = vars(experts)["one_token"]
     backend_cpu.moe_experts(experts, h, ids, weights, "silu")
-    assert backend_cpu._ONE_TOKEN_EXPERTS[key][1] is checked
-    del experts
+    assert vars(experts)["one_token"] is checked
+    gone = weakref.ref(checked)
+    del experts, checked
     gc.collect()
-    assert key not in backend_cpu._ONE_TOKEN_EXPERTS
+    assert gone() is None
 
 
 @pytest.mark.parametrize("model", ["synth_qwen3moe", "synth_qwen3moe_k"])  # Q4_1 and Q5_0 experts; Q4_K and Q6_K
