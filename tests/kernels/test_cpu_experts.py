@@ -1,0 +1,134 @@
+"""One token's chosen experts on the CPU (a mixture of experts' decode step): the stack kernels of kernels/cpu_matvec
+(expert_matvecs_int8, expert_glu_matvecs_int8, expert_down_sum_int8) and cpu_quant's wrappers around them, against
+the per-matrix kernels (tests/kernels/test_cpu_quant.py holds those to gguf-py's dequantization) and x8 @ W.T."""
+import numpy as np
+import pytest
+
+from kernels.cpu_bench import random_weight
+from kernels.cpu_types import F16_TO_F32
+from models.ggml_types import TYPES_BY_NAME
+from tests.kernels.test_cpu_quant import expected
+
+
+def expert_stack(name: str, n_expert: int, n_rows: int, n_cols: int, seed: int) -> np.ndarray:
+    """Random valid bytes of n_expert [n_rows, n_cols] matrices stacked as a GGUF file stacks them (read-only)."""
+    return random_weight(name, n_expert * n_rows, n_cols, seed).reshape(n_expert, n_rows, -1)
+
+
+@pytest.mark.parametrize("gate_up, down", [("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q8_0", "Q8_0"), ("Q6_K", "Q4_0"),
+                                           ("Q4_1", "Q5_0")])
+def test_expert_matvecs_equal_the_per_matrix_path_bit_for_bit(gate_up, down):
+    """One token's chosen experts from the stacks in one call (a decode step's gate and up; its downs, each slot by
+    its own row of x) give what quantized_matmuls on the 2k chosen matrices and quantized_matvecs_own_rows on the
+    k downs give, bit for bit (the same quantized x, dots and chunks of rows), and x8 @ W.T of the dequantized
+    experts. Ids out of order, 41 rows (an odd last row), both kinds of x blocks.
+    Planted fault, seen once: the kernel reading expert ids[(s + 1) % k] for slot s fails every case here."""
+    from kernels.cpu_quant import expert_matvecs, quantized_matmuls, quantized_matvecs_own_rows
+    n_expert, ids = 6, np.array([4, 0, 5], np.int32)
+    qg, qd = TYPES_BY_NAME[gate_up], TYPES_BY_NAME[down]
+    gate, up = expert_stack(gate_up, n_expert, 41, 512, 1), expert_stack(gate_up, n_expert, 41, 512, 2)
+    downs = expert_stack(down, n_expert, 512, 256, 3)
+    rng = np.random.default_rng(4)
+    x, act = rng.standard_normal((1, 512), np.float32), rng.standard_normal((len(ids), 256), np.float32)
+
+    got = expert_matvecs((gate, up), (qg, qg), ids, x)
+    assert got.shape == (2, len(ids), 41)
+    per_matrix = quantized_matmuls([m[e] for e in ids for m in (gate, up)], [qg] * 2 * len(ids), x)
+    np.testing.assert_array_equal(got, np.stack([np.concatenate(per_matrix[0::2]), np.concatenate(per_matrix[1::2])]))
+    ys = expert_matvecs((downs,), (qd,), ids, act, own_rows=True)
+    assert ys.shape == (1, len(ids), 512)
+    np.testing.assert_array_equal(ys[0], np.concatenate(quantized_matvecs_own_rows([downs[e] for e in ids],
+                                                                                  [qd] * len(ids), act)))
+    for s, e in enumerate(ids):  # against the dequantized experts, as the int8 matvecs are held above
+        for m, stack in enumerate((gate, up)):
+            want, bound = expected(stack[e], gate_up, x)
+            assert np.all(np.abs(got[m, s] - want[0]) <= bound[0]), (m, s)
+        want, bound = expected(downs[e], down, act[s:s + 1])
+        assert np.all(np.abs(ys[0, s] - want[0]) <= bound[0]), s
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
+@pytest.mark.parametrize("gate_t, up_t", [("Q4_K", "Q4_K"), ("Q8_0", "Q8_0"), ("Q6_K", "Q6_K"), ("Q4_1", "Q4_1"),
+                                          ("Q4_K", "Q6_K")])
+def test_expert_glu_matvecs_equal_expert_matvecs_then_glu_bit_for_bit(gate_t, up_t, activation):
+    """The gate/up kernel with the GLU in its parallel region (a decode step's experts) gives cpu_ops.glu of
+    expert_matvecs' gate and up, bit for bit: the same dots of the same rows, the same _glu_one. Ids out of order,
+    41 rows (chunks that split an expert's rows unevenly), the INT8_IDS types the expert test covers, gate and up
+    of different types."""
+    from kernels import cpu_ops
+    from kernels.cpu_quant import expert_glu_matvecs, expert_matvecs
+    n_expert, ids = 6, np.array([4, 0, 5], np.int32)
+    stacks = expert_stack(gate_t, n_expert, 41, 512, 1), expert_stack(up_t, n_expert, 41, 512, 2)
+    qtypes = TYPES_BY_NAME[gate_t], TYPES_BY_NAME[up_t]
+    x = np.random.default_rng(4).standard_normal((1, 512), np.float32)
+    g, u = expert_matvecs(stacks, qtypes, ids, x)
+    got = expert_glu_matvecs(stacks, qtypes, ids, x, activation)
+    assert got.shape == (len(ids), 41)
+    np.testing.assert_array_equal(got, cpu_ops.glu(g, u, activation))
+    with pytest.raises(IndexError, match="expert id"):
+        expert_glu_matvecs(stacks, qtypes, np.array([1, n_expert], np.int32), x, activation)
+
+
+@pytest.mark.parametrize("gate_up, down", [("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q8_0", "Q8_0"), ("Q6_K", "Q4_0"),
+                                           ("Q4_1", "Q5_0")])
+def test_one_token_experts_sum_the_downs_as_weights_times_expert_matvecs(gate_up, down):
+    """OneTokenExperts.ffn (a decode step's experts: gate/up with the GLU, then the downs and their weighted sum in one
+    kernel, expert_down_sum_int8) gives weights @ expert_matvecs of the downs on expert_glu_matvecs' result, to float32
+    rounding of the k-term sum (summed in slot order, not BLAS's), into out when given; the kernel's chunks of rows do
+    not change a bit. Ids out of order, random weights, the INT8_IDS types the expert test covers.
+    Planted fault, seen once: the kernel taking weight 1 for slot 1 fails every case here."""
+    from kernels.cpu_matvec import expert_down_sum_int8
+    from kernels.cpu_quant import OneTokenExperts, expert_glu_matvecs, expert_matvecs
+    n_expert, ids = 6, np.array([4, 0, 5], np.int32)
+    qg, qd = TYPES_BY_NAME[gate_up], TYPES_BY_NAME[down]
+    stacks = (expert_stack(gate_up, n_expert, 256, 512, 1), expert_stack(gate_up, n_expert, 256, 512, 2),
+              expert_stack(down, n_expert, 512, 256, 3))
+    rng = np.random.default_rng(4)
+    h, weights = rng.standard_normal((1, 512), np.float32), rng.uniform(0.1, 1, len(ids)).astype(np.float32)
+    experts = OneTokenExperts(stacks, (qg, qg, qd))
+    out = np.full((1, 512), np.nan, np.float32)
+    assert experts.ffn(h, ids, weights, "silu", out) is out
+
+    act = expert_glu_matvecs(stacks[:2], (qg, qg), ids, h, "silu")
+    ys = expert_matvecs(stacks[2:], (qd,), ids, act, own_rows=True)[0]
+    bound = len(ids) * np.finfo(np.float32).eps * (np.abs(weights) @ np.abs(ys))
+    assert np.all(np.abs(out[0] - weights @ ys) <= bound)
+    np.testing.assert_array_equal(experts.ffn(h, ids, weights, "silu"), out)
+    for n_chunks in (1, 3, 64):  # rows split unevenly, or 8 a chunk
+        again = np.empty((1, 512), np.float32)
+        expert_down_sum_int8(qd.id, experts.down, ids, weights, act, again, F16_TO_F32, n_chunks)
+        np.testing.assert_array_equal(again, out, err_msg=str(n_chunks))
+
+
+def test_one_token_experts_refuse_bad_arguments():
+    from kernels.cpu_quant import OneTokenExperts
+    q4_k, q6_k = TYPES_BY_NAME["Q4_K"], TYPES_BY_NAME["Q6_K"]
+    gate, up = expert_stack("Q4_K", 4, 256, 512, 0), expert_stack("Q4_K", 4, 256, 512, 1)
+    with pytest.raises(ValueError, match="down stack"):
+        OneTokenExperts((gate, up, expert_stack("Q6_K", 4, 256, 512, 2)), (q4_k, q4_k, q6_k))
+    with pytest.raises(ValueError, match="INT8_IDS"):
+        OneTokenExperts((gate, up, expert_stack("Q5_K", 4, 512, 256, 2)), (q4_k, q4_k, TYPES_BY_NAME["Q5_K"]))
+    experts = OneTokenExperts((gate, up, expert_stack("Q6_K", 4, 512, 256, 2)), (q4_k, q4_k, q6_k))
+    h, ids, weights = np.ones((1, 512), np.float32), np.array([1, 3], np.int32), np.ones(2, np.float32)
+    with pytest.raises(IndexError, match="expert id"):
+        experts.ffn(h, np.array([1, 4], np.int32), weights, "silu")
+    with pytest.raises(ValueError, match="h must be"):
+        experts.ffn(np.ones((2, 512), np.float32), ids, weights, "silu")
+    with pytest.raises(ValueError, match="ids and weights"):
+        experts.ffn(h, ids, np.ones(3, np.float32), "silu")
+    with pytest.raises(ValueError, match="out must be"):
+        experts.ffn(h, ids, weights, "silu", np.empty((1, 512), np.float64))
+
+
+def test_expert_matvecs_refuse_bad_stacks_and_ids():
+    from kernels.cpu_quant import expert_matvecs
+    q4_k, q5_k = TYPES_BY_NAME["Q4_K"], TYPES_BY_NAME["Q5_K"]
+    stack, x = expert_stack("Q4_K", 4, 8, 256, 0), np.ones((1, 256), np.float32)
+    with pytest.raises(IndexError, match="expert id"):
+        expert_matvecs((stack,), (q4_k,), np.array([1, 4], np.int32), x)
+    with pytest.raises(ValueError, match="INT8_IDS"):
+        expert_matvecs((expert_stack("Q5_K", 4, 8, 256, 0),), (q5_k,), np.array([1], np.int32), x)
+    with pytest.raises(ValueError, match="expert stacks"):
+        expert_matvecs((stack, expert_stack("Q4_K", 4, 16, 256, 0)), (q4_k, q4_k), np.array([1], np.int32), x)
+    with pytest.raises(ValueError, match="x must be"):
+        expert_matvecs((stack,), (q4_k,), np.array([1, 2], np.int32), x, own_rows=True)
