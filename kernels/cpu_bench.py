@@ -7,6 +7,8 @@
     python -m kernels.cpu_bench --layer          # one decode token's matmuls of a q4_k_m layer: 7 calls vs 4
     python -m kernels.cpu_bench --dram           # matvec from DRAM at llama3-8b and Qwen3-30B-A3B expert shapes,
                                                  # next to the cores' DRAM read rate
+    python -m kernels.cpu_bench --experts        # one decode token's 8 chosen experts at Qwen3-30B-A3B's shapes
+                                                 # (cpu_quant.OneTokenExperts.ffn, what moe_experts runs)
 
 Weights are random valid blocks (speed does not depend on values, as long as the scales are normal
 floats: subnormal ones make BLAS crawl). Times are the best of several runs, since the machine may be
@@ -19,7 +21,7 @@ import time
 import numba as nb
 import numpy as np
 
-from kernels.cpu_quant import quantized_matmul, quantized_matmuls
+from kernels.cpu_quant import OneTokenExperts, quantized_matmul, quantized_matmuls
 from kernels.cpu_repack import LAYOUTS, repack
 from models.ggml_types import TYPES_BY_NAME
 
@@ -213,6 +215,21 @@ def bench_layer(name: str) -> None:
         print(f"  {label}: {t * 1e3:.3f} ms  {mb / 1e3 / t:.1f} GB/s")
 
 
+def bench_experts(n_expert: int = 16, k: int = 8) -> None:
+    """One token's k chosen experts of n_expert (stacks of 16: in the caches, so the kernels' and their calls' cost,
+    not DRAM's), gate and up Q4_K [768, 2048], down Q6_K [2048, 768]: microseconds a layer, best of 5 rounds."""
+    gate, up, down = (random_weight(name, n_expert * rows, cols, seed).reshape(n_expert, rows, -1)
+                      for name, rows, cols, seed in (("Q4_K", 768, 2048, 1), ("Q4_K", 768, 2048, 2),
+                                                     ("Q6_K", 2048, 768, 3)))
+    experts = OneTokenExperts((gate, up, down), tuple(TYPES_BY_NAME[n] for n in ("Q4_K", "Q4_K", "Q6_K")))
+    rng = np.random.default_rng(0)
+    h, out = rng.standard_normal((1, 2048), np.float32), np.empty((1, 2048), np.float32)
+    ids, weights = np.arange(k, dtype=np.int32), np.full(k, 1 / k, np.float32)
+    t = min(best_seconds(lambda: experts.ffn(h, ids, weights, "silu", out)) for _ in range(5))
+    print(f"{k} of {n_expert} experts, gate/up Q4_K [768, 2048], down Q6_K [2048, 768], {nb.get_num_threads()} "
+          f"threads: {t * 1e6:.1f} us a layer")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--model"]:
         bench_model(sys.argv[2])
@@ -221,6 +238,8 @@ if __name__ == "__main__":
             bench_layer(name)
     elif sys.argv[1:2] == ["--dram"]:
         bench_dram()
+    elif sys.argv[1:2] == ["--experts"]:
+        bench_experts()
     elif sys.argv[1:2] == ["--llama3-8b"]:
         main(sys.argv[2:], LLAMA3_8B_SHAPES, prompt=False)
     else:
