@@ -167,7 +167,8 @@ class HostExperts:
 
     def _wait_handed(self) -> None:
         """Until the stream's copy into io.handed has landed (spinning: a layer's wait is tens of microseconds),
-        then ready for the next layer's."""
+        then ready for the next layer's. A word, not an event as CUDABackend.read_sampled waits on: an event
+        recorded while a step is captured becomes a node inside its graph, which the host cannot wait for."""
         handed, t = self.io.handed, time.monotonic()
         while not handed[0, 0]:
             if time.monotonic() - t > HAND_OVER_SECONDS and self.stream.done:
