@@ -5,8 +5,8 @@
     python -m kernels.cpu_bench --model F.gguf   # every matrix of a real model: kernel time per token
     python -m kernels.cpu_bench --llama3-8b Q4_K # matvec only, at llama3-8b's shapes (the hybrid decode case)
     python -m kernels.cpu_bench --layer          # one decode token's matmuls of a q4_k_m layer: 7 calls vs 4
-    python -m kernels.cpu_bench --dram           # matvec from DRAM at llama3-8b and Qwen3-30B-A3B expert shapes,
-                                                 # next to the cores' DRAM read rate
+    python -m kernels.cpu_bench --dram           # from DRAM: llama3-8b's matvecs and one token's 8 experts at
+                                                 # Qwen3-30B-A3B's shapes, next to the cores' DRAM read rate
     python -m kernels.cpu_bench --experts        # one decode token's 8 chosen experts at Qwen3-30B-A3B's shapes
                                                  # (cpu_quant.OneTokenExperts.ffn, what moe_experts runs)
 
@@ -21,6 +21,7 @@ import time
 import numba as nb
 import numpy as np
 
+from kernels.cpu_matvec import N_WORKERS, claim, prefetch_at
 from kernels.cpu_quant import OneTokenExperts, quantized_matmul, quantized_matmuls
 from kernels.cpu_repack import LAYOUTS, repack
 from models.ggml_types import TYPES_BY_NAME
@@ -45,10 +46,9 @@ LAYERS = {
     "llama3-8b": [[("Q4_K", 4096, 4096), ("Q4_K", 4096, 1024), ("Q6_K", 4096, 1024)], [("Q4_K", 4096, 4096)],
                   [("Q4_K", 4096, 14336), ("Q4_K", 4096, 14336)], [("Q6_K", 14336, 4096)]],
 }
-# Qwen3-30B-A3B's experts: gate and up 2048 -> 768, down 768 -> 2048 (q4_k_m: Q4_K, some downs Q6_K)
-QWEN3_MOE_SHAPES = [("Q4_K", 2048, 768), ("Q4_K", 768, 2048), ("Q6_K", 768, 2048), ("Q8_0", 2048, 768),
-                    ("Q8_0", 768, 2048)]
-DRAM_BYTES = 1 << 30  # copies of a weight read in turn, well over the L3 (the device's is ~300 MiB)
+# copies of a weight read in turn, or experts' stacks of which a call reads 8 chosen at random: 1 GiB, ~3x the
+# device host's L3 (300 MiB), still left a third of the reads to it (Q8_0 read 1.7x the DRAM sum's rate, session 15)
+DRAM_BYTES = 4 << 30
 PROMPT_TOKENS = 128
 
 # where each block type keeps its f16 scales (random bytes there could be inf, nan or subnormal)
@@ -122,23 +122,78 @@ def main(types: list[str], shapes: list[tuple[str, int, int]], prompt: bool) -> 
 
 @nb.njit(parallel=True, fastmath=True)
 def _sum(a):
-    total = np.float32(0)
-    for i in nb.prange(a.size):
-        total += a[i]
-    return total
+    """The sum of a (float32 [n], n a multiple of 128), its chunks claimed by the threads as the matvecs' are: the
+    plain half of bench_dram's DRAM read (prange's equal shares read ~20% less on the 16-core host, session 15)."""
+    n_chunks, n_runs = 16 * N_WORKERS, a.size // 128
+    sums = np.zeros(N_WORKERS, np.float32)
+    counter = np.zeros(1, np.int64)
+    for w in nb.prange(N_WORKERS):
+        c = claim(counter)
+        while c < n_chunks:
+            s = np.float32(0)
+            for i in range(c * n_runs // n_chunks * 128, (c + 1) * n_runs // n_chunks * 128):
+                s += a[i]
+            sums[w] += s
+            c = claim(counter)
+    return sums.sum()
+
+
+@nb.njit(parallel=True, fastmath=True)
+def _sum_prefetched(a):
+    """_sum with each cache line prefetched 2 KiB ahead, as the matvecs prefetch their rows: the other half of
+    bench_dram's DRAM read (slower on the 2-core VM, where the loop no longer vectorizes as well)."""
+    n_chunks, n_runs = 16 * N_WORKERS, a.size // 128
+    sums = np.zeros(N_WORKERS, np.float32)
+    counter = np.zeros(1, np.int64)
+    for w in nb.prange(N_WORKERS):
+        acc = np.zeros(16, np.float32)
+        c = claim(counter)
+        while c < n_chunks:
+            for run in range(c * n_runs // n_chunks, (c + 1) * n_runs // n_chunks):  # 512 bytes: 8 lines
+                for line in range(8):
+                    o = 128 * run + 16 * line
+                    prefetch_at(a, o + 512)
+                    for j in range(16):
+                        acc[j] += a[o + j]
+            c = claim(counter)
+        sums[w] = acc.sum()
+    return sums.sum()
+
+
+def _rate(nbytes: int, fn, passes: int = 5) -> tuple[float, float]:
+    """(best, median) GB/s of passes of fn, which reads nbytes."""
+    fn()
+    rates = []
+    for _ in range(passes):
+        t0 = time.perf_counter()
+        fn()
+        rates.append(nbytes / (time.perf_counter() - t0) / 1e9)
+    return max(rates), float(np.median(rates))
+
+
+def _dram_reads() -> dict[str, tuple[float, float]]:
+    """(best, median) GB/s of _sum and _sum_prefetched over DRAM_BYTES."""
+    a = np.ones(DRAM_BYTES // 4, np.float32)
+    return {"plain": _rate(a.nbytes, lambda: _sum(a)), "prefetched": _rate(a.nbytes, lambda: _sum_prefetched(a))}
 
 
 def bench_dram() -> None:
-    """GB/s of each shape's matvec with the weight read from DRAM: copies of it adding up to DRAM_BYTES, one after
-    the other, so none is still in the caches when its turn comes; next to the DRAM read rate of all threads
-    (a parallel sum over DRAM_BYTES). Best of 3 passes over the copies."""
-    a = np.ones(DRAM_BYTES // 4, np.float32)
-    dram = a.nbytes / min(best_seconds(lambda: _sum(a), min_runs=3) for _ in range(3)) / 1e9
-    del a
-    print(f"{nb.get_num_threads()} threads; DRAM read (parallel sum of {DRAM_BYTES >> 20} MiB): {dram:.1f} GB/s")
-    print(f"{'type':6} {'n_cols x n_rows':>16} {'MB':>7} {'GB/s':>7} {'of DRAM':>8}")
+    """GB/s from DRAM of llama3-8b's matvecs and of a Qwen3-30B-A3B token's 8 experts (OneTokenExperts.ffn, as the
+    engine runs them: gate and up with the GLU, then the downs' weighted sum), weights rotated over copies, or layers'
+    stacks, adding up to DRAM_BYTES, so that none is still in the caches when its turn comes, the experts chosen at
+    random; next to the DRAM read rate of all threads (the faster of _sum and _sum_prefetched over DRAM_BYTES).
+    Best and median of 5 passes; the share of DRAM is the medians'."""
+    sums = _dram_reads()
+    dram = max(sums.values(), key=lambda rate: rate[1])
+    print(f"{nb.get_num_threads()} threads; DRAM read, the faster of two parallel sums of {DRAM_BYTES >> 20} MiB: "
+          + ", ".join(f"{name} best {b:.1f} median {m:.1f} GB/s" for name, (b, m) in sums.items()))
+    print(f"{'type':6} {'what':34} {'MB a call':>9} {'best GB/s':>9} {'median':>7} {'of DRAM':>8}")
     rng = np.random.default_rng(0)
-    for name, n_cols, n_rows in LLAMA3_8B_SHAPES + QWEN3_MOE_SHAPES:
+
+    def row(name, what, mb, rate):
+        print(f"{name:6} {what:34} {mb:9.1f} {rate[0]:9.1f} {rate[1]:7.1f} {rate[1] / dram[1]:8.0%}", flush=True)
+
+    for name, n_cols, n_rows in LLAMA3_8B_SHAPES:
         qt = TYPES_BY_NAME[name]
         w = random_weight(name, n_rows, n_cols)
         copies = [w.copy() for _ in range(max(2, DRAM_BYTES // w.nbytes))]
@@ -146,15 +201,31 @@ def bench_dram() -> None:
             c.flags.writeable = False
         x = rng.standard_normal((1, n_cols), np.float32)
         out = np.empty((1, n_rows), np.float32)
-        quantized_matmul(copies[0], qt, x, out=out)
-        passes = []
-        for _ in range(3):
-            t0 = time.perf_counter()
+
+        def one_pass():
             for c in copies:
                 quantized_matmul(c, qt, x, out=out)
-            passes.append(time.perf_counter() - t0)
-        gbs = w.nbytes * len(copies) / min(passes) / 1e9
-        print(f"{name:6} {f'{n_cols} x {n_rows}':>16} {w.nbytes / 1e6:7.1f} {gbs:7.1f} {gbs / dram:8.0%}", flush=True)
+        row(name, f"llama3-8b {n_cols} x {n_rows}", w.nbytes / 1e6, _rate(w.nbytes * len(copies), one_pass))
+    n_expert, k, n_embd, n_ff = 128, 8, 2048, 768
+    for gate_up, down in (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q8_0")):
+        layer_bytes = n_expert * (2 * TYPES_BY_NAME[gate_up].nbytes(n_embd) * n_ff + TYPES_BY_NAME[down].nbytes(n_ff)
+                                  * n_embd)
+        layers = [OneTokenExperts(tuple(random_weight(t, n_expert * rows, cols, seed).reshape(n_expert, rows, -1)
+                                        for t, rows, cols, seed in ((gate_up, n_ff, n_embd, 3 * n + 1),
+                                                                    (gate_up, n_ff, n_embd, 3 * n + 2),
+                                                                    (down, n_embd, n_ff, 3 * n + 3))),
+                                  tuple(TYPES_BY_NAME[t] for t in (gate_up, gate_up, down)))
+                  for n in range(max(2, DRAM_BYTES // layer_bytes))]
+        h, out = rng.standard_normal((1, n_embd), np.float32), np.empty((1, n_embd), np.float32)
+        weights = np.full(k, 1 / k, np.float32)
+        # fresh choices every call of every pass (_rate makes 6), so what the L3 keeps of a pass is rarely chosen again
+        ids = iter([[rng.choice(n_expert, k, replace=False).astype(np.int32) for _ in layers] for _ in range(6)])
+
+        def one_pass():
+            for experts, chosen in zip(layers, next(ids)):
+                experts.ffn(h, chosen, weights, "silu", out)
+        call_bytes = layer_bytes * k // n_expert
+        row(gate_up, f"8 of 128 experts, down {down}", call_bytes / 1e6, _rate(call_bytes * len(layers), one_pass))
 
 
 def bench_model(path: str) -> None:

@@ -23,6 +23,9 @@ from kernels.cpu_types import Q4_0, Q4_1, Q5_0, fast
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_ir")
 PREFETCH_BYTES = 2048
+# Q4_K and Q6_K: two cache lines of each row's block this far ahead, as the 32-value blocks' PREFETCH_BYTES. On the
+# 16-core host 2048 read Q4_K from DRAM ~1.3x faster than none, 1024 in between (BENCHMARKS.md, session 15).
+K_PREFETCH_BYTES = 2048
 INLINED_DIGEST = "22f0651f13330bde"
 
 
@@ -135,6 +138,8 @@ def _k_rows(block, block_bytes, scales_at):
                 new = []
                 for base, acc in ((base_a, accs[0]), (base_b, accs[1])):
                     o = builder.add(base, builder.mul(i, i64(block_bytes)))
+                    for ahead in (K_PREFETCH_BYTES, K_PREFETCH_BYTES + 64):
+                        prefetch(context, builder, row_t, row, builder.add(o, i64(ahead)))
                     vecs = block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i)
                     for v, (at, sign) in zip(vecs, scales_at):
                         scale = builder.fmul(half_ir(context, builder, row_t, row, builder.add(o, i64(at)), f16_t,

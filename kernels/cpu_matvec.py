@@ -8,26 +8,54 @@ import math  # noqa: E402
 
 import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
+from llvmlite import ir  # noqa: E402
+from numba.core import types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
 
 from kernels.cpu_dequant import decode_row  # noqa: E402
 from kernels.cpu_dot_float import dot_q5_k  # noqa: E402
 from kernels.cpu_dot_int8 import dot8_b32, dot8_q4_k, dot8_q6_k, dot8_q8_0, q4_k_order, quantize_q8  # noqa: E402
 from kernels.cpu_dot_x8 import dot8_x8  # noqa: E402
+from kernels.cpu_ir import prefetch  # noqa: E402
 from kernels.cpu_ops import _glu_one  # noqa: E402
 from kernels.cpu_types import Q4_K, Q6_K, Q8_0, X8, fast  # noqa: E402
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
-INLINED = ("cpu_types", "cpu_dequant", "cpu_dot_float", "cpu_dot_int8", "cpu_dot_x8", "cpu_ops")
-INLINED_DIGEST = "037819b975f66497"
+INLINED = ("cpu_types", "cpu_dequant", "cpu_dot_float", "cpu_dot_int8", "cpu_dot_x8", "cpu_ir", "cpu_ops")
+INLINED_DIGEST = "cdd7c23d72c66cd2"
 
-MATVEC_CHUNKS = 64  # row chunks of a matvec shared out to the threads: several per thread evens out their finish
+# A matvec's rows go in chunks that the threads claim one at a time (claim) until none are left: numba's prange
+# hands each thread an equal share up front, and on the 16-core host one slow thread then held up the region
+# (Q6_K 14336 x 4096 in L3 read 141 -> 204-211 GB/s once claimed; BENCHMARKS.md, session 15).
+# n_workers, the kernels' prange over workers (one iteration a thread, each claiming chunks), is an argument: a
+# global would be frozen into numba's cached kernel, and one compiled with fewer threads would leave cores idle.
+N_WORKERS = nb.config.NUMBA_NUM_THREADS
+MATVEC_CHUNKS = 16 * N_WORKERS  # chunks of a matvec: 16 a thread (64 and 256 on 16 threads: 256 faster)
 TOKEN_PASS_ROWS = 16  # rows that each of a few tokens passes over in turn (see matvecs_int8)
-# expert_down_sum_int8's chunks: one a thread. prange splits its range evenly between the threads, so MATVEC_CHUNKS
-# would give each the same rows in pieces, and there a piece is a few rows of each of k experts: 64 chunks (32 rows
-# of each of 8 experts at a time) ran ~15% slower on the 2-core VM at Qwen3-30B-A3B's downs. (numba.get_num_threads
-# costs ~2.4 us from Python, and in a kernel keeps it out of numba's cache.)
-EXPERT_DOWN_CHUNKS = nb.config.NUMBA_NUM_THREADS
+# expert_down_sum_int8's chunks: one a thread. A chunk is a few rows of each of k experts: 64 chunks (32 rows of each
+# of 8 experts at a time) ran ~15% slower on the 2-core VM at Qwen3-30B-A3B's downs (session 14, before chunks were
+# claimed); on the 16-core host, claimed, 64 and 16 read level (session 15).
+EXPERT_DOWN_CHUNKS = N_WORKERS
+
+
+@intrinsic
+def claim(typingctx, counter):
+    """The next chunk number: counter[0] before an atomic add of 1 (counter: int64 [1], zero when the region
+    starts; the threads share it)."""
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        return builder.atomic_rmw("add", data, ir.Constant(ir.IntType(64), 1), "monotonic")
+    return types.int64(counter), codegen
+
+
+@intrinsic
+def prefetch_at(typingctx, a, i):
+    """A hint to fetch the cache line of a[i] (a 1-d array; i may lie past its end)."""
+    def codegen(context, builder, sig, args):
+        prefetch(context, builder, sig.args[0], args[0], args[1])
+        return context.get_dummy_value()
+    return types.none(a, i), codegen
 
 
 @fast
@@ -130,7 +158,7 @@ def _dot_rows(tid, w, r0, r1, xs, t0, t1, out, o, f16):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def matvecs_int8(tids, ws, x, outs, f16, n_chunks, own_row=False):
+def matvecs_int8(tids, ws, x, outs, f16, n_chunks, n_workers, own_row=False):
     """outs[m][t, r] = x[t] . row r of ws[m] for matrices of the INT8_IDS or X8_IDS types tids[m] sharing x, in ONE
     parallel region (an X8_IDS matrix is repacked, cpu_repack: its "rows" are groups of 8): x is quantized once
     per block size in use (_quantize_x), and about n_chunks chunks of rows, each matrix's number in proportion to
@@ -148,10 +176,14 @@ def matvecs_int8(tids, ws, x, outs, f16, n_chunks, own_row=False):
     for m in range(n_mats):
         nbytes[m], n_rows[m] = ws[m].size, ws[m].shape[0]
     first = _chunk_starts(nbytes, n_rows, n_chunks)
-    for c in nb.prange(first[n_mats]):
-        m, r0, r1 = _chunk(first, n_rows, c)
-        t0, t1 = (m, m + 1) if own_row else (0, n_tokens)  # the rows of x this matrix multiplies
-        _dot_rows(tids[m], ws[m], r0, r1, xs, t0, t1, outs[m], 0, f16)
+    counter = np.zeros(1, np.int64)
+    for worker in nb.prange(n_workers):
+        c = claim(counter)
+        while c < first[n_mats]:
+            m, r0, r1 = _chunk(first, n_rows, c)
+            t0, t1 = (m, m + 1) if own_row else (0, n_tokens)  # the rows of x this matrix multiplies
+            _dot_rows(tids[m], ws[m], r0, r1, xs, t0, t1, outs[m], 0, f16)
+            c = claim(counter)
 
 
 @fast
@@ -162,7 +194,7 @@ def _check_ids(ids, n_expert):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, own_row=False):
+def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, n_workers, own_row=False):
     """out[m, s] = expert ids[s]'s matrix of stacks[m] times x[0] (own_row: times x[s]) for one token's chosen
     experts, in ONE parallel region as matvecs_int8's (x quantized once, chunks of rows in proportion to bytes):
     gate and up as two stacks of one call, the downs (own_row: each slot its own activation row) as one.
@@ -179,15 +211,19 @@ def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, own_row=False)
     for p in range(n_pairs):  # pair p: stack p // k, slot p % k
         nbytes[p], n_rows[p] = stacks[p // k][0].size, stacks[p // k].shape[1]
     first = _chunk_starts(nbytes, n_rows, n_chunks)
-    for c in nb.prange(first[n_pairs]):
-        p, r0, r1 = _chunk(first, n_rows, c)
-        m, s = p // k, p % k
-        t = s if own_row else 0
-        _dot_rows(tids[m], stacks[m][ids[s]], r0, r1, xs, t, t + 1, out[m], s, f16)
+    counter = np.zeros(1, np.int64)
+    for worker in nb.prange(n_workers):
+        c = claim(counter)
+        while c < first[n_pairs]:
+            p, r0, r1 = _chunk(first, n_rows, c)
+            m, s = p // k, p % k
+            t = s if own_row else 0
+            _dot_rows(tids[m], stacks[m][ids[s]], r0, r1, xs, t, t + 1, out[m], s, f16)
+            c = claim(counter)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def expert_glu_matvecs_int8(tids, stacks, ids, x, gelu, table, out, f16, n_chunks):
+def expert_glu_matvecs_int8(tids, stacks, ids, x, gelu, table, out, f16, n_chunks, n_workers):
     """out[s, r] = act(gate[s, r]) * up[s, r] for one token's chosen experts, gate and up = expert_matvecs_int8's
     out[0] and out[1] of stacks (gate, up) and x[0], act silu or gelu (gelu: cpu_ops' table) as cpu_ops.glu computes
     it, bit for bit: as glu_matvecs_int8 for a dense layer, each chunk multiplies the same rows of an expert's gate
@@ -203,16 +239,20 @@ def expert_glu_matvecs_int8(tids, stacks, ids, x, gelu, table, out, f16, n_chunk
     nbytes[:] = stacks[0][0].size + stacks[1][0].size
     first = _chunk_starts(nbytes, rows, n_chunks)
     gate, up = np.empty((k, n_rows), np.float32), np.empty((k, n_rows), np.float32)
-    for c in nb.prange(first[k]):
-        s, r0, r1 = _chunk(first, rows, c)
-        _dot_rows(tids[0], stacks[0][ids[s]], r0, r1, xs, 0, 1, gate, s, f16)
-        _dot_rows(tids[1], stacks[1][ids[s]], r0, r1, xs, 0, 1, up, s, f16)
-        for r in range(r0, r1):
-            out[s, r] = _glu_one(gate[s, r], up[s, r], gelu, table)
+    counter = np.zeros(1, np.int64)
+    for worker in nb.prange(n_workers):
+        c = claim(counter)
+        while c < first[k]:
+            s, r0, r1 = _chunk(first, rows, c)
+            _dot_rows(tids[0], stacks[0][ids[s]], r0, r1, xs, 0, 1, gate, s, f16)
+            _dot_rows(tids[1], stacks[1][ids[s]], r0, r1, xs, 0, 1, up, s, f16)
+            for r in range(r0, r1):
+                out[s, r] = _glu_one(gate[s, r], up[s, r], gelu, table)
+            c = claim(counter)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def expert_down_sum_int8(tid, stack, ids, weights, x, out, f16, n_chunks):
+def expert_down_sum_int8(tid, stack, ids, weights, x, out, f16, n_chunks, n_workers):
     """out[0, r] = sum over slots s of weights[s] * (x[s] . row r of expert ids[s]'s matrix of stack): one token's
     chosen experts' downs and their weighted sum in ONE parallel region. Chunks split the output rows: each dots its
     rows of every slot's expert (the dots of expert_matvecs_int8 with own_row, bit for bit) and sums them, weighted, in
@@ -225,14 +265,18 @@ def expert_down_sum_int8(tid, stack, ids, weights, x, out, f16, n_chunks):
     _check_ids(ids, stack.shape[0])
     xs = _quantize_x(x, (tid,))
     n_chunks = min(n_chunks, n_rows)
-    for c in nb.prange(n_chunks):
-        r0, r1 = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
-        y = np.empty((1, r1 - r0), np.float32)  # one slot's dots of the chunk's rows
-        out[0, r0:r1] = 0
-        for s in range(k):
-            _dot_rows(tid, stack[ids[s]][r0:r1], 0, r1 - r0, xs, s, s + 1, y, 0, f16)
-            for j in range(r1 - r0):
-                out[0, r0 + j] += weights[s] * y[0, j]
+    counter = np.zeros(1, np.int64)
+    for worker in nb.prange(n_workers):
+        c = claim(counter)
+        while c < n_chunks:
+            r0, r1 = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
+            y = np.empty((1, r1 - r0), np.float32)  # one slot's dots of the chunk's rows
+            out[0, r0:r1] = 0
+            for s in range(k):
+                _dot_rows(tid, stack[ids[s]][r0:r1], 0, r1 - r0, xs, s, s + 1, y, 0, f16)
+                for j in range(r1 - r0):
+                    out[0, r0 + j] += weights[s] * y[0, j]
+            c = claim(counter)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
@@ -252,7 +296,7 @@ def matvec_decoded(tid, w, x, out, f16, n16, n_chunks):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def matvec_add_int8(tids, ws, x, resid, norm, eps, out, f16, n_chunks):
+def matvec_add_int8(tids, ws, x, resid, norm, eps, out, f16, n_chunks, n_workers):
     """out[0] = resid[0] + W x[0] for ONE token and ONE matrix (ws, tids: 1-tuples, as matvecs_int8 takes them):
     a decode step's attention output and down projections with their residual add in the same call. norm (its
     size > 0): out[0] = resid[0] + rms_norm(W x[0]) * norm (a sandwich norm), as cpu_ops.rms_norm computes it.
@@ -263,9 +307,13 @@ def matvec_add_int8(tids, ws, x, resid, norm, eps, out, f16, n_chunks):
     nbytes[0], n_rows[0] = ws[0].size, ws[0].shape[0]
     first = _chunk_starts(nbytes, n_rows, n_chunks)
     y = np.empty((1, out.shape[1]), np.float32)
-    for c in nb.prange(first[1]):
-        _, r0, r1 = _chunk(first, n_rows, c)
-        _dot_rows(tids[0], ws[0], r0, r1, xs, 0, 1, y, 0, f16)
+    counter = np.zeros(1, np.int64)
+    for worker in nb.prange(n_workers):
+        c = claim(counter)
+        while c < first[1]:
+            _, r0, r1 = _chunk(first, n_rows, c)
+            _dot_rows(tids[0], ws[0], r0, r1, xs, 0, 1, y, 0, f16)
+            c = claim(counter)
     if norm.size > 0:
         ss = 0.0
         for j in range(y.shape[1]):
@@ -279,7 +327,7 @@ def matvec_add_int8(tids, ws, x, resid, norm, eps, out, f16, n_chunks):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def glu_matvecs_int8(tids, ws, x, gelu, table, out, f16, n_chunks):
+def glu_matvecs_int8(tids, ws, x, gelu, table, out, f16, n_chunks, n_workers):
     """out[0, r] = act(gate[r]) * up[r] for ONE token, gate and up = ws[0] x[0], ws[1] x[0] (a layer's gate and
     up: one type tids[0] == tids[1], one shape), act silu or gelu (gelu: cpu_ops' table) as cpu_ops.glu computes it:
     each chunk multiplies the same rows of both and applies the GLU to them, so the products stay in the core that
@@ -293,9 +341,13 @@ def glu_matvecs_int8(tids, ws, x, gelu, table, out, f16, n_chunks):
     per_unit = 8 if tids[0] > X8 else 1
     gate, up = np.empty((1, n_rows), np.float32), np.empty((1, n_rows), np.float32)
     n_chunks = min(n_chunks, n_units)
-    for c in nb.prange(n_chunks):
-        u0, u1 = c * n_units // n_chunks, (c + 1) * n_units // n_chunks
-        _dot_rows(tids[0], ws[0], u0, u1, xs, 0, 1, gate, 0, f16)
-        _dot_rows(tids[1], ws[1], u0, u1, xs, 0, 1, up, 0, f16)
-        for r in range(u0 * per_unit, min(u1 * per_unit, n_rows)):
-            out[0, r] = _glu_one(gate[0, r], up[0, r], gelu, table)
+    counter = np.zeros(1, np.int64)
+    for worker in nb.prange(n_workers):
+        c = claim(counter)
+        while c < n_chunks:
+            u0, u1 = c * n_units // n_chunks, (c + 1) * n_units // n_chunks
+            _dot_rows(tids[0], ws[0], u0, u1, xs, 0, 1, gate, 0, f16)
+            _dot_rows(tids[1], ws[1], u0, u1, xs, 0, 1, up, 0, f16)
+            for r in range(u0 * per_unit, min(u1 * per_unit, n_rows)):
+                out[0, r] = _glu_one(gate[0, r], up[0, r], gelu, table)
+            c = claim(counter)

@@ -27,9 +27,9 @@ import numpy as np
 
 from kernels.cpu_dequant import decode_rows
 from kernels.cpu_gemm import gemm_int8, padded_tokens, quantize_biased
-from kernels.cpu_matvec import (EXPERT_DOWN_CHUNKS, MATVEC_CHUNKS, expert_down_sum_int8, expert_glu_matvecs_int8,
-                                expert_matvecs_int8, glu_matvecs_int8, matvec_add_int8, matvec_decoded, matvec_fused,
-                                matvecs_int8)
+from kernels.cpu_matvec import (EXPERT_DOWN_CHUNKS, MATVEC_CHUNKS, N_WORKERS, expert_down_sum_int8,
+                                expert_glu_matvecs_int8, expert_matvecs_int8, glu_matvecs_int8, matvec_add_int8,
+                                matvec_decoded, matvec_fused, matvecs_int8)
 from kernels.cpu_ops import GELU_TABLE
 from kernels.cpu_repack import ROWS, Repacked
 from kernels.cpu_types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, N16
@@ -113,14 +113,14 @@ def quantized_matmul(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray,
     n_tokens, n_rows, n_cols = x.shape[0], out.shape[1], x.shape[1]
     if isinstance(w, Repacked):
         if n_tokens <= MATVEC_MAX_TOKENS:
-            matvecs_int8((w.tid,), (w.data,), x, (out,), F16_TO_F32, MATVEC_CHUNKS)
+            matvecs_int8((w.tid,), (w.data,), x, (out,), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
         else:
             _gemms([w], [qtype], x, [out])
     elif qtype.id == F32:
         np.matmul(x, w.view(np.float32).T, out=out)
     elif n_tokens <= MATVEC_MAX_TOKENS:
         if qtype.id in INT8_IDS:
-            matvecs_int8((qtype.id,), (_read_only(w),), x, (out,), F16_TO_F32, MATVEC_CHUNKS)
+            matvecs_int8((qtype.id,), (_read_only(w),), x, (out,), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
         elif qtype.id in FUSED_IDS:
             matvec_fused(w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
         else:
@@ -158,7 +158,7 @@ def quantized_matvecs_own_rows(ws: list[np.ndarray], qtypes: list[GGMLType], x: 
     for w, q in zip(ws, qtypes):
         _check(w, q)
     matvecs_int8(tuple(q.id for q in qtypes), tuple(_read_only(w) for w in ws), x, outs, F16_TO_F32, MATVEC_CHUNKS,
-                 True)
+                 N_WORKERS, True)
     return list(outs)
 
 
@@ -197,7 +197,7 @@ def expert_matvecs(stacks: tuple[np.ndarray, ...], qtypes: tuple[GGMLType, ...],
     ids, x, n_rows = _expert_args(stacks, qtypes, ids, x, own_rows)
     out = np.empty((len(stacks), len(ids), n_rows), np.float32)
     expert_matvecs_int8(tuple(q.id for q in qtypes), tuple(_read_only(w) for w in stacks), ids, x, out, F16_TO_F32,
-                        MATVEC_CHUNKS, own_rows)
+                        MATVEC_CHUNKS, N_WORKERS, own_rows)
     return out
 
 
@@ -209,7 +209,7 @@ def expert_glu_matvecs(stacks: tuple[np.ndarray, np.ndarray], qtypes: tuple[GGML
     ids, x, n_rows = _expert_args(stacks, qtypes, ids, x, False)
     out = np.empty((len(ids), n_rows), np.float32)
     expert_glu_matvecs_int8((qtypes[0].id, qtypes[1].id), (_read_only(stacks[0]), _read_only(stacks[1])), ids, x,
-                            activation == "gelu", GELU_TABLE, out, F16_TO_F32, MATVEC_CHUNKS)
+                            activation == "gelu", GELU_TABLE, out, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
     return out
 
 
@@ -253,8 +253,9 @@ class OneTokenExperts:
             raise ValueError(f"out must be C-contiguous float32 [1, {self.n_embd}], got {out.dtype} {out.shape}")
         act = np.empty((len(ids), self.n_ff), np.float32)
         expert_glu_matvecs_int8(self.gate_up_tids, self.gate_up, ids, np.ascontiguousarray(h), activation == "gelu",
-                                GELU_TABLE, act, F16_TO_F32, MATVEC_CHUNKS)
-        expert_down_sum_int8(self.down_tid, self.down, ids, weights, act, out, F16_TO_F32, EXPERT_DOWN_CHUNKS)
+                                GELU_TABLE, act, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
+        expert_down_sum_int8(self.down_tid, self.down, ids, weights, act, out, F16_TO_F32, EXPERT_DOWN_CHUNKS,
+                             N_WORKERS)
         return out
 
 
@@ -272,7 +273,7 @@ def quantized_matmuls(ws: list[np.ndarray | Repacked], qtypes: list[GGMLType], x
         x, outs[i] = _matmul_args(ws[i], qtypes[i], x, None)
     if fused:
         tids, datas = zip(*[_kernel_args(ws[i], qtypes[i]) for i in fused])
-        matvecs_int8(tids, datas, x, tuple(outs[i] for i in fused), F16_TO_F32, MATVEC_CHUNKS)
+        matvecs_int8(tids, datas, x, tuple(outs[i] for i in fused), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
     if gemm:
         _gemms([ws[i] for i in gemm], [qtypes[i] for i in gemm], x, [outs[i] for i in gemm])
     return outs
@@ -306,7 +307,7 @@ class OneToken:
     def matmuls(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
         """(x @ W_m.T for each matrix): float32 [1, n_rows_m] each, in one parallel region (matvecs_int8)."""
         outs = tuple([np.empty((1, n), np.float32) for n in self.n_rows])
-        matvecs_int8(self.tids, self.datas, self._x(x), outs, F16_TO_F32, MATVEC_CHUNKS)
+        matvecs_int8(self.tids, self.datas, self._x(x), outs, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
         return outs
 
     def glu(self, x: np.ndarray, activation: str) -> np.ndarray | None:
@@ -318,7 +319,7 @@ class OneToken:
             return None
         out = np.empty((1, self.n_rows[0]), np.float32)
         glu_matvecs_int8(self.tids, self.datas, self._x(x), activation == "gelu", GELU_TABLE, out, F16_TO_F32,
-                         MATVEC_CHUNKS)
+                         MATVEC_CHUNKS, N_WORKERS)
         return out
 
     def add_matmul(self, x: np.ndarray, resid: np.ndarray, norm: np.ndarray | None = None,
@@ -329,5 +330,5 @@ class OneToken:
             raise ValueError(f"one matrix and resid float32 [1, {self.n_rows[0]}], got {resid.dtype} {resid.shape}")
         out = np.empty((1, self.n_rows[0]), np.float32)
         matvec_add_int8(self.tids, self.datas, self._x(x), np.ascontiguousarray(resid),
-                        NO_NORM if norm is None else norm, eps, out, F16_TO_F32, MATVEC_CHUNKS)
+                        NO_NORM if norm is None else norm, eps, out, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
         return out

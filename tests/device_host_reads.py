@@ -162,7 +162,7 @@ def cores_breakdown(ffns, ids, h, activation, nbytes) -> None:
 
     a = np.ones(DRAM_BYTES // 4, np.float32)
     _sum(a)
-    row("cores' DRAM read (parallel sum, 1 GiB a pass)", a.nbytes, *best_median(lambda: _sum(a)))
+    row(f"cores' DRAM read (parallel sum, {DRAM_BYTES >> 30} GiB a pass)", a.nbytes, *best_median(lambda: _sum(a)))
     acts = [cpu_quant.expert_glu_matvecs((f.gate.data, f.up.data), (f.gate.qtype, f.up.qtype), i[0], h, activation)
             for f, i in zip(ffns, ids)]
 

@@ -96,7 +96,7 @@ def test_one_token_experts_sum_the_downs_as_weights_times_expert_matvecs(gate_up
     np.testing.assert_array_equal(experts.ffn(h, ids, weights, "silu"), out)
     for n_chunks in (1, 3, 64):  # rows split unevenly, or 8 a chunk
         again = np.empty((1, 512), np.float32)
-        expert_down_sum_int8(qd.id, experts.down, ids, weights, act, again, F16_TO_F32, n_chunks)
+        expert_down_sum_int8(qd.id, experts.down, ids, weights, act, again, F16_TO_F32, n_chunks, 3)
         np.testing.assert_array_equal(again, out, err_msg=str(n_chunks))
 
 

@@ -163,6 +163,23 @@ def test_matmuls_of_one_x_equal_one_matmul_each_bit_for_bit(names, n_tokens):
         np.testing.assert_array_equal(y, quantized_matmul(w, qtype, x))
 
 
+@pytest.mark.parametrize("n_workers, n_chunks", [(1, 64), (3, 7), (16, 1), (16, 300)])
+def test_claimed_chunks_each_run_once_whatever_the_workers(n_workers, n_chunks):
+    """matvecs_int8's workers claim chunks of rows until none are left (cpu_matvec.claim): one worker, fewer or more
+    workers than threads, one chunk or more chunks than rows, and every row comes out once, with the bits of
+    quantized_matmul (its own chunks).
+    Planted fault, seen once: the claim loop stopping one chunk short fails every case (NaN rows)."""
+    from kernels.cpu_matvec import matvecs_int8
+    names, rows = ("Q4_K", "Q8_0"), (201, 37)
+    ws = tuple(random_weight(name, n, 512, seed=k) for k, (name, n) in enumerate(zip(names, rows)))
+    qtypes = [TYPES_BY_NAME[name] for name in names]
+    x = np.random.default_rng(5).standard_normal((1, 512), np.float32)
+    outs = tuple(np.full((1, n), np.nan, np.float32) for n in rows)
+    matvecs_int8(tuple(q.id for q in qtypes), ws, x, outs, F16_TO_F32, n_chunks, n_workers)
+    for w, qtype, y in zip(ws, qtypes, outs):
+        np.testing.assert_array_equal(y, quantized_matmul(w, qtype, x))
+
+
 def test_bad_shapes_are_refused():
     w = random_weight("Q4_K", 4, 256)
     with pytest.raises(ValueError, match="x must be float32"):
