@@ -54,11 +54,14 @@ OFFLOAD_MIN_TOKENS = 32
 GROUPED_MIN_TOKENS = 64
 # The most of a CPU layer's matrix rows the GPU may multiply over PCIe (inference/gpu_share.py): the CPU keeps some
 MAX_GPU_SHARE = 0.9
-# The share by default: the fastest measured on the H100 machine, at 16 and at 24 of llama3-8b's 32 layers on the
-# GPU, in two leases (0.44-0.82 tried, BENCHMARKS.md, session 6). Rates measured at load were no guide: the cores'
-# pass over the CPU layers' matrices read 12-15 GB/s in 3 of 4 loads against the ~60 GB/s of their decode steps,
-# and even the good reading (69 GB/s, PCIe 54) gave 0.44, no faster than the CPU alone.
-DEFAULT_GPU_SHARE = 0.6
+# The share by default: the fastest measured on the H100 machine at 16 and 24 of llama3-8b's 32 layers on the GPU.
+# Session 6 found 0.6 (0.44-0.82 tried); in session 15, with the cores' matvecs ~1.2x faster from DRAM (chunks
+# claimed, Q4_K/Q6_K prefetched), 0.4 ran 16 layers 1.18x faster than 0.6 (and so did the old kernels: 35.1
+# against 31.6 tok/s), 24 layers level; in the next lease 0.4 beat 0.3 and 0.5 at 24 layers and was level with
+# 0.5 at 16 (BENCHMARKS.md). Rates measured at load were no guide: the cores' pass over
+# the CPU layers' matrices read 12-15 GB/s in 3 of 4 loads against the ~60 GB/s of their decode steps, and even the
+# good reading (69 GB/s, PCIe 54) gave 0.44, no faster than the CPU alone (session 6).
+DEFAULT_GPU_SHARE = 0.4
 # The VRAM ring those rows stream through, in largest layer matrices: twice the largest call (gate and up) at the
 # most share, and on llama3-8b (192 MB) ~3.5 ms of copies ahead at 55 GB/s, about what its 16 GPU layers take
 SHARE_RING_MATRICES = 4
