@@ -13,7 +13,7 @@ from numba.extending import intrinsic
 
 from kernels.cpu_ir import array_data, dot4, dot4_many, fma, i64, ir_loop, ptr, splat, splat_f
 from kernels.cpu_repack import LAYOUTS, ROWS
-from kernels.cpu_types import Q4_0, Q4_1, Q5_0, Q5_1, X8, fast
+from kernels.cpu_types import Q4_0, Q4_1, Q5_0, X8, fast
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)

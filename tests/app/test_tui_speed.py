@@ -123,7 +123,6 @@ def test_a_streaming_reply_shows_its_finished_paragraphs_as_markdown_and_the_las
     block, and keeps the blank line of the paragraph break above it; at the end the whole reply is Markdown and the
     plain part is gone."""
     from textual.app import App
-    from textual.widgets import Static
 
     from app.store import Message
 

@@ -253,7 +253,7 @@ def test_summary_all_on_gpu(packaged):
     lines = plan_placement(tensors, cfg, 2048, H100_FREE).summary().splitlines()
     n = cfg.n_layers
     assert lines[0] == f"placement: {n}/{n} layers on GPU"
-    assert lines[1].startswith(f"  VRAM ") and f"(layers 0-{n - 1} + output head)" in lines[1]
+    assert lines[1].startswith("  VRAM ") and f"(layers 0-{n - 1} + output head)" in lines[1]
     assert "(ctx 2048, f16)" in lines[1] and "of 78.66 GiB budget" in lines[1]
     assert lines[2] == "  token embeddings and output head on GPU"
 
