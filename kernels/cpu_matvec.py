@@ -1,5 +1,5 @@
-"""The parallel matrix-vector kernels of a few tokens (generation): rows spread over all cores (prange), each
-row's blocks read once and dotted with every token's x (numba)."""
+"""The parallel matrix-vector kernels of a few tokens (generation): chunks of rows claimed by all cores in turn
+(claim), each row's blocks read once and dotted with every token's x (numba)."""
 from kernels.cpu_threads import configure_thread_waits
 
 configure_thread_waits()  # before numba's first parallel region loads libgomp (numpy may be loaded already)
@@ -51,7 +51,8 @@ def claim(typingctx, counter):
 
 @intrinsic
 def prefetch_at(typingctx, a, i):
-    """A hint to fetch the cache line of a[i] (a 1-d array; i may lie past its end)."""
+    """A hint to fetch the cache line of a[i] (a 1-d array; i may lie past its end): cpu_bench's DRAM read, which
+    prefetches as the row dots do."""
     def codegen(context, builder, sig, args):
         prefetch(context, builder, sig.args[0], args[0], args[1])
         return context.get_dummy_value()
@@ -165,8 +166,8 @@ def matvecs_int8(tids, ws, x, outs, f16, n_chunks, n_workers, own_row=False):
     its bytes (_chunk_starts), go to the threads.
     own_row: matrix m multiplies row m of x alone (outs[m] [1, n_rows_m]).
 
-    One region instead of one per matrix, because numba splits a prange evenly between its threads, each
-    woken and joined per region; chunks of equal bytes keep that split even across matrices.
+    One region instead of one per matrix, because each region wakes and joins every thread (7-8 us on the 16-core
+    host); chunks of equal bytes, claimed as threads come free, keep the work even across matrices.
     tids: tuple of type ids, ws: tuple of uint8 [n_rows_m, row_bytes_m], x: float32 [n_tokens, n_cols],
     outs: tuple of float32 [n_tokens, n_rows_m]."""
     n_tokens = x.shape[0]

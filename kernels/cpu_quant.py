@@ -5,7 +5,7 @@ shape (n_cols, n_rows)), or for Q4_0, Q4_1, Q5_0, Q5_1 repacked eight rows at a 
 once at load: the same bytes reordered so a vector dots 8 rows at once, ~2x faster a core). Nothing here
 dequantizes a whole matrix:
 - few tokens (generation): a matrix-vector kernel reads each row's blocks once and dots them with every
-  token's x, rows spread over all cores (prange). Q4_K, Q6_K and the types in blocks of 32 (Q4_0, Q4_1,
+  token's x, chunks of rows claimed by all cores in turn. Q4_K, Q6_K and the types in blocks of 32 (Q4_0, Q4_1,
   Q5_0, Q5_1, Q8_0) dot integers: x is quantized once per call to int8 with one float scale per block of 256
   (Q4_K, Q6_K) or 32 (the others), as llama.cpp does on the CPU, so the result is x8 @ dequantize(W).T, x8
   the dequantized int8 x, to float32 rounding; |x8 - x| <= amax/254 per element (amax of its block of x).
