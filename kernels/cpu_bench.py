@@ -123,7 +123,7 @@ def main(types: list[str], shapes: list[tuple[str, int, int]], prompt: bool) -> 
 @nb.njit(parallel=True, fastmath=True)
 def _sum(a):
     """The sum of a (float32 [n], n a multiple of 128), its chunks claimed by the threads as the matvecs' are: the
-    plain half of bench_dram's DRAM read (prange's equal shares read ~20% less on the 16-core host, session 15)."""
+    plain half of bench_dram's DRAM read."""
     n_chunks, n_runs = 16 * N_WORKERS, a.size // 128
     sums = np.zeros(N_WORKERS, np.float32)
     counter = np.zeros(1, np.int64)
@@ -160,15 +160,21 @@ def _sum_prefetched(a):
     return sums.sum()
 
 
-def _rate(nbytes: int, fn, passes: int = 5) -> tuple[float, float]:
-    """(best, median) GB/s of passes of fn, which reads nbytes."""
-    fn()
-    rates = []
+def best_median(fn, passes: int = 5) -> tuple[float, float]:
+    """(best, median) seconds of passes of fn."""
+    times = []
     for _ in range(passes):
         t0 = time.perf_counter()
         fn()
-        rates.append(nbytes / (time.perf_counter() - t0) / 1e9)
-    return max(rates), float(np.median(rates))
+        times.append(time.perf_counter() - t0)
+    return min(times), float(np.median(times))
+
+
+def _rate(nbytes: int, fn) -> tuple[float, float]:
+    """(best, median) GB/s of fn, which reads nbytes: a warm-up call, then best_median's passes."""
+    fn()
+    best, median = best_median(fn)
+    return nbytes / best / 1e9, nbytes / median / 1e9
 
 
 def _dram_reads() -> dict[str, tuple[float, float]]:

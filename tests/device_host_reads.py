@@ -23,18 +23,10 @@ import numpy as np
 import inference.host_experts as host_experts
 from inference import load
 from kernels import cuda_moe
+from kernels.cpu_bench import DRAM_BYTES, _sum, best_median
 from kernels.cuda_quant import DeviceWeight, Q8Vector
 
-K, PASSES = 8, 5
-
-
-def best_median(fn) -> tuple[float, float]:
-    times = []
-    for _ in range(PASSES):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times), statistics.median(times)
+K = 8
 
 
 def row(name: str, nbytes: int, best: float, median: float, extra: str = "") -> None:
@@ -158,7 +150,6 @@ def cores_breakdown(ffns, ids, h, activation, nbytes) -> None:
     import numba as nb
 
     import kernels.cpu_quant as cpu_quant
-    from kernels.cpu_bench import DRAM_BYTES, _sum
 
     a = np.ones(DRAM_BYTES // 4, np.float32)
     _sum(a)
