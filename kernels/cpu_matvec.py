@@ -33,10 +33,6 @@ INLINED_DIGEST = "4df73437db3b9dec"
 N_WORKERS = nb.config.NUMBA_NUM_THREADS
 MATVEC_CHUNKS = 16 * N_WORKERS  # chunks of a matvec: 16 a thread (64 and 256 on 16 threads: 256 faster)
 TOKEN_PASS_ROWS = 16  # rows that each of a few tokens passes over in turn (see matvecs_int8)
-# expert_down_sum_int8's chunks: one a thread. A chunk is a few rows of each of k experts: 64 chunks (32 rows of each
-# of 8 experts at a time) ran ~15% slower on the 2-core VM at Qwen3-30B-A3B's downs (session 14, before chunks were
-# claimed); on the 16-core host, claimed, 64 and 16 read level (session 15).
-EXPERT_DOWN_CHUNKS = N_WORKERS
 
 
 @intrinsic
@@ -47,6 +43,39 @@ def claim(typingctx, counter):
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
         return builder.atomic_rmw("add", data, ir.Constant(ir.IntType(64), 1), "monotonic")
     return types.int64(counter), codegen
+
+
+@intrinsic
+def count_done(typingctx, counters, i):
+    """counters[i] before an atomic add of 1 that publishes this thread's writes with it and sees those of every
+    thread that counted before (acq_rel): the thread that counts a task's last part sees all its parts' results."""
+    def codegen(context, builder, sig, args):
+        return builder.atomic_rmw("add", _at(context, builder, sig, args), ir.Constant(ir.IntType(64), 1), "acq_rel")
+    return types.int64(counters, i), codegen
+
+
+@intrinsic
+def publish(typingctx, flags, i):
+    """flags[i] = 1 after this thread's writes (a release store): a thread that reads it with published sees them."""
+    def codegen(context, builder, sig, args):
+        builder.store_atomic(ir.Constant(ir.IntType(64), 1), _at(context, builder, sig, args), "release", 8)
+        return context.get_dummy_value()
+    return types.none(flags, i), codegen
+
+
+@intrinsic
+def published(typingctx, flags, i):
+    """Whether flags[i] was published (an acquire load: the publisher's writes before it are seen after)."""
+    def codegen(context, builder, sig, args):
+        value = builder.load_atomic(_at(context, builder, sig, args), "acquire", 8)
+        return builder.icmp_signed("!=", value, ir.Constant(ir.IntType(64), 0))
+    return types.boolean(flags, i), codegen
+
+
+def _at(context, builder, sig, args):
+    """The address of a[i] for an intrinsic's (a: int64 1-d array, i) arguments."""
+    i = context.cast(builder, args[1], sig.args[1], types.int64)
+    return builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [i])
 
 
 @intrinsic
@@ -85,11 +114,10 @@ def matvec_fused(w, x, out, f16, n16, n_chunks):
 
 
 @fast
-def _quantize_x(x, tids):
-    """x [n_tokens, n_cols] quantized as the int8 dots of the types tids (INT8_IDS, X8_IDS) read it, once per block
-    size in use: (xq, xd, xs16) in blocks of 256 (Q4_K, Q6_K), xq4 (xq in q4_k_order, Q4_K), (xq8, xd8, xs8) in
-    blocks of 32 (the rest); those no type reads are empty."""
-    n_tokens, n_cols = x.shape
+def _x_arrays(n_tokens, n_cols, tids):
+    """Room for n_tokens rows of n_cols values quantized as the int8 dots of the types tids (INT8_IDS, X8_IDS) read
+    them, once per block size in use: (xq, xd, xs16) in blocks of 256 (Q4_K, Q6_K), xq4 (xq in q4_k_order, Q4_K),
+    (xq8, xd8, xs8) in blocks of 32 (the rest); those no type reads are empty."""
     k_quant = q4_k = b32 = False
     for tid in tids:
         q4_k |= tid == Q4_K
@@ -101,13 +129,35 @@ def _quantize_x(x, tids):
     xq8, xd8, xs8 = np.empty((n_tokens, n8), np.int8), np.empty((n_tokens, n8 // 32), np.float32), np.empty(
         (n_tokens, n8 // 16), np.int16)
     xq4 = np.empty((n_tokens, nk if q4_k else 0), np.int8)
-    if k_quant:
-        quantize_q8(x, xq, xd, xs16)
-    if q4_k:
-        q4_k_order(xq, xq4)
-    if b32:
-        quantize_q8(x, xq8, xd8, xs8)
     return xq, xd, xs16, xq4, xq8, xd8, xs8
+
+
+@fast
+def _quantize_rows(x, xs, t0, t1):
+    """Rows t0..t1 - 1 of x [n_tokens, n_cols] quantized into xs, _x_arrays' arrays of x's shape."""
+    xq, xd, xs16, xq4, xq8, xd8, xs8 = xs
+    if xq.shape[1]:
+        quantize_q8(x[t0:t1], xq[t0:t1], xd[t0:t1], xs16[t0:t1])
+    if xq4.shape[1]:
+        q4_k_order(xq[t0:t1], xq4[t0:t1])
+    if xq8.shape[1]:
+        quantize_q8(x[t0:t1], xq8[t0:t1], xd8[t0:t1], xs8[t0:t1])
+
+
+@fast
+def _quantize_x(x, tids):
+    """x [n_tokens, n_cols] quantized for the types tids: _x_arrays' arrays, filled."""
+    xs = _x_arrays(x.shape[0], x.shape[1], tids)
+    _quantize_rows(x, xs, 0, x.shape[0])
+    return xs
+
+
+@fast
+def _zeros(n):
+    """int64 [n] zeros (claim's counter, count_done's counts): made outside the kernel's parallel region, since
+    np.zeros in a function with parallel=True becomes a parallel loop of its own, one more region to start and join
+    (numba's parallel_diagnostics list it) before the kernel's."""
+    return np.zeros(n, np.int64)
 
 
 @fast
@@ -177,7 +227,7 @@ def matvecs_int8(tids, ws, x, outs, f16, n_chunks, n_workers, own_row=False):
     for m in range(n_mats):
         nbytes[m], n_rows[m] = ws[m].size, ws[m].shape[0]
     first = _chunk_starts(nbytes, n_rows, n_chunks)
-    counter = np.zeros(1, np.int64)
+    counter = _zeros(1)
     for worker in nb.prange(n_workers):
         c = claim(counter)
         while c < first[n_mats]:
@@ -212,7 +262,7 @@ def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, n_workers, own
     for p in range(n_pairs):  # pair p: stack p // k, slot p % k
         nbytes[p], n_rows[p] = stacks[p // k][0].size, stacks[p // k].shape[1]
     first = _chunk_starts(nbytes, n_rows, n_chunks)
-    counter = np.zeros(1, np.int64)
+    counter = _zeros(1)
     for worker in nb.prange(n_workers):
         c = claim(counter)
         while c < first[n_pairs]:
@@ -236,11 +286,12 @@ def expert_glu_matvecs_int8(tids, stacks, ids, x, gelu, table, out, f16, n_chunk
     k, n_rows = out.shape
     _check_ids(ids, stacks[0].shape[0])
     xs = _quantize_x(x, tids)
-    nbytes, rows = np.empty(k, np.int64), np.full(k, n_rows, np.int64)
-    nbytes[:] = stacks[0][0].size + stacks[1][0].size
+    nbytes, rows = np.empty(k, np.int64), np.empty(k, np.int64)
+    for s in range(k):  # not a slice assignment: that too would be a parallel loop of its own (see _zeros)
+        nbytes[s], rows[s] = stacks[0][0].size + stacks[1][0].size, n_rows
     first = _chunk_starts(nbytes, rows, n_chunks)
     gate, up = np.empty((k, n_rows), np.float32), np.empty((k, n_rows), np.float32)
-    counter = np.zeros(1, np.int64)
+    counter = _zeros(1)
     for worker in nb.prange(n_workers):
         c = claim(counter)
         while c < first[k]:
@@ -253,30 +304,59 @@ def expert_glu_matvecs_int8(tids, stacks, ids, x, gelu, table, out, f16, n_chunk
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def expert_down_sum_int8(tid, stack, ids, weights, x, out, f16, n_chunks, n_workers):
-    """out[0, r] = sum over slots s of weights[s] * (x[s] . row r of expert ids[s]'s matrix of stack): one token's
-    chosen experts' downs and their weighted sum in ONE parallel region. Chunks split the output rows: each dots its
-    rows of every slot's expert (the dots of expert_matvecs_int8 with own_row, bit for bit) and sums them, weighted, in
-    slot order, so there is no [k, n_rows] of dots to write, read back and multiply by the weights in another call.
-    n_chunks: EXPERT_DOWN_CHUNKS.
+def expert_ffn_int8(gate_up_tids, gate_up, down_tid, down, ids, weights, x, gelu, table, out, f16, n_chunks,
+                    n_workers):
+    """out[0] = the sum over slots s of weights[s] * down(act(gate x[0]) * up x[0]) of expert ids[s], one token's
+    chosen experts in ONE parallel region: the dots of expert_glu_matvecs_int8 and of expert_matvecs_int8 (own_row)
+    on its result, bit for bit, summed in slot order.
 
-    tid: the stack's type id (INT8_IDS), stack: uint8 [n_expert, n_rows, row_bytes], ids: int32 [k], weights: float32
-    [k], x: float32 [k, n_cols], out: float32 [1, n_rows]."""
-    k, n_rows = len(ids), out.shape[1]
-    _check_ids(ids, stack.shape[0])
-    xs = _quantize_x(x, (tid,))
-    n_chunks = min(n_chunks, n_rows)
-    counter = np.zeros(1, np.int64)
+    The chunks, claimed in this order, are (slot, rows) of gate and up with their GLU, then (slot, rows) of the downs,
+    about n_chunks in all in proportion to bytes. The thread that finishes a slot's last gate/up chunk quantizes its
+    activation row and publishes it; a down chunk of that slot waits for it. Every chunk waited on was claimed
+    earlier by a running thread, so this cannot deadlock however few threads run. The thread that finishes a row
+    range's last slot sums that range. One region instead of two saves a region's start and join (7-8 us on the
+    16-core host), and threads go on to downs while others finish gate and up.
+
+    gate_up_tids, gate_up: the (gate, up) stacks' type ids (INT8_IDS) and uint8 [n_expert, n_ff, row_bytes_m];
+    down_tid, down: the same of uint8 [n_expert, n_embd, row_bytes]; ids: int32 [k], weights: float32 [k],
+    x: float32 [1, n_embd], table: cpu_ops.GELU_TABLE, out: float32 [1, n_embd]."""
+    k, n_ff, n_embd = len(ids), gate_up[0].shape[1], down.shape[1]
+    _check_ids(ids, down.shape[0])
+    xs = _quantize_x(x, gate_up_tids)
+    nbytes, rows = np.empty(2 * k, np.int64), np.empty(2 * k, np.int64)
+    for s in range(k):  # pair s: slot s's gate and up, pair k + s: its down (loops, not slices: see _zeros)
+        nbytes[s], rows[s] = gate_up[0][0].size + gate_up[1][0].size, n_ff
+        nbytes[k + s], rows[k + s] = down[0].size, n_embd
+    first = _chunk_starts(nbytes, rows, n_chunks)
+    n_ranges = first[k + 1] - first[k]  # the downs' row ranges, alike for every slot (equal bytes)
+    gate, up, act = np.empty((k, n_ff), np.float32), np.empty((k, n_ff), np.float32), np.empty((k, n_ff), np.float32)
+    acts = _x_arrays(k, n_ff, (down_tid,))
+    ys = np.empty((k, n_embd), np.float32)  # each slot's down dots
+    act_chunks_done, act_ready, slots_done = _zeros(k), _zeros(k), _zeros(n_ranges)
+    counter = _zeros(1)
     for worker in nb.prange(n_workers):
         c = claim(counter)
-        while c < n_chunks:
-            r0, r1 = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
-            y = np.empty((1, r1 - r0), np.float32)  # one slot's dots of the chunk's rows
-            out[0, r0:r1] = 0
-            for s in range(k):
-                _dot_rows(tid, stack[ids[s]][r0:r1], 0, r1 - r0, xs, s, s + 1, y, 0, f16)
-                for j in range(r1 - r0):
-                    out[0, r0 + j] += weights[s] * y[0, j]
+        while c < first[2 * k]:
+            p, r0, r1 = _chunk(first, rows, c)
+            if p < k:
+                _dot_rows(gate_up_tids[0], gate_up[0][ids[p]], r0, r1, xs, 0, 1, gate, p, f16)
+                _dot_rows(gate_up_tids[1], gate_up[1][ids[p]], r0, r1, xs, 0, 1, up, p, f16)
+                for r in range(r0, r1):
+                    act[p, r] = _glu_one(gate[p, r], up[p, r], gelu, table)
+                if count_done(act_chunks_done, p) == first[p + 1] - first[p] - 1:
+                    _quantize_rows(act, acts, p, p + 1)
+                    publish(act_ready, p)
+            else:
+                s = p - k
+                while not published(act_ready, s):
+                    pass
+                _dot_rows(down_tid, down[ids[s]], r0, r1, acts, s, s + 1, ys, s, f16)
+                if count_done(slots_done, c - first[p]) == k - 1:
+                    for r in range(r0, r1):
+                        out[0, r] = weights[0] * ys[0, r]
+                    for s in range(1, k):  # in slot order, rows innermost: the same sums whichever thread adds
+                        for r in range(r0, r1):
+                            out[0, r] += weights[s] * ys[s, r]
             c = claim(counter)
 
 
@@ -308,7 +388,7 @@ def matvec_add_int8(tids, ws, x, resid, norm, eps, out, f16, n_chunks, n_workers
     nbytes[0], n_rows[0] = ws[0].size, ws[0].shape[0]
     first = _chunk_starts(nbytes, n_rows, n_chunks)
     y = np.empty((1, out.shape[1]), np.float32)
-    counter = np.zeros(1, np.int64)
+    counter = _zeros(1)
     for worker in nb.prange(n_workers):
         c = claim(counter)
         while c < first[1]:
@@ -342,7 +422,7 @@ def glu_matvecs_int8(tids, ws, x, gelu, table, out, f16, n_chunks, n_workers):
     per_unit = 8 if tids[0] > X8 else 1
     gate, up = np.empty((1, n_rows), np.float32), np.empty((1, n_rows), np.float32)
     n_chunks = min(n_chunks, n_units)
-    counter = np.zeros(1, np.int64)
+    counter = _zeros(1)
     for worker in nb.prange(n_workers):
         c = claim(counter)
         while c < n_chunks:

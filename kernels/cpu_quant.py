@@ -27,9 +27,9 @@ import numpy as np
 
 from kernels.cpu_dequant import decode_rows
 from kernels.cpu_gemm import gemm_int8, padded_tokens, quantize_biased
-from kernels.cpu_matvec import (EXPERT_DOWN_CHUNKS, MATVEC_CHUNKS, N_WORKERS, expert_down_sum_int8,
-                                expert_glu_matvecs_int8, expert_matvecs_int8, glu_matvecs_int8, matvec_add_int8,
-                                matvec_decoded, matvec_fused, matvecs_int8)
+from kernels.cpu_matvec import (MATVEC_CHUNKS, N_WORKERS, expert_ffn_int8, expert_glu_matvecs_int8,
+                                expert_matvecs_int8, glu_matvecs_int8, matvec_add_int8, matvec_decoded, matvec_fused,
+                                matvecs_int8)
 from kernels.cpu_ops import GELU_TABLE
 from kernels.cpu_repack import ROWS, Repacked
 from kernels.cpu_types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, N16
@@ -217,8 +217,8 @@ class OneTokenExperts:
     """A mixture-of-experts layer's stacks (gate, up, down) for ONE token's chosen experts, checked and their kernels'
     arguments built once, as OneToken does for a dense layer's matrices: expert_glu_matvecs and expert_matvecs check
     the stacks every call (~5 us each on the 2-core VM), and a decode step runs a layer's experts 48 times a token
-    on Qwen3-30B-A3B. ffn runs the experts in two kernel calls (parallel regions): gate and up with the GLU, then the
-    downs with their weighted sum.
+    on Qwen3-30B-A3B. ffn runs the experts in one kernel call (parallel region): gate and up with the GLU, the
+    downs and their weighted sum (expert_ffn_int8).
 
     stacks: gate, up uint8 [n_expert, n_ff, row_bytes_m], down uint8 [n_expert, n_embd, row_bytes] (a GGUF file's
     stacks: C-contiguous) of INT8_IDS types qtypes."""
@@ -239,7 +239,7 @@ class OneTokenExperts:
             out: np.ndarray | None = None) -> np.ndarray:
         """The sum over slots s of weights[s] * down(activation(gate h) * up h) of expert ids[s]: float32 [1, n_embd],
         written into out when given. What weights @ expert_matvecs of the downs on expert_glu_matvecs' result gives,
-        to float32 rounding (the same dots, summed in slot order: expert_down_sum_int8).
+        to float32 rounding (the same dots, summed in slot order).
 
         h: float32 [1, n_embd], ids: int [k], weights: float [k], out: C-contiguous float32 [1, n_embd] or None."""
         ids, weights = np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32)
@@ -251,11 +251,8 @@ class OneTokenExperts:
             out = np.empty((1, self.n_embd), np.float32)
         elif out.dtype != np.float32 or out.shape != (1, self.n_embd) or not out.flags.c_contiguous:
             raise ValueError(f"out must be C-contiguous float32 [1, {self.n_embd}], got {out.dtype} {out.shape}")
-        act = np.empty((len(ids), self.n_ff), np.float32)
-        expert_glu_matvecs_int8(self.gate_up_tids, self.gate_up, ids, np.ascontiguousarray(h), activation == "gelu",
-                                GELU_TABLE, act, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
-        expert_down_sum_int8(self.down_tid, self.down, ids, weights, act, out, F16_TO_F32, EXPERT_DOWN_CHUNKS,
-                             N_WORKERS)
+        expert_ffn_int8(self.gate_up_tids, self.gate_up, self.down_tid, self.down, ids, weights, np.ascontiguousarray(h),
+                        activation == "gelu", GELU_TABLE, out, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
         return out
 
 

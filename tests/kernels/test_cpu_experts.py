@@ -1,10 +1,11 @@
 """One token's chosen experts on the CPU (a mixture of experts' decode step): the stack kernels of kernels/cpu_matvec
-(expert_matvecs_int8, expert_glu_matvecs_int8, expert_down_sum_int8) and cpu_quant's wrappers around them, against
+(expert_matvecs_int8, expert_glu_matvecs_int8, expert_ffn_int8) and cpu_quant's wrappers around them, against
 the per-matrix kernels (tests/kernels/test_cpu_quant.py holds those to gguf-py's dequantization) and x8 @ W.T."""
 import numpy as np
 import pytest
 
 from kernels.cpu_bench import random_weight
+from kernels.cpu_ops import GELU_TABLE
 from kernels.cpu_types import F16_TO_F32
 from models.ggml_types import TYPES_BY_NAME
 from tests.kernels.test_cpu_quant import expected
@@ -72,12 +73,14 @@ def test_expert_glu_matvecs_equal_expert_matvecs_then_glu_bit_for_bit(gate_t, up
 @pytest.mark.parametrize("gate_up, down", [("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q8_0", "Q8_0"), ("Q6_K", "Q4_0"),
                                            ("Q4_1", "Q5_0")])
 def test_one_token_experts_sum_the_downs_as_weights_times_expert_matvecs(gate_up, down):
-    """OneTokenExperts.ffn (a decode step's experts: gate/up with the GLU, then the downs and their weighted sum in one
-    kernel, expert_down_sum_int8) gives weights @ expert_matvecs of the downs on expert_glu_matvecs' result, to float32
-    rounding of the k-term sum (summed in slot order, not BLAS's), into out when given; the kernel's chunks of rows do
-    not change a bit. Ids out of order, random weights, the INT8_IDS types the expert test covers.
-    Planted fault, seen once: the kernel taking weight 1 for slot 1 fails every case here."""
-    from kernels.cpu_matvec import expert_down_sum_int8
+    """OneTokenExperts.ffn (a decode step's experts: gate/up with the GLU, the downs and their weighted sum in one
+    kernel, expert_ffn_int8) gives weights @ expert_matvecs of the downs on expert_glu_matvecs' result, to float32
+    rounding of the k-term sum (summed in slot order, not BLAS's), into out when given; neither the kernel's chunks
+    nor the number of workers claiming them changes a bit. Ids out of order, random weights, the INT8_IDS types the
+    expert test covers.
+    Planted faults, each seen once: the kernel taking weight 1 for slot 1 fails every case here; a slot's activation
+    quantized by the thread that finishes its first gate/up chunk instead of its last fails every case here."""
+    from kernels.cpu_matvec import expert_ffn_int8
     from kernels.cpu_quant import OneTokenExperts, expert_glu_matvecs, expert_matvecs
     n_expert, ids = 6, np.array([4, 0, 5], np.int32)
     qg, qd = TYPES_BY_NAME[gate_up], TYPES_BY_NAME[down]
@@ -94,10 +97,11 @@ def test_one_token_experts_sum_the_downs_as_weights_times_expert_matvecs(gate_up
     bound = len(ids) * np.finfo(np.float32).eps * (np.abs(weights) @ np.abs(ys))
     assert np.all(np.abs(out[0] - weights @ ys) <= bound)
     np.testing.assert_array_equal(experts.ffn(h, ids, weights, "silu"), out)
-    for n_chunks in (1, 3, 64):  # rows split unevenly, or 8 a chunk
-        again = np.empty((1, 512), np.float32)
-        expert_down_sum_int8(qd.id, experts.down, ids, weights, act, again, F16_TO_F32, n_chunks, 3)
-        np.testing.assert_array_equal(again, out, err_msg=str(n_chunks))
+    for n_chunks, n_workers in [(1, 3), (6, 1), (7, 2), (64, 3), (300, 4)]:  # one chunk a pair, rows split unevenly
+        again = np.full((1, 512), np.nan, np.float32)
+        expert_ffn_int8(experts.gate_up_tids, experts.gate_up, experts.down_tid, experts.down, ids, weights, h, False,
+                        GELU_TABLE, again, F16_TO_F32, n_chunks, n_workers)
+        np.testing.assert_array_equal(again, out, err_msg=str((n_chunks, n_workers)))
 
 
 def test_one_token_experts_refuse_bad_arguments():

@@ -1,0 +1,59 @@
+"""Each one-token kernel of kernels/cpu_matvec is ONE parallel region. In a function with parallel=True numba makes
+a parallel loop, a region to start and join, of np.zeros, np.full and slice assignments too: a claim counter made by
+np.zeros cost every matvec call a second region (a Q8_0 64 x 512 call on the 2-core VM 18 -> 10 us without it).
+Planted fault, seen once: matvecs_int8's counter made by np.zeros again fails its case here."""
+import numba as nb
+import numpy as np
+import pytest
+from numba.parfors.parfor import Parfor
+
+from kernels import cpu_matvec, cpu_quant
+from kernels.cpu_bench import random_weight
+from models.ggml_types import TYPES_BY_NAME
+
+Q4_K = TYPES_BY_NAME["Q4_K"]
+
+
+def _stack(n_rows: int, n_cols: int) -> np.ndarray:
+    return random_weight("Q4_K", 4 * n_rows, n_cols).reshape(4, n_rows, -1)
+
+
+def _matvecs():
+    cpu_quant.quantized_matmuls([random_weight("Q4_K", 64, 512)], [Q4_K], np.ones((1, 512), np.float32))
+
+
+def _one_token(method: str):
+    def call():
+        n_mats = 2 if method == "glu" else 1
+        one = cpu_quant.OneToken([random_weight("Q4_K", 64, 512)] * n_mats, [Q4_K] * n_mats)
+        x = np.ones((1, 512), np.float32)
+        one.glu(x, "silu") if method == "glu" else one.add_matmul(x, np.ones((1, 64), np.float32))
+    return call
+
+
+def _experts(kind: str):
+    def call():
+        h, ids = np.ones((1, 512), np.float32), np.array([1, 3], np.int32)
+        if kind == "matvecs":
+            cpu_quant.expert_matvecs((_stack(64, 512),), (Q4_K,), ids, h)
+        elif kind == "glu":
+            cpu_quant.expert_glu_matvecs((_stack(64, 512), _stack(64, 512)), (Q4_K, Q4_K), ids, h, "silu")
+        else:
+            experts = cpu_quant.OneTokenExperts((_stack(256, 512), _stack(256, 512), _stack(512, 256)), (Q4_K,) * 3)
+            experts.ffn(h, ids, np.ones(2, np.float32), "silu")
+    return call
+
+
+@pytest.mark.parametrize("kernel, call", [
+    ("matvecs_int8", _matvecs), ("glu_matvecs_int8", _one_token("glu")), ("matvec_add_int8", _one_token("add")),
+    ("expert_matvecs_int8", _experts("matvecs")), ("expert_glu_matvecs_int8", _experts("glu")),
+    ("expert_ffn_int8", _experts("ffn"))])
+def test_one_token_kernel_is_one_parallel_region(kernel, call, monkeypatch):
+    """The kernel, compiled afresh (numba keeps the loops' diagnostics only for what it compiled in this process) for
+    the arguments its cpu_quant wrapper gives it, has one top-level parallel loop."""
+    fresh = nb.njit(nogil=True, parallel=True, fastmath=True)(getattr(cpu_matvec, kernel).py_func)
+    monkeypatch.setattr(cpu_quant, kernel, fresh)
+    call()
+    func_ir = fresh.get_metadata(fresh.signatures[0])["parfor_diagnostics"].func_ir
+    loops = [stmt for block in func_ir.blocks.values() for stmt in block.body if isinstance(stmt, Parfor)]
+    assert len(loops) == 1, [loop.loc.line for loop in loops]
