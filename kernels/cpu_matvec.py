@@ -274,41 +274,12 @@ def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, n_workers, own
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def expert_glu_matvecs_int8(tids, stacks, ids, x, gelu, table, out, f16, n_chunks, n_workers):
-    """out[s, r] = act(gate[s, r]) * up[s, r] for one token's chosen experts, gate and up = expert_matvecs_int8's
-    out[0] and out[1] of stacks (gate, up) and x[0], act silu or gelu (gelu: cpu_ops' table) as cpu_ops.glu computes
-    it, bit for bit: as glu_matvecs_int8 for a dense layer, each chunk multiplies the same rows of an expert's gate
-    and up and applies the GLU to them, so the products stay in the core that made them and the GLU call goes.
-    Chunks are (slot, row range) pairs, about n_chunks, each slot's number in proportion to its bytes.
-
-    tids: the two stacks' type ids (INT8_IDS), stacks: (gate, up) uint8 [n_expert, n_rows, row_bytes_m], ids: int32
-    [k], x: float32 [1, n_cols], table: cpu_ops.GELU_TABLE, out: float32 [k, n_rows]."""
-    k, n_rows = out.shape
-    _check_ids(ids, stacks[0].shape[0])
-    xs = _quantize_x(x, tids)
-    nbytes, rows = np.empty(k, np.int64), np.empty(k, np.int64)
-    for s in range(k):  # not a slice assignment: that too would be a parallel loop of its own (see _zeros)
-        nbytes[s], rows[s] = stacks[0][0].size + stacks[1][0].size, n_rows
-    first = _chunk_starts(nbytes, rows, n_chunks)
-    gate, up = np.empty((k, n_rows), np.float32), np.empty((k, n_rows), np.float32)
-    counter = _zeros(1)
-    for worker in nb.prange(n_workers):
-        c = claim(counter)
-        while c < first[k]:
-            s, r0, r1 = _chunk(first, rows, c)
-            _dot_rows(tids[0], stacks[0][ids[s]], r0, r1, xs, 0, 1, gate, s, f16)
-            _dot_rows(tids[1], stacks[1][ids[s]], r0, r1, xs, 0, 1, up, s, f16)
-            for r in range(r0, r1):
-                out[s, r] = _glu_one(gate[s, r], up[s, r], gelu, table)
-            c = claim(counter)
-
-
-@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def expert_ffn_int8(gate_up_tids, gate_up, down_tid, down, ids, weights, x, gelu, table, out, f16, n_chunks,
                     n_workers):
     """out[0] = the sum over slots s of weights[s] * down(act(gate x[0]) * up x[0]) of expert ids[s], one token's
-    chosen experts in ONE parallel region: the dots of expert_glu_matvecs_int8 and of expert_matvecs_int8 (own_row)
-    on its result, bit for bit, summed in slot order.
+    chosen experts in ONE parallel region: cpu_ops.glu of expert_matvecs_int8's gate and up, and expert_matvecs_int8
+    (own_row) of the downs on that, bit for bit, summed in slot order. Each gate/up chunk multiplies the same rows of
+    an expert's gate and up and applies the GLU to them, so the products stay in the core that made them.
 
     The chunks, claimed in this order, are (slot, rows) of gate and up with their GLU, then (slot, rows) of the downs,
     about n_chunks in all in proportion to bytes. The thread that finishes a slot's last gate/up chunk quantizes its

@@ -27,9 +27,8 @@ import numpy as np
 
 from kernels.cpu_dequant import decode_rows
 from kernels.cpu_gemm import gemm_int8, padded_tokens, quantize_biased
-from kernels.cpu_matvec import (MATVEC_CHUNKS, N_WORKERS, expert_ffn_int8, expert_glu_matvecs_int8,
-                                expert_matvecs_int8, glu_matvecs_int8, matvec_add_int8, matvec_decoded, matvec_fused,
-                                matvecs_int8)
+from kernels.cpu_matvec import (MATVEC_CHUNKS, N_WORKERS, expert_ffn_int8, expert_matvecs_int8, glu_matvecs_int8,
+                                matvec_add_int8, matvec_decoded, matvec_fused, matvecs_int8)
 from kernels.cpu_ops import GELU_TABLE
 from kernels.cpu_repack import ROWS, Repacked
 from kernels.cpu_types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, N16
@@ -201,24 +200,12 @@ def expert_matvecs(stacks: tuple[np.ndarray, ...], qtypes: tuple[GGMLType, ...],
     return out
 
 
-def expert_glu_matvecs(stacks: tuple[np.ndarray, np.ndarray], qtypes: tuple[GGMLType, GGMLType], ids: np.ndarray,
-                       x: np.ndarray, activation: str) -> np.ndarray:
-    """activation(gate) * up of one token's chosen experts, float32 [k, n_rows], for stacks (gate, up):
-    cpu_ops.glu of expert_matvecs' two results, bit for bit, the GLU in their parallel region
-    (expert_glu_matvecs_int8). Arguments as expert_matvecs'; x: float32 [1, n_cols]."""
-    ids, x, n_rows = _expert_args(stacks, qtypes, ids, x, False)
-    out = np.empty((len(ids), n_rows), np.float32)
-    expert_glu_matvecs_int8((qtypes[0].id, qtypes[1].id), (_read_only(stacks[0]), _read_only(stacks[1])), ids, x,
-                            activation == "gelu", GELU_TABLE, out, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
-    return out
-
-
 class OneTokenExperts:
     """A mixture-of-experts layer's stacks (gate, up, down) for ONE token's chosen experts, checked and their kernels'
-    arguments built once, as OneToken does for a dense layer's matrices: expert_glu_matvecs and expert_matvecs check
-    the stacks every call (~5 us each on the 2-core VM), and a decode step runs a layer's experts 48 times a token
-    on Qwen3-30B-A3B. ffn runs the experts in one kernel call (parallel region): gate and up with the GLU, the
-    downs and their weighted sum (expert_ffn_int8).
+    arguments built once, as OneToken does for a dense layer's matrices: expert_matvecs checks the stacks every call
+    (~5 us on the 2-core VM), and a decode step runs a layer's experts 48 times a token on Qwen3-30B-A3B. ffn runs
+    the experts in one kernel call (parallel region): gate and up with the GLU, the downs and their weighted sum
+    (expert_ffn_int8).
 
     stacks: gate, up uint8 [n_expert, n_ff, row_bytes_m], down uint8 [n_expert, n_embd, row_bytes] (a GGUF file's
     stacks: C-contiguous) of INT8_IDS types qtypes."""
@@ -238,8 +225,8 @@ class OneTokenExperts:
     def ffn(self, h: np.ndarray, ids: np.ndarray, weights: np.ndarray, activation: str,
             out: np.ndarray | None = None) -> np.ndarray:
         """The sum over slots s of weights[s] * down(activation(gate h) * up h) of expert ids[s]: float32 [1, n_embd],
-        written into out when given. What weights @ expert_matvecs of the downs on expert_glu_matvecs' result gives,
-        to float32 rounding (the same dots, summed in slot order).
+        written into out when given. What weights @ expert_matvecs of the downs on cpu_ops.glu of expert_matvecs' gate
+        and up gives, to float32 rounding (the same dots, summed in slot order).
 
         h: float32 [1, n_embd], ids: int [k], weights: float [k], out: C-contiguous float32 [1, n_embd] or None."""
         ids, weights = np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32)

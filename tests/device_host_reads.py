@@ -145,27 +145,29 @@ def main(path: str, steps_only: bool) -> None:
 
 
 def cores_breakdown(ffns, ids, h, activation, nbytes) -> None:
-    """A token's 8 experts on the cores: the gate/up (+ GLU) call, the down call and the rest, apart; with fewer
-    threads and more row chunks; next to the cores' plain DRAM read rate (kernels.cpu_bench's parallel sum)."""
+    """A token's 8 experts on the cores: the gate/up call (no GLU), the down call and the rest, apart (the engine runs
+    them in one call, OneTokenExperts.ffn); with fewer threads and more row chunks; next to the cores' plain DRAM
+    read rate (kernels.cpu_bench's parallel sum)."""
     import numba as nb
 
+    import kernels.cpu_ops as cpu_ops
     import kernels.cpu_quant as cpu_quant
 
     a = np.ones(DRAM_BYTES // 4, np.float32)
     _sum(a)
     row(f"cores' DRAM read (parallel sum, {DRAM_BYTES >> 30} GiB a pass)", a.nbytes, *best_median(lambda: _sum(a)))
-    acts = [cpu_quant.expert_glu_matvecs((f.gate.data, f.up.data), (f.gate.qtype, f.up.qtype), i[0], h, activation)
-            for f, i in zip(ffns, ids)]
+    acts = [cpu_ops.glu(*cpu_quant.expert_matvecs((f.gate.data, f.up.data), (f.gate.qtype, f.up.qtype), i[0], h),
+                        activation) for f, i in zip(ffns, ids)]
 
     def gate_up():
         for f, i in zip(ffns, ids):
-            cpu_quant.expert_glu_matvecs((f.gate.data, f.up.data), (f.gate.qtype, f.up.qtype), i[0], h, activation)
+            cpu_quant.expert_matvecs((f.gate.data, f.up.data), (f.gate.qtype, f.up.qtype), i[0], h)
 
     def downs():
         for f, i, a in zip(ffns, ids, acts):
             cpu_quant.expert_matvecs((f.down.data,), (f.down.qtype,), i[0], a, own_rows=True)
     gu_bytes = sum(f.gate.data[0].nbytes + f.up.data[0].nbytes for f in ffns) * K
-    row("cores 8: gate/up (+ GLU) calls only", gu_bytes, *best_median(gate_up))
+    row("cores 8: gate/up calls only", gu_bytes, *best_median(gate_up))
     row("cores 8: down calls only", nbytes - gu_bytes, *best_median(downs))
     threads = nb.get_num_threads()
     for n in (8, 12):

@@ -1,5 +1,5 @@
 """One token's chosen experts on the CPU (a mixture of experts' decode step): the stack kernels of kernels/cpu_matvec
-(expert_matvecs_int8, expert_glu_matvecs_int8, expert_ffn_int8) and cpu_quant's wrappers around them, against
+(expert_matvecs_int8, expert_ffn_int8) and cpu_quant's wrappers around them, against
 the per-matrix kernels (tests/kernels/test_cpu_quant.py holds those to gguf-py's dequantization) and x8 @ W.T."""
 import numpy as np
 import pytest
@@ -49,58 +49,43 @@ def test_expert_matvecs_equal_the_per_matrix_path_bit_for_bit(gate_up, down):
 
 
 @pytest.mark.parametrize("activation", ["silu", "gelu"])
-@pytest.mark.parametrize("gate_t, up_t", [("Q4_K", "Q4_K"), ("Q8_0", "Q8_0"), ("Q6_K", "Q6_K"), ("Q4_1", "Q4_1"),
-                                          ("Q4_K", "Q6_K")])
-def test_expert_glu_matvecs_equal_expert_matvecs_then_glu_bit_for_bit(gate_t, up_t, activation):
-    """The gate/up kernel with the GLU in its parallel region (a decode step's experts) gives cpu_ops.glu of
-    expert_matvecs' gate and up, bit for bit: the same dots of the same rows, the same _glu_one. Ids out of order,
-    41 rows (chunks that split an expert's rows unevenly), the INT8_IDS types the expert test covers, gate and up
-    of different types."""
-    from kernels import cpu_ops
-    from kernels.cpu_quant import expert_glu_matvecs, expert_matvecs
-    n_expert, ids = 6, np.array([4, 0, 5], np.int32)
-    stacks = expert_stack(gate_t, n_expert, 41, 512, 1), expert_stack(up_t, n_expert, 41, 512, 2)
-    qtypes = TYPES_BY_NAME[gate_t], TYPES_BY_NAME[up_t]
-    x = np.random.default_rng(4).standard_normal((1, 512), np.float32)
-    g, u = expert_matvecs(stacks, qtypes, ids, x)
-    got = expert_glu_matvecs(stacks, qtypes, ids, x, activation)
-    assert got.shape == (len(ids), 41)
-    np.testing.assert_array_equal(got, cpu_ops.glu(g, u, activation))
-    with pytest.raises(IndexError, match="expert id"):
-        expert_glu_matvecs(stacks, qtypes, np.array([1, n_expert], np.int32), x, activation)
-
-
-@pytest.mark.parametrize("gate_up, down", [("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q8_0", "Q8_0"), ("Q6_K", "Q4_0"),
-                                           ("Q4_1", "Q5_0")])
-def test_one_token_experts_sum_the_downs_as_weights_times_expert_matvecs(gate_up, down):
+@pytest.mark.parametrize("gate_t, up_t, down_t", [("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q4_K", "Q4_K"),
+                                                  ("Q8_0", "Q8_0", "Q8_0"), ("Q6_K", "Q6_K", "Q4_0"),
+                                                  ("Q4_1", "Q4_1", "Q5_0"), ("Q4_K", "Q6_K", "Q8_0")])
+def test_one_token_experts_sum_the_downs_as_weights_times_expert_matvecs(gate_t, up_t, down_t, activation):
     """OneTokenExperts.ffn (a decode step's experts: gate/up with the GLU, the downs and their weighted sum in one
-    kernel, expert_ffn_int8) gives weights @ expert_matvecs of the downs on expert_glu_matvecs' result, to float32
-    rounding of the k-term sum (summed in slot order, not BLAS's), into out when given; neither the kernel's chunks
-    nor the number of workers claiming them changes a bit. Ids out of order, random weights, the INT8_IDS types the
-    expert test covers.
+    kernel, expert_ffn_int8) gives weights @ expert_matvecs of the downs on cpu_ops.glu of expert_matvecs' gate and up
+    (the GLU in the kernel bit for bit: any other act would move the downs' dots past the bound), to float32 rounding
+    of the k-term sum (summed in slot order, not BLAS's), into out when given; neither the kernel's chunks nor the
+    number of workers claiming them changes a bit. Ids out of order, random weights, the INT8_IDS types the expert
+    test covers, gate and up of different types.
     Planted faults, each seen once: the kernel taking weight 1 for slot 1 fails every case here; a slot's activation
-    quantized by the thread that finishes its first gate/up chunk instead of its last fails every case here."""
+    quantized by the thread that finishes its first gate/up chunk instead of its last fails every case here; gelu
+    for silu and silu for gelu fails every case here."""
+    from kernels import cpu_ops
     from kernels.cpu_matvec import expert_ffn_int8
-    from kernels.cpu_quant import OneTokenExperts, expert_glu_matvecs, expert_matvecs
+    from kernels.cpu_quant import OneTokenExperts, expert_matvecs
     n_expert, ids = 6, np.array([4, 0, 5], np.int32)
-    qg, qd = TYPES_BY_NAME[gate_up], TYPES_BY_NAME[down]
-    stacks = (expert_stack(gate_up, n_expert, 256, 512, 1), expert_stack(gate_up, n_expert, 256, 512, 2),
-              expert_stack(down, n_expert, 512, 256, 3))
+    qtypes = tuple(TYPES_BY_NAME[t] for t in (gate_t, up_t, down_t))
+    stacks = (expert_stack(gate_t, n_expert, 256, 512, 1), expert_stack(up_t, n_expert, 256, 512, 2),
+              expert_stack(down_t, n_expert, 512, 256, 3))
     rng = np.random.default_rng(4)
     h, weights = rng.standard_normal((1, 512), np.float32), rng.uniform(0.1, 1, len(ids)).astype(np.float32)
-    experts = OneTokenExperts(stacks, (qg, qg, qd))
+    # gate values near 1, where silu and gelu differ: random blocks' dots run to hundreds, where both give 0 or g
+    h /= np.median(np.abs(expert_matvecs(stacks[:1], qtypes[:1], ids, h)))
+    experts = OneTokenExperts(stacks, qtypes)
     out = np.full((1, 512), np.nan, np.float32)
-    assert experts.ffn(h, ids, weights, "silu", out) is out
+    assert experts.ffn(h, ids, weights, activation, out) is out
 
-    act = expert_glu_matvecs(stacks[:2], (qg, qg), ids, h, "silu")
-    ys = expert_matvecs(stacks[2:], (qd,), ids, act, own_rows=True)[0]
+    act = cpu_ops.glu(*expert_matvecs(stacks[:2], qtypes[:2], ids, h), activation)
+    ys = expert_matvecs(stacks[2:], qtypes[2:], ids, act, own_rows=True)[0]
     bound = len(ids) * np.finfo(np.float32).eps * (np.abs(weights) @ np.abs(ys))
     assert np.all(np.abs(out[0] - weights @ ys) <= bound)
-    np.testing.assert_array_equal(experts.ffn(h, ids, weights, "silu"), out)
+    np.testing.assert_array_equal(experts.ffn(h, ids, weights, activation), out)
     for n_chunks, n_workers in [(1, 3), (6, 1), (7, 2), (64, 3), (300, 4)]:  # one chunk a pair, rows split unevenly
         again = np.full((1, 512), np.nan, np.float32)
-        expert_ffn_int8(experts.gate_up_tids, experts.gate_up, experts.down_tid, experts.down, ids, weights, h, False,
-                        GELU_TABLE, again, F16_TO_F32, n_chunks, n_workers)
+        expert_ffn_int8(experts.gate_up_tids, experts.gate_up, experts.down_tid, experts.down, ids, weights, h,
+                        activation == "gelu", GELU_TABLE, again, F16_TO_F32, n_chunks, n_workers)
         np.testing.assert_array_equal(again, out, err_msg=str((n_chunks, n_workers)))
 
 

@@ -36,8 +36,6 @@ def _experts(kind: str):
         h, ids = np.ones((1, 512), np.float32), np.array([1, 3], np.int32)
         if kind == "matvecs":
             cpu_quant.expert_matvecs((_stack(64, 512),), (Q4_K,), ids, h)
-        elif kind == "glu":
-            cpu_quant.expert_glu_matvecs((_stack(64, 512), _stack(64, 512)), (Q4_K, Q4_K), ids, h, "silu")
         else:
             experts = cpu_quant.OneTokenExperts((_stack(256, 512), _stack(256, 512), _stack(512, 256)), (Q4_K,) * 3)
             experts.ffn(h, ids, np.ones(2, np.float32), "silu")
@@ -46,8 +44,7 @@ def _experts(kind: str):
 
 @pytest.mark.parametrize("kernel, call", [
     ("matvecs_int8", _matvecs), ("glu_matvecs_int8", _one_token("glu")), ("matvec_add_int8", _one_token("add")),
-    ("expert_matvecs_int8", _experts("matvecs")), ("expert_glu_matvecs_int8", _experts("glu")),
-    ("expert_ffn_int8", _experts("ffn"))])
+    ("expert_matvecs_int8", _experts("matvecs")), ("expert_ffn_int8", _experts("ffn"))])
 def test_one_token_kernel_is_one_parallel_region(kernel, call, monkeypatch):
     """The kernel, compiled afresh (numba keeps the loops' diagnostics only for what it compiled in this process) for
     the arguments its cpu_quant wrapper gives it, has one top-level parallel loop."""
