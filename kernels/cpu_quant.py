@@ -232,8 +232,8 @@ class OneTokenExperts:
         ids, weights = np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32)
         if h.dtype != np.float32 or h.shape != (1, self.n_embd):
             raise ValueError(f"h must be float32 [1, {self.n_embd}], got {h.dtype} {h.shape}")
-        if ids.ndim != 1 or weights.shape != ids.shape:
-            raise ValueError(f"ids and weights must be [k] alike, got {ids.shape} and {weights.shape}")
+        if ids.ndim != 1 or weights.shape != ids.shape or not len(ids):
+            raise ValueError(f"ids and weights must be [k] alike, k >= 1, got {ids.shape} and {weights.shape}")
         if out is None:
             out = np.empty((1, self.n_embd), np.float32)
         elif out.dtype != np.float32 or out.shape != (1, self.n_embd) or not out.flags.c_contiguous:

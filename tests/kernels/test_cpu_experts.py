@@ -105,6 +105,8 @@ def test_one_token_experts_refuse_bad_arguments():
         experts.ffn(np.ones((2, 512), np.float32), ids, weights, "silu")
     with pytest.raises(ValueError, match="ids and weights"):
         experts.ffn(h, ids, np.ones(3, np.float32), "silu")
+    with pytest.raises(ValueError, match="k >= 1"):  # expert_ffn_int8's chunk table needs a slot
+        experts.ffn(h, np.array([], np.int32), np.array([], np.float32), "silu")
     with pytest.raises(ValueError, match="out must be"):
         experts.ffn(h, ids, weights, "silu", np.empty((1, 512), np.float64))
 
