@@ -285,8 +285,9 @@ def expert_ffn_int8(gate_up_tids, gate_up, down_tid, down, ids, weights, x, gelu
     about n_chunks in all in proportion to bytes. The thread that finishes a slot's last gate/up chunk quantizes its
     activation row and publishes it; a down chunk of that slot waits for it. Every chunk waited on was claimed
     earlier by a running thread, so this cannot deadlock however few threads run. The thread that finishes a row
-    range's last slot sums that range. One region instead of two saves a region's start and join (7-8 us on the
-    16-core host), and threads go on to downs while others finish gate and up.
+    range's last slot sums that range. One region instead of two (gate/up, then downs) saves a region's start and
+    join and a call, and threads go on to downs while others finish gate and up: in cache on the 16-core host
+    219-254 -> 184-194 us a token's 8 experts (BENCHMARKS.md, session 16).
 
     gate_up_tids, gate_up: the (gate, up) stacks' type ids (INT8_IDS) and uint8 [n_expert, n_ff, row_bytes_m];
     down_tid, down: the same of uint8 [n_expert, n_embd, row_bytes]; ids: int32 [k], weights: float32 [k],
