@@ -46,12 +46,12 @@ def claim(typingctx, counter):
 
 
 @intrinsic
-def count_done(typingctx, counters, i):
-    """counters[i] before an atomic add of 1 that publishes this thread's writes with it and sees those of every
+def count_done(typingctx, counts, i):
+    """counts[i] before an atomic add of 1 that publishes this thread's writes with it and sees those of every
     thread that counted before (acq_rel): the thread that counts a task's last part sees all its parts' results."""
     def codegen(context, builder, sig, args):
         return builder.atomic_rmw("add", _at(context, builder, sig, args), ir.Constant(ir.IntType(64), 1), "acq_rel")
-    return types.int64(counters, i), codegen
+    return types.int64(counts, i), codegen
 
 
 @intrinsic
@@ -153,7 +153,7 @@ def _quantize_x(x, tids):
 
 
 @fast
-def _zeros(n):
+def counters(n):
     """int64 [n] zeros (claim's counter, count_done's counts): made outside the kernel's parallel region, since
     np.zeros in a function with parallel=True becomes a parallel loop of its own, one more region to start and join
     (numba's parallel_diagnostics list it) before the kernel's."""
@@ -227,7 +227,7 @@ def matvecs_int8(tids, ws, x, outs, f16, n_chunks, n_workers, own_row=False):
     for m in range(n_mats):
         nbytes[m], n_rows[m] = ws[m].size, ws[m].shape[0]
     first = _chunk_starts(nbytes, n_rows, n_chunks)
-    counter = _zeros(1)
+    counter = counters(1)
     for worker in nb.prange(n_workers):
         c = claim(counter)
         while c < first[n_mats]:
@@ -262,7 +262,7 @@ def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, n_workers, own
     for p in range(n_pairs):  # pair p: stack p // k, slot p % k
         nbytes[p], n_rows[p] = stacks[p // k][0].size, stacks[p // k].shape[1]
     first = _chunk_starts(nbytes, n_rows, n_chunks)
-    counter = _zeros(1)
+    counter = counters(1)
     for worker in nb.prange(n_workers):
         c = claim(counter)
         while c < first[n_pairs]:
@@ -296,7 +296,7 @@ def expert_ffn_int8(gate_up_tids, gate_up, down_tid, down, ids, weights, x, gelu
     _check_ids(ids, down.shape[0])
     xs = _quantize_x(x, gate_up_tids)
     nbytes, rows = np.empty(2 * k, np.int64), np.empty(2 * k, np.int64)
-    for s in range(k):  # pair s: slot s's gate and up, pair k + s: its down (loops, not slices: see _zeros)
+    for s in range(k):  # pair s: slot s's gate and up, pair k + s: its down (loops, not slices: see counters)
         nbytes[s], rows[s] = gate_up[0][0].size + gate_up[1][0].size, n_ff
         nbytes[k + s], rows[k + s] = down[0].size, n_embd
     first = _chunk_starts(nbytes, rows, n_chunks)
@@ -304,8 +304,8 @@ def expert_ffn_int8(gate_up_tids, gate_up, down_tid, down, ids, weights, x, gelu
     gate, up, act = np.empty((k, n_ff), np.float32), np.empty((k, n_ff), np.float32), np.empty((k, n_ff), np.float32)
     acts = _x_arrays(k, n_ff, (down_tid,))
     ys = np.empty((k, n_embd), np.float32)  # each slot's down dots
-    act_chunks_done, act_ready, slots_done = _zeros(k), _zeros(k), _zeros(n_ranges)
-    counter = _zeros(1)
+    act_chunks_done, act_ready, slots_done = counters(k), counters(k), counters(n_ranges)
+    counter = counters(1)
     for worker in nb.prange(n_workers):
         c = claim(counter)
         while c < first[2 * k]:
@@ -360,7 +360,7 @@ def matvec_add_int8(tids, ws, x, resid, norm, eps, out, f16, n_chunks, n_workers
     nbytes[0], n_rows[0] = ws[0].size, ws[0].shape[0]
     first = _chunk_starts(nbytes, n_rows, n_chunks)
     y = np.empty((1, out.shape[1]), np.float32)
-    counter = _zeros(1)
+    counter = counters(1)
     for worker in nb.prange(n_workers):
         c = claim(counter)
         while c < first[1]:
@@ -394,7 +394,7 @@ def glu_matvecs_int8(tids, ws, x, gelu, table, out, f16, n_chunks, n_workers):
     per_unit = 8 if tids[0] > X8 else 1
     gate, up = np.empty((1, n_rows), np.float32), np.empty((1, n_rows), np.float32)
     n_chunks = min(n_chunks, n_units)
-    counter = _zeros(1)
+    counter = counters(1)
     for worker in nb.prange(n_workers):
         c = claim(counter)
         while c < n_chunks:

@@ -144,7 +144,7 @@ def _gemms(ws: list, qtypes: list[GGMLType], x: np.ndarray, outs: list[np.ndarra
     xd, xds = np.empty((n_padded, n_cols // 32), np.float32), np.empty((n_padded, n_cols // 32), np.float32)
     quantize_biased(x, xu, xd, xds)
     for w, qtype, out in zip(ws, qtypes, outs):
-        gemm_int8(*_kernel_args(w, qtype), xu, xd, xds, out, F16_TO_F32)
+        gemm_int8(*_kernel_args(w, qtype), xu, xd, xds, out, F16_TO_F32, N_WORKERS)
 
 
 def quantized_matvecs_own_rows(ws: list[np.ndarray], qtypes: list[GGMLType], x: np.ndarray) -> list[np.ndarray]:

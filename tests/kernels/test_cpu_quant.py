@@ -180,6 +180,23 @@ def test_claimed_chunks_each_run_once_whatever_the_workers(n_workers, n_chunks):
         np.testing.assert_array_equal(y, quantized_matmul(w, qtype, x))
 
 
+
+@pytest.mark.parametrize("n_workers", [1, 3, 16])
+def test_claimed_gemm_tiles_each_run_once_whatever_the_workers(n_workers):
+    """gemm_int8's workers claim tiles of ROWS rows until none are left: one worker, fewer or more workers than
+    threads, a last tile short of ROWS, and every row of every token comes out once, with quantized_matmul's bits.
+    Planted fault, seen once: the claim loop stopping one tile short fails every case (NaN rows)."""
+    from kernels.cpu_gemm import gemm_int8, padded_tokens, quantize_biased
+    w, n_tokens = random_weight("Q4_K", 203, 512), 9
+    x = np.random.default_rng(5).standard_normal((n_tokens, 512), np.float32)
+    n_padded = padded_tokens(n_tokens)
+    xu, xd, xds = np.empty((n_padded, 512), np.uint8), np.empty((n_padded, 16), np.float32), np.empty(
+        (n_padded, 16), np.float32)
+    quantize_biased(x, xu, xd, xds)
+    out = np.full((n_tokens, 203), np.nan, np.float32)
+    gemm_int8(TYPES_BY_NAME["Q4_K"].id, w, xu, xd, xds, out, F16_TO_F32, n_workers)
+    np.testing.assert_array_equal(out, quantized_matmul(w, TYPES_BY_NAME["Q4_K"], x))
+
 def test_bad_shapes_are_refused():
     w = random_weight("Q4_K", 4, 256)
     with pytest.raises(ValueError, match="x must be float32"):

@@ -1,4 +1,4 @@
-"""Each one-token kernel of kernels/cpu_matvec is ONE parallel region. In a function with parallel=True numba makes
+"""Each one-token kernel of kernels/cpu_matvec, and the prompt GEMM, is ONE parallel region. In a function with parallel=True numba makes
 a parallel loop, a region to start and join, of np.zeros, np.full and slice assignments too: a claim counter made by
 np.zeros cost every matvec call a second region (a Q8_0 64 x 512 call on the 2-core VM 18 -> 10 us without it).
 Planted fault, seen once: matvecs_int8's counter made by np.zeros again fails its case here."""
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from numba.parfors.parfor import Parfor
 
-from kernels import cpu_matvec, cpu_quant
+from kernels import cpu_gemm, cpu_matvec, cpu_quant
 from kernels.cpu_bench import random_weight
 from models.ggml_types import TYPES_BY_NAME
 
@@ -20,6 +20,10 @@ def _stack(n_rows: int, n_cols: int) -> np.ndarray:
 
 def _matvecs():
     cpu_quant.quantized_matmuls([random_weight("Q4_K", 64, 512)], [Q4_K], np.ones((1, 512), np.float32))
+
+
+def _prompt():
+    cpu_quant.quantized_matmul(random_weight("Q4_K", 64, 512), Q4_K, np.ones((9, 512), np.float32))
 
 
 def _one_token(method: str):
@@ -44,11 +48,12 @@ def _experts(kind: str):
 
 @pytest.mark.parametrize("kernel, call", [
     ("matvecs_int8", _matvecs), ("glu_matvecs_int8", _one_token("glu")), ("matvec_add_int8", _one_token("add")),
-    ("expert_matvecs_int8", _experts("matvecs")), ("expert_ffn_int8", _experts("ffn"))])
+    ("expert_matvecs_int8", _experts("matvecs")), ("expert_ffn_int8", _experts("ffn")), ("gemm_int8", _prompt)])
 def test_one_token_kernel_is_one_parallel_region(kernel, call, monkeypatch):
     """The kernel, compiled afresh (numba keeps the loops' diagnostics only for what it compiled in this process) for
     the arguments its cpu_quant wrapper gives it, has one top-level parallel loop."""
-    fresh = nb.njit(nogil=True, parallel=True, fastmath=True)(getattr(cpu_matvec, kernel).py_func)
+    module = cpu_gemm if kernel == "gemm_int8" else cpu_matvec
+    fresh = nb.njit(nogil=True, parallel=True, fastmath=True)(getattr(module, kernel).py_func)
     monkeypatch.setattr(cpu_quant, kernel, fresh)
     call()
     func_ir = fresh.get_metadata(fresh.signatures[0])["parfor_diagnostics"].func_ir
