@@ -21,7 +21,8 @@ import time
 import numba as nb
 import numpy as np
 
-from kernels.cpu_matvec import N_WORKERS, claim, prefetch_at
+from kernels.cpu_claim import claim, counters
+from kernels.cpu_matvec import N_WORKERS, prefetch_at
 from kernels.cpu_quant import OneTokenExperts, quantized_matmul, quantized_matmuls
 from kernels.cpu_repack import LAYOUTS, repack
 from models.ggml_types import TYPES_BY_NAME
@@ -126,7 +127,7 @@ def _sum(a):
     plain half of bench_dram's DRAM read."""
     n_chunks, n_runs = 16 * N_WORKERS, a.size // 128
     sums = np.zeros(N_WORKERS, np.float32)
-    counter = np.zeros(1, np.int64)
+    counter = counters(1)
     for w in nb.prange(N_WORKERS):
         c = claim(counter)
         while c < n_chunks:
@@ -144,7 +145,7 @@ def _sum_prefetched(a):
     bench_dram's DRAM read (slower on the 2-core VM, where the loop no longer vectorizes as well)."""
     n_chunks, n_runs = 16 * N_WORKERS, a.size // 128
     sums = np.zeros(N_WORKERS, np.float32)
-    counter = np.zeros(1, np.int64)
+    counter = counters(1)
     for w in nb.prange(N_WORKERS):
         acc = np.zeros(16, np.float32)
         c = claim(counter)

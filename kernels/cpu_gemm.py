@@ -11,13 +11,13 @@ import numpy as np  # noqa: E402
 from kernels.cpu_dot_x8 import pack_x8_q4_0, pack_x8_q4_1, pack_x8_q5_0, pack_x8_q5_1  # noqa: E402
 from kernels.cpu_gemm_int8 import (ROWS, TOKENS, pack_q4_0, pack_q4_1, pack_q4_k, pack_q5_0, pack_q5_1,  # noqa: E402
                                    pack_q6_k, pack_q8_0, tile_halves, tile_no_min, tile_q8_0, tile_with_min)
-from kernels.cpu_matvec import claim, counters  # noqa: E402
+from kernels.cpu_claim import claim, counters  # noqa: E402
 from kernels.cpu_types import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, X8, fast  # noqa: E402
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
-INLINED = ("cpu_types", "cpu_gemm_int8", "cpu_dot_x8", "cpu_matvec")
-INLINED_DIGEST = "cdabf331048c3028"
+INLINED = ("cpu_types", "cpu_claim", "cpu_gemm_int8", "cpu_dot_x8")
+INLINED_DIGEST = "91f66e3c35df6388"
 
 
 def padded_tokens(n_tokens: int) -> int:

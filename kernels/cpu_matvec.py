@@ -8,10 +8,10 @@ import math  # noqa: E402
 
 import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
-from llvmlite import ir  # noqa: E402
 from numba.core import types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
+from kernels.cpu_claim import claim, count_done, counters, publish, published  # noqa: E402
 from kernels.cpu_dequant import decode_row  # noqa: E402
 from kernels.cpu_dot_float import dot_q5_k  # noqa: E402
 from kernels.cpu_dot_int8 import dot8_b32, dot8_q4_k, dot8_q6_k, dot8_q8_0, q4_k_order, quantize_q8  # noqa: E402
@@ -22,8 +22,8 @@ from kernels.cpu_types import Q4_K, Q6_K, Q8_0, X8, fast  # noqa: E402
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
-INLINED = ("cpu_types", "cpu_dequant", "cpu_dot_float", "cpu_dot_int8", "cpu_dot_x8", "cpu_ir", "cpu_ops")
-INLINED_DIGEST = "4df73437db3b9dec"
+INLINED = ("cpu_types", "cpu_claim", "cpu_dequant", "cpu_dot_float", "cpu_dot_int8", "cpu_dot_x8", "cpu_ir", "cpu_ops")
+INLINED_DIGEST = "bfb793bcd5e37b46"
 
 # A matvec's rows go in chunks that the threads claim one at a time (claim) until none are left: numba's prange
 # hands each thread an equal share up front, and on the 16-core host one slow thread then held up the region
@@ -33,49 +33,6 @@ INLINED_DIGEST = "4df73437db3b9dec"
 N_WORKERS = nb.config.NUMBA_NUM_THREADS
 MATVEC_CHUNKS = 16 * N_WORKERS  # chunks of a matvec: 16 a thread (64 and 256 on 16 threads: 256 faster)
 TOKEN_PASS_ROWS = 16  # rows that each of a few tokens passes over in turn (see matvecs_int8)
-
-
-@intrinsic
-def claim(typingctx, counter):
-    """The next chunk number: counter[0] before an atomic add of 1 (counter: int64 [1], zero when the region
-    starts; the threads share it)."""
-    def codegen(context, builder, sig, args):
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        return builder.atomic_rmw("add", data, ir.Constant(ir.IntType(64), 1), "monotonic")
-    return types.int64(counter), codegen
-
-
-@intrinsic
-def count_done(typingctx, counts, i):
-    """counts[i] before an atomic add of 1 that publishes this thread's writes with it and sees those of every
-    thread that counted before (acq_rel): the thread that counts a task's last part sees all its parts' results."""
-    def codegen(context, builder, sig, args):
-        return builder.atomic_rmw("add", _at(context, builder, sig, args), ir.Constant(ir.IntType(64), 1), "acq_rel")
-    return types.int64(counts, i), codegen
-
-
-@intrinsic
-def publish(typingctx, flags, i):
-    """flags[i] = 1 after this thread's writes (a release store): a thread that reads it with published sees them."""
-    def codegen(context, builder, sig, args):
-        builder.store_atomic(ir.Constant(ir.IntType(64), 1), _at(context, builder, sig, args), "release", 8)
-        return context.get_dummy_value()
-    return types.none(flags, i), codegen
-
-
-@intrinsic
-def published(typingctx, flags, i):
-    """Whether flags[i] was published (an acquire load: the publisher's writes before it are seen after)."""
-    def codegen(context, builder, sig, args):
-        value = builder.load_atomic(_at(context, builder, sig, args), "acquire", 8)
-        return builder.icmp_signed("!=", value, ir.Constant(ir.IntType(64), 0))
-    return types.boolean(flags, i), codegen
-
-
-def _at(context, builder, sig, args):
-    """The address of a[i] for an intrinsic's (a: int64 1-d array, i) arguments."""
-    i = context.cast(builder, args[1], sig.args[1], types.int64)
-    return builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [i])
 
 
 @intrinsic
@@ -150,14 +107,6 @@ def _quantize_x(x, tids):
     xs = _x_arrays(x.shape[0], x.shape[1], tids)
     _quantize_rows(x, xs, 0, x.shape[0])
     return xs
-
-
-@fast
-def counters(n):
-    """int64 [n] zeros (claim's counter, count_done's counts): made outside the kernel's parallel region, since
-    np.zeros in a function with parallel=True becomes a parallel loop of its own, one more region to start and join
-    (numba's parallel_diagnostics list it) before the kernel's."""
-    return np.zeros(n, np.int64)
 
 
 @fast

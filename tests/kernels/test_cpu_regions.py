@@ -1,6 +1,7 @@
-"""Each one-token kernel of kernels/cpu_matvec, and the prompt GEMM, is ONE parallel region. In a function with parallel=True numba makes
-a parallel loop, a region to start and join, of np.zeros, np.full and slice assignments too: a claim counter made by
-np.zeros cost every matvec call a second region (a Q8_0 64 x 512 call on the 2-core VM 18 -> 10 us without it).
+"""Each one-token kernel of kernels/cpu_matvec, and the prompt GEMM, is ONE parallel region. In a function with
+parallel=True numba makes a parallel loop, a region to start and join, of np.zeros, np.full and slice assignments
+too: a claim counter made by np.zeros cost every matvec call a second region (a Q8_0 64 x 512 call on the 2-core VM
+18 -> 10 us without it; cpu_claim.counters makes counters outside the region).
 Planted fault, seen once: matvecs_int8's counter made by np.zeros again fails its case here."""
 import numba as nb
 import numpy as np
