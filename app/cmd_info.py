@@ -60,12 +60,18 @@ def format_info(i) -> str:
     if i.tokenizer_model is not None:
         tokenizer += f", pre {i.tokenizer_pre})" if i.tokenizer_pre else ")"
     parts = "" if i.parts == 1 else f", {i.parts} parts"
+    layers = opt(i.block_count)
+    if i.block_count is not None and (i.deltanet_layers or i.nextn_layers):
+        trunk = i.block_count - i.nextn_layers
+        kinds = [f"{i.deltanet_layers} Gated DeltaNet, {trunk - i.deltanet_layers} attention"] if i.deltanet_layers else []
+        kinds += [f"{i.nextn_layers} MTP"] if i.nextn_layers else []
+        layers += f" ({', '.join(kinds)})"
     rows = [
         ("file", f"{i.path} ({mib(i.file_size)}, GGUF v{i.gguf_version}{parts})"),
         ("architecture", opt(i.architecture) + (f" ({i.name})" if i.name else "")),
         ("parameters", f"{count(i.parameters)} ({i.bits_per_weight} bits per weight)"),
         ("context", opt(i.context_length)),
-        ("layers", opt(i.block_count)),
+        ("layers", layers),
         ("heads", heads),
         ("embedding", opt(i.embedding_length)),
         ("feed-forward", opt(i.feed_forward_length)),

@@ -3,8 +3,8 @@ import mmap
 
 import numpy as np
 
-from inference.weights import ExpertFFN, ModelWeights, QuantMatrix
-from kernels import cpu_ops, cpu_quant
+from inference.weights import DeltaNetWeights, ExpertFFN, ModelWeights, QuantMatrix
+from kernels import cpu_deltanet, cpu_ops, cpu_quant
 from kernels.cpu_quant import (OneToken, dequantize_rows, quantized_matmul, quantized_matmuls,
                                quantized_matvecs_own_rows)
 from kernels.cpu_repack import LAYOUTS, Repacked, repack
@@ -101,8 +101,14 @@ class CPUBackend:
         self.n_ctx = n_ctx
         self.layers = range(cfg.n_layers) if layers is None else layers
         self.share = None
-        self.k_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.head_dim)) for i in self.layers}
-        self.v_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.v_head_dim)) for i in self.layers}
+        attention = [i for i in self.layers if not cfg.is_recurrent(i)]
+        self.k_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.head_dim)) for i in attention}
+        self.v_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.v_head_dim)) for i in attention}
+        # the recurrent layers' states (kernels/cpu_deltanet): the context of those layers, at state_pos tokens
+        recurrent = [i for i in self.layers if cfg.is_recurrent(i)]
+        self.conv_state = {i: np.zeros((cfg.ssm_conv_kernel - 1, cfg.ssm_conv_dim), np.float32) for i in recurrent}
+        self.delta_state = {i: np.zeros((cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_state), np.float32) for i in recurrent}
+        self.state_pos = {i: 0 for i in recurrent}
         self.tokens = np.zeros(0, np.int32)  # [n] the tokens of this step
         self.pos = 0  # position of tokens[0]
         self._inv_freq = {}  # (base, scale) -> [rope_dim // 2]
@@ -118,8 +124,10 @@ class CPUBackend:
         self._repacked = repacked_matrices(weights, self.layers) if not with_gpu else {}
         # the layers' (gate, up) pairs by id: their decode step's matmuls give the GLU at once (see matmuls)
         self._one_token_plans = {}  # see _one_token
-        self._glu_pairs = {(id(lw.ffn_gate), id(lw.ffn_up)) for lw in (weights.layers[i] for i in self.layers)
-                           if lw.ffn_gate is not None and lw.ffn_up is not None}
+        lws = [weights.layers[i] for i in self.layers]
+        shared = [lw.experts.shared for lw in lws if lw.experts is not None and lw.experts.shared is not None]
+        self._glu_pairs = {(id(lw.ffn_gate), id(lw.ffn_up)) for lw in lws if lw.ffn_gate is not None} | {
+            (id(sh.gate), id(sh.up)) for sh in shared}
 
     def set_input(self, tokens: np.ndarray, pos: int) -> None:
         self.tokens = np.asarray(tokens, np.int32)
@@ -207,6 +215,36 @@ class CPUBackend:
     def attention(self, layer: int, q: np.ndarray, window: int, scale: float) -> np.ndarray:
         return cpu_ops.attention(q, self.k_cache[layer], self.v_cache[layer], self.pos, window, scale)
 
+    def sigmoid_mul(self, a: np.ndarray, gate: np.ndarray) -> np.ndarray:
+        """a * sigmoid(gate): the attention output's gate (qwen35)."""
+        return a / (1 + np.exp(-gate))
+
+    def delta_net(self, layer: int, dn: DeltaNetWeights, qkv: np.ndarray, z: np.ndarray, alpha: np.ndarray,
+                  beta: np.ndarray) -> np.ndarray:
+        """The DeltaNet mixer of a recurrent layer on its projections (forward.delta_net): the causal conv, the
+        delta rule and the gated norm, moving the layer's states on from pos to pos + n: [n, Hv * S]."""
+        if self.pos == 0:  # a new context
+            self.conv_state[layer][:] = 0
+            self.delta_state[layer][:] = 0
+        elif self.state_pos[layer] != self.pos:  # the engine restores a checkpoint before it rewinds
+            raise RuntimeError(f"layer {layer}'s recurrent state is at token {self.state_pos[layer]}, "
+                               f"not at {self.pos}")
+        y = cpu_deltanet.conv_silu(qkv, self.conv_state[layer], dn.conv)
+        out = cpu_deltanet.delta_rule(y, alpha, beta, dn.dt_bias, dn.a, z, dn.norm, self.delta_state[layer],
+                                      self.cfg.ssm_k_heads, self.cfg.rms_eps)
+        self.state_pos[layer] = self.pos + len(qkv)
+        return out
+
+    def recurrent_state(self) -> dict:
+        """A copy of the recurrent layers' states (a checkpoint of the context; none without such layers)."""
+        return {i: (self.state_pos[i], self.conv_state[i].copy(), self.delta_state[i].copy()) for i in self.state_pos}
+
+    def restore_recurrent_state(self, saved: dict) -> None:
+        for i, (pos, conv, delta) in saved.items():
+            self.state_pos[i] = pos
+            self.conv_state[i][:] = conv
+            self.delta_state[i][:] = delta
+
     def glu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         """activation(gate) * up; up GLU_DONE: gate is that already (matmuls of a decode step's gate and up)."""
         return gate if up is GLU_DONE else cpu_ops.glu(gate, up, self.cfg.activation)
@@ -229,7 +267,12 @@ class CPUBackend:
         outputs, weighted."""
         h = self.rms_norm(x, norm)
         ids, weights = cpu_ops.route(self.matmul(experts.router, h), k)  # [n, k] each
-        return x + moe_experts(experts, h, ids, weights, self.cfg.activation)
+        y = moe_experts(experts, h, ids, weights, self.cfg.activation)
+        sh = experts.shared
+        if sh is not None:  # every token's shared expert, scaled by sigmoid(gate_inp . h) (qwen35moe)
+            gate, up = self.matmuls((sh.gate, sh.up), h)
+            y += self.matmul(sh.down, self.glu(gate, up)) / (1 + np.exp(-(h @ sh.gate_inp)))[:, None]
+        return x + y
 
     def logits(self, w: QuantMatrix, x: np.ndarray) -> np.ndarray:
         data = self._head[1] if self._head is not None and self._head[0] is w.data else w.data

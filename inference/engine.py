@@ -22,6 +22,15 @@ from models.model_ref import resolve_model
 from models.tokenizer import Tokenizer
 
 
+# Recurrent layers (qwen35's DeltaNet) keep a state that cannot be rewound: the engine keeps copies of it in host
+# memory (checkpoints) at the end of each prompt and each reply, and every CHECKPOINT_EVERY tokens of a long prompt,
+# so that a prompt that diverges from the cached conversation (regenerate, an edited last message, a request that
+# shares a system prompt) resumes from the last checkpoint inside the prefix it shares, not from its start. The
+# oldest-used go first beyond CHECKPOINT_MAX of them or CHECKPOINT_BYTES in all.
+CHECKPOINT_EVERY = 512
+CHECKPOINT_MAX = 32
+CHECKPOINT_BYTES = 2 << 30
+
 # Engine.warm_up's prompt: long enough that its decode steps take the paths a longer context takes (the CPU's
 # parallel decode attention from kernels/cpu_ops.ATTENTION_PARALLEL_WORK: ~114 keys on SmolLM2, 64 on Gemma 3;
 # the GPU's grouped experts from placement.GROUPED_MIN_TOKENS), so that none compiles during a first reply.
@@ -82,6 +91,8 @@ class Engine:
         self.chat_template = load_chat_template(gguf.metadata)  # None: the file has none
         self._cached: list[int] = []  # tokens whose keys and values are in the cache, from position 0
         self._prompt_logits = None  # (ids, logits [1, n_vocab] of ids[-1]) of the last prompt prefilled
+        self._checkpoints: list[Checkpoint] = []  # of the recurrent layers' state, most recently used last
+        self._prefill_start = 0  # where the last prefill began: the tokens before it came from the cache
 
     def _place(self, placement: Placement) -> None:
         """Build the backends for placement: (backend, layers) segments in order, the GPU ones last; if the GPU
@@ -116,7 +127,7 @@ class Engine:
         if ids:
             for _ in self.generate(ids, max_tokens=3, temperature=1.0, seed=0):
                 pass
-        self._cached, self._prompt_logits = [], None
+        self._cached, self._prompt_logits, self._checkpoints = [], None, []
 
     def summary(self) -> str:
         """Where the model runs (run --verbose): the placement, the GPU's share of the CPU layers if any, and who
@@ -170,13 +181,16 @@ class Engine:
 
     def _prefill_chunks(self, ids: list[int], all_logits: bool, cancelled=None):
         cached = _common_prefix(ids, self._cached)
-        if not all_logits and cached == len(ids) and self._prompt_logits and self._prompt_logits[0] == ids:
+        if (not all_logits and cached == len(ids) and self._prompt_logits and self._prompt_logits[0] == ids
+                and self._rewind(ids, len(ids)) == len(ids)):
             # the same prompt again (regenerate): its logits as they were, not its last token re-run alone,
             # whose one-token matmuls round activations to 8 bits and may pick another greedy reply
             self._cached = list(ids)  # what came after the prompt last time is overwritten from here on
+            self._prefill_start = len(ids)
             return self._be.copy(self._prompt_logits[1])
         # else the last token always runs: its logits pick the next one
-        keep = min(cached, len(ids) - 1)
+        keep = self._rewind(ids, min(cached, len(ids) - 1))
+        self._prefill_start = keep
         out = []
         # the GPU's chunk where there is a GPU: it runs every layer of a chunk (_chunk_segments); one shorter than
         # OFFLOAD_MIN_TOKENS, shorter than the CPU's too, runs on the segments as placed
@@ -191,10 +205,44 @@ class Engine:
             logits = forward(segments, self.config, self._weights, all_logits=all_logits)
             out.append(self._be.to_host(logits) if all_logits else logits)
             self._cached = ids[:start + len(chunk)]
+            if (start + len(chunk)) // CHECKPOINT_EVERY > start // CHECKPOINT_EVERY or start + len(chunk) == len(ids):
+                self._checkpoint()
         if all_logits:
             return np.concatenate(out).astype(np.float32, copy=False)
         self._prompt_logits = (list(ids), self._be.copy(out[-1]))
         return out[-1]
+
+    def _checkpoint(self) -> None:
+        """Keep a copy of the recurrent layers' state as it is now, after the cached tokens (a model without such
+        layers keeps none)."""
+        if not any(self.config.recurrent) or not self._cached:
+            return
+        self._checkpoints = [c for c in self._checkpoints if c.tokens != self._cached]
+        states = {}
+        for be, _ in self._segments:
+            states |= be.recurrent_state()
+        self._checkpoints.append(Checkpoint(list(self._cached), states))
+        while len(self._checkpoints) > CHECKPOINT_MAX or sum(c.nbytes for c in self._checkpoints) > CHECKPOINT_BYTES:
+            self._checkpoints.pop(0)
+
+    def _rewind(self, ids: list[int], keep: int) -> int:
+        """Where a prompt ids whose first keep tokens are cached can start: keep where nothing recurrent stands in
+        the way (attention's cache is overwritten from there), else the end of the last checkpoint inside those
+        keep tokens, whose state is restored (0: the start, nothing to restore)."""
+        if not any(self.config.recurrent) or keep == len(self._cached):
+            return keep  # the recurrent state is after the cached tokens, where the prompt goes on
+        best = None
+        for c in self._checkpoints:
+            if len(c.tokens) <= keep and c.tokens == ids[:len(c.tokens)] and (best is None or len(c.tokens) > len(best.tokens)):
+                best = c
+        if best is None:
+            return 0
+        for be, _ in self._segments:
+            be.restore_recurrent_state(best.states)
+        self._checkpoints.remove(best)
+        self._checkpoints.append(best)  # the most recently used
+        self._cached = list(best.tokens)
+        return len(best.tokens)
 
     def _host_tokens(self, logits: np.ndarray, params: SamplingParams, seed: int | None,
                      history: list[int]) -> Iterator[int]:
@@ -254,8 +302,8 @@ class Engine:
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty)
         eog = self.tokenizer.eog_ids
         t0 = time.perf_counter()
-        n_reused = min(len(ids) - 1, _common_prefix(ids, self._cached))
         logits = self._prefill(ids, all_logits=False, cancelled=cancelled)
+        n_reused = self._prefill_start
         if logits is None:
             processed = max(0, _common_prefix(ids, self._cached) - n_reused)
             yield GenerationStats(processed, time.perf_counter() - t0, 0, 0.0, "cancelled", len(self._cached))
@@ -294,8 +342,20 @@ class Engine:
             tail, _ = text.feed(detok.flush(), final=True)
             if tail:
                 yield tail
+        self._checkpoint()  # the end of the reply: where the next turn of the conversation goes on
         t2 = time.perf_counter()
         yield GenerationStats(len(ids) - n_reused, t1 - t0, generated, t2 - t1, finish, len(ids) + generated)
+
+
+@dataclass
+class Checkpoint:
+    """The recurrent layers' state after tokens: layer -> (position, conv state, delta state), in host memory."""
+    tokens: list[int]
+    states: dict
+
+    @property
+    def nbytes(self) -> int:
+        return sum(conv.nbytes + delta.nbytes for _, conv, delta in self.states.values())
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -4,7 +4,7 @@ A model may run in segments on different devices (placement.py: the first layers
 the GPU): each segment is a backend and the layers it holds, and only the hidden state crosses between them.
 """
 from models.config import ModelConfig
-from inference.weights import LayerWeights, ModelWeights
+from inference.weights import DeltaNetWeights, LayerWeights, ModelWeights
 
 
 def embed(be, cfg: ModelConfig, w: ModelWeights):
@@ -12,18 +12,39 @@ def embed(be, cfg: ModelConfig, w: ModelWeights):
     return be.embed(w.token_embd, cfg.embed_scale)
 
 
-def layer(be, cfg: ModelConfig, lw: LayerWeights, i: int, x):
-    """Layer i on x [n, n_embd] for the tokens at positions be.pos.., filling its KV cache."""
-    n = len(x)
-    h = be.rms_norm(x, lw.attn_norm)
+def attention(be, cfg: ModelConfig, lw: LayerWeights, i: int, h):
+    """Attention of layer i on h [n, n_embd] (normed), filling its KV cache: [n, n_heads * v_head_dim]."""
+    n = len(h)
     q, k, v = be.matmuls(lw.qkv, h, lw.qkv_bias)
+    gate = None
+    if cfg.attn_output_gate:  # q's rows hold each head's q, then its gate
+        q = q.reshape(n, cfg.n_heads, 2, cfg.head_dim)
+        q, gate = q[:, :, 0], q[:, :, 1].reshape(n, -1)
     q = q.reshape(n, cfg.n_heads, cfg.head_dim)
     k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
     v = v.reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
     head_norms = (lw.attn_q_norm, lw.attn_k_norm) if cfg.qk_norm else None
     q = be.rope_kv_write(i, q, k, v, cfg.layer_rope_base(i), cfg.layer_rope_scale(i), head_norms)
-    a = be.attention(i, q, cfg.layer_window(i), cfg.softmax_scale)  # [n, n_heads * v_head_dim]
-    x = be.add_matmul(x, lw.attn_output, a, lw.post_attention_norm if cfg.sandwich_norm else None)
+    a = be.attention(i, q, cfg.layer_window(i), cfg.softmax_scale)
+    return a if gate is None else be.sigmoid_mul(a, gate)
+
+
+def delta_net(be, dn: DeltaNetWeights, i: int, h):
+    """The Gated DeltaNet mixer of layer i on h [n, n_embd] (normed), carrying its recurrent state on:
+    [n, Hv * S], the gated norm applied (the backend's delta_net op: conv, delta rule, norm)."""
+    qkv, z, alpha, beta = be.matmuls(dn.projections, h)
+    return be.delta_net(i, dn, qkv, z, alpha, beta)
+
+
+def layer(be, cfg: ModelConfig, lw: LayerWeights, i: int, x):
+    """Layer i on x [n, n_embd] for the tokens at positions be.pos.., filling its KV cache or carrying its
+    recurrent state on."""
+    h = be.rms_norm(x, lw.attn_norm)
+    if lw.delta_net is not None:
+        x = be.add_matmul(x, lw.delta_net.out, delta_net(be, lw.delta_net, i, h))
+    else:
+        x = be.add_matmul(x, lw.attn_output, attention(be, cfg, lw, i, h),
+                          lw.post_attention_norm if cfg.sandwich_norm else None)
 
     if lw.experts is not None:
         return be.add_moe(x, lw.experts, lw.ffn_norm, cfg.n_expert_used)

@@ -44,12 +44,22 @@ class QuantExperts:
 
 
 @dataclass(frozen=True)
+class SharedExpert:
+    """A SwiGLU FFN every token runs beside its routed experts, its output scaled by sigmoid(gate_inp . h)."""
+    gate_inp: np.ndarray  # ffn_gate_inp_shexp [n_embd]
+    gate: QuantMatrix  # ffn_gate_shexp [n_ff_shexp, n_embd]
+    up: QuantMatrix  # ffn_up_shexp [n_ff_shexp, n_embd]
+    down: QuantMatrix  # ffn_down_shexp [n_embd, n_ff_shexp]
+
+
+@dataclass(frozen=True)
 class ExpertFFN:
     """A mixture-of-experts FFN: the router scores every expert, the chosen ones run as SwiGLU FFNs."""
     router: QuantMatrix  # ffn_gate_inp [n_expert, n_embd]
     gate: QuantExperts  # ffn_gate_exps [n_expert, n_ff_exp, n_embd]
     up: QuantExperts  # ffn_up_exps [n_expert, n_ff_exp, n_embd]
     down: QuantExperts  # ffn_down_exps [n_expert, n_embd, n_ff_exp]
+    shared: SharedExpert | None = None  # qwen35moe
 
     @cached_property
     def one_token(self) -> OneTokenExperts:
@@ -60,12 +70,31 @@ class ExpertFFN:
 
 
 @dataclass(frozen=True)
+class DeltaNetWeights:
+    """A Gated DeltaNet mixer (a recurrent layer of qwen35): Hv value heads of size S, Hk key heads."""
+    qkv: QuantMatrix  # attn_qkv [(2 Hk + Hv) S, n_embd]: the conv's input channels, q | k | v
+    z: QuantMatrix  # attn_gate [Hv S, n_embd]: the output gate
+    alpha: QuantMatrix  # ssm_alpha [Hv, n_embd]: the decay's input
+    beta: QuantMatrix  # ssm_beta [Hv, n_embd]: the write strength's input
+    conv: np.ndarray  # ssm_conv1d [(2 Hk + Hv) S, K] float32 taps, the last one for the current token
+    dt_bias: np.ndarray  # ssm_dt.bias [Hv]
+    a: np.ndarray  # ssm_a [Hv]: -exp(A_log), as the converter stores it
+    norm: np.ndarray  # ssm_norm [S]: the gated norm's weight, shared by the heads (no +1 folded, none needed)
+    out: QuantMatrix  # ssm_out [n_embd, Hv S]
+
+    @property
+    def projections(self) -> tuple[QuantMatrix, ...]:
+        """The matrices forward() multiplies by the normed input in one be.matmuls call."""
+        return self.qkv, self.z, self.alpha, self.beta
+
+
+@dataclass(frozen=True)
 class LayerWeights:
     attn_norm: np.ndarray  # [n_embd]
-    attn_q: QuantMatrix  # [n_heads * head_dim, n_embd]
-    attn_k: QuantMatrix  # [n_kv_heads * head_dim, n_embd]
-    attn_v: QuantMatrix  # [n_kv_heads * v_head_dim, n_embd]
-    attn_output: QuantMatrix  # [n_embd, n_heads * v_head_dim]
+    attn_q: QuantMatrix | None  # [n_heads * head_dim, n_embd] ([n_heads * 2 * head_dim] with an output gate); None
+    attn_k: QuantMatrix | None  # [n_kv_heads * head_dim, n_embd]                   in a recurrent layer
+    attn_v: QuantMatrix | None  # [n_kv_heads * v_head_dim, n_embd]
+    attn_output: QuantMatrix | None  # [n_embd, n_heads * v_head_dim]
     ffn_norm: np.ndarray  # [n_embd]
     ffn_gate: QuantMatrix | None  # [n_ff, n_embd]; None where the layer has experts
     ffn_up: QuantMatrix | None  # [n_ff, n_embd]
@@ -78,6 +107,7 @@ class LayerWeights:
     attn_k_norm: np.ndarray | None = None  # [head_dim]
     post_attention_norm: np.ndarray | None = None  # [n_embd] (gemma3)
     post_ffw_norm: np.ndarray | None = None  # [n_embd]
+    delta_net: DeltaNetWeights | None = None  # in place of the attention matrices (cfg.is_recurrent)
 
     # The matrices forward() multiplies by one activation in one be.matmuls call (a backend may fuse them)
     @property
@@ -132,36 +162,67 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
                                    f"experts of {n_rows} x {n_cols})")
         return QuantExperts(m.data.reshape(cfg.n_expert, n_rows, -1), m.qtype, n_rows, n_cols)
 
+    def vector(name: str, n: int) -> np.ndarray:
+        v = tensor(name)
+        if not isinstance(v, np.ndarray) or v.shape != (n,):
+            raise TensorShapeError(f"tensor '{name}' has the wrong shape for {cfg.arch} (want {n} values)")
+        return v
+
     def ffn(p: str) -> dict:
-        """The layer's FFN: dense matrices, or the router and experts."""
+        """The layer's FFN: dense matrices, or the router and experts (and a shared expert where the arch has one)."""
         if not cfg.n_expert:
             return dict(ffn_gate=matrix(p + "ffn_gate.weight", cfg.n_ff, cfg.n_embd),
                         ffn_up=matrix(p + "ffn_up.weight", cfg.n_ff, cfg.n_embd),
                         ffn_down=matrix(p + "ffn_down.weight", cfg.n_embd, cfg.n_ff))
+        shared = SharedExpert(
+            gate_inp=vector(p + "ffn_gate_inp_shexp.weight", cfg.n_embd),
+            gate=matrix(p + "ffn_gate_shexp.weight", cfg.n_ff_shexp, cfg.n_embd),
+            up=matrix(p + "ffn_up_shexp.weight", cfg.n_ff_shexp, cfg.n_embd),
+            down=matrix(p + "ffn_down_shexp.weight", cfg.n_embd, cfg.n_ff_shexp)) if cfg.n_ff_shexp else None
         return dict(ffn_gate=None, ffn_up=None, ffn_down=None, experts=ExpertFFN(
             router=matrix(p + "ffn_gate_inp.weight", cfg.n_expert, cfg.n_embd),
             gate=experts(p + "ffn_gate_exps.weight", cfg.n_ff_exp, cfg.n_embd),
             up=experts(p + "ffn_up_exps.weight", cfg.n_ff_exp, cfg.n_embd),
-            down=experts(p + "ffn_down_exps.weight", cfg.n_embd, cfg.n_ff_exp)))
+            down=experts(p + "ffn_down_exps.weight", cfg.n_embd, cfg.n_ff_exp), shared=shared))
 
-    q_dim, kv_dim, v_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_kv_heads * cfg.v_head_dim
+    def delta_net(p: str) -> DeltaNetWeights:
+        hv, s, conv_dim = cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_conv_dim
+        conv = matrix(p + "ssm_conv1d.weight", conv_dim, cfg.ssm_conv_kernel)
+        if conv.qtype.name != "F32":
+            raise TensorShapeError(f"tensor '{p}ssm_conv1d.weight' is {conv.qtype.name}; the conv's taps must be F32")
+        return DeltaNetWeights(
+            qkv=matrix(p + "attn_qkv.weight", conv_dim, cfg.n_embd), z=matrix(p + "attn_gate.weight", hv * s, cfg.n_embd),
+            alpha=matrix(p + "ssm_alpha.weight", hv, cfg.n_embd), beta=matrix(p + "ssm_beta.weight", hv, cfg.n_embd),
+            conv=conv.data.view(np.float32), dt_bias=vector(p + "ssm_dt.bias", hv), a=vector(p + "ssm_a", hv),
+            norm=vector(p + "ssm_norm.weight", s), out=matrix(p + "ssm_out.weight", cfg.n_embd, hv * s))
+
+    def attention(p: str) -> dict:
+        if cfg.is_recurrent(int(p.split(".")[1])):
+            return dict(attn_q=None, attn_k=None, attn_v=None, attn_output=None, delta_net=delta_net(p))
+        q_rows = cfg.n_heads * cfg.head_dim * (2 if cfg.attn_output_gate else 1)  # q and its gate, per head
+        return dict(attn_q=matrix(p + "attn_q.weight", q_rows, cfg.n_embd),
+                    attn_k=matrix(p + "attn_k.weight", kv_dim, cfg.n_embd),
+                    attn_v=matrix(p + "attn_v.weight", v_dim, cfg.n_embd),
+                    attn_output=matrix(p + "attn_output.weight", cfg.n_embd, cfg.n_heads * cfg.v_head_dim))
+
+    kv_dim, v_dim = cfg.n_kv_heads * cfg.head_dim, cfg.n_kv_heads * cfg.v_head_dim
+    # the pre-FFN norm: qwen35 files name it post_attention_norm (llama.cpp's LLM_TENSOR_ATTN_POST_NORM)
+    ffn_norm = "post_attention_norm.weight" if cfg.arch in ("qwen35", "qwen35moe") else "ffn_norm.weight"
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
         opt = lambda n: tensor(p + n, optional=True)  # noqa: E731
+        recurrent = cfg.is_recurrent(i)
         layers.append(LayerWeights(
             attn_norm=tensor(p + "attn_norm.weight"),
-            attn_q=matrix(p + "attn_q.weight", q_dim, cfg.n_embd),
-            attn_k=matrix(p + "attn_k.weight", kv_dim, cfg.n_embd),
-            attn_v=matrix(p + "attn_v.weight", v_dim, cfg.n_embd),
-            attn_output=matrix(p + "attn_output.weight", cfg.n_embd, cfg.n_heads * cfg.v_head_dim),
-            ffn_norm=tensor(p + "ffn_norm.weight"),
+            **attention(p),
+            ffn_norm=tensor(p + ffn_norm),
             **ffn(p),
             attn_q_bias=tensor(p + "attn_q.bias") if cfg.qkv_bias else opt("attn_q.bias"),
             attn_k_bias=tensor(p + "attn_k.bias") if cfg.qkv_bias else opt("attn_k.bias"),
             attn_v_bias=tensor(p + "attn_v.bias") if cfg.qkv_bias else opt("attn_v.bias"),
-            attn_q_norm=tensor(p + "attn_q_norm.weight") if cfg.qk_norm else None,
-            attn_k_norm=tensor(p + "attn_k_norm.weight") if cfg.qk_norm else None,
+            attn_q_norm=tensor(p + "attn_q_norm.weight") if cfg.qk_norm and not recurrent else None,
+            attn_k_norm=tensor(p + "attn_k_norm.weight") if cfg.qk_norm and not recurrent else None,
             post_attention_norm=tensor(p + "post_attention_norm.weight") if cfg.sandwich_norm else None,
             post_ffw_norm=tensor(p + "post_ffw_norm.weight") if cfg.sandwich_norm else None,
         ))
@@ -172,5 +233,6 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
         layers=layers,
         output_norm=tensor("output_norm.weight"),
         output=matrix("output.weight", cfg.n_vocab, cfg.n_embd) if output is not None else token_embd,
-        rope_freqs=tensor("rope_freqs.weight", optional=True),
+        rope_freqs=(np.array(cfg.text_rope_divisors()) if cfg.rope_sections
+                    else tensor("rope_freqs.weight", optional=True)),
     )

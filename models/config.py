@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from models.errors import UserError
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "qwen35", "qwen35moe")
 
 # What the GGUF keys do not say: llama.cpp's per-architecture choices (llama-model.cpp, llama-arch.cpp).
 ARCH_TRAITS = {
@@ -18,7 +18,12 @@ ARCH_TRAITS = {
     "qwen3moe": dict(rope_style="neox", activation="silu", qk_norm=True),  # qwen3 with experts in every layer
     "gemma3": dict(rope_style="neox", activation="gelu", qk_norm=True, sandwich_norm=True,
                    swa_period=6, rope_base_local=10000.0),
+    # Qwen3.5 / 3.6: Gated DeltaNet layers with a full-attention layer every full_attention_interval; rope is
+    # llama.cpp's IMROPE, which for text (every section at the token's position) is neox over rope_dim dims
+    "qwen35": dict(rope_style="neox", activation="silu", qk_norm=True, hybrid=True),
+    "qwen35moe": dict(rope_style="neox", activation="silu", qk_norm=True, hybrid=True),  # + routed and shared experts
 }
+MOE_ARCHITECTURES = ("qwen3moe", "qwen35moe")  # the file must state expert_count
 
 
 class UnsupportedArchitectureError(UserError, ValueError):
@@ -66,6 +71,45 @@ class ModelConfig:
     n_expert: int = 0  # 0: a dense FFN of width n_ff
     n_expert_used: int = 0
     n_ff_exp: int = 0
+    n_ff_shexp: int = 0  # a shared expert of this width runs beside the routed ones, gated by a sigmoid (qwen35moe)
+    # Hybrid models (qwen35, qwen35moe): the layers marked recurrent mix tokens with a Gated DeltaNet (a causal
+    # conv of ssm_conv_kernel taps, then a delta rule over a [ssm_state x ssm_state] matrix per value head) in
+    # place of attention; the attention layers gate their output by a sigmoid of a second half of q's projection
+    recurrent: tuple[bool, ...] = ()  # per layer; () none
+    ssm_conv_kernel: int = 0
+    ssm_state: int = 0  # key and value head size of the delta rule
+    ssm_k_heads: int = 0  # q and k heads; value head h reads key head h % ssm_k_heads
+    ssm_v_heads: int = 0
+    attn_output_gate: bool = False
+    rope_sections: tuple[int, ...] = ()  # IMROPE (qwen35): rotated pairs given to the t, h, w and a 4th position
+    n_nextn_layers: int = 0  # multi-token-prediction blocks after the trunk's n_layers (not part of the forward)
+
+    def is_recurrent(self, layer: int) -> bool:
+        return bool(self.recurrent) and self.recurrent[layer]
+
+    @property
+    def attention_layers(self) -> list[int]:
+        return [i for i in range(self.n_layers) if not self.is_recurrent(i)]
+
+    def text_rope_divisors(self) -> list[float] | None:
+        """IMROPE on text as llama.cpp runs it (ggml rope_multi with is_imrope): pair i turns with the position of
+        its sector's section, and a text token's t, h and w positions are its position, the 4th 0. So a pair turns
+        as plain neox rope's, or not at all: as divisors of its frequency (rope_freqs' meaning), 1 or infinity.
+        None: the model has no sections. With the converter's sections every pair turns."""
+        if not self.rope_sections:
+            return None
+        s = self.rope_sections
+        div = []
+        for i in range(self.rope_dim // 2):
+            sector = i % sum(s)
+            turns = any(sector % 3 == r and sector < 3 * s[r] for r in range(3))
+            div.append(1.0 if turns else math.inf)
+        return div
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        """Channels of the causal conv: q and k of every key head, v of every value head."""
+        return (2 * self.ssm_k_heads + self.ssm_v_heads) * self.ssm_state
 
     def is_local(self, layer: int) -> bool:
         return self.sliding_window > 0 and self.swa_period > 0 and layer % self.swa_period < self.swa_period - 1
@@ -102,7 +146,7 @@ def config_from_metadata(metadata: dict) -> ModelConfig:
 
     n_embd = int(get("embedding_length"))
     # experts: qwen3moe states their count and width; Mixtral (llama with experts) gives their width as the FFN's
-    moe_arch = arch == "qwen3moe"
+    moe_arch = arch in MOE_ARCHITECTURES
     n_expert = int(get("expert_count", None if moe_arch else 0))
     n_expert_used = int(get("expert_used_count")) if n_expert else 0
     if n_expert and not 0 < n_expert_used <= n_expert:
@@ -123,9 +167,12 @@ def config_from_metadata(metadata: dict) -> ModelConfig:
         rope_scale = 1.0 / float(get("rope.scaling.factor"))
     # gemma3 scales q by query_pre_attn_scalar**-0.5, which llama.cpp takes as 1/sqrt(key_length) (27B aside)
     sliding_window = int(get("attention.sliding_window", 0)) if traits.get("swa_period") else 0
+    n_nextn = int(get("nextn_predict_layers", 0))
+    n_layers = int(get("block_count")) - n_nextn  # the MTP blocks are counted in block_count
+    hybrid = _hybrid_fields(get, n_layers) if traits.get("hybrid") else {}
     return ModelConfig(
         arch=arch,
-        n_layers=int(get("block_count")),
+        n_layers=n_layers,
         n_embd=n_embd,
         n_ff=n_ff,
         n_heads=n_heads,
@@ -151,4 +198,30 @@ def config_from_metadata(metadata: dict) -> ModelConfig:
         n_expert=n_expert,
         n_expert_used=n_expert_used,
         n_ff_exp=n_ff_exp,
+        n_ff_shexp=int(get("expert_shared_feed_forward_length", 0)) or n_ff if moe_arch and hybrid else 0,
+        n_nextn_layers=n_nextn,
+        **hybrid,
     )
+
+
+def _hybrid_fields(get, n_layers: int) -> dict:
+    """The DeltaNet keys of a qwen35 / qwen35moe file, checked: llama.cpp's kernels assume what is checked here."""
+    recurrent = get("attention.recurrent_layers", 0)
+    if recurrent:
+        recurrent = tuple(bool(r) for r in recurrent[:n_layers])
+    else:  # every full_attention_interval-th layer is full attention
+        interval = int(get("full_attention_interval", 4))
+        recurrent = tuple((i + 1) % interval != 0 for i in range(n_layers))
+    f = dict(recurrent=recurrent, ssm_conv_kernel=int(get("ssm.conv_kernel")), ssm_state=int(get("ssm.state_size")),
+             ssm_k_heads=int(get("ssm.group_count")), ssm_v_heads=int(get("ssm.time_step_rank")), attn_output_gate=True,
+             rope_sections=tuple(int(x) for x in get("rope.dimension_sections")))
+    inner = int(get("ssm.inner_size"))
+    if len(recurrent) != n_layers or inner != f["ssm_v_heads"] * f["ssm_state"] or f["ssm_k_heads"] < 1 \
+            or f["ssm_v_heads"] % f["ssm_k_heads"] or f["ssm_conv_kernel"] < 2 or len(f["rope_sections"]) != 4 \
+            or sum(f["rope_sections"]) < 1:
+        raise BadConfigValueError(
+            f"the model file's DeltaNet shape is inconsistent: {f['ssm_k_heads']} key heads, {f['ssm_v_heads']} value "
+            f"heads of {f['ssm_state']}, inner size {inner}, conv kernel {f['ssm_conv_kernel']}, rope sections "
+            f"{f['rope_sections']}, "
+            f"{len(recurrent)} layer kinds for {n_layers} layers")
+    return f

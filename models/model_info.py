@@ -33,6 +33,8 @@ class ModelInfo:
     bits_per_weight: float
     context_length: int | None
     block_count: int | None
+    deltanet_layers: int  # layers whose token mixer is a Gated DeltaNet (qwen35), not attention
+    nextn_layers: int  # multi-token-prediction blocks counted in block_count, not part of the forward pass
     embedding_length: int | None
     feed_forward_length: int | None
     head_count: int | list[int] | None  # a few architectures store one value per layer
@@ -86,6 +88,8 @@ def summarize(model: GGUFModel) -> ModelInfo:
         architecture=arch, name=_str(meta.get("general.name")), parameters=params,
         bits_per_weight=round(tensor_bytes * 8 / params, 2) if params else 0.0,
         context_length=arch_int("context_length"), block_count=arch_int("block_count"),
+        deltanet_layers=len({name.split(".")[1] for name in model.tensors if name.endswith(".ssm_a")}),
+        nextn_layers=arch_int("nextn_predict_layers") or 0,
         embedding_length=embd, feed_forward_length=arch_int("feed_forward_length"),
         head_count=heads, head_count_kv=_int_or_ints(meta.get(f"{arch}.attention.head_count_kv")),
         head_dim=head_dim, tokenizer_model=tok_model, tokenizer_kind=TOKENIZER_KINDS.get(tok_model, tok_model),

@@ -18,7 +18,16 @@ SHAPES = {
     "qwen3moe": (2, 256, 128, 8, 2, 64),  # n_ff is each expert's width
     "llama": (2, 256, 128, 8, 2, 32),  # with experts (Mixtral's kind): n_ff is each expert's width
     "gemma3": (6, 256, 512, 2, 1, 256),
+    "qwen35": (6, 256, 512, 4, 2, 64),  # heads, kv heads, head size: the attention layers'
+    "qwen35moe": (6, 256, 128, 4, 2, 64),  # n_ff is each expert's width
 }
+# The DeltaNet layers of the hybrid models: key heads, value heads (2x: value head h reads key head h % 2, which
+# differs from h // 2), state size, conv taps, a full-attention layer every HYBRID_INTERVAL (layers 2 and 5 of 6),
+# rotated dims of an attention head, the shared expert's width (qwen35moe)
+DELTANET = dict(k_heads=2, v_heads=4, state=32, conv=4)
+HYBRID_INTERVAL = 3
+HYBRID_ROPE_DIMS = 16
+SHARED_EXPERT_FF = 192
 # Layer matrices F16 for parity with llama.cpp: it rounds activations to 8 bits for quantized weights, and a
 # random network amplifies that noise far more than a trained one (top-1 agreement fell to 94% with Q8_0).
 F16_LAYERS = dict.fromkeys(["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"], T.F16)
@@ -71,13 +80,16 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
                     experts=None) -> None:
     """A random {arch} model at path with Q8_0 embeddings, layer matrices of `types` (name -> quant type; the
     K-quants Q4_K, Q5_K, Q6_K need widths that are multiples of 256, e.g. Q4_K_M_LAYERS):
+    qwen35 / qwen35moe hybrid: DeltaNet layers (DELTANET) with a gated full-attention layer every HYBRID_INTERVAL, and
+    for qwen35moe experts with a shared expert;
     qwen2 with qkv biases and its own output matrix, qwen3 with q/k norms, gemma3 with q/k and sandwich norms
     and a `window`-token sliding window; the others tie the output to the embeddings. qwen3moe is qwen3
     with experts = (count, used) in every layer (default EXPERTS), its expert matrices of the ffn_* types, its
     router F32 (as llama.cpp's quantizer leaves it); llama takes experts too (Mixtral's kind: no expert width of
     its own). The vocabulary is vocab_from's (a GGUF file), else spm_vocab()'s."""
     rng = np.random.default_rng(0)
-    experts = experts or (EXPERTS if arch == "qwen3moe" else None)
+    experts = experts or (EXPERTS if arch in ("qwen3moe", "qwen35moe") else None)
+    hybrid = arch in ("qwen35", "qwen35moe")
     src = open_gguf(vocab_from).metadata if vocab_from else spm_vocab()
     n_vocab = len(src["tokenizer.ggml.tokens"])
     L, d, ff, nh, nkv, hd = shapes or SHAPES[arch]
@@ -98,8 +110,20 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     if experts:
         w.add_expert_count(experts[0])
         w.add_expert_used_count(experts[1])
-        if arch == "qwen3moe":
+        if arch in ("qwen3moe", "qwen35moe"):
             w.add_expert_feed_forward_length(ff)
+    if hybrid:
+        dn = DELTANET
+        w.add_rope_dimension_count(HYBRID_ROPE_DIMS)
+        w.add_array(f"{arch}.rope.dimension_sections", [3, 3, 2, 0])  # the converter's [11, 11, 10, 0] scaled down
+        w.add_uint32(f"{arch}.full_attention_interval", HYBRID_INTERVAL)
+        w.add_uint32(f"{arch}.ssm.conv_kernel", dn["conv"])
+        w.add_uint32(f"{arch}.ssm.inner_size", dn["v_heads"] * dn["state"])
+        w.add_uint32(f"{arch}.ssm.state_size", dn["state"])
+        w.add_uint32(f"{arch}.ssm.time_step_rank", dn["v_heads"])
+        w.add_uint32(f"{arch}.ssm.group_count", dn["k_heads"])
+        if experts:
+            w.add_uint32(f"{arch}.expert_shared_feed_forward_length", SHARED_EXPERT_FF)
     w.add_tokenizer_model(src["tokenizer.ggml.model"])
     if "tokenizer.ggml.pre" in src:
         w.add_tokenizer_pre(src["tokenizer.ggml.pre"])
@@ -126,10 +150,46 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     def vec(name, n, mean=1.0, std=0.1):
         w.add_tensor(name, (mean + rng.standard_normal(n) * std).astype(np.float32))
 
+    def delta_net(p):
+        """A Gated DeltaNet mixer: its projections of the layer matrices' types (attn_q's for qkv and z, attn_output's
+        for the output), its small vectors and the alpha / beta projections F32 as llama.cpp's quantizer leaves them."""
+        hk, hv, s, taps = DELTANET["k_heads"], DELTANET["v_heads"], DELTANET["state"], DELTANET["conv"]
+        mat(p + "attn_qkv.weight", (2 * hk + hv) * s, d, 2 / np.sqrt(d), types["attn_q"])
+        mat(p + "attn_gate.weight", hv * s, d, 1 / np.sqrt(d), types["attn_q"])
+        w.add_tensor(p + "ssm_conv1d.weight", (rng.standard_normal(((2 * hk + hv) * s, taps)) * 0.5).astype(np.float32))
+        vec(p + "ssm_dt.bias", hv, 0.0, 0.5)
+        w.add_tensor(p + "ssm_a", (-np.exp(rng.standard_normal(hv) * 0.5)).astype(np.float32))  # -exp(A_log)
+        mat(p + "ssm_beta.weight", hv, d, 1 / np.sqrt(d), T.F32)
+        mat(p + "ssm_alpha.weight", hv, d, 1 / np.sqrt(d), T.F32)
+        vec(p + "ssm_norm.weight", s)
+        mat(p + "ssm_out.weight", d, hv * s, 1 / np.sqrt(hv * s), types["attn_output"])
+
     mat("token_embd.weight", n_vocab, d, 0.5, T.Q8_0)
     for i in range(L):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", d)
+        if hybrid:  # qwen35 names its pre-FFN norm post_attention_norm
+            vec(p + "post_attention_norm.weight", d)
+            if (i + 1) % HYBRID_INTERVAL:
+                delta_net(p)
+            else:  # attention with an output gate: each head's q rows, then its gate rows
+                mat(p + "attn_q.weight", nh * 2 * hd, d, 2 / np.sqrt(d), types["attn_q"])
+                mat(p + "attn_k.weight", nkv * hd, d, 2 / np.sqrt(d), types["attn_k"])
+                mat(p + "attn_v.weight", nkv * hd, d, 1 / np.sqrt(d), types["attn_v"])
+                mat(p + "attn_output.weight", d, nh * hd, 1 / np.sqrt(nh * hd), types["attn_output"])
+                vec(p + "attn_q_norm.weight", hd)
+                vec(p + "attn_k_norm.weight", hd)
+            if experts:
+                mat(p + "ffn_gate_inp.weight", experts[0], d, 2 / np.sqrt(d), T.F32)
+                w.add_tensor(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(d) * 2 / np.sqrt(d)).astype(np.float32))
+                mat(p + "ffn_gate_shexp.weight", SHARED_EXPERT_FF, d, 1 / np.sqrt(d), types["ffn_gate"])
+                mat(p + "ffn_up_shexp.weight", SHARED_EXPERT_FF, d, 1 / np.sqrt(d), types["ffn_up"])
+                mat(p + "ffn_down_shexp.weight", d, SHARED_EXPERT_FF, 1 / np.sqrt(SHARED_EXPERT_FF), types["ffn_down"])
+            e, suffix = (experts[0], "_exps") if experts else (0, "")
+            mat(p + f"ffn_gate{suffix}.weight", ff, d, 1 / np.sqrt(d), types["ffn_gate"], e)
+            mat(p + f"ffn_up{suffix}.weight", ff, d, 1 / np.sqrt(d), types["ffn_up"], e)
+            mat(p + f"ffn_down{suffix}.weight", d, ff, (2 if e else 1) / np.sqrt(ff), types["ffn_down"], e)
+            continue
         mat(p + "attn_q.weight", nh * hd, d, 2 / np.sqrt(d), types["attn_q"])
         mat(p + "attn_k.weight", nkv * hd, d, 2 / np.sqrt(d), types["attn_k"])
         mat(p + "attn_v.weight", nkv * hd, d, 1 / np.sqrt(d), types["attn_v"])

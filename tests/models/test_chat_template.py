@@ -115,3 +115,23 @@ def test_broken_templates_are_clear_errors():
         ChatTemplate("{% for %}")
     with pytest.raises(ChatTemplateError, match="failed: UndefinedError"):
         ChatTemplate("{{ nothing.here }}").render(CONVERSATIONS[0])
+
+
+QWEN35_CONVERSATIONS = CONVERSATIONS[:2] + [
+    [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n4"},
+     {"role": "user", "content": "And 3+3?"}],
+]
+
+
+@pytest.mark.parametrize("messages", QWEN35_CONVERSATIONS)
+@pytest.mark.parametrize("thinking", [None, False])
+def test_qwen35_template_renders_as_llama_cpp_python(messages, thinking):
+    """Qwen3.5's template (llama.cpp's models/templates/Qwen3.5-4B.jinja, copied here): thinking on by default (the
+    prompt ends in <think>), enable_thinking=false closes it at once, earlier replies lose their reasoning."""
+    from pathlib import Path
+    source = (Path(__file__).parent / "templates" / "Qwen3.5-4B.jinja").read_text()
+    extra = {} if thinking is None else {"enable_thinking": thinking}
+    ours = ChatTemplate(source, "", "<|im_end|>").render(messages, **extra)
+    reference = Jinja2ChatFormatter(source, eos_token="<|im_end|>", bos_token="", add_generation_prompt=True)
+    assert ours == reference(messages=messages, **extra).prompt
+    assert ours.endswith("<think>\n" if thinking is None else "<think>\n\n</think>\n\n")

@@ -1,0 +1,192 @@
+"""The Gated DeltaNet mixer's ops on the CPU (numba, numpy BLAS for prompts), float32.
+
+A DeltaNet layer (qwen35's recurrent layers) mixes tokens through two states it carries from token to token:
+  conv state  [K - 1, C]   the last K - 1 inputs of each of the C channels (a causal depthwise conv of K taps)
+  delta state [Hv, S, S]   per value head h the matrix S_h, stored transposed: state[h, j, i] = S_h[i][j]
+                           (i: key index, j: value index), as llama.cpp stores it
+tests/kernels/deltanet_reference.py defines the ops in float64; these kernels are held to it.
+
+conv_silu: y = silu(conv(x)). delta_rule: per token, q and k of each key head L2-normed, decay
+g = softplus(alpha + dt_bias) * a, write strength b = sigmoid(beta), and for value head h (which reads key head
+h % Hk): S_h = exp(g) S_h; S_h += k (b (v - S_h^T k))^T; o = S_h^T q / sqrt(S); then the gated norm
+rms_norm(o) * norm_w * silu(z). One token (decode) runs as a numba loop over heads, reading each state once;
+a prompt of CHUNK_MIN_TOKENS or more runs in chunks of CHUNK tokens in the WY form (below), whose products
+are BLAS matmuls: its cost per token does not grow with the state, and it is not serial in the tokens.
+"""
+import math
+
+import numba as nb
+import numpy as np
+
+CHUNK = 64  # tokens a chunk of the parallel form
+CHUNK_MIN_TOKENS = 8  # from this many tokens the chunked form beats the loop (2-core VM, 0.8B shapes)
+
+
+@nb.njit(cache=True, nogil=True, fastmath=True)
+def _conv_silu(x, state, w, y):  # x, y [n, C]; state [K - 1, C]; w [C, K]
+    n, C = x.shape
+    K = w.shape[1]
+    for t in range(n):
+        for c in range(C):
+            acc = x[t, c] * w[c, K - 1]
+            for j in range(K - 1):  # input t - (K - 1) + j: from the state while it is before x
+                src = t - (K - 1) + j
+                acc += (x[src, c] if src >= 0 else state[src + K - 1, c]) * w[c, j]
+            y[t, c] = acc / (1.0 + math.exp(-acc))
+    # the new state: the last K - 1 inputs, the old state's rows where x has fewer
+    for j in range(K - 1):
+        src = n - (K - 1) + j
+        if src >= 0:
+            state[j, :] = x[src]
+        else:
+            state[j, :] = state[j + n, :]  # rows move up by n: row j + n is read before it is written
+
+
+def conv_silu(x: np.ndarray, state: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """silu of the causal depthwise conv of x [n, C] with taps w [C, K] (the last for the current token) over
+    the state [K - 1, C] (the inputs before x, oldest first) and x; the state moves on to x's end, in place."""
+    n, C = x.shape
+    if state.shape != (w.shape[1] - 1, C) or w.shape[0] != C or state.dtype != np.float32:
+        raise ValueError(f"conv_silu: x {x.shape}, state {state.dtype} {state.shape}, w {w.shape} do not fit")
+    y = np.empty((n, C), np.float32)
+    _conv_silu(np.ascontiguousarray(x, np.float32), state, np.ascontiguousarray(w, np.float32), y)
+    return y
+
+
+@nb.njit(cache=True, nogil=True, fastmath=True)
+def _l2_normed(x, eps, out):  # x, out [S]
+    ss = 0.0
+    for i in range(x.shape[0]):
+        ss += x[i] * x[i]
+    r = 1.0 / math.sqrt(ss + eps)
+    for i in range(x.shape[0]):
+        out[i] = x[i] * r
+
+
+@nb.njit(cache=True, nogil=True, fastmath=True)
+def _gates(alpha, beta, dt_bias, a):
+    """(decay factor exp(g), write strength b) of one token and head."""
+    x = alpha + dt_bias
+    sp = x if x > 20.0 else math.log1p(math.exp(x))  # softplus as ggml's
+    return math.exp(sp * a), 1.0 / (1.0 + math.exp(-beta))
+
+
+@nb.njit(cache=True, nogil=True, fastmath=True)
+def _gated_norm(o, z, weight, eps, out):  # o, z, out [S]: rms_norm(o) * weight * silu(z)
+    ss = 0.0
+    for j in range(o.shape[0]):
+        ss += o[j] * o[j]
+    r = 1.0 / math.sqrt(ss / o.shape[0] + eps)
+    for j in range(o.shape[0]):
+        out[j] = o[j] * r * weight[j] * (z[j] / (1.0 + math.exp(-z[j])))
+
+
+@nb.njit(cache=True, nogil=True, fastmath=True, parallel=True)
+def _delta_rule_tokens(y, alpha, beta, dt_bias, a, z, norm_w, state, n_k, eps, out):
+    """Token by token: y [n, C], alpha, beta [n, Hv], z, out [n, Hv * S], state [Hv, S, S]. Heads in parallel."""
+    n = y.shape[0]
+    Hv, S = state.shape[0], state.shape[1]
+    scale = 1.0 / math.sqrt(S)
+    for h in nb.prange(Hv):
+        kh = h % n_k  # the converter tiles value heads over key heads (llama.cpp: iq1 = iv1 % neq1)
+        q = np.empty(S, np.float32)
+        k = np.empty(S, np.float32)
+        d = np.empty(S, np.float32)
+        o = np.empty(S, np.float32)
+        M = state[h]
+        for t in range(n):
+            _l2_normed(y[t, kh * S:(kh + 1) * S], eps, q)
+            _l2_normed(y[t, (n_k + kh) * S:(n_k + kh + 1) * S], eps, k)
+            v = y[t, (2 * n_k + h) * S:(2 * n_k + h + 1) * S]
+            decay, b = _gates(alpha[t, h], beta[t, h], dt_bias[h], a[h])
+            for j in range(S):  # decay the state and read it with k: d = b (v - S^T k)
+                acc = 0.0
+                for i in range(S):
+                    M[j, i] *= decay
+                    acc += M[j, i] * k[i]
+                d[j] = b * (v[j] - acc)
+            for j in range(S):  # write k d^T and read the new state with q
+                acc = 0.0
+                for i in range(S):
+                    M[j, i] += d[j] * k[i]
+                    acc += M[j, i] * q[i]
+                o[j] = acc * scale
+            _gated_norm(o, z[t, h * S:(h + 1) * S], norm_w, eps, out[t, h * S:(h + 1) * S])
+
+
+def _chunked(y, alpha, beta, dt_bias, a, state, n_k, eps):
+    """The delta rule over a prompt in chunks of CHUNK tokens (the WY form, as llama.cpp's
+    build_delta_net_chunking), every head at once: o [n, Hv, S]; state moves on in place.
+
+    Within a chunk, with G the cumulative sum of g, D[t, s] = exp(G_t - G_s) for s <= t, Kb = diag(b) K:
+      T = (I + strict_lower(Kb K^T * D))^-1      (the chunk's writes, each seen by the later ones)
+      U = T diag(b) V,  W = T diag(e^G) Kb       (what each token writes, before the state at the chunk's start)
+      V' = U - W S0
+      O = diag(e^G) Q S0 + ((Q K^T) * D) V'      (lower triangle with its diagonal)
+      S = e^(G_last) S0 + (diag(e^(G_last - G)) K)^T V'
+    Every exponent is <= 0: nothing overflows however strong the decay."""
+    n = len(y)
+    Hv, S = state.shape[0], state.shape[1]
+    heads = np.arange(Hv) % n_k
+    q = y[:, :n_k * S].reshape(n, n_k, S)[:, heads].transpose(1, 0, 2)  # [Hv, n, S]
+    k = y[:, n_k * S:2 * n_k * S].reshape(n, n_k, S)[:, heads].transpose(1, 0, 2)
+    v = y[:, 2 * n_k * S:].reshape(n, Hv, S).transpose(1, 0, 2)
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps) / np.float32(math.sqrt(S))
+    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
+    x = (alpha + dt_bias).astype(np.float32)
+    g = (np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))) * a).T  # [Hv, n]
+    b = (1 / (1 + np.exp(-beta))).T.astype(np.float32)  # [Hv, n]
+    S0 = np.ascontiguousarray(state.transpose(0, 2, 1))  # [Hv, S(i), S(j)]: S_h itself
+    o = np.empty((Hv, n, S), np.float32)
+    for c0 in range(0, n, CHUNK):
+        c1 = min(n, c0 + CHUNK)
+        m = c1 - c0
+        qc, kc, vc = q[:, c0:c1], k[:, c0:c1], v[:, c0:c1]
+        G = np.cumsum(g[:, c0:c1], axis=1)  # [Hv, m]
+        lower = np.tril(np.ones((m, m), bool))
+        D = np.where(lower, np.exp(np.where(lower, G[:, :, None] - G[:, None, :], 0)), 0).astype(np.float32)
+        kb = kc * b[:, c0:c1, None]
+        A = np.tril((kb @ kc.transpose(0, 2, 1)) * D, -1)
+        eG = np.exp(G)[:, :, None].astype(np.float32)
+        UW = np.linalg.solve(A + np.eye(m, dtype=np.float32), np.concatenate([vc * b[:, c0:c1, None], kb * eG], 2))
+        Vp = UW[:, :, :S] - UW[:, :, S:] @ S0
+        o[:, c0:c1] = (qc * eG) @ S0 + ((qc @ kc.transpose(0, 2, 1)) * D) @ Vp
+        last = G[:, -1:]
+        S0 = np.exp(last)[:, :, None] * S0 + (kc * np.exp(last - G)[:, :, None]).transpose(0, 2, 1) @ Vp
+    state[:] = S0.transpose(0, 2, 1)
+    return o.transpose(1, 0, 2)  # [n, Hv, S]
+
+
+@nb.njit(cache=True, nogil=True, fastmath=True, parallel=True)
+def _gated_norms(o, z, norm_w, eps, out):  # o [n, Hv, S]; z, out [n, Hv * S]
+    n, Hv, S = o.shape
+    for r in nb.prange(n * Hv):
+        t, h = r // Hv, r % Hv
+        _gated_norm(o[t, h], z[t, h * S:(h + 1) * S], norm_w, eps, out[t, h * S:(h + 1) * S])
+
+
+def delta_rule(y: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bias: np.ndarray, a: np.ndarray,
+               z: np.ndarray, norm_w: np.ndarray, state: np.ndarray, n_k_heads: int, eps: float,
+               chunked: bool | None = None) -> np.ndarray:
+    """The delta rule and the gated norm (module doc) of the conv's output y [n, C] (C = (2 Hk + Hv) S: q, k,
+    v heads), alpha, beta [n, Hv] (the projections), dt_bias, a [Hv], z [n, Hv * S], norm_w [S], over the
+    state [Hv, S, S] (moved on in place): out [n, Hv * S]. chunked: the chunked form (default: from
+    CHUNK_MIN_TOKENS tokens) or the token loop."""
+    n, C = y.shape
+    Hv, S = state.shape[0], state.shape[2]
+    if (state.shape != (Hv, S, S) or state.dtype != np.float32 or not state.flags.c_contiguous
+            or C != (2 * n_k_heads + Hv) * S or Hv % n_k_heads or alpha.shape != (n, Hv) or beta.shape != (n, Hv)
+            or z.shape != (n, Hv * S) or norm_w.shape != (S,) or dt_bias.shape != (Hv,) or a.shape != (Hv,)):
+        raise ValueError(f"delta_rule: y {y.shape}, alpha {alpha.shape}, beta {beta.shape}, z {z.shape}, state "
+                         f"{state.dtype} {state.shape}, {n_k_heads} key heads do not fit")
+    f32 = lambda t: np.ascontiguousarray(t, np.float32)  # noqa: E731
+    y, alpha, beta, z = f32(y), f32(alpha), f32(beta), f32(z)
+    out = np.empty((n, Hv * S), np.float32)
+    if chunked is None:
+        chunked = n >= CHUNK_MIN_TOKENS
+    if chunked:
+        o = _chunked(y, alpha, beta, f32(dt_bias), f32(a), state, n_k_heads, eps)
+        _gated_norms(f32(o), z, f32(norm_w), eps, out)
+    else:
+        _delta_rule_tokens(y, alpha, beta, f32(dt_bias), f32(a), z, f32(norm_w), state, n_k_heads, eps, out)
+    return out
