@@ -271,7 +271,7 @@ class CPUBackend:
         sh = experts.shared
         if sh is not None:  # every token's shared expert, scaled by sigmoid(gate_inp . h) (qwen35moe)
             gate, up = self.matmuls((sh.gate, sh.up), h)
-            y += self.matmul(sh.down, self.glu(gate, up)) / (1 + np.exp(-(h @ sh.gate_inp)))[:, None]
+            y += self.matmul(sh.down, self.glu(gate, up)) / (1 + np.exp(-self.matmul(sh.gate_inp, h)))
         return x + y
 
     def logits(self, w: QuantMatrix, x: np.ndarray) -> np.ndarray:

@@ -15,8 +15,8 @@ import numpy as np
 from inference.host_experts import HostExperts
 from inference.placement import GROUPED_MIN_TOKENS, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, prefill_tile_elems
 from inference.sampling import REPEAT_LAST_N, SamplingParams
-from inference.weights import ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
-from kernels import cpu_ops, cuda_host, cuda_moe, cuda_ops, cuda_prefill
+from inference.weights import DeltaNetWeights, ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
+from kernels import cpu_ops, cuda_deltanet, cuda_host, cuda_moe, cuda_ops, cuda_prefill
 from kernels.cuda_quant import (FLOAT_TYPES, DeviceWeight, Q8Vector, matvec, matvec_pair, pairs_in_one_launch,
                                  quantize_q8_1, to_device)
 from models.config import ModelConfig
@@ -48,7 +48,9 @@ def _step_arena_bytes(cfg: ModelConfig) -> int:
     e, f = cfg.n_embd, cfg.n_ff
     q, kv = cfg.n_heads * max(cfg.head_dim, cfg.v_head_dim), cfg.n_kv_heads * max(cfg.head_dim, cfg.v_head_dim)
     experts = cfg.n_expert + 2 * cfg.n_expert_used + 4 * cfg.n_expert_used * cfg.n_ff_exp  # logits, choice, ffn
-    floats = 12 * e + 3 * q + 3 * kv + 4 * f + experts  # activations of a layer, q8_1 copies counted as floats
+    shared = 4 * cfg.n_ff_shexp + 2 * e if cfg.n_ff_shexp else 0
+    deltanet = 4 * cfg.ssm_conv_dim + 4 * cfg.ssm_v_heads * (cfg.ssm_state + 2)  # qkv, conv out, z, out, alpha, beta
+    floats = 12 * e + 5 * q + 3 * kv + 4 * f + experts + shared + deltanet  # a layer's, q8_1 copies as floats
     per_layer = 4 * floats + 32 * ALIGN
     return cfg.n_layers * per_layer + 4 * (4 * e + cfg.n_vocab) + 16 * ALIGN + (1 << 20)
 
@@ -98,7 +100,14 @@ class CUDABackend:
                                         cuda_moe.experts_to_device(m.data, m.qtype) if isinstance(m, QuantExperts)
                                         else cp.asarray(m))
             self._rope_freqs = weights.rope_freqs
-            self.caches = {i: cuda_ops.kv_cache(cfg.n_kv_heads, n_ctx, cfg.head_dim) for i in self.layers}
+            self.caches = {i: cuda_ops.kv_cache(cfg.n_kv_heads, n_ctx, cfg.head_dim) for i in self.layers
+                           if not cfg.is_recurrent(i)}
+            # the recurrent layers' states (kernels/cuda_deltanet), updated in place by every step, in the graph too
+            recurrent = [i for i in self.layers if cfg.is_recurrent(i)]
+            self.conv_state = {i: cp.zeros((cfg.ssm_conv_kernel - 1, cfg.ssm_conv_dim), cp.float32) for i in recurrent}
+            self.delta_state = {i: cp.zeros((cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_state), cp.float32)
+                                for i in recurrent}
+            self.state_pos = 0  # tokens the recurrent states have taken in (set_input and DecodeStep keep it)
             self.token = cp.zeros(1, dtype=cp.int32)  # the decode step's input; the sampler writes the next
             self.pos = cp.zeros(1, dtype=cp.int32)  # position of tokens[0]
             self.history = cp.zeros(REPEAT_LAST_N, dtype=cp.int32)  # ring: history[p % n] = token at p
@@ -133,6 +142,7 @@ class CUDABackend:
     def set_input(self, tokens: np.ndarray, pos: int) -> None:
         """The next forward runs tokens [n] at positions pos..pos+n-1 (eagerly)."""
         tokens = np.asarray(tokens, np.int32)
+        self._advance_state(pos, len(tokens))
         if len(tokens) == 1:
             self.token.set(tokens, stream=self.stream)
             self.begin_step()
@@ -144,6 +154,31 @@ class CUDABackend:
             self._q8_of = None
             self._pos, self._lent = pos, None
         self.pos.set(np.array([pos], np.int32), stream=self.stream)
+
+    def _advance_state(self, pos: int, n: int) -> None:
+        """The recurrent states take in n tokens at pos next: zeroed for a new context (pos 0); otherwise they
+        must be at pos already (the engine restores a checkpoint before it rewinds)."""
+        if not self.conv_state:
+            return
+        if pos == 0:
+            with self.stream:
+                for a in (*self.conv_state.values(), *self.delta_state.values()):
+                    a.fill(0)
+        elif self.state_pos != pos:
+            raise RuntimeError(f"the recurrent state is at token {self.state_pos}, not at {pos}")
+        self.state_pos = pos + n
+
+    def recurrent_state(self) -> dict:
+        """A host copy of its recurrent layers' states, layer -> (position, conv, delta): a checkpoint."""
+        self.stream.synchronize()
+        return {i: (self.state_pos, self.conv_state[i].get(stream=self.stream), self.delta_state[i].get(stream=self.stream))
+                for i in self.conv_state}
+
+    def restore_recurrent_state(self, saved: dict) -> None:
+        for i in self.conv_state:
+            self.state_pos, conv, delta = saved[i]
+            self.conv_state[i].set(conv, stream=self.stream)
+            self.delta_state[i].set(delta, stream=self.stream)
 
     def begin_step(self) -> None:
         """The next forward runs token[0] at pos[0], whatever the device buffers hold (the graph's input)."""
@@ -362,6 +397,36 @@ class CUDABackend:
             cuda_ops.attention_prefill(q, k_cache, v_cache, out, self.pos, scale, window, stream=self.stream)
         return out.reshape(n, heads * head_dim)
 
+    def _contiguous(self, x: cp.ndarray) -> cp.ndarray:
+        """x, or a copy of it where it is a strided view (q and its gate taken apart per head)."""
+        if x.flags.c_contiguous:
+            return x
+        out = self._empty(x.shape)
+        with self.stream:
+            out[...] = x
+        return out
+
+    def sigmoid_mul(self, a: cp.ndarray, gate: cp.ndarray) -> cp.ndarray:
+        """a * sigmoid(gate): the attention output's gate (qwen35); a step's also quantized for the projection."""
+        out = self._empty(a.shape)
+        cuda_ops.sigmoid_mul(a, self._contiguous(gate), out, xq=self._q8_out(out) if self.n == 1 else None,
+                             stream=self.stream)
+        return out
+
+    def delta_net(self, layer: int, dn: DeltaNetWeights, qkv: cp.ndarray, z: cp.ndarray, alpha: cp.ndarray,
+                  beta: cp.ndarray) -> cp.ndarray:
+        """The DeltaNet mixer of a recurrent layer on its projections (forward.delta_net): the causal conv, the
+        delta rule and the gated norm (kernels/cuda_deltanet), the layer's states moved on in place."""
+        n = qkv.shape[0]
+        y = self._empty(qkv.shape)
+        cuda_deltanet.conv_silu(self._contiguous(qkv), self.conv_state[layer], self._weight(dn.conv), y,
+                                stream=self.stream)
+        out = self._empty((n, self.cfg.ssm_v_heads * self.cfg.ssm_state))
+        cuda_deltanet.delta_rule(y, self._contiguous(alpha), self._contiguous(beta), self._weight(dn.dt_bias),
+                                 self._weight(dn.a), self._contiguous(z), self._weight(dn.norm), self.delta_state[layer],
+                                 out, self.cfg.ssm_k_heads, self.cfg.rms_eps, stream=self.stream)
+        return out
+
     def glu(self, gate: cp.ndarray, up: cp.ndarray) -> cp.ndarray:
         out = self._empty(gate.shape)
         xq = self._q8_out(out) if self.n == 1 else None
@@ -369,7 +434,19 @@ class CUDABackend:
         return out
 
     def add_moe(self, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> cp.ndarray:
-        """x + the mixture of experts on h = rms_norm(x [n, n_embd], norm) (kernels/cuda_moe.py): the router's
+        """x + the mixture of experts on h = rms_norm(x [n, n_embd], norm) (_add_routed), and the shared expert's
+        output gated by sigmoid(gate_inp . h) where the layer has one (qwen35moe)."""
+        out, h = self._add_routed(x, experts, norm, k)
+        sh = experts.shared
+        if sh is None:
+            return out
+        gate, up = self.matmuls((sh.gate, sh.up), h)
+        y = self.matmul(sh.down, self.glu(gate, up))
+        cuda_ops.add_sigmoid_scaled(out, y, self.matmul(sh.gate_inp, h), out, stream=self.stream)
+        return out
+
+    def _add_routed(self, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> tuple:
+        """(x + the routed experts' weighted sum, h) for h = rms_norm(x [n, n_embd], norm) (kernels/cuda_moe.py): the router's
         logits and the choice of k experts a token, kept on the device, then the experts' FFNs. One token
         (decode): the norm, router and choice in one launch, the chosen experts' gate, up and glu in one, then
         their down projections weighted, summed and added to x in one. A prompt chunk: grouped by expert
@@ -393,9 +470,9 @@ class CUDABackend:
             # this layer's experts stay on the host: up for this chunk (float experts have no GPU kernels)
             gate, up, down = self._upload_experts(experts)
         else:
-            return self.host_experts.add_moe(self, x, experts, h, ids, weights)
+            return self.host_experts.add_moe(self, x, experts, h, ids, weights), h
         if n >= GROUPED_MIN_TOKENS and cuda_moe.grouped_supported(gate, up, down):
-            return self._experts_grouped(x, h, gate, up, down, ids, weights)
+            return self._experts_grouped(x, h, gate, up, down, ids, weights), h
         hq = self._q8(h)
         act = self._empty((n * k, gate.n_rows))
         act_q = self._empty_q8(act.size)
@@ -408,7 +485,7 @@ class CUDABackend:
             cuda_ops.glu(gate_up[0], gate_up[1], act, self.cfg.activation, xq=act_q, stream=self.stream)
         out = self._empty(x.shape)
         cuda_moe.down(down, ids, weights, act_q, out, x, stream=self.stream)
-        return out
+        return out, h
 
     def _router_logits(self, router: DeviceWeight, h: cp.ndarray) -> cp.ndarray:
         """h [n, n_embd] @ router.T: an F32 router in float32 cuBLAS for a prompt chunk (the prompt matmuls'
@@ -524,9 +601,14 @@ class CUDABackend:
 
 def _matmuls_calls(lw: LayerWeights):
     """The (matrices, biases) of forward()'s matmuls calls in a layer."""
-    yield lw.qkv, lw.qkv_bias
+    if lw.delta_net is not None:
+        yield lw.delta_net.projections, None
+    else:
+        yield lw.qkv, lw.qkv_bias
     if lw.experts is None:
         yield lw.gate_up, None
+    elif lw.experts.shared is not None:
+        yield (lw.experts.shared.gate, lw.experts.shared.up), None
 
 
 def _group_key(ws: tuple, biases: tuple | None) -> tuple:
@@ -589,5 +671,9 @@ def _host_tensors(w: ModelWeights, layers: range, host_experts: range = range(0)
             t = getattr(lw, name)
             if isinstance(t, ExpertFFN):
                 yield from (t.router,) if i in host_experts else (t.router, t.gate, t.up, t.down)
+                if t.shared is not None:
+                    yield from (t.shared.gate_inp, t.shared.down)
+            elif isinstance(t, DeltaNetWeights):
+                yield from (getattr(t, f) for f in t.__dataclass_fields__ if id(getattr(t, f)) not in grouped)
             elif t is not None and id(t) not in grouped:
                 yield t

@@ -50,6 +50,10 @@ class DecodeStep:
     def __call__(self, greedy: bool, token: int, pos: int) -> None:
         """Run one step on token at pos (the host does not wait for the GPU). The GPU part reads both from its
         own buffers, where the last step's sampler left them; the CPU part takes them from the host."""
+        if self.be.conv_state:  # the recurrent states take this token in (in place, in the graph too)
+            if self.be.state_pos != pos:
+                raise RuntimeError(f"the recurrent state is at token {self.be.state_pos}, not at {pos}")
+            self.be.state_pos = pos + 1
         if self.cpu:
             self.cpu.set_input(np.array([token], np.int32), pos)
             x = layers(self.cpu, self.cfg, self.weights, embed(self.cpu, self.cfg, self.weights), self.cpu.layers)

@@ -113,8 +113,8 @@ class Engine:
         self._be = self._segments[-1][0]  # gives the logits
         first = self._segments[0][0]
         # a prompt chunk of OFFLOAD_MIN_TOKENS or more runs every layer on the GPU, the CPU layers lent to it
-        # (backend_cuda): the CPU embeds its tokens only
-        self._chunk_segments = self._segments if len(self._segments) == 1 else [
+        # (backend_cuda): the CPU embeds its tokens only. Not for recurrent layers: their states stay where they are
+        self._chunk_segments = self._segments if len(self._segments) == 1 or any(self.config.recurrent) else [
             (first, range(0)), (self._be, range(self.config.n_layers))]
         self.gpu_share = first.share if isinstance(first, CPUBackend) else None  # a GpuShare or None
 
@@ -342,6 +342,10 @@ class Engine:
             tail, _ = text.feed(detok.flush(), final=True)
             if tail:
                 yield tail
+        if self._decode and getattr(self._be, "state_pos", 0) == len(self._cached) + 1:
+            # the GPU ran the step on the last token before handing it out (DecodeStep.tokens): a recurrent state
+            # cannot leave it out again, so it belongs to the context (a chat's next prompt often starts with it)
+            self._cached.append(token)
         self._checkpoint()  # the end of the reply: where the next turn of the conversation goes on
         t2 = time.perf_counter()
         yield GenerationStats(len(ids) - n_reused, t1 - t0, generated, t2 - t1, finish, len(ids) + generated)
@@ -394,7 +398,7 @@ def _suffix_prefix(text: str, s: str) -> int:
 
 def _default_ctx(cfg: ModelConfig, file_size: int) -> int:
     """The model's context, capped so the KV cache fits in half the memory left after the weights."""
-    per_token = cfg.n_layers * cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * 4
+    per_token = len(cfg.attention_layers) * cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * 4
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     fits = max(256, (memory // 2 - file_size) // per_token)
     return int(min(cfg.n_ctx_train, fits))

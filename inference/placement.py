@@ -143,16 +143,23 @@ def _vram_bytes(t: TensorInfo) -> int:
 
 
 def layer_weight_bytes(tensors: dict[str, TensorInfo], n_layers: int) -> list[int]:
-    """VRAM of each layer's weights (blk.{i}.*)."""
+    """VRAM of each layer's weights (blk.{i}.*; the multi-token-prediction blocks after them are not loaded)."""
     sizes = [0] * n_layers
     for name, t in tensors.items():
-        if name.startswith("blk."):
+        if name.startswith("blk.") and int(name.split(".")[1]) < n_layers:
             sizes[int(name.split(".")[1])] += _vram_bytes(t)
     return sizes
 
 
 def kv_bytes_per_layer(cfg: ModelConfig, n_ctx: int) -> int:
     return 2 * cfg.n_kv_heads * n_ctx * (cfg.head_dim + cfg.v_head_dim)  # float16 k and v
+
+
+def context_bytes(cfg: ModelConfig, n_ctx: int, layers: range) -> int:
+    """VRAM of these layers' context: an attention layer's KV cache, a recurrent layer's float32 conv and delta
+    states (the same at any context length)."""
+    state = 4 * ((cfg.ssm_conv_kernel - 1) * cfg.ssm_conv_dim + cfg.ssm_v_heads * cfg.ssm_state ** 2)
+    return sum(state if cfg.is_recurrent(i) else kv_bytes_per_layer(cfg, n_ctx) for i in layers)
 
 
 def share_ring_bytes(largest_matrix_bytes: int) -> int:
@@ -176,6 +183,8 @@ def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig) -> int:
     attn_dim = cfg.n_heads * cfg.v_head_dim
     experts = cfg.n_expert + 2 * cfg.n_expert_used + 3 * cfg.n_expert_used * cfg.n_ff_exp  # logits, choice, ffn
     token_floats = 3 * cfg.n_embd + q_dim + kv_dim + attn_dim + 3 * cfg.n_ff + experts  # x, residual, norm; q, k, v; ffn
+    token_floats += (q_dim if cfg.attn_output_gate else 0) + 3 * cfg.n_ff_shexp  # q's gate; the shared expert
+    token_floats += 3 * cfg.ssm_conv_dim + 3 * cfg.ssm_v_heads * cfg.ssm_state  # DeltaNet: qkv, conv out; z, out
     max_cols = max(cfg.n_embd, cfg.n_ff, attn_dim, cfg.n_expert_used * cfg.n_ff_exp)  # the widest matmul input
     q8_bytes = max_cols * (1 + 8 / 32)  # q8_1: a byte a value + float32 (d, s) a block of 32
     decode = (4 * (token_floats + cfg.n_vocab) + q8_bytes
@@ -269,7 +278,7 @@ def split(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int, k: int, 
     scratch = scratch_bytes(tensors, cfg) + (share_ring_bytes(largest) if k < n else 0) + max(by_layer) + stack
     some_on_cpu = k < n or host_experts > 0
     return Placement(("cpu",) * (n - k) + ("gpu",) * k, "gpu", "gpu" if k == n else "cpu", weights,
-                     k * kv_bytes_per_layer(cfg, n_ctx), scratch, reserve, budget, n_ctx,
+                     context_bytes(cfg, n_ctx, range(n - k, n)), scratch, reserve, budget, n_ctx,
                      reason if some_on_cpu else "", cpu_experts if host_experts else 0, host_experts)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 from kernels.cpu_quant import OneTokenExperts
 from models.config import ModelConfig
 from models.errors import UserError
-from models.ggml_types import GGMLType, require_supported
+from models.ggml_types import TYPES_BY_NAME, GGMLType, require_supported
 from models.gguf import GGUFModel
 
 
@@ -46,7 +46,7 @@ class QuantExperts:
 @dataclass(frozen=True)
 class SharedExpert:
     """A SwiGLU FFN every token runs beside its routed experts, its output scaled by sigmoid(gate_inp . h)."""
-    gate_inp: np.ndarray  # ffn_gate_inp_shexp [n_embd]
+    gate_inp: QuantMatrix  # ffn_gate_inp_shexp [1, n_embd] (a vector in the file)
     gate: QuantMatrix  # ffn_gate_shexp [n_ff_shexp, n_embd]
     up: QuantMatrix  # ffn_up_shexp [n_ff_shexp, n_embd]
     down: QuantMatrix  # ffn_down_shexp [n_embd, n_ff_shexp]
@@ -174,8 +174,9 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
             return dict(ffn_gate=matrix(p + "ffn_gate.weight", cfg.n_ff, cfg.n_embd),
                         ffn_up=matrix(p + "ffn_up.weight", cfg.n_ff, cfg.n_embd),
                         ffn_down=matrix(p + "ffn_down.weight", cfg.n_embd, cfg.n_ff))
+        gate_inp = vector(p + "ffn_gate_inp_shexp.weight", cfg.n_embd) if cfg.n_ff_shexp else None
         shared = SharedExpert(
-            gate_inp=vector(p + "ffn_gate_inp_shexp.weight", cfg.n_embd),
+            gate_inp=QuantMatrix(gate_inp.view(np.uint8).reshape(1, -1), TYPES_BY_NAME["F32"], 1, cfg.n_embd),
             gate=matrix(p + "ffn_gate_shexp.weight", cfg.n_ff_shexp, cfg.n_embd),
             up=matrix(p + "ffn_up_shexp.weight", cfg.n_ff_shexp, cfg.n_embd),
             down=matrix(p + "ffn_down_shexp.weight", cfg.n_embd, cfg.n_ff_shexp)) if cfg.n_ff_shexp else None

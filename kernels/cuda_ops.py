@@ -323,6 +323,27 @@ def glu(gate: cp.ndarray, up: cp.ndarray, out: cp.ndarray, activation: str, xq: 
             kernel("elementwise.cu", "glu_q8_1")(_blocks(n), (256,), (gate, up, out, xq.qs, xq.ds, np.int32(n), act))
 
 
+def sigmoid_mul(a: cp.ndarray, gate: cp.ndarray, out: cp.ndarray, xq: Q8Vector | None = None, stream=None) -> None:
+    """out = a * sigmoid(gate), elementwise (same shapes); out may be a. xq given: out also quantized to q8_1."""
+    n = _check_same("a, gate, out", a, gate, out)
+    with _stream(stream):
+        if xq is None:
+            kernel("elementwise.cu", "sigmoid_mul")(_blocks(n), (256,), (a, gate, out, np.int32(n)))
+        else:
+            _check_q8(xq, n)
+            kernel("elementwise.cu", "sigmoid_mul_q8_1")(_blocks(n), (256,), (a, gate, out, xq.qs, xq.ds, np.int32(n)))
+
+
+def add_sigmoid_scaled(x: cp.ndarray, y: cp.ndarray, s: cp.ndarray, out: cp.ndarray, stream=None) -> None:
+    """out [n, d] = x + sigmoid(s [n, 1]) * y, a scale per row; out may be x or y."""
+    n = _check_same("x, y, out", x, y, out)
+    rows = x.shape[0] if x.ndim == 2 else -1
+    _check("s", s, cp.float32, (rows, 1))
+    with _stream(stream):
+        kernel("elementwise.cu", "add_sigmoid_scaled")(_blocks(n), (256,), (x, y, s, out, np.int32(n),
+                                                                          np.int32(x.shape[1])))
+
+
 def add(a: cp.ndarray, b: cp.ndarray, out: cp.ndarray, stream=None) -> None:
     """out = a + b (same shapes); out may be a or b."""
     n = _check_same("a, b, out", a, b, out)

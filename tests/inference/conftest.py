@@ -74,6 +74,19 @@ def synth_qwen3moe(tmp_path_factory):
     return _write_small(tmp_path_factory, "qwen3moe")
 
 
+@pytest.fixture(scope="session")
+def synth_qwen35(tmp_path_factory):
+    """Qwen3.5's hybrid: 4 Gated DeltaNet layers and 2 gated attention layers (synthetic.DELTANET: 2 key heads, 4
+    value heads of 32)."""
+    return _write_small(tmp_path_factory, "qwen35")
+
+
+@pytest.fixture(scope="session")
+def synth_qwen35moe(tmp_path_factory):
+    """qwen35 with 16 experts (4 run a token) and a shared expert in every layer."""
+    return _write_small(tmp_path_factory, "qwen35moe")
+
+
 def _synth(factory, preset: str, ftype: str):
     path = factory.mktemp("synth") / f"{preset}.gguf"
     subprocess.run([sys.executable, SYNTH_GGUF, str(path), "--preset", preset, "--ftype", ftype], check=True)
@@ -84,13 +97,14 @@ def _write_small(factory, arch: str):
     """The path of a small random model (tests/inference/synthetic.py) with a made-up SentencePiece vocabulary of
     its own (nothing outside the repository), its matrices Q8_0, Q5_0, Q4_1 and F16 so that the GPU runs several matvec and prefill types. gemma3: 6 layers,
     five of them with a 16-token sliding window, head_dim 256; qwen2: qkv biases, its own output matrix;
-    qwen3moe: Q4_1 gate and up experts, Q5_0 down experts (the GPU's expert kernels take quantized types)."""
+    qwen3moe: Q4_1 gate and up experts, Q5_0 down experts (the GPU's expert kernels take quantized types); qwen35,
+    qwen35moe: synthetic.SHAPES' 6 layers (DeltaNet projections of attn_q's type, its output of attn_output's)."""
     from gguf import GGMLQuantizationType as T  # noqa: PLC0415
 
     gemma = arch == "gemma3"
     types = dict(attn_q=T.Q8_0, attn_k=T.Q8_0, attn_v=T.Q5_0, attn_output=T.Q8_0, ffn_gate=T.F16 if gemma else T.Q4_1,
                  ffn_up=T.F16 if gemma else T.Q4_1, ffn_down=T.Q5_0)
-    shapes = None if gemma else (2, 256, 256 if arch == "qwen3moe" else 512, 4, 2, 64)
+    shapes = None if gemma or arch.startswith("qwen35") else (2, 256, 256 if arch == "qwen3moe" else 512, 4, 2, 64)
     path = factory.mktemp("synth") / f"{arch}.gguf"
     write_synthetic(path, arch, shapes=shapes, types=types)
     return path

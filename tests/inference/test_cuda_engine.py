@@ -20,7 +20,8 @@ CTX = 512
 # its random 16 layers amplify the q8_1 rounding of activations (which the GPU matvecs do, as llama.cpp's do)
 # until a row's logits flip sign; the CPU engine does the same once its activations are rounded alike. And its
 # logits, as those of tests/synth_gguf.py's files, barely depend on the input: a comparison of them is blind.
-PARITY_MODELS = ["smollm2", "gemma3", "synth_llama_k", "synth_gemma3", "synth_qwen2", "synth_qwen3moe"]
+PARITY_MODELS = ["smollm2", "gemma3", "synth_llama_k", "synth_gemma3", "synth_qwen2", "synth_qwen3moe", "synth_qwen35",
+                 "synth_qwen35moe"]
 MODELS = PARITY_MODELS + ["synth_1b"]
 
 
@@ -162,7 +163,7 @@ def test_matmuls_fuse_the_matrices_of_one_type(engines):
                     assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), (w.qtype.name, n)
 
 
-@pytest.mark.parametrize("model", ["synth_llama_k", "synth_gemma3", "synth_qwen3moe"])
+@pytest.mark.parametrize("model", ["synth_llama_k", "synth_gemma3", "synth_qwen3moe", "synth_qwen35moe"])
 def test_2000_tokens_neither_drift_nor_grow_memory(model, request):
     """2000 sampled tokens through the captured graph: the last step's logits still equal an eager
     recomputation of the whole sequence (CPU engine), and device memory stays what it was at token 100."""
