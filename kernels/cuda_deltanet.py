@@ -20,7 +20,7 @@ HEAD_SIZES = (64, 128)  # S the delta-rule kernels are built for
 REC_CLUSTER = 4  # deltanet.cu: REC_CLUSTER, blocks a head token by token
 REC_ROWS = 4  # deltanet.cu: REC_ROWS, state rows a warp
 CHUNK = 64  # deltanet.cu: CH, tokens a chunk
-CHUNK_COLS = 32  # deltanet.cu: CJ, value columns a block in chunks
+CHUNK_COLS = 64  # deltanet.cu: CJ, value columns a block in chunks
 CHUNK_THREADS = 256
 CHUNKED_MIN_TOKENS = 64  # delta_rule's default: chunks from this many tokens (kernels/bench_deltanet.py)
 
@@ -44,7 +44,7 @@ def conv_silu(x: cp.ndarray, state: cp.ndarray, w: cp.ndarray, out: cp.ndarray, 
 def _chunk_smem(S: int) -> int:
     """deltanet.cu ChunkSmem<S>::FLOATS * 4: the chunked kernel's dynamic shared memory in bytes."""
     ldk, ldc, ldv = S + 4, CHUNK + 4, CHUNK_COLS + 8
-    return 4 * (3 * CHUNK * ldk + CHUNK_COLS * ldk + 3 * CHUNK * ldc + 2 * CHUNK * ldv + 4 * CHUNK)
+    return 4 * (3 * CHUNK * ldk + CHUNK_COLS * ldk + 3 * CHUNK * ldc + 2 * CHUNK * ldv + 6 * CHUNK)
 
 
 @functools.cache

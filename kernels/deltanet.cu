@@ -94,6 +94,25 @@ __device__ __forceinline__ void store_vec(float* p, const float (&v)[E]) {
 // Launch: grid Hv * REC_CLUSTER, block 32 * WARPS, cluster (REC_CLUSTER, 1, 1).
 #define REC_CLUSTER 4
 #define REC_ROWS 4
+// One token's inputs to a warp of gdn_recurrent: its lane's part of q and k, and (lanes < REC_ROWS) v and z of
+// row j0 + lane.
+template <int E>
+struct TokenIn {
+    float q[E], k[E], v, z, alpha, beta;
+
+    __device__ __forceinline__ void load(const float* __restrict__ y, const float* __restrict__ alpha_,
+                                         const float* __restrict__ beta_, const float* __restrict__ z_, int t,
+                                         int lane, int kh, int h, int j0, int Hk, int Hv, int S, int C) {
+        const float* yt = y + (size_t)t * C;
+        load_vec<E>(yt + kh * S + lane * E, q);
+        load_vec<E>(yt + (Hk + kh) * S + lane * E, k);
+        v = lane < REC_ROWS ? yt[(2 * Hk + h) * S + j0 + lane] : 0.0f;
+        z = lane < REC_ROWS ? z_[((size_t)t * Hv + h) * S + j0 + lane] : 0.0f;
+        alpha = alpha_[(size_t)t * Hv + h];
+        beta = beta_[(size_t)t * Hv + h];
+    }
+};
+
 template <int S>
 __device__ __forceinline__ void gdn_recurrent(const float* __restrict__ y, const float* __restrict__ alpha,
                                               const float* __restrict__ beta, const float* __restrict__ dt_bias,
@@ -111,28 +130,27 @@ __device__ __forceinline__ void gdn_recurrent(const float* __restrict__ y, const
 #pragma unroll
     for (int r = 0; r < REC_ROWS; ++r) load_vec<E>(M + r * S, s[r]);
     const float dtb = dt_bias[h], ah = a[h], wj = lane < REC_ROWS ? norm_w[j0 + lane] : 0.0f;
+    TokenIn<E> next;
+    next.load(y, alpha, beta, z, 0, lane, kh, h, j0, Hk, Hv, S, C);
     for (int t = 0; t < n; ++t) {
-        const float* yt = y + (size_t)t * C;
-        float q[E], k[E];
-        load_vec<E>(yt + kh * S + lane * E, q);
-        load_vec<E>(yt + (Hk + kh) * S + lane * E, k);
-        const float v = lane < REC_ROWS ? yt[(2 * Hk + h) * S + j0 + lane] : 0.0f;
-        const float zj = lane < REC_ROWS ? z[((size_t)t * Hv + h) * S + j0 + lane] : 0.0f;
+        TokenIn<E> in = next;  // token t + 1's inputs load while token t is computed
+        next.load(y, alpha, beta, z, min(t + 1, n - 1), lane, kh, h, j0, Hk, Hv, S, C);
+        float(&q)[E] = in.q;
+        float(&k)[E] = in.k;
         float qq = 0.0f, kk = 0.0f;
 #pragma unroll
         for (int e = 0; e < E; ++e) qq += q[e] * q[e], kk += k[e] * k[e];
         const float rq = rsqrtf(warp_sum_f(qq) + eps) * rsqrtf((float)S), rk = rsqrtf(warp_sum_f(kk) + eps);
 #pragma unroll
         for (int e = 0; e < E; ++e) q[e] *= rq, k[e] *= rk;  // q carries the output's 1 / sqrt(S)
-        const float decay = expf(softplus(alpha[(size_t)t * Hv + h] + dtb) * ah);
-        const float b = 1.0f / (1.0f + expf(-beta[(size_t)t * Hv + h]));
+        const float decay = expf(softplus(in.alpha + dtb) * ah), b = 1.0f / (1.0f + expf(-in.beta));
         float o[REC_ROWS], ss = 0.0f;
 #pragma unroll
         for (int r = 0; r < REC_ROWS; ++r) {
             float mk = 0.0f;
 #pragma unroll
             for (int e = 0; e < E; ++e) mk += s[r][e] * k[e];
-            const float d = b * (__shfl_sync(0xffffffffu, v, r) - decay * warp_sum_f(mk));
+            const float d = b * (__shfl_sync(0xffffffffu, in.v, r) - decay * warp_sum_f(mk));
             float mq = 0.0f;
 #pragma unroll
             for (int e = 0; e < E; ++e) {
@@ -149,7 +167,7 @@ __device__ __forceinline__ void gdn_recurrent(const float* __restrict__ y, const
         float mine = o[0];
 #pragma unroll
         for (int r = 1; r < REC_ROWS; ++r) mine = lane == r ? o[r] : mine;
-        if (lane < REC_ROWS) out[((size_t)t * Hv + h) * S + j0 + lane] = mine * inv * wj * silu(zj);
+        if (lane < REC_ROWS) out[((size_t)t * Hv + h) * S + j0 + lane] = mine * inv * wj * silu(in.z);
     }
     cluster_sync();  // no block leaves while another may still read its partial sums
 #pragma unroll
@@ -165,11 +183,13 @@ __device__ __forceinline__ void gdn_recurrent(const float* __restrict__ y, const
 //   S1 = exp(G_last) S0 + (diag(exp(G_last - G)) K)^T D
 // Every exponent is <= 0 (g < 0), so nothing overflows however strong the decay. The value columns of S are
 // independent given K, b and g: a block takes CJ of them (S0 [S x CJ] in shared memory for the whole prompt),
-// a cluster of S / CJ blocks a head, each recomputing T. The products run on the tensor cores in tf32 with
+// a cluster of S / CJ blocks a head, each recomputing T (CJ 64: a head's clusters of 2 all fit the GPU at once
+// at Hv 48, where clusters of 4 of CJ 32 ran in two waves and no faster). The products run on the tensor cores in tf32 with
 // each float32 split in two tf32 parts (3 products, float32 accuracy: see mma_tile).
 #define CH 64
-#define CJ 32
+#define CJ 64
 #define CHUNK_THREADS 256
+#define INV_ROWS 4
 
 __device__ __forceinline__ uint32_t tf32(float x) {
     uint32_t r;
@@ -191,40 +211,53 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) 
     lo = tf32(x - __uint_as_float(hi));
 }
 
-// C [M x N] (row stride ldc) = c_scale * C + sign * A [M x K] B [K x N] in shared memory, every warp of the
-// block taking 16 x 8 tiles in turn (the same tiles for the same M, N). A(r, c) = A[r * ars + c * acs],
-// B(r, c) = B[r * brs + c * bcs]: a transposed operand is a swap of strides. c_scale 0: C is not read.
+// C [M x N] (row stride LDC) = c_scale * C + A [M x K] B [K x N] in shared memory. A(r, c) = A[r * ARS + c * ACS],
+// B(r, c) = B[r * BRS + c * BCS]: a transposed operand is a swap of strides, all compile-time so that every
+// fragment load is one instruction with a constant offset. A warp takes strips of 16 rows x 8 * NT columns in
+// turn (the same strips for the same M, N, NT), loading and splitting its A fragments once for the NT tiles.
+// c_scale 0: C is not read.
 // mma.m16n8k8 tf32 fragments (PTX ISA), lane = 4 * g + t: A (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4);
 // B (t, g), (t + 4, g); C (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). Each operand is split into
 // hi + lo tf32 parts and lo * hi + hi * lo + hi * hi accumulated (lo * lo is below float32's rounding).
-template <int M, int N, int K>
-__device__ __forceinline__ void mma_tile(const float* A, int ars, int acs, const float* B, int brs, int bcs,
-                                         float* C, int ldc, float sign, float c_scale) {
-    static_assert(M % 16 == 0 && N % 8 == 0 && K % 8 == 0, "whole tiles");
+template <int M, int N, int K, int NT, int ARS, int ACS, int BRS, int BCS, int LDC>
+__device__ __forceinline__ void mma_tile(const float* A, const float* B, float* C, float c_scale) {
+    static_assert(M % 16 == 0 && N % (8 * NT) == 0 && K % 8 == 0, "whole tiles");
+    constexpr int STRIPS_N = N / (8 * NT);
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    for (int tile = threadIdx.x >> 5; tile < (M / 16) * (N / 8); tile += CHUNK_THREADS / 32) {
-        const int m0 = tile / (N / 8) * 16, n0 = tile % (N / 8) * 8;
-        float* c0 = C + (m0 + g) * ldc + n0 + 2 * t;
-        float* c1 = c0 + 8 * ldc;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (c_scale != 0.0f) acc[0] = c_scale * c0[0], acc[1] = c_scale * c0[1], acc[2] = c_scale * c1[0],
-                             acc[3] = c_scale * c1[1];
-        const float* a = A + (m0 + g) * ars + t * acs;
-        const float* b = B + t * brs + (n0 + g) * bcs;
-#pragma unroll 4
-        for (int k0 = 0; k0 < K; k0 += 8) {
-            uint32_t ah[4], al[4], bh[2], bl[2];
-            split_tf32(sign * a[k0 * acs], ah[0], al[0]);
-            split_tf32(sign * a[8 * ars + k0 * acs], ah[1], al[1]);
-            split_tf32(sign * a[(k0 + 4) * acs], ah[2], al[2]);
-            split_tf32(sign * a[8 * ars + (k0 + 4) * acs], ah[3], al[3]);
-            split_tf32(b[k0 * brs], bh[0], bl[0]);
-            split_tf32(b[(k0 + 4) * brs], bh[1], bl[1]);
-            mma_1688(acc, al[0], al[1], al[2], al[3], bh[0], bh[1]);
-            mma_1688(acc, ah[0], ah[1], ah[2], ah[3], bl[0], bl[1]);
-            mma_1688(acc, ah[0], ah[1], ah[2], ah[3], bh[0], bh[1]);
+    for (int strip = threadIdx.x >> 5; strip < (M / 16) * STRIPS_N; strip += CHUNK_THREADS / 32) {
+        const int m0 = strip / STRIPS_N * 16, n0 = strip % STRIPS_N * 8 * NT;
+        float acc[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            float* c = C + (m0 + g) * LDC + n0 + j * 8 + 2 * t;
+            const bool read = c_scale != 0.0f;
+            acc[j][0] = read ? c_scale * c[0] : 0.0f, acc[j][1] = read ? c_scale * c[1] : 0.0f;
+            acc[j][2] = read ? c_scale * c[8 * LDC] : 0.0f, acc[j][3] = read ? c_scale * c[8 * LDC + 1] : 0.0f;
         }
-        c0[0] = acc[0], c0[1] = acc[1], c1[0] = acc[2], c1[1] = acc[3];
+        const float* a = A + (m0 + g) * ARS + t * ACS;
+        const float* b = B + t * BRS + (n0 + g) * BCS;
+#pragma unroll
+        for (int k0 = 0; k0 < K; k0 += 8) {
+            uint32_t ah[4], al[4];
+            split_tf32(a[k0 * ACS], ah[0], al[0]);
+            split_tf32(a[8 * ARS + k0 * ACS], ah[1], al[1]);
+            split_tf32(a[(k0 + 4) * ACS], ah[2], al[2]);
+            split_tf32(a[8 * ARS + (k0 + 4) * ACS], ah[3], al[3]);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                uint32_t bh[2], bl[2];
+                split_tf32(b[k0 * BRS + j * 8 * BCS], bh[0], bl[0]);
+                split_tf32(b[(k0 + 4) * BRS + j * 8 * BCS], bh[1], bl[1]);
+                mma_1688(acc[j], al[0], al[1], al[2], al[3], bh[0], bh[1]);
+                mma_1688(acc[j], ah[0], ah[1], ah[2], ah[3], bl[0], bl[1]);
+                mma_1688(acc[j], ah[0], ah[1], ah[2], ah[3], bh[0], bh[1]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            float* c = C + (m0 + g) * LDC + n0 + j * 8 + 2 * t;
+            c[0] = acc[j][0], c[1] = acc[j][1], c[8 * LDC] = acc[j][2], c[8 * LDC + 1] = acc[j][3];
+        }
     }
 }
 
@@ -235,7 +268,9 @@ struct ChunkSmem {
     static constexpr int LDK = S + 4, LDC = CH + 4, LDV = CJ + 8;
     static constexpr int Q = 0, K = Q + CH * LDK, W = K + CH * LDK, M = W + CH * LDK, KK = M + CJ * LDK,
                          P = KK + CH * LDC, T = P + CH * LDC, V = T + CH * LDC, D = V + CH * LDV,
-                         G = D + CH * LDV, B = G + CH, PART = B + CH, FLOATS = PART + 2 * CH;
+                         G = D + CH * LDV, B = G + CH, EG = B + CH, EL = EG + CH, PART = EL + CH,
+                         FLOATS = PART + 2 * CH;
+    static_assert(FLOATS * 4 <= 227 * 1024, "a multiprocessor's shared memory");
 };
 
 // Launch: grid Hv * (S / CJ), block CHUNK_THREADS, cluster (S / CJ, 1, 1), ChunkSmem<S>::FLOATS * 4 bytes of
@@ -248,9 +283,11 @@ __device__ __forceinline__ void gdn_chunked(const float* __restrict__ y, const f
                                             float* __restrict__ out, int n, int Hk, int Hv, float eps) {
     using L = ChunkSmem<S>;
     constexpr int E = S / 32, LDK = L::LDK, LDC = L::LDC, LDV = L::LDV, CLUSTER = S / CJ;
+    constexpr int WARPS = CHUNK_THREADS / 32, ROWS = CH / WARPS;
     extern __shared__ float sm[];
     float *Qs = sm + L::Q, *Ks = sm + L::K, *Ws = sm + L::W, *Ms = sm + L::M, *KK = sm + L::KK, *P = sm + L::P,
-          *T = sm + L::T, *Vs = sm + L::V, *Ds = sm + L::D, *G = sm + L::G, *Bs = sm + L::B, *part = sm + L::PART;
+          *T = sm + L::T, *Vs = sm + L::V, *Ds = sm + L::D, *G = sm + L::G, *Bs = sm + L::B, *EG = sm + L::EG,
+          *EL = sm + L::EL, *part = sm + L::PART;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int h = blockIdx.x / CLUSTER, kh = h % Hk, C = (2 * Hk + Hv) * S;
     const int j0 = cluster_rank() * CJ;  // this block's value columns j0 .. j0 + CJ - 1
@@ -260,23 +297,41 @@ __device__ __forceinline__ void gdn_chunked(const float* __restrict__ y, const f
 
     for (int t0 = 0, chunk = 0; t0 < n; t0 += CH, ++chunk) {
         const int nt = min(CH, n - t0);  // tokens past the end: q = k = v = 0, b = 0, g = 0 (no effect)
-        // 1. the chunk's normed q and k rows, v columns, b, and G (warp 0: two tokens a lane, a warp scan)
-        for (int r = warp; r < CH; r += CHUNK_THREADS / 32) {
-            float q[E] = {}, k[E] = {};
-            if (r < nt) {
-                load_vec<E>(y + (size_t)(t0 + r) * C + kh * S + lane * E, q);
-                load_vec<E>(y + (size_t)(t0 + r) * C + (Hk + kh) * S + lane * E, k);
+        // 1. the chunk's normed q and k rows (a warp ROWS of them, every load in flight at once; rows past the end
+        //    read the last token and are zeroed), v columns, b, G, EG = exp(G), EL = exp(G_last - G) (warp 0: two
+        //    tokens a lane, a warp scan)
+        {
+            float q[ROWS][E], k[ROWS][E], v[CH * CJ / CHUNK_THREADS];
+#pragma unroll
+            for (int m = 0; m < ROWS; ++m) {
+                const float* yr = y + (size_t)(t0 + min(warp + m * WARPS, nt - 1)) * C + lane * E;
+                load_vec<E>(yr + kh * S, q[m]);
+                load_vec<E>(yr + (Hk + kh) * S, k[m]);
             }
-            float qq = 0.0f, kk = 0.0f;
 #pragma unroll
-            for (int e = 0; e < E; ++e) qq += q[e] * q[e], kk += k[e] * k[e];
-            const float rq = rsqrtf(warp_sum_f(qq) + eps), rk = rsqrtf(warp_sum_f(kk) + eps);
+            for (int u = 0; u < CH * CJ / CHUNK_THREADS; ++u) {
+                const int idx = tid + u * CHUNK_THREADS, r = idx / CJ;
+                v[u] = y[(size_t)(t0 + min(r, nt - 1)) * C + (2 * Hk + h) * S + j0 + idx % CJ];
+            }
 #pragma unroll
-            for (int e = 0; e < E; ++e) Qs[r * LDK + lane * E + e] = q[e] * rq, Ks[r * LDK + lane * E + e] = k[e] * rk;
-        }
-        for (int idx = tid; idx < CH * CJ; idx += CHUNK_THREADS) {
-            const int r = idx / CJ, jj = idx % CJ;
-            Vs[r * LDV + jj] = r < nt ? y[(size_t)(t0 + r) * C + (2 * Hk + h) * S + j0 + jj] : 0.0f;
+            for (int m = 0; m < ROWS; ++m) {
+                const int r = warp + m * WARPS;
+                float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+                for (int e = 0; e < E; ++e) qq += q[m][e] * q[m][e], kk += k[m][e] * k[m][e];
+                qq = warp_sum_f(qq), kk = warp_sum_f(kk);
+                const float rq = r < nt ? rsqrtf(qq + eps) : 0.0f, rk = r < nt ? rsqrtf(kk + eps) : 0.0f;
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    Qs[r * LDK + lane * E + e] = q[m][e] * rq;
+                    Ks[r * LDK + lane * E + e] = k[m][e] * rk;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < CH * CJ / CHUNK_THREADS; ++u) {
+                const int idx = tid + u * CHUNK_THREADS, r = idx / CJ;
+                Vs[r * LDV + idx % CJ] = r < nt ? v[u] : 0.0f;
+            }
         }
         if (warp == 0) {
             float g2[2], sum = 0.0f;
@@ -292,13 +347,16 @@ __device__ __forceinline__ void gdn_chunked(const float* __restrict__ y, const f
                 const float up = __shfl_up_sync(0xffffffffu, incl, o);
                 if (lane >= o) incl += up;
             }
+            const float last = __shfl_sync(0xffffffffu, incl, 31);
             G[2 * lane] = incl - sum + g2[0];
             G[2 * lane + 1] = incl;
+            EG[2 * lane] = expf(incl - sum + g2[0]), EG[2 * lane + 1] = expf(incl);
+            EL[2 * lane] = expf(last - incl + sum - g2[0]), EL[2 * lane + 1] = expf(last - incl);
         }
         __syncthreads();
         // 2. K K^T and Q K^T
-        mma_tile<CH, CH, S>(Ks, LDK, 1, Ks, 1, LDK, KK, LDC, 1.0f, 0.0f);
-        mma_tile<CH, CH, S>(Qs, LDK, 1, Ks, 1, LDK, P, LDC, 1.0f, 0.0f);
+        mma_tile<CH, CH, S, 4, LDK, 1, 1, LDK, LDC>(Ks, Ks, KK, 0.0f);
+        mma_tile<CH, CH, S, 4, LDK, 1, 1, LDK, LDC>(Qs, Ks, P, 0.0f);
         __syncthreads();
         // 3. A (in KK) and P with their decays; Q rows times exp(G) / sqrt(S)
         for (int idx = tid; idx < CH * CH; idx += CHUNK_THREADS) {
@@ -308,45 +366,62 @@ __device__ __forceinline__ void gdn_chunked(const float* __restrict__ y, const f
         }
         for (int idx = tid; idx < CH * S; idx += CHUNK_THREADS) {
             const int r = idx / S;
-            Qs[r * LDK + idx % S] *= expf(G[r]) * inv_sqrt_s;
+            Qs[r * LDK + idx % S] *= EG[r] * inv_sqrt_s;
         }
         __syncthreads();
-        // 4. T = (I + A)^-1 by forward substitution, column c by 4 lanes of one warp (no block barrier a row):
-        //    T[s][c] = -A[s][c] - sum_{c < p < s} A[s][p] T[p][c]
+        // 4. T = (I + A)^-1 by forward substitution, column c by 4 lanes of one warp (no block barrier a row),
+        //    INV_ROWS rows a step (the later rows' sums take the step's new values last):
+        //    T[r][c] = -A[r][c] - sum_{c < p < r} A[r][p] T[p][c]
         {
             const int c = tid >> 2, part4 = tid & 3;
-            for (int s = 0; s < CH; ++s) {
-                float acc = 0.0f;
-                for (int p = c + 1 + part4; p < s; p += 4) acc += KK[s * LDC + p] * T[p * LDC + c];
-                acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-                acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-                if (part4 == 0) T[s * LDC + c] = s < c ? 0.0f : s == c ? 1.0f : -KK[s * LDC + c] - acc;
+            for (int s = 0; s < CH; s += INV_ROWS) {
+                float acc[INV_ROWS] = {};
+                for (int p = c + 1 + part4; p < s; p += 4) {
+                    const float tp = T[p * LDC + c];
+#pragma unroll
+                    for (int u = 0; u < INV_ROWS; ++u) acc[u] += KK[(s + u) * LDC + p] * tp;
+                }
+                float tv[INV_ROWS];
+#pragma unroll
+                for (int u = 0; u < INV_ROWS; ++u) {
+                    const int r = s + u;
+                    acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], 1);
+                    acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], 2);
+                    float x = -KK[r * LDC + c] - acc[u];
+#pragma unroll
+                    for (int v = 0; v < u; ++v) x -= s + v > c ? KK[r * LDC + s + v] * tv[v] : 0.0f;
+                    tv[u] = r < c ? 0.0f : r == c ? 1.0f : x;
+                }
+                if (part4 == 0) {
+#pragma unroll
+                    for (int u = 0; u < INV_ROWS; ++u) T[(s + u) * LDC + c] = tv[u];
+                }
                 __syncwarp();
             }
         }
         __syncthreads();
-        //    T diag(b exp(G)) into KK (A is done with), T diag(b) in place
+        //    -T diag(b exp(G)) into KK (A is done with), T diag(b) in place
         for (int idx = tid; idx < CH * CH; idx += CHUNK_THREADS) {
             const int r = idx / CH, p = idx % CH;
             const float tb = T[r * LDC + p] * Bs[p];
-            KK[r * LDC + p] = tb * expf(G[p]);
+            KK[r * LDC + p] = -tb * EG[p];
             T[r * LDC + p] = tb;
         }
         __syncthreads();
-        // 5. W = T diag(b exp(G)) K, U = T diag(b) V (into Ds)
-        mma_tile<CH, S, CH>(KK, LDC, 1, Ks, LDK, 1, Ws, LDK, 1.0f, 0.0f);
-        mma_tile<CH, CJ, CH>(T, LDC, 1, Vs, LDV, 1, Ds, LDV, 1.0f, 0.0f);
+        // 5. W = -T diag(b exp(G)) K, U = T diag(b) V (into Ds)
+        mma_tile<CH, S, CH, 4, LDC, 1, LDK, 1, LDK>(KK, Ks, Ws, 0.0f);
+        mma_tile<CH, CJ, CH, 2, LDC, 1, LDV, 1, LDV>(T, Vs, Ds, 0.0f);
         __syncthreads();
-        // 6. D = U - W S0 (S0(i, jj) = Ms[jj][i])
-        mma_tile<CH, CJ, S>(Ws, LDK, 1, Ms, 1, LDK, Ds, LDV, -1.0f, 1.0f);
+        // 6. D = U + W S0 (S0(i, jj) = Ms[jj][i])
+        mma_tile<CH, CJ, S, 2, LDK, 1, 1, LDK, LDV>(Ws, Ms, Ds, 1.0f);
         __syncthreads();
         // 7. O = Q' S0 + P D (into Vs: the same tiles of the same warps, so no barrier between the two);
         //    K rows times exp(G_last - G) for the state's update
-        mma_tile<CH, CJ, S>(Qs, LDK, 1, Ms, 1, LDK, Vs, LDV, 1.0f, 0.0f);
-        mma_tile<CH, CJ, CH>(P, LDC, 1, Ds, LDV, 1, Vs, LDV, 1.0f, 1.0f);
+        mma_tile<CH, CJ, S, 2, LDK, 1, 1, LDK, LDV>(Qs, Ms, Vs, 0.0f);
+        mma_tile<CH, CJ, CH, 2, LDC, 1, LDV, 1, LDV>(P, Ds, Vs, 1.0f);
         for (int idx = tid; idx < CH * S; idx += CHUNK_THREADS) {
             const int r = idx / S;
-            Ks[r * LDK + idx % S] *= expf(G[CH - 1] - G[r]);
+            Ks[r * LDK + idx % S] *= EL[r];
         }
         __syncthreads();
         // 8. the gated norm's sums of squares of this block's columns (double-buffered by chunk parity, as in
@@ -357,7 +432,7 @@ __device__ __forceinline__ void gdn_chunked(const float* __restrict__ y, const f
             for (int jj = 0; jj < CJ; ++jj) ss += Vs[tid * LDV + jj] * Vs[tid * LDV + jj];
             sums[tid] = ss;
         }
-        mma_tile<CJ, S, CH>(Ds, 1, LDV, Ks, LDK, 1, Ms, LDK, 1.0f, expf(G[CH - 1]));
+        mma_tile<CJ, S, CH, 4, 1, LDV, LDK, 1, LDK>(Ds, Ks, Ms, EG[CH - 1]);
         cluster_sync();
         // 9. out = rms_norm(o) * norm_w * silu(z): a thread takes a token's CJ / 4 consecutive columns
         {
@@ -388,7 +463,7 @@ __device__ __forceinline__ void gdn_chunked(const float* __restrict__ y, const f
         wait_prior();                                                                                            \
         gdn_recurrent<S>(y, alpha, beta, dt_bias, a, z, norm_w, state, out, n, Hk, Hv, eps);                     \
     }                                                                                                            \
-    extern "C" __global__ void __cluster_dims__(S / CJ, 1, 1) __launch_bounds__(CHUNK_THREADS)                   \
+    extern "C" __global__ void __cluster_dims__(S / CJ, 1, 1) __launch_bounds__(CHUNK_THREADS, 1)                \
         gdn_chunked_##S(const float* y, const float* alpha, const float* beta, const float* dt_bias,            \
                         const float* a, const float* z, const float* norm_w, float* state, float* out, int n,    \
                         int Hk, int Hv, float eps) {                                                            \
