@@ -35,7 +35,7 @@ def bench(rows):
         conv_w = cp.random.standard_normal((C, 4), dtype=cp.float32)
         conv_state = cp.zeros((3, C), dtype=cp.float32)
         state_bytes = Hv * S * S * 4
-        for n in (1, 64, 512, 8192):
+        for n in (1, 32, 64, 512, 8192):
             x = layer_inputs(n, Hk, Hv, S)
             conv_out = cp.empty((n, C), dtype=cp.float32)
 
