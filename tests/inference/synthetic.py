@@ -24,7 +24,7 @@ SHAPES = {
 # The DeltaNet layers of the hybrid models: key heads, value heads (2x: value head h reads key head h % 2, which
 # differs from h // 2), state size, conv taps, a full-attention layer every HYBRID_INTERVAL (layers 2 and 5 of 6),
 # rotated dims of an attention head, the shared expert's width (qwen35moe)
-DELTANET = dict(k_heads=2, v_heads=4, state=32, conv=4)
+DELTANET = dict(k_heads=2, v_heads=4, state=64, conv=4)
 HYBRID_INTERVAL = 3
 HYBRID_ROPE_DIMS = 16
 SHARED_EXPERT_FF = 192
