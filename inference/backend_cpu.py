@@ -216,8 +216,8 @@ class CPUBackend:
         return cpu_ops.attention(q, self.k_cache[layer], self.v_cache[layer], self.pos, window, scale)
 
     def sigmoid_mul(self, a: np.ndarray, gate: np.ndarray) -> np.ndarray:
-        """a * sigmoid(gate): the attention output's gate (qwen35)."""
-        return a / (1 + np.exp(-gate))
+        """a [n, d] * sigmoid(gate) (its d values in any shape): the attention output's gate (qwen35)."""
+        return a / (1 + np.exp(-gate.reshape(a.shape)))
 
     def delta_net(self, layer: int, dn: DeltaNetWeights, qkv: np.ndarray, z: np.ndarray, alpha: np.ndarray,
                   beta: np.ndarray) -> np.ndarray:

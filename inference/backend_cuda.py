@@ -342,7 +342,9 @@ class CUDABackend:
     def rope_kv_write(self, layer: int, q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, base: float,
                       scale: float, head_norms: tuple | None = None) -> cp.ndarray:
         """q [n, heads, head_dim] and k (normalized per head first with head_norms) rotated in place for
-        positions pos..pos+n-1, then k and v stored in the layer's cache, in one launch; returns q."""
+        positions pos..pos+n-1, then k and v stored in the layer's cache, in one launch; returns q (a copy where q
+        was a strided view: q taken from its output gate)."""
+        q = self._contiguous(q)
         key = (base, scale)
         if key not in self._inv_freq:
             with self.stream:
@@ -407,10 +409,11 @@ class CUDABackend:
         return out
 
     def sigmoid_mul(self, a: cp.ndarray, gate: cp.ndarray) -> cp.ndarray:
-        """a * sigmoid(gate): the attention output's gate (qwen35); a step's also quantized for the projection."""
+        """a [n, d] * sigmoid(gate) (its d values in any shape, a strided view too): the attention output's gate
+        (qwen35); a step's output also quantized for the projection."""
         out = self._empty(a.shape)
-        cuda_ops.sigmoid_mul(a, self._contiguous(gate), out, xq=self._q8_out(out) if self.n == 1 else None,
-                             stream=self.stream)
+        cuda_ops.sigmoid_mul(a, self._contiguous(gate).reshape(a.shape), out,
+                             xq=self._q8_out(out) if self.n == 1 else None, stream=self.stream)
         return out
 
     def delta_net(self, layer: int, dn: DeltaNetWeights, qkv: cp.ndarray, z: cp.ndarray, alpha: cp.ndarray,

@@ -17,10 +17,10 @@ def attention(be, cfg: ModelConfig, lw: LayerWeights, i: int, h):
     n = len(h)
     q, k, v = be.matmuls(lw.qkv, h, lw.qkv_bias)
     gate = None
-    if cfg.attn_output_gate:  # q's rows hold each head's q, then its gate
-        q = q.reshape(n, cfg.n_heads, 2, cfg.head_dim)
-        q, gate = q[:, :, 0], q[:, :, 1].reshape(n, -1)
-    q = q.reshape(n, cfg.n_heads, cfg.head_dim)
+    if cfg.attn_output_gate:  # q's rows hold each head's q, then its gate: strided views [n, n_heads, head_dim]
+        q, gate = q.reshape(n, cfg.n_heads, 2, cfg.head_dim).transpose(2, 0, 1, 3)
+    else:
+        q = q.reshape(n, cfg.n_heads, cfg.head_dim)
     k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
     v = v.reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
     head_norms = (lw.attn_q_norm, lw.attn_k_norm) if cfg.qk_norm else None

@@ -362,16 +362,16 @@ def test_gpu_share_of_host_experts_in_the_captured_step(synth_qwen3moe_k, monkey
 
 def test_qwen35moe_experts_on_the_host(synth_qwen35moe):
     """Qwen3.5's mixture with every routed expert on the host (the shared expert, the DeltaNet layers and their
-    states stay on the GPU): prompt logits against the CPU engine, decode steps against the all-GPU engine's, and
-    the captured step with its host work bit-equal to the eager one."""
+    states stay on the GPU): prompt logits and decode steps against the all-GPU engine's (its logits against the
+    CPU's float32 reference amplify 8-bit rounding: see conftest's synth_qwen35moe), and the captured step with its
+    host work bit-equal to the eager one."""
     from inference import load
-    cpu = load(synth_qwen35moe, device="cpu", ctx=CTX)
     gpu = load(synth_qwen35moe, device="cuda", ctx=CTX)
     host = load(synth_qwen35moe, device="cuda", ctx=CTX, cpu_moe="all")
     eager = load(synth_qwen35moe, device="cuda", ctx=CTX, cpu_moe="all", cuda_graph=False)
     assert host.placement.cpu_expert_layers == host.config.n_layers
-    ids = random_prompt(cpu, 40, seed=4)
-    assert_close_logits(host.logits(ids), reference_logits(cpu, ids), "qwen35moe, experts on the host")
+    ids = random_prompt(gpu, 40, seed=4)
+    assert_close_logits(host.logits(ids), gpu.logits(ids), "qwen35moe, experts on the host (a prompt uploads them)")
     tokens, logits = greedy_steps(host, ids, 20)
     gpu_tokens, gpu_logits = greedy_steps(gpu, ids, 20)
     agree = next((i for i, (a, b) in enumerate(zip(tokens, gpu_tokens)) if a != b), len(tokens))
