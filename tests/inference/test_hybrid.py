@@ -141,7 +141,9 @@ def test_a_budget_below_the_model_splits_it_and_runs(synth_1b):
     k, n = engine.placement.n_gpu_layers, engine.config.n_layers
     assert 0 < k < n and engine.placement.total_bytes <= budget, engine.placement.summary()
     cpu = load(synth_1b, device="cpu", ctx=CTX)
-    ids = random_prompt(cpu, 9)
+    # 40 tokens: the file's logits are near-flat (correlation 0.99999 with the reference, yet 2 of 9 tokens' top-1
+    # flipped, as on the CPU engine's own int8 path: H200, 2026-11-27); 39 of 40 agreed
+    ids = random_prompt(cpu, 40)
     ours, ref = engine.logits(ids), reference_logits(cpu, ids)
     assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.8  # random 16 layers: see test_cuda_engine's note
     assert len(list(engine.generate(ids, max_tokens=8, temperature=0))) >= 2
@@ -356,7 +358,10 @@ def test_gpu_share_of_host_experts_in_the_captured_step(synth_qwen3moe_k, monkey
     ids = random_prompt(gpu, 12)
     tokens, logits = greedy_steps(host, ids, 20)
     gpu_tokens, gpu_logits = greedy_steps(gpu, ids, 20)
-    assert_close_logits(logits, gpu_logits, "host experts with the GPU's share vs all-GPU")
+    # the steps before the first token they choose apart (a near-tie): after it the two run different contexts
+    agree = next((i for i, (a, b) in enumerate(zip(tokens, gpu_tokens)) if a != b), len(tokens))
+    assert agree > 5, (tokens, gpu_tokens)
+    assert_close_logits(logits[:agree - 1], gpu_logits[:agree - 1], "host experts with the GPU's share vs all-GPU")
     assert_graph_replay_equals_eager(host, eager)
 
 
