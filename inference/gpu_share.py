@@ -71,9 +71,14 @@ def _gpu_rows(w: QuantMatrix, share: float) -> int:
 
 def _layer_calls(lw):
     """The matrices of each matmuls / matmul call forward() makes in a layer (of a mixture of experts, the
-    router's: which experts run changes every token, and they stay on the CPU)."""
-    ffn = ((lw.experts.router,),) if lw.experts else (lw.gate_up, (lw.ffn_down,))
-    return lw.qkv, (lw.attn_output,), *ffn
+    router's and the shared expert's: which experts run changes every token, and they stay on the CPU)."""
+    dn = lw.delta_net
+    mixer = (dn.projections, (dn.out,)) if dn is not None else (lw.qkv, (lw.attn_output,))
+    if lw.experts is None:
+        return *mixer, lw.gate_up, (lw.ffn_down,)
+    sh = lw.experts.shared
+    shared = ((sh.gate, sh.up), (sh.down,), (sh.gate_inp,)) if sh is not None else ()
+    return *mixer, (lw.experts.router,), *shared
 
 
 class GpuShare:

@@ -383,3 +383,21 @@ def test_qwen35moe_experts_on_the_host(synth_qwen35moe):
     assert agree > 8, (tokens, gpu_tokens)
     assert_close_logits(logits[:agree - 1], gpu_logits[:agree - 1], "qwen35moe host experts decode vs all-GPU")
     assert_graph_replay_equals_eager(host, eager)
+
+
+def test_qwen35_with_layers_on_the_cpu(synth_qwen35):
+    """Qwen3.5's hybrid split: its two DeltaNet layers on the CPU (their states there, the GPU multiplying a share of
+    their rows each token), the attention layer on the GPU: prompt logits against the CPU engine, decode steps
+    against the all-GPU engine's."""
+    from inference import load
+    cpu = load(synth_qwen35, device="cpu", ctx=CTX)
+    gpu = load(synth_qwen35, device="cuda", ctx=CTX)
+    split = load(synth_qwen35, device="cuda", ctx=CTX, gpu_layers=1)
+    assert split.placement.n_gpu_layers == 1 and split.gpu_share is not None
+    ids = random_prompt(cpu, 40, seed=6)
+    assert_close_logits(split.logits(ids), reference_logits(cpu, ids), "qwen35, layers 0-1 on the CPU")
+    tokens, logits = greedy_steps(split, ids, 20)
+    gpu_tokens, gpu_logits = greedy_steps(gpu, ids, 20)
+    agree = next((i for i, (a, b) in enumerate(zip(tokens, gpu_tokens)) if a != b), len(tokens))
+    assert agree > 8, (tokens, gpu_tokens)
+    assert_close_logits(logits[:agree - 1], gpu_logits[:agree - 1], "qwen35 split decode vs all-GPU")
