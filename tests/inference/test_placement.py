@@ -451,3 +451,57 @@ def test_status_bar_says_where_experts_are(qwen3moe):
     tensors, cfg = qwen3moe
     p = plan_placement(tensors, cfg, 4096, H100_FREE, cpu_moe=24)
     assert placement_text(SimpleNamespace(placement=p)) == "GPU 48/48 layers · experts of 24 on CPU"
+
+
+def qwen35moe_35b_q4_k_m() -> tuple[dict[str, TensorInfo], ModelConfig]:
+    """Qwen3.5-35B-A3B's tensors as tests/synth_gguf.py writes its q4_k_m (--preset qwen35moe-35b-a3b): 40 layers,
+    every 4th gated attention, the others Gated DeltaNet (16 key heads, 32 value heads of 128), 256 experts
+    [512 x 2048] and a shared one of 512 in each."""
+    from models.config import _hybrid_fields
+    L, d, ff, n_exp, nh, nkv, hd, vocab, hk, hv, s = 40, 2048, 512, 256, 16, 2, 256, 248320, 16, 32, 128
+    conv_dim = (2 * hk + hv) * s
+    t = [tensor("token_embd.weight", (d, vocab), "Q4_K"), tensor("output.weight", (d, vocab), "Q6_K"),
+         tensor("output_norm.weight", (d,), "F32")]
+    for i in range(L):
+        big = "Q6_K" if i < L // 8 or i >= 7 * L // 8 or (i - L // 8) % 3 == 2 else "Q4_K"
+        p = f"blk.{i}."
+        t += [tensor(p + "attn_norm.weight", (d,), "F32"), tensor(p + "post_attention_norm.weight", (d,), "F32")]
+        if (i + 1) % 4:
+            t += [tensor(p + "attn_qkv.weight", (d, conv_dim), "Q4_K"), tensor(p + "attn_gate.weight", (d, hv * s), "Q4_K"),
+                  tensor(p + "ssm_conv1d.weight", (4, conv_dim), "F32"), tensor(p + "ssm_dt.bias", (hv,), "F32"),
+                  tensor(p + "ssm_a", (hv,), "F32"), tensor(p + "ssm_beta.weight", (d, hv), "F32"),
+                  tensor(p + "ssm_alpha.weight", (d, hv), "F32"), tensor(p + "ssm_norm.weight", (s,), "F32"),
+                  tensor(p + "ssm_out.weight", (hv * s, d), "Q4_K")]
+        else:
+            t += [tensor(p + "attn_q.weight", (d, 2 * nh * hd), "Q4_K"), tensor(p + "attn_k.weight", (d, nkv * hd), "Q4_K"),
+                  tensor(p + "attn_v.weight", (d, nkv * hd), big), tensor(p + "attn_output.weight", (nh * hd, d), "Q4_K"),
+                  tensor(p + "attn_q_norm.weight", (hd,), "F32"), tensor(p + "attn_k_norm.weight", (hd,), "F32")]
+        t += [tensor(p + "ffn_gate_inp.weight", (d, n_exp), "F32"),
+              tensor(p + "ffn_gate_exps.weight", (d, ff, n_exp), "Q4_K"),
+              tensor(p + "ffn_up_exps.weight", (d, ff, n_exp), "Q4_K"),
+              tensor(p + "ffn_down_exps.weight", (ff, d, n_exp), big),
+              tensor(p + "ffn_gate_inp_shexp.weight", (d,), "F32"), tensor(p + "ffn_gate_shexp.weight", (d, 512), "Q4_K"),
+              tensor(p + "ffn_up_shexp.weight", (d, 512), "Q4_K"), tensor(p + "ffn_down_shexp.weight", (512, d), big)]
+    meta = {"qwen35moe.ssm.conv_kernel": 4, "qwen35moe.ssm.state_size": s, "qwen35moe.ssm.group_count": hk,
+            "qwen35moe.ssm.time_step_rank": hv, "qwen35moe.ssm.inner_size": hv * s,
+            "qwen35moe.rope.dimension_sections": [11, 11, 10, 0]}
+    hybrid = _hybrid_fields(lambda key, default=None: meta.get(f"qwen35moe.{key}", default), L)
+    cfg = ModelConfig(arch="qwen35moe", n_layers=L, n_embd=d, n_ff=0, n_heads=nh, n_kv_heads=nkv, head_dim=hd,
+                      v_head_dim=hd, n_vocab=vocab, n_ctx_train=262144, rms_eps=1e-6, rope_base=1e7, rope_dim=64,
+                      rope_scale=1.0, rope_style="neox", activation="silu", qk_norm=True, n_expert=n_exp,
+                      n_expert_used=8, n_ff_exp=ff, n_ff_shexp=512, **hybrid)
+    return {x.name: x for x in t}, cfg
+
+
+def test_qwen35moe_at_12_gib_keeps_every_layer_and_the_shared_experts_on_the_gpu():
+    """Qwen3.5-35B-A3B's shapes with --vram-budget 12: the first layers' routed experts go to the host, every layer
+    stays (its DeltaNet, attention and shared expert); the context is the 10 attention layers' KV cache and the 30
+    DeltaNet layers' states (32 x 128 x 128 float32 and the conv's 3 x 8192 each), not 40 KV caches."""
+    tensors, cfg = qwen35moe_35b_q4_k_m()
+    assert 21.1e9 < sum(t.nbytes for t in tensors.values()) < 21.12e9  # synth_gguf.py printed 21.11 GB of weights
+    p = plan_placement(tensors, cfg, 4096, H100_FREE, vram_budget=12 * GiB)
+    assert p.n_gpu_layers == 40 and 0 < p.cpu_expert_layers < 40 and p.total_bytes <= 12 * GiB
+    assert not any(n.endswith("_exps.weight") for n in tensors if "shexp" in n)  # named apart: they stay on the GPU
+    states = 30 * 4 * (3 * 8192 + 32 * 128 * 128)
+    assert p.kv_bytes == 10 * kv_bytes_per_layer(cfg, 4096) + states
+    assert f"experts of layers 0-{p.cpu_expert_layers - 1} on CPU" in p.summary()
