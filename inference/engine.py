@@ -231,12 +231,10 @@ class Engine:
         keep tokens, whose state is restored (0: the start, nothing to restore)."""
         if not any(self.config.recurrent) or keep == len(self._cached):
             return keep  # the recurrent state is after the cached tokens, where the prompt goes on
-        best = None
-        for c in self._checkpoints:
-            if len(c.tokens) <= keep and c.tokens == ids[:len(c.tokens)] and (best is None or len(c.tokens) > len(best.tokens)):
-                best = c
-        if best is None:
+        inside = [c for c in self._checkpoints if len(c.tokens) <= keep and c.tokens == ids[:len(c.tokens)]]
+        if not inside:
             return 0
+        best = max(inside, key=lambda c: len(c.tokens))
         for be, _ in self._segments:
             be.restore_recurrent_state(best.states)
         self._checkpoints.remove(best)

@@ -9,9 +9,11 @@ tests/kernels/deltanet_reference.py defines the ops in float64; these kernels ar
 conv_silu: y = silu(conv(x)). delta_rule: per token, q and k of each key head L2-normed, decay
 g = softplus(alpha + dt_bias) * a, write strength b = sigmoid(beta), and for value head h (which reads key head
 h % Hk): S_h = exp(g) S_h; S_h += k (b (v - S_h^T k))^T; o = S_h^T q / sqrt(S); then the gated norm
-rms_norm(o) * norm_w * silu(z). One token (decode) runs as a numba loop over heads, reading each state once;
-a prompt of CHUNK_MIN_TOKENS or more runs in chunks of CHUNK tokens in the WY form (below), whose products
-are BLAS matmuls: its cost per token does not grow with the state, and it is not serial in the tokens.
+rms_norm(o) * norm_w * silu(z). Tokens run as a numba loop, heads in parallel, each state read twice a token.
+The chunked form (chunks of CHUNK tokens in the WY form, its products numpy BLAS matmuls) is the algorithm the
+GPU's prompt kernel runs (kernels/deltanet.cu), kept here beside the loop and held equal to it by the tests; on the
+2-core VM the loop ran 0.8B-like shapes (16 heads of 128) faster at every length (128 tokens a layer: 40-45 ms
+against 70-268 ms; 512: 123-166 against 345-685 ms, 2026-11-27), so prompts take the loop unless asked.
 """
 import math
 
@@ -19,7 +21,6 @@ import numba as nb
 import numpy as np
 
 CHUNK = 64  # tokens a chunk of the parallel form
-CHUNK_MIN_TOKENS = 8  # from this many tokens the chunked form beats the loop (2-core VM, 0.8B shapes)
 
 
 @nb.njit(cache=True, nogil=True, fastmath=True)
@@ -167,11 +168,10 @@ def _gated_norms(o, z, norm_w, eps, out):  # o [n, Hv, S]; z, out [n, Hv * S]
 
 def delta_rule(y: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bias: np.ndarray, a: np.ndarray,
                z: np.ndarray, norm_w: np.ndarray, state: np.ndarray, n_k_heads: int, eps: float,
-               chunked: bool | None = None) -> np.ndarray:
+               chunked: bool = False) -> np.ndarray:
     """The delta rule and the gated norm (module doc) of the conv's output y [n, C] (C = (2 Hk + Hv) S: q, k,
     v heads), alpha, beta [n, Hv] (the projections), dt_bias, a [Hv], z [n, Hv * S], norm_w [S], over the
-    state [Hv, S, S] (moved on in place): out [n, Hv * S]. chunked: the chunked form (default: from
-    CHUNK_MIN_TOKENS tokens) or the token loop."""
+    state [Hv, S, S] (moved on in place): out [n, Hv * S]. chunked: the chunked form instead of the token loop."""
     n, C = y.shape
     Hv, S = state.shape[0], state.shape[2]
     if (state.shape != (Hv, S, S) or state.dtype != np.float32 or not state.flags.c_contiguous
@@ -182,8 +182,6 @@ def delta_rule(y: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bias: np.n
     f32 = lambda t: np.ascontiguousarray(t, np.float32)  # noqa: E731
     y, alpha, beta, z = f32(y), f32(alpha), f32(beta), f32(z)
     out = np.empty((n, Hv * S), np.float32)
-    if chunked is None:
-        chunked = n >= CHUNK_MIN_TOKENS
     if chunked:
         o = _chunked(y, alpha, beta, f32(dt_bias), f32(a), state, n_k_heads, eps)
         _gated_norms(f32(o), z, f32(norm_w), eps, out)

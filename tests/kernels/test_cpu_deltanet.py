@@ -30,7 +30,7 @@ def reference(d, n_k):
     return ref.gated_norm(o, d["z"], d["norm_w"], EPS), state
 
 
-def ours(d, n_k, chunked=None):
+def ours(d, n_k, chunked=False):
     state = d["state"].copy()
     out = cpu_deltanet.delta_rule(d["y"], d["alpha"], d["beta"], d["dt_bias"], d["a"], d["z"], d["norm_w"], state,
                                   n_k, EPS, chunked=chunked)
