@@ -52,9 +52,10 @@ def bench_ours(engine, n_prompt: int, n_gen: int, reps: int, depth: int = 0) -> 
         pp.append(stats.prompt_tok_s)
     for i, ids in enumerate(_random_prompts(vocab, depth + 4, reps, seed=1)):
         # sampled, not greedy, so a random prompt rarely ends at once; the first token comes from the
-        # prompt's logits, so n tokens are n - 1 decode steps, which is what is counted
+        # prompt's logits, so n tokens are n - 1 decode steps, which is what is counted (one more where an
+        # end-of-generation token, not counted in generated_tokens, ended it)
         stats = list(engine.generate(ids, max_tokens=n_gen + 1, temperature=1.0, seed=i))[-1]
-        tg.append((stats.generated_tokens - 1) / stats.generation_seconds)
+        tg.append((stats.generated_tokens - 1 + (stats.finish_reason == "stop")) / stats.generation_seconds)
     at = f" @ d{depth}" if depth else ""
     return {f"pp{n_prompt}{at}": pp, f"tg{n_gen}{at}": tg}
 

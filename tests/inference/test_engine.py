@@ -84,11 +84,22 @@ def test_full_context_ends_with_context_full(smollm2):
     text, stats = run(engine, PROMPT, max_tokens=100, temperature=0)
     assert stats.finish_reason == "context full"
     assert stats.generated_tokens == 12 - n_prompt + 1  # the last token needs no room in the cache
+    assert stats.context_tokens == 12  # so it is not in the context either
     with pytest.raises(PromptTooLongError, match="the context holds 12") as e:
         run(engine, PROMPT * 5, max_tokens=4)
     assert isinstance(e.value, UserError)
     with pytest.raises(UserError, match="empty"):
         run(engine, "", max_tokens=4)  # SmolLM2 adds no BOS: no token at all
+
+
+def test_an_end_of_generation_token_is_not_counted_in_the_reply(smollm2_engine):
+    """A reply that ends at the end-of-generation token counts its own tokens, which with the prompt are what the
+    cache holds after it (every reply token was run through the model, the end token not)."""
+    engine = smollm2_engine
+    engine._cached = []  # the whole prompt counted in prompt_tokens
+    text, stats = run(engine, [{"role": "user", "content": "Say hello."}], max_tokens=64, temperature=0)
+    assert stats.finish_reason == "stop" and text
+    assert stats.context_tokens == len(engine._cached) == stats.prompt_tokens + stats.generated_tokens
 
 
 def test_unknown_device_and_missing_file_are_user_errors(smollm2, tmp_path):
