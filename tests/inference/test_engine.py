@@ -5,6 +5,7 @@ import pytest
 from inference import GenerationStats, PromptTooLongError, load
 from inference.engine import StopScanner, _common_prefix
 from models.errors import UserError
+from tests.inference.parity import oracle
 
 PROMPT = "The capital of France is"
 
@@ -17,7 +18,6 @@ def run(engine, prompt, **kw):
 
 def test_greedy_tokens_are_llama_cpp_top1(smollm2_engine, smollm2):
     """Each greedy token is llama.cpp's top-1 given the same text, but where llama.cpp itself has a near-tie."""
-    import llama_cpp
     prompt = "Monday, Tuesday, Wednesday, Thursday,"
     text, stats = run(smollm2_engine, prompt, max_tokens=16, temperature=0)
     assert stats.generated_tokens == 16 and stats.finish_reason == "length"
@@ -25,7 +25,7 @@ def test_greedy_tokens_are_llama_cpp_top1(smollm2_engine, smollm2):
     assert stats.prompt_tokens == n_prompt
     ids = smollm2_engine.tokenizer.encode(prompt + text)
     assert ids[:n_prompt] == smollm2_engine.tokenizer.encode(prompt) and len(ids) == n_prompt + 16
-    llm = llama_cpp.Llama(str(smollm2), logits_all=True, n_ctx=64, n_threads=2, verbose=False)
+    llm = oracle(smollm2, logits_all=True, n_ctx=64, n_threads=2)
     llm.eval(ids)
     theirs = np.array(llm.scores[n_prompt - 1:len(ids) - 1])  # [16, n_vocab]: what predicts each new token
     llm.close()
