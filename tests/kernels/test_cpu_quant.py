@@ -340,29 +340,6 @@ def test_repacked_matmul_matches_dequantized_reference(name, n_tokens):
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
-def test_repacked_dots_agree_without_vnni(name, monkeypatch):
-    """The repacked matvec's byte dots in generic IR (CPUs without AVX-512 VNNI) give what vpdpbusd gives here."""
-    from kernels import cpu_dot_x8
-    from kernels.cpu_repack import repack
-    w = repack(random_weight(name, 8, 2048), TYPES_BY_NAME[name].id).data
-    xq = np.random.default_rng(3).integers(-127, 128, 2048).astype(np.int8)
-    xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int16)
-    xd = np.random.default_rng(4).random(64, np.float32)
-    dot_x8 = getattr(cpu_dot_x8, f"dot_x8_{name.lower()}")
-    results = {}
-    for has_vnni in host_vnni_paths():
-        monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
-
-        @nb.njit  # not cached: compiled anew under each vnni
-        def dot(w, xq, xd, xs16):
-            return dot_x8(w, 0, xq, xd, xs16)
-
-        results[has_vnni] = dot(w, xq, xd, xs16)
-        assert ("vpdpbusd" in next(iter(dot.inspect_llvm().values()))) == has_vnni
-    assert results.get(True, results[False]) == results[False]
-
-
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_repacked_dots_agree_on_every_simd_path(name, monkeypatch):
     """The repacked matvec's byte dots without VNNI: AVX2's pmaddubsw (int16 sums of several vectors, then one
     pmaddwd) and generic IR give what the host's best path gives, lane for lane, with x at its extremes (-128,
@@ -378,25 +355,26 @@ def test_repacked_dots_agree_on_every_simd_path(name, monkeypatch):
     rng = np.random.default_rng(3)
     dot_x8 = getattr(cpu_dot_x8, f"dot_x8_{name.lower()}")
     paths = [(s, v) for s in host_simd_paths() for v in (host_vnni_paths() if s == "avx512bw" else [False])]
+    cases = []
     for weight, xq in ((w, rng.integers(-127, 128, 2048).astype(np.int8)), (high, np.full(2048, 127, np.int8)),
                        (high, np.full(2048, -128, np.int8))):
-        packed = repack(weight, qtype.id).data
         xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int16)
-        xd = rng.random(64, np.float32)
-        results = {}
-        for simd, has_vnni in paths:
-            monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
-            monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
+        cases.append((repack(weight, qtype.id).data, xq, rng.random(64, np.float32), xs16))
+    results = {}
+    for simd, has_vnni in paths:
+        monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
+        monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
 
-            @nb.njit  # not cached: compiled anew under each path
-            def dot(w, xq, xd, xs16):
-                return dot_x8(w, 0, xq, xd, xs16)
+        @nb.njit  # not cached: compiled anew under each path
+        def dot(w, xq, xd, xs16):
+            return dot_x8(w, 0, xq, xd, xs16)
 
-            results[(simd, has_vnni)] = dot(packed, xq, xd, xs16)
-            llvm_ir = next(iter(dot.inspect_llvm().values()))
-            assert ("vpdpbusd" in llvm_ir) == has_vnni
-            assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni)
-        assert len(set(results.values())) == 1, results
+        results[(simd, has_vnni)] = [dot(*case) for case in cases]
+        llvm_ir = next(iter(dot.inspect_llvm().values()))
+        assert ("vpdpbusd" in llvm_ir) == has_vnni
+        assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni)
+    for case in range(len(cases)):
+        assert len({r[case] for r in results.values()}) == 1, results
 
 
 @pytest.mark.parametrize("names", [("Q4_1", "Q4_1", "Q4_1"), ("Q5_0", "Q4_K", "Q6_K"), ("Q8_0",), ("Q4_0", "Q5_1")])
