@@ -52,20 +52,38 @@ def bench_ours(engine, n_prompt: int, n_gen: int, reps: int, depth: int = 0) -> 
         pp.append(stats.prompt_tok_s)
     for i, ids in enumerate(_random_prompts(vocab, depth + 4, reps, seed=1)):
         # sampled, not greedy, so a random prompt rarely ends at once; the first token comes from the
-        # prompt's logits, so n tokens are n - 1 decode steps, which is what is counted
+        # prompt's logits, so n tokens are n - 1 decode steps, which is what is counted (one more where an
+        # end-of-generation token, not counted in generated_tokens, ended it)
         stats = list(engine.generate(ids, max_tokens=n_gen + 1, temperature=1.0, seed=i))[-1]
-        tg.append((stats.generated_tokens - 1) / stats.generation_seconds)
+        tg.append((stats.generated_tokens - 1 + (stats.finish_reason == "stop")) / stats.generation_seconds)
     at = f" @ d{depth}" if depth else ""
     return {f"pp{n_prompt}{at}": pp, f"tg{n_gen}{at}": tg}
 
 
-def bench_llamacpp(path: Path, n_vocab: int, n_prompt: int, n_gen: int, reps: int, threads: int) -> dict:
+def llamacpp_way(path: Path) -> bool:
+    """Whether llama.cpp runs this model with its extra buffer types (AMX, repacked weights: as fast as it goes),
+    probed in a child process, as its AMX path kills the process on some VMs; without them, said on stderr, where
+    they fail; a BenchError where llama.cpp fails either way."""
+    from app.llamacpp_peer import probe  # noqa: PLC0415
     try:
-        import llama_cpp  # noqa: PLC0415
+        import llama_cpp  # noqa: F401, PLC0415
     except ImportError:
         raise BenchError("--compare-llamacpp needs llama-cpp-python: pip install llama-cpp-python") from None
-    llm = llama_cpp.Llama(str(path), n_ctx=n_prompt + n_gen + 8, n_batch=max(n_prompt, 8), n_threads=threads,
-                          n_threads_batch=threads, verbose=False)
+    why = probe(path, extra_buffer_types=True)
+    if not why:
+        return True
+    why_not = probe(path, extra_buffer_types=False)
+    if why_not:
+        raise BenchError(f"llama.cpp cannot run {path.name} here ({why_not})")
+    print(f"llama.cpp: its extra buffer types (AMX, repacked weights) fail on this machine ({why}): measured "
+          "without them", file=sys.stderr)
+    return False
+
+
+def bench_llamacpp(path: Path, n_vocab: int, n_prompt: int, n_gen: int, reps: int, threads: int) -> dict:
+    from app.llamacpp_peer import llama  # noqa: PLC0415
+    llm = llama(path, extra_buffer_types=llamacpp_way(path), n_ctx=n_prompt + n_gen + 8, n_batch=max(n_prompt, 8),
+                n_threads=threads, n_threads_batch=threads, verbose=False)
     pp, tg = [], []
     prompts = _random_prompts(n_vocab, n_prompt, reps + 1)
     llm.eval(prompts[-1][:8])  # warm up

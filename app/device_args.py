@@ -10,7 +10,7 @@ def add_device_args(p) -> None:
     add_expert_args(p)
     p.add_argument("--gpu-share", metavar="F",
                    help="with layers on the CPU: the fraction of their weights the GPU multiplies each token, streamed "
-                        "over PCIe from pinned host memory (default 0.6; 0: off)")
+                        "over PCIe from pinned host memory (default 0.4; 0: off)")
     p.add_argument("--no-graph", action="store_true", help="GPU: run each decode step eagerly, not as a CUDA graph")
 
 

@@ -57,10 +57,10 @@ class DeviceError(UserError, ValueError):
 class GenerationStats:
     prompt_tokens: int  # tokens processed for this prompt (those reused from the cache not counted)
     prompt_seconds: float
-    generated_tokens: int
+    generated_tokens: int  # tokens of the reply (an end-of-generation token is not one)
     generation_seconds: float
     finish_reason: str  # "stop", "length", "context full" or "cancelled" (during the prompt)
-    context_tokens: int  # tokens in the context after the reply: the prompt (all of it) and the reply
+    context_tokens: int  # tokens in the context after the reply: the prompt (all of it) and the reply, <= n_ctx
 
     @property
     def prompt_tok_s(self) -> float:
@@ -320,10 +320,10 @@ class Engine:
         stopped = False  # by a stop string: what follows it is dropped
         while generated < max_tokens:
             token = next(tokens)
-            generated += 1
-            if token in eog:
+            if token in eog:  # ends the reply, not a part of it
                 finish = "stop"
                 break
+            generated += 1
             piece, stopped = text.feed(detok.push(token))
             if piece:
                 yield piece
@@ -346,7 +346,9 @@ class Engine:
             self._cached.append(token)
         self._checkpoint()  # the end of the reply: where the next turn of the conversation goes on
         t2 = time.perf_counter()
-        yield GenerationStats(len(ids) - n_reused, t1 - t0, generated, t2 - t1, finish, len(ids) + generated)
+        # a reply that fills the context ends with a token that has no room in it
+        yield GenerationStats(len(ids) - n_reused, t1 - t0, generated, t2 - t1, finish,
+                              min(len(ids) + generated, self.n_ctx))
 
 
 @dataclass

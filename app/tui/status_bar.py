@@ -5,7 +5,7 @@ from textual.widgets import Static
 
 class StatusBar(Static):
     model = reactive("no model")
-    state = reactive("")           # 'loading…', 'generating…', an error, or '' when idle
+    state = reactive("")           # 'loading…', 'preparing the kernels…', 'generating…', an error, or ''
     placement = reactive("")       # e.g. 'CPU 30/30 layers' or 'GPU 24 · CPU 6 layers'
     tok_s = reactive(0.0)          # generation speed of the last reply
     ctx_used = reactive(0)

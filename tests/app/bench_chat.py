@@ -1,11 +1,15 @@
 """The chat's generation speed next to `gguf-chat run`'s, and what the UI spends per token (BENCHMARKS.md).
 
     python tests/app/bench_chat.py [--prompt story|list] [-n 256] [-r 5] [--gguf-chat PATH] [--model MODEL]
+                                   [--fresh-cache] [--type-after SECONDS]
 
 `gguf-chat chat` runs in a real terminal (tmux, 120x36) with a fresh GGUF_CHAT_HOME. Each round sends the prompt
 in a new chat (Ctrl+N), waits for the reply's stats in the store, then runs `gguf-chat run --verbose` on the same
 prompt right after: pairs alternate, so a machine busy with other work slows both sides of a pair alike. The
 chat's rate is its stats line's (the engine's own timer, as run's); round 1 is the chat's first reply.
+--fresh-cache: an empty kernel cache (NUMBA_CACHE_DIR, a new folder, for the chat and the runs): a first start;
+--type-after: the first message sent that many seconds after the start, not once the chat is ready (a user who
+types while the kernels compile).
 
 The UI's cost: CPU seconds from the reply's start (its row in the store) to its end, from /proc, per generated
 token (the prompt's seconds included, when the UI is idle), of the app's main thread (the event
@@ -86,12 +90,17 @@ def main() -> None:
     ap.add_argument("--gguf-chat", help="the gguf-chat executable (default: this checkout's python -m app.cli)")
     ap.add_argument("--prompt", choices=PROMPTS, default="story")
     ap.add_argument("--model", help="default: the chat's and run's own default (the packaged SmolLM2)")
+    ap.add_argument("--fresh-cache", action="store_true", help="an empty kernel cache: the chat's first start")
+    ap.add_argument("--type-after", type=float, help="send the first message this many seconds after the start")
     args = ap.parse_args()
+    if args.fresh_cache:
+        os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_chat_kernels_")  # the chat's and the runs'
     gguf_chat = [args.gguf_chat] if args.gguf_chat else [sys.executable, "-m", "app.cli"]
     model = [args.model] if args.model else []
     home = Path(tempfile.mkdtemp(prefix="bench_chat_"))
     tmux = Tmux(f"bench-chat-{os.getpid()}")
-    command = (f"cd {shlex.quote(str(ROOT))} && GGUF_CHAT_HOME={shlex.quote(str(home))} exec "
+    cache = f"NUMBA_CACHE_DIR={shlex.quote(os.environ['NUMBA_CACHE_DIR'])} " if args.fresh_cache else ""
+    command = (f"cd {shlex.quote(str(ROOT))} && {cache}GGUF_CHAT_HOME={shlex.quote(str(home))} exec "
                f"{shlex.join(gguf_chat)} chat {shlex.join(model)} --temperature 0 --max-tokens {args.n}")
     # A shell first, then the command typed into it: the app starts at the session's size.
     tmux("new-session", "-d", "-s", "chat", "-x", "120", "-y", "36", "sh")
@@ -99,8 +108,11 @@ def main() -> None:
         tmux("send-keys", "-t", "chat", "-l", command)
         tmux("send-keys", "-t", "chat", "Enter")
         t0 = time.monotonic()
-        tmux.wait_for("ctx 0/", timeout=600)  # loaded, kernels compiled
-        print(f"chat ready after {time.monotonic() - t0:.1f} s (load and warm-up)", flush=True)
+        if args.type_after is None:
+            tmux.wait_for("ctx 0/", timeout=600)  # loaded, kernels compiled
+            print(f"chat ready after {time.monotonic() - t0:.1f} s (load and warm-up)", flush=True)
+        else:
+            time.sleep(max(0.0, t0 + args.type_after - time.monotonic()))
         app_pid = int(tmux("display-message", "-p", "-t", "chat", "#{pane_pid}"))
         tmux_pid = int(tmux("display-message", "-p", "#{pid}"))
         pairs = []

@@ -31,3 +31,10 @@ def test_expert_flags():
     assert _options("--n-cpu-moe", "24")["cpu_moe"] == 24
     with pytest.raises(GpuLayersError, match="give one"):
         _options("--cpu-moe", "--n-cpu-moe", "3")
+
+
+def test_gpu_share_help_says_the_default():
+    p = argparse.ArgumentParser()
+    add_device_args(p)
+    share = next(a for a in p._actions if "--gpu-share" in a.option_strings)
+    assert f"(default {DEFAULT_GPU_SHARE};" in share.help

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFWriter
 
+from tests.inference.parity import oracle as llama_oracle
 from tests.models.malformed.build import corpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +38,7 @@ def test_json_matches_gguf_py(model, arch, template, request):
                       ("head_count", "attention.head_count"), ("head_count_kv", "attention.head_count_kv")]:
         assert got[ours] == field(f"{arch}.{key}"), ours
     assert got["parameters"] == sum(t.n_elements for t in oracle.tensors)
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, verbose=False)
+    llm = llama_oracle(path, n_ctx=64)
     assert got["parameters"] == llama_cpp.llama_model_n_params(llm.model)  # its "model params" line
     assert got["vocab_size"] == len(oracle.fields["tokenizer.ggml.tokens"].data)
     assert got["tokenizer_model"] == field("tokenizer.ggml.model")

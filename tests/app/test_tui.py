@@ -5,6 +5,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -101,6 +102,57 @@ def test_send_streams_a_reply_and_typing_stays_responsive(store, smollm2):
     assert any(typed == "next" and content != reply.content for content, typed in states)
     assert reply.stats["generated_tokens"] <= 400 and reply.stats["generation_tok_s"] > 0
     assert app.chat.title == "Write a story about a dragon."
+
+
+def test_the_load_and_every_reply_run_on_one_engine_thread(store, smollm2, monkeypatch):
+    """A message sent while the model loads waits for it, then it and later replies run on the load's thread: numba's
+    parallel regions keep a thread pool per calling thread, and a second pool next to the load's made libgomp stop
+    spinning (replies at 0.3-0.66 of run's speed). The load lingers after posting ModelLoaded, as a thread of
+    asyncio's executor (textual's thread workers) did while the first reply started on another.
+    A first start's kernels notice stays, its seconds counted in the status bar, until the model is ready."""
+    from app.tui import engine_work
+    from app.tui.events import EngineNotice
+    from app.warm_up import NOTICE
+    threads = []
+    load, generate = engine_work.load_model, engine_work.generate_reply
+
+    def lingering_load(model, ctx, post, options):
+        threads.append(("load", threading.get_ident()))
+        post(EngineNotice(NOTICE))  # as warm_up says it on a first start
+        time.sleep(2.5)
+        load(model, ctx, post, options)
+        time.sleep(0.5)
+
+    def recorded_generate(*args, **kwargs):
+        threads.append(("reply", threading.get_ident()))
+        generate(*args, **kwargs)
+
+    monkeypatch.setattr(engine_work, "load_model", lingering_load)
+    monkeypatch.setattr(engine_work, "generate_reply", recorded_generate)
+
+    async def run():
+        app = make_app(store, smollm2, max_tokens=4)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.loading_model)
+            await send(pilot, "Hi")  # while the model loads
+            await wait_for(pilot, lambda: app.reply_waits_for_model)
+            assert app.engine is None
+            states, noticed = set(), []
+            while app.engine is None:
+                states.add(app.query_one(StatusBar).state)
+                noticed.append(NOTICE in notes(app))
+                await pilot.pause(0.1)
+            assert "preparing the kernels (first start): 2 s, your message waits for them…" in states, states
+            assert all(noticed)  # the notice lasted the whole compile (a toast of 10 s did not)
+            await wait_for(pilot, replied(app, store))
+            assert NOTICE not in notes(app) and "preparing" not in app.query_one(StatusBar).state
+            first = store.messages(app.chat.id)[-1].id
+            await send(pilot, "Hello")
+            await wait_for(pilot, replied(app, store, first))
+
+    asyncio.run(run())
+    assert [what for what, _ in threads] == ["load", "reply", "reply"]
+    assert len({thread for _, thread in threads}) == 1 and threading.get_ident() not in {t for _, t in threads}
 
 
 def test_escape_stops_mid_reply(store, smollm2):

@@ -23,10 +23,17 @@ PROMPTS = [
 N_POSITIONS = 64
 
 
+def oracle(path, **kwargs):
+    """llama_cpp.Llama(path, **kwargs) as the tests' oracle: without llama.cpp's extra buffer types (AMX tiles,
+    repacked weights), which change its speed, not its logits, and whose AMX path crashes on VMs that advertise
+    AMX without letting the guest use it (app/llamacpp_peer.py)."""
+    from app.llamacpp_peer import llama
+    return llama(path, extra_buffer_types=False, verbose=False, **kwargs)
+
+
 def oracle_logits(path, prompts=PROMPTS, n=N_POSITIONS):
     """(token ids, llama.cpp logits [n, n_vocab]) for each prompt: its first n tokens, BOS included."""
-    import llama_cpp
-    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=n, n_batch=n, n_threads=2, verbose=False)
+    llm = oracle(path, logits_all=True, n_ctx=n, n_batch=n, n_threads=2)
     out = []
     for text in prompts:
         ids = llm.tokenize(text.encode(), add_bos=True)[:n]

@@ -5,6 +5,7 @@ import pytest
 from inference import GenerationStats, PromptTooLongError, load
 from inference.engine import StopScanner, _common_prefix
 from models.errors import UserError
+from tests.inference.parity import oracle
 
 PROMPT = "The capital of France is"
 
@@ -17,7 +18,6 @@ def run(engine, prompt, **kw):
 
 def test_greedy_tokens_are_llama_cpp_top1(smollm2_engine, smollm2):
     """Each greedy token is llama.cpp's top-1 given the same text, but where llama.cpp itself has a near-tie."""
-    import llama_cpp
     prompt = "Monday, Tuesday, Wednesday, Thursday,"
     text, stats = run(smollm2_engine, prompt, max_tokens=16, temperature=0)
     assert stats.generated_tokens == 16 and stats.finish_reason == "length"
@@ -25,7 +25,7 @@ def test_greedy_tokens_are_llama_cpp_top1(smollm2_engine, smollm2):
     assert stats.prompt_tokens == n_prompt
     ids = smollm2_engine.tokenizer.encode(prompt + text)
     assert ids[:n_prompt] == smollm2_engine.tokenizer.encode(prompt) and len(ids) == n_prompt + 16
-    llm = llama_cpp.Llama(str(smollm2), logits_all=True, n_ctx=64, n_threads=2, verbose=False)
+    llm = oracle(smollm2, logits_all=True, n_ctx=64, n_threads=2)
     llm.eval(ids)
     theirs = np.array(llm.scores[n_prompt - 1:len(ids) - 1])  # [16, n_vocab]: what predicts each new token
     llm.close()
@@ -84,11 +84,22 @@ def test_full_context_ends_with_context_full(smollm2):
     text, stats = run(engine, PROMPT, max_tokens=100, temperature=0)
     assert stats.finish_reason == "context full"
     assert stats.generated_tokens == 12 - n_prompt + 1  # the last token needs no room in the cache
+    assert stats.context_tokens == 12  # so it is not in the context either
     with pytest.raises(PromptTooLongError, match="the context holds 12") as e:
         run(engine, PROMPT * 5, max_tokens=4)
     assert isinstance(e.value, UserError)
     with pytest.raises(UserError, match="empty"):
         run(engine, "", max_tokens=4)  # SmolLM2 adds no BOS: no token at all
+
+
+def test_an_end_of_generation_token_is_not_counted_in_the_reply(smollm2_engine):
+    """A reply that ends at the end-of-generation token counts its own tokens, which with the prompt are what the
+    cache holds after it (every reply token was run through the model, the end token not)."""
+    engine = smollm2_engine
+    engine._cached = []  # the whole prompt counted in prompt_tokens
+    text, stats = run(engine, [{"role": "user", "content": "Say hello."}], max_tokens=64, temperature=0)
+    assert stats.finish_reason == "stop" and text
+    assert stats.context_tokens == len(engine._cached) == stats.prompt_tokens + stats.generated_tokens
 
 
 def test_unknown_device_and_missing_file_are_user_errors(smollm2, tmp_path):

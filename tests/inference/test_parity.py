@@ -6,7 +6,7 @@ prompts' last logits correlate < 0.5), so agreeing on them is not agreeing on a 
 import numpy as np
 import pytest
 
-from tests.inference.parity import assert_parity, oracle_logits, parity
+from tests.inference.parity import assert_parity, oracle, oracle_logits, parity
 from tests.inference.synthetic import write_synthetic
 
 
@@ -72,9 +72,8 @@ def test_parity_fails_with_a_layers_attention_dropped(tmp_path, smollm2, monkeyp
 
 def test_gemma3_past_its_sliding_window_matches_llama_cpp(gemma3_engine, gemma3):
     """600 tokens: the last 64 positions see more than the 512-token window of gemma3's local layers."""
-    import llama_cpp
     from tests.inference.parity import PROMPTS
-    llm = llama_cpp.Llama(str(gemma3), logits_all=True, n_ctx=640, n_batch=640, n_threads=2, verbose=False)
+    llm = oracle(gemma3, logits_all=True, n_ctx=640, n_batch=640, n_threads=2)
     ids = llm.tokenize(" ".join(PROMPTS * 2).encode(), add_bos=True)[:600]
     assert len(ids) == 600
     llm.eval(ids)

@@ -324,28 +324,6 @@ def _packed_tile(pack, tile, f16_table: bool):
     return packed_tile
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"])
-def test_gemm_tile_agrees_without_vnni(name, monkeypatch):
-    """The GEMM's byte dots in generic IR (CPUs without AVX-512 VNNI) give what vpdpbusd gives here, lane for lane,
-    so the same floats; the tests above hold the vpdpbusd path to x8 @ W.T."""
-    from kernels.cpu_gemm import quantize_biased
-    w = random_weight(name, 8, 2048)
-    x = np.random.default_rng(5).standard_normal((4, 2048), np.float32) * 3
-    xu, xd, xds = np.empty((4, 2048), np.uint8), np.empty((4, 64), np.float32), np.empty((4, 64), np.float32)
-    quantize_biased(x, xu, xd, xds)
-    pack = getattr(cpu_gemm_int8, f"pack_{name.lower()}")
-    tile = {"Q4_1": cpu_gemm_int8.tile_with_min, "Q5_1": cpu_gemm_int8.tile_with_min,
-            "Q4_K": cpu_gemm_int8.tile_with_min, "Q6_K": cpu_gemm_int8.tile_halves}.get(name, cpu_gemm_int8.tile_no_min)
-    results = {}
-    for has_vnni in host_vnni_paths():
-        monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
-
-        gemm_tile = _packed_tile(pack, tile, f16_table=True)  # compiled anew under each vnni
-        results[has_vnni] = gemm_tile(w, xu, xd, xds)
-        assert ("vpdpbusd" in next(iter(gemm_tile.inspect_llvm().values()))) == has_vnni
-    np.testing.assert_array_equal(results.get(True, results[False]), results[False])
-
-
 @pytest.mark.parametrize("n_tokens", [1, 3, 9, 64])
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_repacked_matmul_matches_dequantized_reference(name, n_tokens):
@@ -359,29 +337,6 @@ def test_repacked_matmul_matches_dequantized_reference(name, n_tokens):
     got = quantized_matmul(repack(w, qtype.id), qtype, x)
     assert got.shape == (n_tokens, 201) and np.all(np.abs(got - want) <= bound)
     assert quantized_matmuls([repack(w, qtype.id), w], [qtype] * 2, x)[0].tolist() == got.tolist()
-
-
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
-def test_repacked_dots_agree_without_vnni(name, monkeypatch):
-    """The repacked matvec's byte dots in generic IR (CPUs without AVX-512 VNNI) give what vpdpbusd gives here."""
-    from kernels import cpu_dot_x8
-    from kernels.cpu_repack import repack
-    w = repack(random_weight(name, 8, 2048), TYPES_BY_NAME[name].id).data
-    xq = np.random.default_rng(3).integers(-127, 128, 2048).astype(np.int8)
-    xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int16)
-    xd = np.random.default_rng(4).random(64, np.float32)
-    dot_x8 = getattr(cpu_dot_x8, f"dot_x8_{name.lower()}")
-    results = {}
-    for has_vnni in host_vnni_paths():
-        monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
-
-        @nb.njit  # not cached: compiled anew under each vnni
-        def dot(w, xq, xd, xs16):
-            return dot_x8(w, 0, xq, xd, xs16)
-
-        results[has_vnni] = dot(w, xq, xd, xs16)
-        assert ("vpdpbusd" in next(iter(dot.inspect_llvm().values()))) == has_vnni
-    assert results.get(True, results[False]) == results[False]
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
@@ -400,25 +355,26 @@ def test_repacked_dots_agree_on_every_simd_path(name, monkeypatch):
     rng = np.random.default_rng(3)
     dot_x8 = getattr(cpu_dot_x8, f"dot_x8_{name.lower()}")
     paths = [(s, v) for s in host_simd_paths() for v in (host_vnni_paths() if s == "avx512bw" else [False])]
+    cases = []
     for weight, xq in ((w, rng.integers(-127, 128, 2048).astype(np.int8)), (high, np.full(2048, 127, np.int8)),
                        (high, np.full(2048, -128, np.int8))):
-        packed = repack(weight, qtype.id).data
         xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int16)
-        xd = rng.random(64, np.float32)
-        results = {}
-        for simd, has_vnni in paths:
-            monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
-            monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
+        cases.append((repack(weight, qtype.id).data, xq, rng.random(64, np.float32), xs16))
+    results = {}
+    for simd, has_vnni in paths:
+        monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
+        monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
 
-            @nb.njit  # not cached: compiled anew under each path
-            def dot(w, xq, xd, xs16):
-                return dot_x8(w, 0, xq, xd, xs16)
+        @nb.njit  # not cached: compiled anew under each path
+        def dot(w, xq, xd, xs16):
+            return dot_x8(w, 0, xq, xd, xs16)
 
-            results[(simd, has_vnni)] = dot(packed, xq, xd, xs16)
-            llvm_ir = next(iter(dot.inspect_llvm().values()))
-            assert ("vpdpbusd" in llvm_ir) == has_vnni
-            assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni)
-        assert len(set(results.values())) == 1, results
+        results[(simd, has_vnni)] = [dot(*case) for case in cases]
+        llvm_ir = next(iter(dot.inspect_llvm().values()))
+        assert ("vpdpbusd" in llvm_ir) == has_vnni
+        assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni)
+    for case in range(len(cases)):
+        assert len({r[case] for r in results.values()}) == 1, results
 
 
 @pytest.mark.parametrize("names", [("Q4_1", "Q4_1", "Q4_1"), ("Q5_0", "Q4_K", "Q6_K"), ("Q8_0",), ("Q4_0", "Q5_1")])
@@ -450,46 +406,97 @@ def test_one_token_matvecs_match_quantized_matmuls(names):
     assert not OneToken([random_weight("Q5_K", 8, 512)], [TYPES_BY_NAME["Q5_K"]]).int8
 
 
+# the tile cpu_gemm runs each type's packed values through (their size decides how the byte dots may be summed)
+GEMM_TILES = {"Q4_0": "tile_no_min", "Q5_0": "tile_no_min", "Q4_1": "tile_with_min", "Q5_1": "tile_with_min",
+              "Q4_K": "tile_with_min", "Q6_K": "tile_halves", "Q8_0": "tile_q8_0"}
+
+
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "X8_Q4_1", "X8_Q5_0"])
-def test_gemm_tile_agrees_on_every_simd_path(name, monkeypatch):
-    """The GEMM's byte dots without VNNI: AVX2's pmaddubsw (int16 sums of as many vectors as cannot overflow, then
-    pmaddwd) where the packed values are small enough, generic IR else, and vpdpbusd where the host has it, give
-    the same floats; with the quants at both extremes (all bytes 0x00 and 0xFF but the scales) against x's biased
-    bytes at 0 and 255, the int16 sums' worst cases, as well as random."""
+def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
+    """The GEMM tile on every byte-dot path this host can compile (vpdpbusd with AVX-512 VNNI; without VNNI,
+    AVX2's pmaddubsw, int16 sums of as many vectors as cannot overflow, where the packed values are small enough,
+    else generic IR; generic IR without AVX2) is x8 @ W.T, W gguf-py's dequantization: for random weights and x,
+    and with every quant at its extremes against x's biased bytes at 0 and 255, the int16 sums' worst cases (Q8_0's
+    quants reach +-127, where 255 * 127 pair sums overflow int16). An AVX2 host runs the AVX2 and generic paths,
+    an AVX-512 one all of them (its no-VNNI path is AVX2's IR).
+    Planted fault, seen once: tile_q8_0 made as the 4-bit types' (max_abs=16, pmaddubsw sums) fails Q8_0 here."""
     from kernels.cpu_dot_x8 import pack_x8_q4_1, pack_x8_q5_0
+    from kernels.cpu_gemm import quantize_biased
     from kernels.cpu_repack import repack
     base = name.removeprefix("X8_")
     qtype = TYPES_BY_NAME[base]
-    w = random_weight(base, 8, 2048)
+    w = random_weight(base, cpu_gemm_int8.ROWS, 2048)
+    x = np.random.default_rng(5).standard_normal((cpu_gemm_int8.TOKENS, 2048), np.float32) * 3
+    xu = np.empty(x.shape, np.uint8)
+    quantize_biased(x, xu, np.empty((len(x), 64), np.float32), np.empty((len(x), 64), np.float32))
+    cases = [(w, xu)]
     scale_at = {"Q4_0": [0, 1], "Q4_1": [0, 1, 2, 3], "Q5_0": [0, 1], "Q5_1": [0, 1, 2, 3], "Q8_0": [0, 1],
                 "Q4_K": list(range(16)), "Q6_K": list(range(192, 210))}[base]  # Q4_K, Q6_K: scales and d kept
-    rng = np.random.default_rng(5)
-    cases = [(w, rng.integers(0, 256, (4, 2048)).astype(np.uint8))]
-    for fill in (0x00, 0xFF):
+    fills = (0x00, 0xFF, 0x7F, 0x81) if base == "Q8_0" else (0x00, 0xFF)  # Q8_0's: 0, -1, 127, -127
+    for fill in fills:
         extreme = np.full(w.shape, fill, np.uint8)
         for off in range(0, w.shape[1], qtype.block_bytes):
             extreme[:, off + np.array(scale_at)] = w[:, off + np.array(scale_at)]
-        cases += [(extreme, np.full((4, 2048), 255, np.uint8)), (extreme, np.zeros((4, 2048), np.uint8))]
+        cases += [(extreme, np.full(xu.shape, 255, np.uint8)), (extreme, np.zeros(xu.shape, np.uint8))]
     if name.startswith("X8_"):
         pack = pack_x8_q4_1 if base == "Q4_1" else pack_x8_q5_0
     else:
         pack = getattr(cpu_gemm_int8, f"pack_{base.lower()}")
-    tile = {"Q4_1": cpu_gemm_int8.tile_with_min, "Q5_1": cpu_gemm_int8.tile_with_min, "Q4_K": cpu_gemm_int8.tile_with_min,
-            "Q6_K": cpu_gemm_int8.tile_halves, "Q8_0": cpu_gemm_int8.tile_q8_0}.get(base, cpu_gemm_int8.tile_no_min)
+    tile = getattr(cpu_gemm_int8, GEMM_TILES[base])
+    xd = np.random.default_rng(6).uniform(0.5, 1.5, (len(x), 64)).astype(np.float32)
     paths = [(s, v) for s in host_simd_paths() for v in (host_vnni_paths() if s == "avx512bw" else [False])]
-    for weight, xu in cases:
-        data = repack(weight, qtype.id).data if name.startswith("X8_") else weight
-        xd, xds = rng.random((4, 64), np.float32), rng.random((4, 64), np.float32)
-        results = {}
-        for simd, has_vnni in paths:
-            monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
-            monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
-            packed_tile = _packed_tile(pack, tile, f16_table=not name.startswith("X8_"))  # compiled anew a path
-            results[(simd, has_vnni)] = packed_tile(data, xu, xd, xds)
-            llvm_ir = next(iter(packed_tile.inspect_llvm().values()))
-            assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni and base != "Q8_0")
-        for got in results.values():
-            np.testing.assert_array_equal(got, results[("", False)])
+    for simd, has_vnni in paths:
+        monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
+        monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
+        packed_tile = _packed_tile(pack, tile, f16_table=not name.startswith("X8_"))  # compiled anew a path
+        for weight, case_xu in cases:
+            xq = case_xu.reshape(len(x), 64, 32).astype(np.int64) - 128
+            xds = (xd * xq.sum(-1)).astype(np.float32)
+            data = repack(weight, qtype.id).data if name.startswith("X8_") else weight
+            got = packed_tile(data, case_xu, xd, xds).reshape(cpu_gemm_int8.TOKENS, cpu_gemm_int8.ROWS)
+            x8 = (xq * xd[:, :, None].astype(np.float64)).reshape(x.shape)
+            W = reference(weight, base).astype(np.float64)
+            bound = 1e-5 * (np.abs(x8) @ np.abs(W).T)
+            assert np.all(np.abs(got - x8 @ W.T) <= bound), (simd, has_vnni, hex(weight[0, -1]), case_xu[0, 0])
+        llvm_ir = next(iter(packed_tile.inspect_llvm().values()))
+        assert ("vpdpbusd" in llvm_ir) == has_vnni
+        assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni and base != "Q8_0")
+
+
+# Compiled for Skylake-SP (AVX-512 BW without VNNI: a path an AVX2 host cannot run), the assembly of the Q8_0 tile and
+# of the 4-bit types' (whose pmaddubsw sums would saturate on Q8_0's quants)
+SKYLAKE_SP_ASM = """
+import numba as nb
+from numba import types
+from kernels import cpu_gemm_int8 as g
+from tests.kernels.test_cpu_quant import _packed_tile
+sig = (types.Array(types.uint8, 2, "C", readonly=True), types.Array(types.uint8, 2, "C"),
+       types.Array(types.float32, 2, "C"), types.Array(types.float32, 2, "C"))
+for tile in (g.tile_q8_0, g.tile_no_min):
+    f = _packed_tile(g.pack_q8_0, tile, f16_table=True)
+    f.compile(sig)
+    print(f.inspect_asm(sig).count("vpmaddubsw"))
+"""
+
+
+def test_q8_0_gemm_tile_for_avx512_without_vnni_never_saturates():
+    """The Q8_0 GEMM tile as compiled for a CPU with AVX-512 BW but no VNNI (Skylake-SP servers, many cloud VMs)
+    uses no pmaddubsw, whose int16 pair sums saturate on Q8_0's quants (255 * 127 * 2 > 32767): LLVM widens its
+    byte products to pmaddwd's exact ones. The 4-bit types' tile, which does use it, shows the count can see it.
+    Hosts with AVX-512 also run this path against x8 @ W.T (test_gemm_tile_is_x8_w_on_every_path)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    features = ("+avx512bw,+avx512vl,+avx512f,+avx512dq,+avx512cd,-avx512vnni,+avx2,+avx,+fma,+f16c,+bmi,+bmi2,"
+                "+popcnt,+lzcnt,+movbe,+sse4.2,+sse4.1,+ssse3,+sse3,+sse2,+sse")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "NUMBA_CPU_NAME": "skylake-avx512", "NUMBA_CPU_FEATURES": features}
+    r = subprocess.run([sys.executable, "-c", SKYLAKE_SP_ASM], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    q8_0, four_bit = map(int, r.stdout.split())
+    assert q8_0 == 0 and four_bit > 0
 
 
 @pytest.mark.parametrize("name,repacked", [("Q4_1", True), ("Q5_0", True), ("Q4_K", False), ("Q8_0", False),
