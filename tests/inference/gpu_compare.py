@@ -85,6 +85,19 @@ def greedy_steps(engine, ids: list[int], n: int) -> tuple[list[int], np.ndarray]
     return out, np.array(logits[:-1])
 
 
+def assert_decode_close(engine, other, ids: list[int], n: int, min_agree: int, what: str) -> None:
+    """n greedy decode steps of two engines of one model after ids: the same tokens for more than min_agree steps,
+    and close logits over the steps before the first token they choose apart (a near-tie; after it the two run
+    different contexts)."""
+    tokens, logits = greedy_steps(engine, ids, n)
+    other_tokens, other_logits = greedy_steps(other, ids, n)
+    agree = next((i for i, (a, b) in enumerate(zip(tokens, other_tokens)) if a != b), len(tokens))
+    print(f"{what}: greedy tokens agree for {agree} of {n}")
+    assert agree > min_agree, (tokens, other_tokens)
+    if agree > 1:
+        assert_close_logits(logits[:agree - 1], other_logits[:agree - 1], what)
+
+
 def assert_graph_replay_equals_eager(graph, eager) -> None:
     """Engines of one model with and without the CUDA graph: the same 40 greedy tokens and bit-equal logits."""
     ids = random_prompt(graph, 12)

@@ -9,8 +9,8 @@ import pytest
 
 from inference.placement import DEFAULT_GPU_SHARE, RUNTIME_RESERVE_BYTES, GiB, MiB, VramBudgetError, split
 from models.gguf import open_gguf
-from tests.inference.gpu_compare import (assert_close_logits, assert_graph_replay_equals_eager, greedy_steps,
-                                         random_prompt, reference_logits, teacher_prompt)
+from tests.inference.gpu_compare import (assert_close_logits, assert_decode_close, assert_graph_replay_equals_eager,
+                                         greedy_steps, random_prompt, reference_logits, teacher_prompt)
 
 pytestmark = pytest.mark.gpu
 
@@ -256,11 +256,7 @@ def test_host_experts_decode_matches_all_gpu(host_expert_engines):
     bit-equal to the same step run eagerly."""
     cpu, gpu, host, eager = host_expert_engines
     ids = random_prompt(cpu, 12)
-    tokens, logits = greedy_steps(host, ids, 30)
-    gpu_tokens, gpu_logits = greedy_steps(gpu, ids, 30)
-    agree = next((i for i, (a, b) in enumerate(zip(tokens, gpu_tokens)) if a != b), len(tokens))
-    assert agree > 10, (tokens, gpu_tokens)
-    assert_close_logits(logits[:agree - 1], gpu_logits[:agree - 1], "host experts decode vs all-GPU")
+    assert_decode_close(host, gpu, ids, 30, 10, "host experts decode vs all-GPU")
     assert len(host._decode.graphs[True]) == 2 * host.placement.cpu_expert_layers + 1  # graphs around host work
     assert_graph_replay_equals_eager(host, eager)
 
@@ -356,12 +352,7 @@ def test_gpu_share_of_host_experts_in_the_captured_step(synth_qwen3moe_k, monkey
     eager = load(synth_qwen3moe_k, device="cuda", ctx=CTX, cpu_moe="all", cuda_graph=False)
     assert host._be.host_experts.gpu_slots == eager._be.host_experts.gpu_slots == 1
     ids = random_prompt(gpu, 12)
-    tokens, logits = greedy_steps(host, ids, 20)
-    gpu_tokens, gpu_logits = greedy_steps(gpu, ids, 20)
-    # the steps before the first token they choose apart (a near-tie): after it the two run different contexts
-    agree = next((i for i, (a, b) in enumerate(zip(tokens, gpu_tokens)) if a != b), len(tokens))
-    assert agree > 5, (tokens, gpu_tokens)
-    assert_close_logits(logits[:agree - 1], gpu_logits[:agree - 1], "host experts with the GPU's share vs all-GPU")
+    assert_decode_close(host, gpu, ids, 20, 5, "host experts with the GPU's share vs all-GPU")
     assert_graph_replay_equals_eager(host, eager)
 
 
@@ -377,11 +368,7 @@ def test_qwen35moe_experts_on_the_host(synth_qwen35moe):
     assert host.placement.cpu_expert_layers == host.config.n_layers
     ids = random_prompt(gpu, 40, seed=4)
     assert_close_logits(host.logits(ids), gpu.logits(ids), "qwen35moe, experts on the host (a prompt uploads them)")
-    tokens, logits = greedy_steps(host, ids, 20)
-    gpu_tokens, gpu_logits = greedy_steps(gpu, ids, 20)
-    agree = next((i for i, (a, b) in enumerate(zip(tokens, gpu_tokens)) if a != b), len(tokens))
-    assert agree > 8, (tokens, gpu_tokens)
-    assert_close_logits(logits[:agree - 1], gpu_logits[:agree - 1], "qwen35moe host experts decode vs all-GPU")
+    assert_decode_close(host, gpu, ids, 20, 8, "qwen35moe host experts decode vs all-GPU")
     assert_graph_replay_equals_eager(host, eager)
 
 
@@ -396,8 +383,4 @@ def test_qwen35_with_layers_on_the_cpu(synth_qwen35):
     assert split.placement.n_gpu_layers == 1 and split.gpu_share is not None
     ids = random_prompt(cpu, 40, seed=6)
     assert_close_logits(split.logits(ids), reference_logits(cpu, ids), "qwen35, layers 0-1 on the CPU")
-    tokens, logits = greedy_steps(split, ids, 20)
-    gpu_tokens, gpu_logits = greedy_steps(gpu, ids, 20)
-    agree = next((i for i, (a, b) in enumerate(zip(tokens, gpu_tokens)) if a != b), len(tokens))
-    assert agree > 8, (tokens, gpu_tokens)
-    assert_close_logits(logits[:agree - 1], gpu_logits[:agree - 1], "qwen35 split decode vs all-GPU")
+    assert_decode_close(split, gpu, ids, 20, 8, "qwen35 split decode vs all-GPU")
