@@ -9,6 +9,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.notifications import Notification, Notify
 from textual.widgets import Footer, Header, ProgressBar
 
 from app.store import Chat, ChatStore, Sampling, StreamingReply
@@ -82,6 +83,7 @@ class ChatApp(App):
         self.engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.preparing_since = 0.0     # when the kernels' first compile began (monotonic), 0 when it is not running
         self.preparing_timer = None    # counts its seconds in the status bar
+        self.preparing_note = None     # its lasting notification, taken down when the kernels are ready
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -197,7 +199,8 @@ class ChatApp(App):
             # waits for it, to stream at full speed), its seconds counted in the status bar
             self.preparing_since = time.monotonic()
             self.preparing_timer = self.set_interval(1.0, self.show_model_status)
-            self.notify(event.text, title="Engine", severity="warning", timeout=3600)
+            self.preparing_note = Notification(event.text, "Engine", "warning", timeout=3600)
+            self.post_message(Notify(self.preparing_note))
         else:
             self.notify(event.text, title="Engine", severity="warning", timeout=10)
         self.show_model_status()
@@ -206,7 +209,9 @@ class ChatApp(App):
         if self.preparing_timer is not None:
             self.preparing_timer.stop()
             self.preparing_timer, self.preparing_since = None, 0.0
-            self.clear_notifications()  # the lasting notice
+            # that notice alone: clear_notifications() also took down whatever was said meanwhile (a settings
+            # error shown as the load ended: test_settings_out_of_range_are_refused failed in a clean clone's CI)
+            self._unnotify(self.preparing_note)
 
     @on(ModelFailed)
     async def model_failed(self, event: ModelFailed) -> None:

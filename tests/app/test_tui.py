@@ -137,6 +137,7 @@ def test_the_load_and_every_reply_run_on_one_engine_thread(store, smollm2, monke
             await send(pilot, "Hi")  # while the model loads
             await wait_for(pilot, lambda: app.reply_waits_for_model)
             assert app.engine is None
+            app.notify("said while the kernels compile", timeout=60)
             states, noticed = set(), []
             while app.engine is None:
                 states.add(app.query_one(StatusBar).state)
@@ -146,6 +147,7 @@ def test_the_load_and_every_reply_run_on_one_engine_thread(store, smollm2, monke
             assert all(noticed)  # the notice lasted the whole compile (a toast of 10 s did not)
             await wait_for(pilot, replied(app, store))
             assert NOTICE not in notes(app) and "preparing" not in app.query_one(StatusBar).state
+            assert "said while the kernels compile" in notes(app)  # only the kernels' notice went
             first = store.messages(app.chat.id)[-1].id
             await send(pilot, "Hello")
             await wait_for(pilot, replied(app, store, first))
