@@ -236,12 +236,13 @@ class CPUBackend:
         return out
 
     def recurrent_state(self) -> dict:
-        """A copy of the recurrent layers' states (a checkpoint of the context; none without such layers)."""
+        """A copy of its recurrent layers' states, layer -> (position, conv, delta): a checkpoint of the context."""
         return {i: (self.state_pos[i], self.conv_state[i].copy(), self.delta_state[i].copy()) for i in self.state_pos}
 
     def restore_recurrent_state(self, saved: dict) -> None:
-        for i, (pos, conv, delta) in saved.items():
-            self.state_pos[i] = pos
+        """Its layers' states from a checkpoint (recurrent_state's, merged with the other segments')."""
+        for i in self.state_pos:
+            self.state_pos[i], conv, delta = saved[i]
             self.conv_state[i][:] = conv
             self.delta_state[i][:] = delta
 

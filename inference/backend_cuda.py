@@ -171,10 +171,11 @@ class CUDABackend:
     def recurrent_state(self) -> dict:
         """A host copy of its recurrent layers' states, layer -> (position, conv, delta): a checkpoint."""
         self.stream.synchronize()
-        return {i: (self.state_pos, self.conv_state[i].get(stream=self.stream), self.delta_state[i].get(stream=self.stream))
-                for i in self.conv_state}
+        return {i: (self.state_pos, self.conv_state[i].get(stream=self.stream),
+                    self.delta_state[i].get(stream=self.stream)) for i in self.conv_state}
 
     def restore_recurrent_state(self, saved: dict) -> None:
+        """Its layers' states from a checkpoint (recurrent_state's, merged with the other segments')."""
         for i in self.conv_state:
             self.state_pos, conv, delta = saved[i]
             self.conv_state[i].set(conv, stream=self.stream)

@@ -128,6 +128,18 @@ def test_regenerate_and_edit_resume_from_checkpoints(engine, hybrid_f32):
     assert m["corr_min"] >= 0.999 and m["decided_mismatches"] == 0, m
 
 
+def test_a_segment_restores_its_own_layers_from_a_checkpoint(engine):
+    """A checkpoint holds every segment's layers (with layers on the CPU and the GPU, both): a CPU backend of the
+    first layers takes its own from it and leaves the others."""
+    from inference.backend_cpu import CPUBackend
+    engine.logits(engine.tokenizer.encode(PROMPTS[0])[:20])
+    saved = engine._segments[0][0].recurrent_state()  # every recurrent layer's
+    first = CPUBackend(engine.config, engine._weights, 64, layers=range(2))
+    first.restore_recurrent_state(saved)
+    assert sorted(first.state_pos) == [0, 1] and first.state_pos[0] == 20
+    np.testing.assert_array_equal(first.delta_state[1], saved[1][2])
+
+
 def _greedy(engine, ids, n):
     out = []
     for piece in engine.generate(list(ids), max_tokens=n, temperature=0):
