@@ -174,12 +174,14 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
             return dict(ffn_gate=matrix(p + "ffn_gate.weight", cfg.n_ff, cfg.n_embd),
                         ffn_up=matrix(p + "ffn_up.weight", cfg.n_ff, cfg.n_embd),
                         ffn_down=matrix(p + "ffn_down.weight", cfg.n_embd, cfg.n_ff))
-        gate_inp = vector(p + "ffn_gate_inp_shexp.weight", cfg.n_embd) if cfg.n_ff_shexp else None
-        shared = SharedExpert(
-            gate_inp=QuantMatrix(gate_inp.view(np.uint8).reshape(1, -1), TYPES_BY_NAME["F32"], 1, cfg.n_embd),
-            gate=matrix(p + "ffn_gate_shexp.weight", cfg.n_ff_shexp, cfg.n_embd),
-            up=matrix(p + "ffn_up_shexp.weight", cfg.n_ff_shexp, cfg.n_embd),
-            down=matrix(p + "ffn_down_shexp.weight", cfg.n_embd, cfg.n_ff_shexp)) if cfg.n_ff_shexp else None
+        shared = None
+        if cfg.n_ff_shexp:
+            gate_inp = vector(p + "ffn_gate_inp_shexp.weight", cfg.n_embd)
+            shared = SharedExpert(
+                gate_inp=QuantMatrix(gate_inp.view(np.uint8).reshape(1, -1), TYPES_BY_NAME["F32"], 1, cfg.n_embd),
+                gate=matrix(p + "ffn_gate_shexp.weight", cfg.n_ff_shexp, cfg.n_embd),
+                up=matrix(p + "ffn_up_shexp.weight", cfg.n_ff_shexp, cfg.n_embd),
+                down=matrix(p + "ffn_down_shexp.weight", cfg.n_embd, cfg.n_ff_shexp))
         return dict(ffn_gate=None, ffn_up=None, ffn_down=None, experts=ExpertFFN(
             router=matrix(p + "ffn_gate_inp.weight", cfg.n_expert, cfg.n_embd),
             gate=experts(p + "ffn_gate_exps.weight", cfg.n_ff_exp, cfg.n_embd),

@@ -198,7 +198,7 @@ def config_from_metadata(metadata: dict) -> ModelConfig:
         n_expert=n_expert,
         n_expert_used=n_expert_used,
         n_ff_exp=n_ff_exp,
-        n_ff_shexp=int(get("expert_shared_feed_forward_length", 0)) or n_ff if moe_arch and hybrid else 0,
+        n_ff_shexp=(int(get("expert_shared_feed_forward_length", 0)) or n_ff) if moe_arch and hybrid else 0,
         n_nextn_layers=n_nextn,
         **hybrid,
     )
