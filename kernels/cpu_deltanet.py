@@ -9,18 +9,16 @@ tests/kernels/deltanet_reference.py defines the ops in float64; these kernels ar
 conv_silu: y = silu(conv(x)). delta_rule: per token, q and k of each key head L2-normed, decay
 g = softplus(alpha + dt_bias) * a, write strength b = sigmoid(beta), and for value head h (which reads key head
 h % Hk): S_h = exp(g) S_h; S_h += k (b (v - S_h^T k))^T; o = S_h^T q / sqrt(S); then the gated norm
-rms_norm(o) * norm_w * silu(z). Tokens run as a numba loop, heads in parallel, each state read twice a token.
-The chunked form (chunks of CHUNK tokens in the WY form, its products numpy BLAS matmuls) is the algorithm the
-GPU's prompt kernel runs (kernels/deltanet.cu), kept here beside the loop and held equal to it by the tests; on the
-2-core VM the loop ran 0.8B-like shapes (16 heads of 128) faster at every length (128 tokens a layer: 40-45 ms
-against 70-268 ms; 512: 123-166 against 345-685 ms, 2026-11-27), so prompts take the loop unless asked.
+rms_norm(o) * norm_w * silu(z). Tokens run as a numba loop, heads in parallel, each state read twice a token,
+prompts too: on the 2-core VM the loop ran 0.8B-like shapes (16 heads of 128) faster at every length than the
+chunked form in numpy BLAS (the GPU prompt kernel's algorithm, now tests/kernels/deltanet_reference.py's
+delta_rule_chunked): 128 tokens a layer 40-45 ms against 70-268 ms, 512 tokens 123-166 against 345-685 (2026-11-27).
 """
 import math
 
 import numba as nb
 import numpy as np
 
-CHUNK = 64  # tokens a chunk of the parallel form
 
 
 @nb.njit(cache=True, nogil=True, fastmath=True)
@@ -115,63 +113,11 @@ def _delta_rule_tokens(y, alpha, beta, dt_bias, a, z, norm_w, state, n_k, eps, o
             _gated_norm(o, z[t, h * S:(h + 1) * S], norm_w, eps, out[t, h * S:(h + 1) * S])
 
 
-def _chunked(y, alpha, beta, dt_bias, a, state, n_k, eps):
-    """The delta rule over a prompt in chunks of CHUNK tokens (the WY form, as llama.cpp's
-    build_delta_net_chunking), every head at once: o [n, Hv, S]; state moves on in place.
-
-    Within a chunk, with G the cumulative sum of g, D[t, s] = exp(G_t - G_s) for s <= t, Kb = diag(b) K:
-      T = (I + strict_lower(Kb K^T * D))^-1      (the chunk's writes, each seen by the later ones)
-      U = T diag(b) V,  W = T diag(e^G) Kb       (what each token writes, before the state at the chunk's start)
-      V' = U - W S0
-      O = diag(e^G) Q S0 + ((Q K^T) * D) V'      (lower triangle with its diagonal)
-      S = e^(G_last) S0 + (diag(e^(G_last - G)) K)^T V'
-    Every exponent is <= 0: nothing overflows however strong the decay."""
-    n = len(y)
-    Hv, S = state.shape[0], state.shape[1]
-    heads = np.arange(Hv) % n_k
-    q = y[:, :n_k * S].reshape(n, n_k, S)[:, heads].transpose(1, 0, 2)  # [Hv, n, S]
-    k = y[:, n_k * S:2 * n_k * S].reshape(n, n_k, S)[:, heads].transpose(1, 0, 2)
-    v = y[:, 2 * n_k * S:].reshape(n, Hv, S).transpose(1, 0, 2)
-    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps) / np.float32(math.sqrt(S))
-    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
-    x = (alpha + dt_bias).astype(np.float32)
-    g = (np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))) * a).T  # [Hv, n]
-    b = (1 / (1 + np.exp(-beta))).T.astype(np.float32)  # [Hv, n]
-    S0 = np.ascontiguousarray(state.transpose(0, 2, 1))  # [Hv, S(i), S(j)]: S_h itself
-    o = np.empty((Hv, n, S), np.float32)
-    for c0 in range(0, n, CHUNK):
-        c1 = min(n, c0 + CHUNK)
-        m = c1 - c0
-        qc, kc, vc = q[:, c0:c1], k[:, c0:c1], v[:, c0:c1]
-        G = np.cumsum(g[:, c0:c1], axis=1)  # [Hv, m]
-        lower = np.tril(np.ones((m, m), bool))
-        D = np.where(lower, np.exp(np.where(lower, G[:, :, None] - G[:, None, :], 0)), 0).astype(np.float32)
-        kb = kc * b[:, c0:c1, None]
-        A = np.tril((kb @ kc.transpose(0, 2, 1)) * D, -1)
-        eG = np.exp(G)[:, :, None].astype(np.float32)
-        UW = np.linalg.solve(A + np.eye(m, dtype=np.float32), np.concatenate([vc * b[:, c0:c1, None], kb * eG], 2))
-        Vp = UW[:, :, :S] - UW[:, :, S:] @ S0
-        o[:, c0:c1] = (qc * eG) @ S0 + ((qc @ kc.transpose(0, 2, 1)) * D) @ Vp
-        last = G[:, -1:]
-        S0 = np.exp(last)[:, :, None] * S0 + (kc * np.exp(last - G)[:, :, None]).transpose(0, 2, 1) @ Vp
-    state[:] = S0.transpose(0, 2, 1)
-    return o.transpose(1, 0, 2)  # [n, Hv, S]
-
-
-@nb.njit(cache=True, nogil=True, fastmath=True, parallel=True)
-def _gated_norms(o, z, norm_w, eps, out):  # o [n, Hv, S]; z, out [n, Hv * S]
-    n, Hv, S = o.shape
-    for r in nb.prange(n * Hv):
-        t, h = r // Hv, r % Hv
-        _gated_norm(o[t, h], z[t, h * S:(h + 1) * S], norm_w, eps, out[t, h * S:(h + 1) * S])
-
-
 def delta_rule(y: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bias: np.ndarray, a: np.ndarray,
-               z: np.ndarray, norm_w: np.ndarray, state: np.ndarray, n_k_heads: int, eps: float,
-               chunked: bool = False) -> np.ndarray:
+               z: np.ndarray, norm_w: np.ndarray, state: np.ndarray, n_k_heads: int, eps: float) -> np.ndarray:
     """The delta rule and the gated norm (module doc) of the conv's output y [n, C] (C = (2 Hk + Hv) S: q, k,
     v heads), alpha, beta [n, Hv] (the projections), dt_bias, a [Hv], z [n, Hv * S], norm_w [S], over the
-    state [Hv, S, S] (moved on in place): out [n, Hv * S]. chunked: the chunked form instead of the token loop."""
+    state [Hv, S, S] (moved on in place): out [n, Hv * S]."""
     n, C = y.shape
     Hv, S = state.shape[0], state.shape[2]
     if (state.shape != (Hv, S, S) or state.dtype != np.float32 or not state.flags.c_contiguous
@@ -182,9 +128,5 @@ def delta_rule(y: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bias: np.n
     f32 = lambda t: np.ascontiguousarray(t, np.float32)  # noqa: E731
     y, alpha, beta, z = f32(y), f32(alpha), f32(beta), f32(z)
     out = np.empty((n, Hv * S), np.float32)
-    if chunked:
-        o = _chunked(y, alpha, beta, f32(dt_bias), f32(a), state, n_k_heads, eps)
-        _gated_norms(f32(o), z, f32(norm_w), eps, out)
-    else:
-        _delta_rule_tokens(y, alpha, beta, f32(dt_bias), f32(a), z, f32(norm_w), state, n_k_heads, eps, out)
+    _delta_rule_tokens(y, alpha, beta, f32(dt_bias), f32(a), z, f32(norm_w), state, n_k_heads, eps, out)
     return out

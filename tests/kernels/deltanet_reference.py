@@ -48,6 +48,48 @@ def delta_rule(y, alpha, beta, dt_bias, a, state, n_k_heads, eps):
     return o, M
 
 
+def delta_rule_chunked(y, alpha, beta, dt_bias, a, state, n_k_heads, eps, chunk=64):
+    """delta_rule in chunks of `chunk` tokens, the WY form (llama.cpp's build_delta_net_chunking; the algorithm of
+    the GPU's prompt kernel, kernels/deltanet.cu), every head at once. Within a chunk, with G the cumulative sum of
+    g, D[t, s] = exp(G_t - G_s) for s <= t, Kb = diag(b) K, S0 the state at the chunk's start (S_h, not stored
+    transposed):
+      T = (I + strict_lower(Kb K^T * D))^-1      (the chunk's writes, each seen by the later ones)
+      U = T diag(b) V,  W = T diag(e^G) Kb,  V' = U - W S0
+      O = diag(e^G) Q S0 + ((Q K^T) * D) V'      (lower triangle with its diagonal; Q scaled by 1/sqrt(S))
+      S = e^(G_last) S0 + (diag(e^(G_last - G)) K)^T V'
+    Every exponent is <= 0: nothing overflows however strong the decay. Returns (o [n, Hv, S], new state)."""
+    y, alpha, beta, dt_bias, a = (np.asarray(t, np.float64) for t in (y, alpha, beta, dt_bias, a))
+    n = len(y)
+    Hv, S = state.shape[0], state.shape[1]
+    heads = np.arange(Hv) % n_k_heads
+    q = y[:, :n_k_heads * S].reshape(n, n_k_heads, S)[:, heads].transpose(1, 0, 2)  # [Hv, n, S]
+    k = y[:, n_k_heads * S:2 * n_k_heads * S].reshape(n, n_k_heads, S)[:, heads].transpose(1, 0, 2)
+    v = y[:, 2 * n_k_heads * S:].reshape(n, Hv, S).transpose(1, 0, 2)
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps) / np.sqrt(S)
+    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
+    x = alpha + dt_bias
+    g = (np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))) * a).T  # [Hv, n]
+    b = (1 / (1 + np.exp(-beta))).T  # [Hv, n]
+    S0 = np.array(state, np.float64).transpose(0, 2, 1)  # [Hv, S(i), S(j)]
+    o = np.empty((Hv, n, S))
+    for c0 in range(0, n, chunk):
+        c1 = min(n, c0 + chunk)
+        m = c1 - c0
+        qc, kc, vc = q[:, c0:c1], k[:, c0:c1], v[:, c0:c1]
+        G = np.cumsum(g[:, c0:c1], axis=1)  # [Hv, m]
+        lower = np.tril(np.ones((m, m), bool))
+        D = np.where(lower, np.exp(np.where(lower, G[:, :, None] - G[:, None, :], 0)), 0)
+        kb = kc * b[:, c0:c1, None]
+        A = np.tril((kb @ kc.transpose(0, 2, 1)) * D, -1)
+        eG = np.exp(G)[:, :, None]
+        UW = np.linalg.solve(A + np.eye(m), np.concatenate([vc * b[:, c0:c1, None], kb * eG], 2))
+        Vp = UW[:, :, :S] - UW[:, :, S:] @ S0
+        o[:, c0:c1] = (qc * eG) @ S0 + ((qc @ kc.transpose(0, 2, 1)) * D) @ Vp
+        last = G[:, -1:]
+        S0 = np.exp(last)[:, :, None] * S0 + (kc * np.exp(last - G)[:, :, None]).transpose(0, 2, 1) @ Vp
+    return o.transpose(1, 0, 2), S0.transpose(0, 2, 1)
+
+
 def gated_norm(o, z, weight, eps):
     """rms_norm over each head of o [n, Hv, S] times weight [S], times silu(z) (z [n, Hv * S]): [n, Hv * S]."""
     o = np.asarray(o, np.float64)

@@ -1,5 +1,5 @@
 """The CPU's Gated DeltaNet ops against the float64 reference (tests/kernels/deltanet_reference.py), and the
-chunked form of a prompt against the token loop."""
+reference's chunked form (the GPU prompt kernel's algorithm) against its per-token definition."""
 import numpy as np
 import pytest
 
@@ -30,10 +30,10 @@ def reference(d, n_k):
     return ref.gated_norm(o, d["z"], d["norm_w"], EPS), state
 
 
-def ours(d, n_k, chunked=False):
+def ours(d, n_k):
     state = d["state"].copy()
     out = cpu_deltanet.delta_rule(d["y"], d["alpha"], d["beta"], d["dt_bias"], d["a"], d["z"], d["norm_w"], state,
-                                  n_k, EPS, chunked=chunked)
+                                  n_k, EPS)
     return out, state
 
 
@@ -62,35 +62,36 @@ def test_conv_silu_token_by_token_equals_one_call():
     np.testing.assert_array_equal(s1, s2)
 
 
-@pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("n,n_k,n_v,S", [(1, 2, 4, 16), (5, 2, 4, 32), (70, 2, 6, 16), (130, 1, 2, 64)])
-def test_delta_rule_against_reference(n, n_k, n_v, S, chunked):
+def test_delta_rule_against_reference(n, n_k, n_v, S):
     """Value heads outnumber key heads, so reading key head h // r instead of h % Hk fails here."""
     d = inputs(np.random.default_rng(n + S), n, n_k, n_v, S)
     want, want_state = reference(d, n_k)
-    got, state = ours(d, n_k, chunked)
+    got, state = ours(d, n_k)
     np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(state, want_state, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("decay", [0.01, 1.0, 30.0])
-def test_chunked_prompt_equals_token_loop(decay):
-    """A long prompt (several chunks and a partial one) through the chunked form equals the token loop, with
-    decays near 0 (the state keeps everything), typical and strong (it forgets within a few tokens)."""
+def test_chunked_form_equals_the_definition(decay):
+    """The reference's chunked form over a long prompt (several chunks and a partial one) equals its token by token
+    definition, with decays near 0 (the state keeps everything), typical and strong (it forgets within a few
+    tokens): the algorithm the GPU's prompt kernel runs, checked in float64."""
     n_k, n_v, S = 2, 4, 64
-    d = inputs(np.random.default_rng(7), 3 * cpu_deltanet.CHUNK + 21, n_k, n_v, S, decay=decay)
-    loop, loop_state = ours(d, n_k, chunked=False)
-    chunk, chunk_state = ours(d, n_k, chunked=True)
-    assert np.abs(loop).max() > 0.1
-    np.testing.assert_allclose(chunk, loop, rtol=2e-3, atol=2e-3)
-    np.testing.assert_allclose(chunk_state, loop_state, rtol=1e-3, atol=1e-3 * np.abs(loop_state).max())
+    d = inputs(np.random.default_rng(7), 3 * 64 + 21, n_k, n_v, S, decay=decay)
+    args = (d["y"], d["alpha"], d["beta"], d["dt_bias"], d["a"], d["state"], n_k, EPS)
+    o, state = ref.delta_rule(*args)
+    o_chunked, state_chunked = ref.delta_rule_chunked(*args)
+    assert np.abs(o).max() > 0.1
+    np.testing.assert_allclose(o_chunked, o, rtol=1e-9, atol=1e-9 * np.abs(o).max())
+    np.testing.assert_allclose(state_chunked, state, rtol=1e-9, atol=1e-9 * np.abs(state).max())
 
 
 def test_decode_steps_equal_one_prompt():
     """Tokens fed one call at a time carry the state on exactly as one call over all of them."""
     n_k, n_v, S = 2, 4, 32
     d = inputs(np.random.default_rng(3), 24, n_k, n_v, S)
-    whole, whole_state = ours(d, n_k, chunked=True)
+    whole, whole_state = ours(d, n_k)
     state = d["state"].copy()
     steps = [cpu_deltanet.delta_rule(d["y"][t:t + 1], d["alpha"][t:t + 1], d["beta"][t:t + 1], d["dt_bias"], d["a"],
                                      d["z"][t:t + 1], d["norm_w"], state, n_k, EPS) for t in range(24)]
