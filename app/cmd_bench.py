@@ -44,13 +44,17 @@ def bench_ours(engine, n_prompt: int, n_gen: int, reps: int, depth: int = 0) -> 
     vocab = engine.config.n_vocab
     # warm up at full size: JIT, graph capture, and what a first long prompt pays once (cuBLAS, scratch)
     list(engine.generate(_random_prompts(vocab, n_prompt, 1, seed=9)[0], max_tokens=2))
+    # each run from an empty context, as llama-bench clears its memory between runs: no run's checkpoints hold
+    # host memory that the next must take anew (a prompt's end still copies the recurrent state to the host)
     for i, (context, ids) in enumerate(zip(_random_prompts(vocab, depth, reps, seed=2),
                                            _random_prompts(vocab, n_prompt, reps))):
+        engine.reset()
         if depth:
             list(engine.generate(context, max_tokens=1, temperature=0))  # cached, so only ids are timed
         stats = list(engine.generate(context + ids, max_tokens=1, temperature=0))[-1]
         pp.append(stats.prompt_tok_s)
     for i, ids in enumerate(_random_prompts(vocab, depth + 4, reps, seed=1)):
+        engine.reset()
         # sampled, not greedy, so a random prompt rarely ends at once; the first token comes from the
         # prompt's logits, so n tokens are n - 1 decode steps, which is what is counted (one more where an
         # end-of-generation token, not counted in generated_tokens, ended it)

@@ -134,6 +134,7 @@ class CUDABackend:
         self.ids = self.token  # [n] int32 the tokens of this forward
         self.n = 1
         self._q8_of = None  # (address of x, its Q8Vector): q, k and v (gate and up) share one quantization
+        self._f16_of = None  # (x, x in fp16): the same for a prompt chunk's matmuls (_f16)
         self._set_cublas_stream()  # the handle and its workspace made now, at load: out of VRAM here, not in a prompt
         self.stream.synchronize()
 
@@ -151,7 +152,7 @@ class CUDABackend:
                 self.ids = cp.empty(len(tokens), dtype=cp.int32)
             self.ids.set(tokens, stream=self.stream)
             self.n = len(tokens)
-            self._q8_of = None
+            self._q8_of = self._f16_of = None
             self._pos, self._lent = pos, None
         self.pos.set(np.array([pos], np.int32), stream=self.stream)
 
@@ -169,10 +170,15 @@ class CUDABackend:
         self.state_pos = pos + n
 
     def recurrent_state(self) -> dict:
-        """A host copy of its recurrent layers' states, layer -> (position, conv, delta): a checkpoint."""
-        self.stream.synchronize()
-        return {i: (self.state_pos, self.conv_state[i].get(stream=self.stream),
-                    self.delta_state[i].get(stream=self.stream)) for i in self.conv_state}
+        """A host copy of its recurrent layers' states, layer -> (position, conv, delta): a checkpoint. The
+        copies are queued on the stream into pinned memory and not waited for (a prompt's end waited ~45 ms
+        for 27B's 144 MB through pageable memory): restore_recurrent_state's copies up queue behind them, and
+        a host read of them must synchronize the stream first."""
+        def down(a: cp.ndarray) -> np.ndarray:
+            out = cupyx.empty_pinned(a.shape, a.dtype)
+            a.get(stream=self.stream, out=out, blocking=False)
+            return out
+        return {i: (self.state_pos, down(self.conv_state[i]), down(self.delta_state[i])) for i in self.conv_state}
 
     def restore_recurrent_state(self, saved: dict) -> None:
         """Its layers' states from a checkpoint (recurrent_state's, merged with the other segments')."""
@@ -255,14 +261,41 @@ class CUDABackend:
         if groups is None:  # a lent layer's call: each matrix uploaded for it
             return tuple(self.matmul(w, x, b) for w, b in zip(ws, biases or (None,) * len(ws)))
         outs = [None] * len(ws)
-        for g, y in zip(groups, self._pair(groups, x) or [self._matmul(g.weight, x, g.bias) for g in groups]):
-            for i, first, end in g.parts:  # y [n, g.weight.n_rows]
-                if x.shape[0] == 1 or len(g.parts) == 1:
-                    outs[i] = y[:, first:end]
-                else:
-                    with self.stream:
-                        outs[i] = cp.ascontiguousarray(y[:, first:end])
+        paired = self._pair(groups, x)
+        for j, g in enumerate(groups):
+            if paired is None and x.shape[0] > 1 and len(g.parts) > 1:
+                for (i, _, _), y in zip(g.parts, self._matmul_parts(g, x)):
+                    outs[i] = y
+                continue
+            y = paired[j] if paired is not None else self._matmul(g.weight, x, g.bias)  # [n, g.weight.n_rows]
+            for i, first, end in g.parts:
+                outs[i] = y[:, first:end]
         return tuple(outs)
+
+    def _matmul_parts(self, g: RowGroup, x: cp.ndarray) -> list:
+        """A prompt chunk's product of a row group, each member's rows in an output of its own (contiguous, as
+        the ops after want them): written there by the GEMMs on the fp16 path, else copied out of one output."""
+        if not cuda_prefill.takes_f16(g.weight, x.shape[0]):
+            y = self._matmul(g.weight, x, g.bias)
+            with self.stream:
+                return [cp.ascontiguousarray(y[:, first:end]) for _, first, end in g.parts]
+        outs = [self._empty((x.shape[0], end - first)) for _, first, end in g.parts]
+        self._set_cublas_stream()
+        with self.stream:
+            cuda_prefill.matmul_f16(g.weight, self._f16(x), outs, self._scratch(g.weight.n_cols))
+        if g.bias is not None:
+            for y, (_, first, end) in zip(outs, g.parts):
+                cuda_ops.add_bias(y, g.bias[first:end], stream=self.stream)
+        return outs
+
+    def _f16(self, x: cp.ndarray) -> cp.ndarray:
+        """A prompt chunk's x [n, cols] in fp16 for the cuBLAS matmuls, once however many matrices read it (the
+        row groups of q, k and v; the routed and the shared experts). x is held with it, so that its address
+        cannot come back as another array's while remembered."""
+        if self._f16_of is None or self._f16_of[0] is not x:
+            with self.stream:
+                self._f16_of = (x, x.astype(cp.float16))
+        return self._f16_of[1]
 
     def _pair(self, groups: list[RowGroup], x: cp.ndarray) -> tuple | None:
         """A one-token step's two row groups of different types (a K-quant mix's q, k and attn_v) in one launch:
@@ -333,7 +366,11 @@ class CUDABackend:
                    residual=None if residual is None else residual.reshape(-1))
         else:
             self._set_cublas_stream()
-            cuda_prefill.matmul(dw, x, out, self._scratch(dw.n_cols), stream=self.stream)
+            if cuda_prefill.takes_f16(dw, x.shape[0]):
+                with self.stream:
+                    cuda_prefill.matmul_f16(dw, self._f16(x), out, self._scratch(dw.n_cols))
+            else:
+                cuda_prefill.matmul(dw, x, out, self._scratch(dw.n_cols), stream=self.stream)
             if residual is not None:
                 cuda_ops.add(out, residual, out, stream=self.stream)
         if bias is not None:
@@ -499,7 +536,7 @@ class CUDABackend:
         logits = self._empty((h.shape[0], router.n_rows))
         self._set_cublas_stream()
         with self.stream:
-            cp.matmul(h, router.data.view(cp.float32).reshape(router.n_rows, -1).T, out=logits)
+            cuda_prefill.matmul_f32(router.data.view(cp.float32).reshape(router.n_rows, -1), h, logits)
         return logits
 
     def _experts_grouped(self, x, h, gate, up, down, ids: cp.ndarray, weights: cp.ndarray) -> cp.ndarray:
@@ -510,9 +547,8 @@ class CUDABackend:
         pairs = cuda_moe.sort_pairs(ids, gate.n_expert, stream=self.stream)
         act16 = self._empty((n * k, gate.n_rows), cp.float16)
         y = self._empty((n * k, down.n_rows))
-        with self.stream:
-            h16 = h.astype(cp.float16)
-        cuda_moe.gate_up_glu_grouped(gate, up, h16, k, pairs, act16, self.cfg.activation, stream=self.stream)
+        cuda_moe.gate_up_glu_grouped(gate, up, self._f16(h), k, pairs, act16, self.cfg.activation,
+                                     stream=self.stream)
         cuda_moe.matmul_grouped(down, act16, 1, pairs, y, stream=self.stream)
         out = self._empty(x.shape)
         cuda_moe.combine(x, y, weights, out, stream=self.stream)

@@ -127,6 +127,10 @@ class Engine:
         if ids:
             for _ in self.generate(ids, max_tokens=3, temperature=1.0, seed=0):
                 pass
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the cached context and the checkpoints of it: the next prompt starts from an empty context."""
         self._cached, self._prompt_logits, self._checkpoints = [], None, []
 
     def summary(self) -> str:

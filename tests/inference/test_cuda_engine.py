@@ -150,6 +150,28 @@ def test_the_same_prompt_again_gives_the_same_greedy_reply(engines):
     assert "".join(again[:-1]) == "".join(first[:-1]) and again[-1].generated_tokens == first[-1].generated_tokens
 
 
+@pytest.mark.parametrize("engines", ["synth_qwen35", "synth_qwen35moe"], indirect=True)
+def test_an_edited_prompt_resumes_from_a_checkpoint_on_the_gpu(engines):
+    """The hybrids' recurrent states go to host memory at a prompt's end (copies queued, not waited for); a
+    prompt that keeps that prompt and replaces the reply after it restores them and processes only its new
+    tokens, with the logits a fresh context gives (a restore that read the copies before they landed would not)."""
+    from tests.inference.parity import parity
+    _, gpu, _ = engines
+    rng = np.random.default_rng(5)
+    first = rng.integers(3, gpu.config.n_vocab, 90).tolist()
+    edited = first + rng.integers(3, gpu.config.n_vocab, 30).tolist()
+    gpu._cached = []
+    list(gpu.generate(first, max_tokens=12, temperature=0, stop=()))  # the reply runs the states on past first
+    got = gpu._prefill(edited, all_logits=True)
+    assert gpu._prefill_start == len(first)
+    gpu._cached = []
+    want = gpu._prefill(edited, all_logits=True)[len(first):]
+    m = parity([got], [want])
+    # the issue's bars against llama.cpp: the mixture's near-ties route a token or two to other experts after
+    # other splits of the tokens (measured corr min 0.9905, mean 0.99934 on synth_qwen35moe; qwen35: >= 0.999)
+    assert m["corr_mean"] >= 0.999 and m["corr_min"] >= 0.99 and m["decided_mismatches"] == 0, m
+
+
 @pytest.mark.parametrize("engines", ["synth_qwen2", "synth_gemma3", "synth_1b"], indirect=True)
 def test_matmuls_fuse_the_matrices_of_one_type(engines):
     """q/k/v and gate/up of one type and width run as one weight (rows concatenated, biases too) and give what
