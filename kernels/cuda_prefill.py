@@ -45,6 +45,11 @@ class Scratch:
                    xq)
 
 
+def takes_f16(w: DeviceWeight, n_tokens: int) -> bool:
+    """Whether matmul() multiplies n_tokens tokens by w on the fp16 path (matmul_f16), else by q8_1 dot products."""
+    return not (w.takes_q8 and n_tokens <= SMALL_BATCH)
+
+
 def matmul(w: DeviceWeight, x: cp.ndarray, out: cp.ndarray, scratch: Scratch,
            stream: cp.cuda.Stream | None = None) -> None:
     """out float32 [n_tokens, w.n_rows] = x float32 [n_tokens, w.n_cols] @ W.T."""
@@ -54,7 +59,7 @@ def matmul(w: DeviceWeight, x: cp.ndarray, out: cp.ndarray, scratch: Scratch,
                          f"got {x.dtype} {x.shape}")
     n = n_tokens * w.n_cols
     with stream or cp.cuda.get_current_stream():
-        if w.takes_q8 and n_tokens <= SMALL_BATCH:
+        if not takes_f16(w, n_tokens):
             if scratch.xq.qs.size < -(-n_tokens // NT) * NT * w.n_cols:
                 raise ValueError(f"scratch holds q8_1 activations of {scratch.xq.qs.size} values, "
                                  f"{n_tokens} tokens of {w.n_cols} need more")
@@ -73,7 +78,7 @@ def matmul(w: DeviceWeight, x: cp.ndarray, out: cp.ndarray, scratch: Scratch,
 def matmul_q8(w: DeviceWeight, xq: Q8Vector, n_tokens: int, out: cp.ndarray) -> None:
     """out float32 [n_tokens, w.n_rows] = x @ W.T, x the first n_tokens rows of xq ([>= round_up(n_tokens,
     NT), w.n_cols] q8_1; the rows past n_tokens up to a multiple of NT are read but not used). Current stream."""
-    _check_out(w, out, n_tokens)
+    _check_out(out, n_tokens, w.n_rows)
     if not w.takes_q8:
         raise ValueError(f"matmul_q8: {w.qtype.name} weights take the fp16 path")
     if xq.qs.size < -(-n_tokens // NT) * NT * w.n_cols:
@@ -84,16 +89,26 @@ def matmul_q8(w: DeviceWeight, xq: Q8Vector, n_tokens: int, out: cp.ndarray) -> 
     kernel("matmul_q8.cu", "matmul_q8_" + w.qtype.name.lower())(grid, (128,), args)
 
 
-def matmul_f16(w: DeviceWeight, x16: cp.ndarray, out: cp.ndarray, scratch: Scratch) -> None:
+def matmul_f16(w: DeviceWeight, x16: cp.ndarray, out: cp.ndarray | list, scratch: Scratch) -> None:
     """out float32 [n_tokens, w.n_rows] = x16 float16 [n_tokens, w.n_cols] @ W.T, by tiles of scratch.w16, on
-    the current stream. Share one x16 among the weights that read the same activation (q, k, v; gate, up)."""
+    the current stream. Share one x16 among the weights that read the same activation (q, k, v; gate, up).
+    out may be a list of outputs [n_tokens, rows] that take W's rows in turn: the members of a fused weight,
+    each written whole for the op that reads it (no copy of its columns out of one output)."""
     n_tokens = x16.shape[0]
     if x16.dtype != cp.float16 or x16.shape != (n_tokens, w.n_cols) or not x16.flags.c_contiguous:
         raise ValueError(f"matmul_f16: x16 must be contiguous float16 [n_tokens, {w.n_cols}], "
                          f"got {x16.dtype} {x16.shape}")
-    _check_out(w, out, n_tokens)
+    outs = out if isinstance(out, list) else [out]
+    widths = [o.shape[1] if isinstance(o, cp.ndarray) and o.ndim == 2 else -1 for o in outs] if \
+        isinstance(out, list) else [w.n_rows]
+    for o, rows in zip(outs, widths):
+        _check_out(o, n_tokens, rows)
+    if sum(widths) != w.n_rows:
+        raise ValueError(f"matmul_f16: out must take the {w.n_rows} rows of W, the outputs take {sum(widths)}")
+    firsts = np.cumsum([0] + widths)  # W's row where each output starts
     if w.qtype.name == "F16":
-        _gemm(w.data.data.ptr, w.n_rows, x16, out, 0)
+        for o, first in zip(outs, firsts):
+            _gemm(w.data.data.ptr + 2 * int(first) * w.n_cols, o.shape[1], x16, o, 0)
         return
     step = min(w.n_rows, scratch.w16.size // w.n_cols)
     if step == 0:
@@ -103,12 +118,30 @@ def matmul_f16(w: DeviceWeight, x16: cp.ndarray, out: cp.ndarray, scratch: Scrat
     for row0 in range(0, w.n_rows, step):
         n = min(step, w.n_rows - row0)
         dequantize_rows(w, row0, n, scratch.w16)
-        _gemm(scratch.w16.data.ptr, n, x16, out, row0)
+        for o, first in zip(outs, firsts):  # the rows of each output inside this tile
+            a, b = max(int(first), row0), min(int(first) + o.shape[1], row0 + n)
+            if a < b:
+                _gemm(scratch.w16.data.ptr + 2 * (a - row0) * w.n_cols, b - a, x16, o, a - int(first))
 
 
-def _check_out(w: DeviceWeight, out: cp.ndarray, n_tokens: int) -> None:
-    if out.dtype != cp.float32 or out.shape != (n_tokens, w.n_rows) or not out.flags.c_contiguous:
-        raise ValueError(f"prefill matmul: out must be contiguous float32 ({n_tokens}, {w.n_rows}), "
+def matmul_f32(a: cp.ndarray, x: cp.ndarray, out: cp.ndarray) -> None:
+    """out float32 [n, m] = x float32 [n, k] @ a.T for a float32 [m, k] (cuBLAS sgemm, no TF32), on the current
+    stream: what cp.matmul does, without its ~100 us of host time a call."""
+    m, k = a.shape
+    n = x.shape[0]
+    for name, arr, shape in (("a", a, (m, k)), ("x", x, (n, k)), ("out", out, (n, m))):
+        if arr.dtype != cp.float32 or arr.shape != shape or not arr.flags.c_contiguous:
+            raise ValueError(f"matmul_f32: {name} must be contiguous float32 {shape}, got {arr.dtype} {arr.shape}")
+    cublas = cp.cuda.cublas
+    handle = cp.cuda.device.get_cublas_handle()
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    cublas.sgemm(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, m, n, k, _ONE.ctypes.data, a.data.ptr, k,
+                 x.data.ptr, k, _ZERO.ctypes.data, out.data.ptr, m)
+
+
+def _check_out(out: cp.ndarray, n_tokens: int, n_rows: int) -> None:
+    if out.dtype != cp.float32 or out.shape != (n_tokens, n_rows) or not out.flags.c_contiguous:
+        raise ValueError(f"prefill matmul: out must be contiguous float32 ({n_tokens}, {n_rows}), "
                          f"got {out.dtype} {out.shape}")
 
 

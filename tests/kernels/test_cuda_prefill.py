@@ -154,6 +154,24 @@ def test_small_ragged_shape(cuda):
     assert rel_err(cp.asnumpy(out), ref) < REL_TOL_Q8_FLOAT_X
 
 
+def test_outputs_that_take_the_rows_in_turn(cuda):
+    """matmul_f16 into a fused weight's members (a list of outputs, W's rows in turn), across tile boundaries:
+    the columns of the one-output product (up to cuBLAS's order of summing); a list that leaves rows out is
+    refused."""
+    cp, cq, cpf = cuda
+    raw, _ = weight("Q4_K", 200, 256)
+    w = cq.to_device(raw, TYPES_BY_NAME["Q4_K"])
+    x16 = cp.asarray(np.random.default_rng(1).standard_normal((9, 256)).astype(np.float16))
+    whole = cp.empty((9, 200), dtype=cp.float32)
+    cpf.matmul_f16(w, x16, whole, cpf.Scratch.empty(9, 256, 256 * 200))
+    for tile_rows in (200, 64):  # one tile; tiles of 64 rows, which the members' edges cross
+        parts = [cp.full((9, r), cp.nan, dtype=cp.float32) for r in (70, 2, 128)]
+        cpf.matmul_f16(w, x16, parts, cpf.Scratch.empty(9, 256, 256 * tile_rows))
+        assert rel_err(cp.asnumpy(cp.concatenate(parts, axis=1)), cp.asnumpy(whole)) < REL_TOL_FP16_INPUTS
+    with pytest.raises(ValueError, match="out must take the 200 rows"):
+        cpf.matmul_f16(w, x16, parts[:2], cpf.Scratch.empty(9, 256, 256 * 200))
+
+
 def test_bad_inputs_raise(cuda):
     cp, cq, cpf = cuda
     w = cq.to_device(random_weight_bytes(TYPES_BY_NAME["Q4_K"], 8, 512), TYPES_BY_NAME["Q4_K"])
