@@ -7,6 +7,8 @@ and each kernel's time in the same step run eagerly, read by Nsight Compute.
     python3 tests/device_kernel_times.py ncu.csv table       # per kernel: launches, total us, share
     python3 tests/device_kernel_times.py FILE.gguf prefill   # ms of a 512-token prompt, and of its parts
     python3 tests/device_kernel_times.py FILE.gguf doubled [DEPTH]  # what each kernel costs inside the graph
+    python3 tests/device_kernel_times.py FILE.gguf prompt_kernels [N]  # per kernel, one N-token prompt (512)
+    python3 tests/device_kernel_times.py FILE.gguf prompt_host [N]  # the host's functions over one such prompt
 
 A kernel runs as long in the graph as eagerly; the step's time less the kernels' sum is what launching and the
 gaps between nodes cost.
@@ -140,6 +142,87 @@ def doubled(path: str, depth: int = 64) -> None:
     print(f"graph step again {step_us():.1f} us")
 
 
+def prompt_kernels(path: str, n: int = 512) -> None:
+    """Each kernel's launches and time over one n-token prompt (after a warm-up one), read by torch's profiler:
+    CUPTI sees every kernel of the process, CuPy's included. The kernels' sum against the prompt's wall time
+    says how much of it the GPU is idle (launches, the host, copies)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from inference import load
+    engine = load(path, device="cuda", ctx=n + 64)
+
+    def run(seed):
+        engine._cached = []
+        ids = np.random.default_rng(seed).integers(3, engine.config.n_vocab, n).tolist()
+        engine._be.stream.synchronize()
+        t = time.perf_counter()
+        engine._prefill(ids, all_logits=False)
+        engine._be.stream.synchronize()
+        return (time.perf_counter() - t) * 1e3
+
+    run(0)
+    print(f"{n}-token prompt, ms:", " ".join("%.1f" % run(s) for s in (1, 2)))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        wall = run(3)
+    torch.cuda.synchronize()
+    total, count = collections.defaultdict(float), collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            total[e.name.split("(")[0][:60]] += e.time_range.elapsed_us() / 1e3  # ms
+            count[e.name.split("(")[0][:60]] += 1
+    s = sum(total.values())
+    print(f"profiled prompt {wall:.1f} ms; {sum(count.values())} kernels and copies, {s:.1f} ms on the GPU")
+    for name, ms in sorted(total.items(), key=lambda kv: -kv[1])[:40]:
+        print(f"{name:<60} {count[name]:>6} {ms:>8.2f} ms {ms / s:6.1%} {ms / count[name] * 1e3:8.1f} us each")
+
+
+def prompt_host(path: str, n: int = 512) -> None:
+    """Where the host's time goes in one n-token prompt (cProfile, after a warm-up one), and the prompt's wall
+    time against the time its forward takes to return (launches queued, the GPU not waited for)."""
+    import cProfile
+    import pstats
+
+    from inference import load
+    from inference.forward import forward
+    engine = load(path, device="cuda", ctx=n + 64)
+    be = engine._be
+
+    def run(seed, profile=None):
+        engine._cached = []
+        be.set_input(np.random.default_rng(seed).integers(3, engine.config.n_vocab, n).astype(np.int32), 0)
+        be.stream.synchronize()
+        t = time.perf_counter()
+        if profile:
+            profile.enable()
+        forward(engine._segments, engine.config, engine._weights)
+        if profile:
+            profile.disable()
+        host = time.perf_counter() - t
+        be.stream.synchronize()
+        return (time.perf_counter() - t) * 1e3, host * 1e3
+
+    run(0)
+    print(f"{n}-token forward (ms, whole / host's part):", " ".join("%.1f / %.1f" % run(s) for s in (1, 2, 3)))
+    profile = cProfile.Profile()
+    print("profiled: %.1f / %.1f" % run(4, profile))
+    pstats.Stats(profile).sort_stats("tottime").print_stats(35)
+
+    def checkpoint(seed):  # a checkpoint after a prompt, waited for (ms)
+        engine._cached = [seed] * n
+        be.stream.synchronize()
+        t = time.perf_counter()
+        engine._checkpoint()
+        host = time.perf_counter() - t
+        be.stream.synchronize()
+        return (time.perf_counter() - t) * 1e3, host * 1e3
+
+    print("checkpoints, new memory (ms, whole / host's part):",
+          " ".join("%.1f / %.1f" % checkpoint(s) for s in range(5)))
+    engine._checkpoints = []
+    print("checkpoints, memory freed before:", " ".join("%.1f / %.1f" % checkpoint(s) for s in range(5, 10)))
+
+
 def table(csv_path: str) -> None:
     rows = [r for r in csv.reader(open(csv_path)) if len(r) > 10]
     head = rows[0]
@@ -158,5 +241,6 @@ def table(csv_path: str) -> None:
 
 
 if __name__ == "__main__":
-    {"step": step_ms, "kernels": kernels, "doubled": doubled, "table": table, "prefill": prefill}[sys.argv[2]](
+    {"step": step_ms, "kernels": kernels, "doubled": doubled, "table": table, "prefill": prefill,
+     "prompt_kernels": prompt_kernels, "prompt_host": prompt_host}[sys.argv[2]](
         sys.argv[1], *map(int, sys.argv[3:]))
