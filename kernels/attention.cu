@@ -4,14 +4,13 @@
 //
 // Caches: k_cache, v_cache [n_head_kv, max_ctx, HD] fp16 (one pair per layer), written by kv_write.
 // Masks: a query at position p sees keys j <= p, and with window > 0 only those with p - j < window.
-// A warp owns up to MAXG query rows (q heads, or (token, head) pairs in prefill); lane l holds dims
-// l*E .. l*E+E-1 (E = HD/32) of each row's q and output accumulator, so the q.k dot is a warp sum and
-// the p*v update needs no communication.
+// Decode: a warp owns up to MAXG query rows (q heads); lane l holds dims l*E .. l*E+E-1 (E = HD/32) of each
+// row's q and output accumulator, so the q.k dot is a warp sum and the p*v update needs no communication.
+// Prefill: on the tensor cores (below).
 #include "ops_common.cuh"
 #include "q8_1.cuh"
 
 #define WARPS 4        // a block is 128 threads
-#define TK 4           // keys a warp takes per step: their loads are in flight together
 #define MIN_SPLIT_KEYS 32  // decode: fewest keys worth a split of their own
 #define PART_EXTRA 4       // decode: a split's row holds HD sums, max, sum p and 2 unused (16-byte rows)
 
@@ -39,73 +38,6 @@ __device__ __forceinline__ void load_halves(const __half* p, float (&f)[E]) {
         unpack2(u.w, f[6], f[7]);
     }
 }
-
-// Online-softmax state of one warp's rows (each lane holds its E dims of acc).
-template <int HD>
-struct State {
-    static constexpr int E = HD / 32, G = Rows<HD>::MAXG;
-    float q[G][E];    // scaled queries
-    float acc[G][E];  // sum of p * v
-    float m[G], l[G]; // running max of scores, sum of p
-    int qpos[G];      // position of each row's query (-1: no query, sees nothing)
-
-    __device__ __forceinline__ void init() {
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            m[g] = NEG_INF;
-            l[g] = 0.0f;
-#pragma unroll
-            for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
-        }
-    }
-
-    // Keys j0 .. j0+nv-1 (nv <= TK): their rows at k0 + u*HD and v0 + u*HD. Rows g >= ng are skipped.
-    __device__ __forceinline__ void attend(const __half* k0, const __half* v0, int j0, int nv, int ng,
-                                           int window) {
-        int lane = threadIdx.x & 31;
-        float kf[TK][E], vf[TK][E];
-#pragma unroll
-        for (int u = 0; u < TK; ++u) {
-            if (u < nv) {
-                load_halves<E>(k0 + u * HD + lane * E, kf[u]);
-                load_halves<E>(v0 + u * HD + lane * E, vf[u]);
-            } else {
-#pragma unroll
-                for (int e = 0; e < E; ++e) kf[u][e] = vf[u][e] = 0.0f;
-            }
-        }
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            if (g >= ng) continue;  // ng is the same for the whole warp
-            float s[TK];
-            float mt = m[g];
-#pragma unroll
-            for (int u = 0; u < TK; ++u) {
-                float dot = 0.0f;
-#pragma unroll
-                for (int e = 0; e < E; ++e) dot += q[g][e] * kf[u][e];
-                dot = warp_sum_f(dot);
-                int j = j0 + u;
-                bool seen = u < nv && j <= qpos[g] && (window <= 0 || qpos[g] - j < window);
-                s[u] = seen ? dot : NEG_INF;
-                mt = fmaxf(mt, s[u]);
-            }
-            if (mt == NEG_INF) continue;  // nothing seen yet: keep the empty state (avoids inf - inf)
-            float alpha = __expf(m[g] - mt);
-            l[g] *= alpha;
-#pragma unroll
-            for (int e = 0; e < E; ++e) acc[g][e] *= alpha;
-#pragma unroll
-            for (int u = 0; u < TK; ++u) {
-                float p = __expf(s[u] - mt);
-                l[g] += p;
-#pragma unroll
-                for (int e = 0; e < E; ++e) acc[g][e] += p * vf[u][e];
-            }
-            m[g] = mt;
-        }
-    }
-};
 
 // Decode splits: the keys seen at position p, and how a fixed grid of n_splits splits them at run time
 // (few keys: one split, so short contexts cost one pass; many: up to n_splits to fill the GPU).
@@ -339,80 +271,28 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, 1)
     }
 }
 
-// Prefill: q [n_tok, n_head, HD] float32, token t at position pos[0] + t, its k and v (and all earlier
-// ones) already in the cache; out [n_tok, n_head, HD]. Rows r = t * G + g (g < G) of kv head
-// h = blockIdx.y; a block takes WARPS * MAXG consecutive rows, a warp MAXG of them. Key tiles of PF_TILE
-// keys are staged in shared memory once for all the block's rows.
-// Launch: grid (ceil(n_tok * G / (WARPS * MAXG)), n_head_kv), block 128.
-#define PF_TILE 32
-template <int HD>
-__device__ __forceinline__ void prefill(const float* __restrict__ q, const __half* __restrict__ k_cache,
-                                        const __half* __restrict__ v_cache, float* __restrict__ out,
-                                        const int* __restrict__ pos, int n_tok, int n_head, int n_head_kv,
-                                        int max_ctx, int window, float scale) {
-    constexpr int E = HD / 32, G = Rows<HD>::MAXG, CHUNKS = HD / 8;  // 16-byte chunks a key row
-    __shared__ __align__(16) __half s_k[PF_TILE * HD], s_v[PF_TILE * HD];
-    int p0 = pos[0];
-    int h = blockIdx.y, group = n_head / n_head_kv, n_rows = n_tok * group;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int r_block = blockIdx.x * WARPS * G, r_warp = r_block + warp * G;
-    int ng = max(0, min(G, n_rows - r_warp));
-
-    State<HD> st;
-    st.init();
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        st.qpos[g] = -1;
-        if (g < ng) {
-            int r = r_warp + g, t = r / group, hq = h * group + r % group;
-            st.qpos[g] = p0 + t;
-#pragma unroll
-            for (int e = 0; e < E; ++e) st.q[g][e] = q[((size_t)t * n_head + hq) * HD + lane * E + e] * scale;
-        }
-    }
-    // keys any row of the block sees, and those this warp's rows see
-    int t_first = r_block / group, t_last = min(n_rows - 1, r_block + WARPS * G - 1) / group;
-    int k_lo = window > 0 ? max(0, p0 + t_first - window + 1) : 0;
-    int k_end = min(max_ctx, p0 + t_last + 1);  // past the cache is the caller's bug: wrong output, not a fault
-    int w_first = p0 + r_warp / group, w_last = p0 + (r_warp + max(ng, 1) - 1) / group;
-    int w_lo = window > 0 ? w_first - window + 1 : 0;
-
-    const __half* kh = k_cache + (size_t)h * max_ctx * HD;
-    const __half* vh = v_cache + (size_t)h * max_ctx * HD;
-    for (int kt = k_lo; kt < k_end; kt += PF_TILE) {
-        int nt = min(PF_TILE, k_end - kt);
-        __syncthreads();  // the previous tile is no longer read
-        for (int c = threadIdx.x; c < nt * CHUNKS; c += blockDim.x) {
-            size_t at = (size_t)kt * HD + (size_t)c * 8;
-            reinterpret_cast<uint4*>(s_k)[c] = *reinterpret_cast<const uint4*>(kh + at);
-            reinterpret_cast<uint4*>(s_v)[c] = *reinterpret_cast<const uint4*>(vh + at);
-        }
-        __syncthreads();
-        if (ng == 0 || kt > w_last || kt + nt - 1 < w_lo) continue;  // no row of this warp sees the tile
-        for (int u = 0; u < nt; u += TK)
-            st.attend(s_k + u * HD, s_v + u * HD, kt + u, min(TK, nt - u), ng, window);
-    }
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        if (g < ng) {
-            int r = r_warp + g, t = r / group, hq = h * group + r % group;
-            float inv = 1.0f / st.l[g];
-#pragma unroll
-            for (int e = 0; e < E; ++e) out[((size_t)t * n_head + hq) * HD + lane * E + e] = st.acc[g][e] * inv;
-        }
-    }
-}
-
-// ---- prefill on the tensor cores (head_dim 64 and 128) ----
+// ---- prefill on the tensor cores ----
+// Prefill: q [n_tok, n_head, HD] float32, token t at position pos[0] + t, its k and v (and all earlier ones)
+// already in the cache; out [n_tok, n_head, HD].
 // Flash-attention-2 with mma.sync m16n8k16 (fp16 in, fp32 accumulate). A warp owns 16 query rows (rows
-// r = t * G + g of kv head h = blockIdx.y, as above), a block PF_ROWS; key tiles of PF_KEYS keys of k and
-// v are staged in shared memory. Float32 q and p do not fit fp16: each is split into hi + lo fp16 parts
+// r = t * G + g of kv head h = blockIdx.y, G = n_head / n_head_kv), a block PF_ROWS; key tiles of k and v are
+// staged in shared memory. Float32 q and p do not fit fp16: each is split into hi + lo fp16 parts
 // (x = hi + lo to ~2^-22) and multiplied twice, so the result keeps float32 accuracy on the fp16 cache.
 // Fragment layouts (PTX ISA, mma.m16n8k16): lane = 4 * gi + ci; A regs: (row gi, cols 2ci..+1),
 // (row gi+8, same), (row gi, cols 2ci+8..+9), (row gi+8, same); B regs: (k 2ci..+1, col gi), (k 2ci+8..+9,
 // col gi); C: (row gi, cols 2ci, 2ci+1), (row gi+8, same).
+// Launch: grid (ceil(n_tok * G / PF_ROWS), n_head_kv), block 128, PfShape<HD>::BYTES of dynamic shared memory.
 #define PF_ROWS 64
-#define PF_KEYS 64
+
+// At HD 256 a lane's output accumulator takes 128 registers, so q's fragments (hi and lo) wait in shared
+// memory instead of registers, and a key tile is 32 keys, so that q and a tile of k and v fit two blocks an SM.
+template <int HD>
+struct PfShape {
+    static constexpr bool Q_SHARED = HD > 128;
+    static constexpr int KEYS = HD > 128 ? 32 : 64;  // keys a tile
+    static constexpr int ST = HD + 8;                // padded shared row (halves): conflict-free fragment loads
+    static constexpr int BYTES = 2 * (2 * KEYS * ST + (Q_SHARED ? 2 * PF_ROWS * ST : 0));
+};
 
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -437,19 +317,23 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
                                             const __half* __restrict__ v_cache, float* __restrict__ out,
                                             const int* __restrict__ pos, int n_tok, int n_head, int n_head_kv,
                                             int max_ctx, int window, float scale) {
+    using Shape = PfShape<HD>;
     constexpr int KS = HD / 16;    // k-steps of q.k over the head dims
     constexpr int NT = HD / 8;     // n-tiles of the output
-    constexpr int ST = HD + 8;     // padded shared row (halves): conflict-free fragment loads
-    constexpr int NK = PF_KEYS / 8;
-    __shared__ __align__(16) __half s_k[PF_KEYS * ST], s_v[PF_KEYS * ST];
+    constexpr int ST = Shape::ST, KEYS = Shape::KEYS, NK = KEYS / 8;
+    constexpr bool Q_SHARED = Shape::Q_SHARED;
+    extern __shared__ __align__(16) __half pf_smem[];
+    __half *s_k = pf_smem, *s_v = s_k + KEYS * ST;
     int p0 = pos[0];
     int h = blockIdx.y, group = n_head / n_head_kv, n_rows = n_tok * group;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gi = lane >> 2, ci = lane & 3;
     int r_block = blockIdx.x * PF_ROWS, r_warp = r_block + warp * 16;
     float scale2 = scale * 1.4426950408889634f;  // scores in base 2
 
-    uint32_t qh[KS][4], ql[KS][4];  // A fragments of q, hi and lo
-    int qpos[2];                     // positions of rows gi and gi + 8 (-1: no row)
+    constexpr int QR = Q_SHARED ? 1 : KS;  // k-steps of q's A fragments held in registers
+    uint32_t qh[QR][4], ql[QR][4];           // (hi, lo), or in shared memory: this warp's 16 rows of each
+    __half *s_qh = s_v + KEYS * ST + warp * 16 * ST, *s_ql = s_qh + PF_ROWS * ST;
+    int qpos[2];                              // positions of rows gi and gi + 8 (-1: no row)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         int r = r_warp + gi + half * 8;
@@ -463,7 +347,16 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
             for (int part = 0; part < 2; ++part) {
                 float2 v = ok ? *reinterpret_cast<const float2*>(qr + kk * 16 + part * 8 + 2 * ci)
                               : make_float2(0.0f, 0.0f);
-                split_pair(v.x, v.y, qh[kk][half + 2 * part], ql[kk][half + 2 * part]);
+                uint32_t hi, lo;
+                split_pair(v.x, v.y, hi, lo);
+                if constexpr (Q_SHARED) {
+                    int at = (gi + half * 8) * ST + kk * 16 + part * 8 + 2 * ci;
+                    *reinterpret_cast<uint32_t*>(s_qh + at) = hi;
+                    *reinterpret_cast<uint32_t*>(s_ql + at) = lo;
+                } else {
+                    qh[kk][half + 2 * part] = hi;
+                    ql[kk][half + 2 * part] = lo;
+                }
             }
         }
     }
@@ -481,9 +374,9 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
 
     const __half* kh = k_cache + (size_t)h * max_ctx * HD;
     const __half* vh = v_cache + (size_t)h * max_ctx * HD;
-    for (int kt = k_lo; kt < k_end; kt += PF_KEYS) {
-        __syncthreads();  // the previous tile is no longer read
-        for (int c = threadIdx.x; c < PF_KEYS * HD / 8; c += 32 * WARPS) {
+    for (int kt = k_lo; kt < k_end; kt += KEYS) {
+        __syncthreads();  // the previous tile is no longer read (and this warp's q rows are written)
+        for (int c = threadIdx.x; c < KEYS * HD / 8; c += 32 * WARPS) {
             int key = c / (HD / 8), d = (c % (HD / 8)) * 8, j = kt + key;
             size_t at = (size_t)min(j, k_end - 1) * HD + d;  // keys past k_end: zeros
             copy16(s_k + key * ST + d, kh + at, j < k_end);
@@ -492,19 +385,32 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
         copy_commit();
         copy_wait<0>();
         __syncthreads();
-        if (kt > w_last || kt + PF_KEYS - 1 < w_lo) continue;  // no row of this warp sees the tile
+        if (kt > w_last || kt + KEYS - 1 < w_lo) continue;  // no row of this warp sees the tile
 
         float sc[NK][4];  // scores: keys kt + 8n + 2ci (+1), rows gi and gi + 8
 #pragma unroll
-        for (int n = 0; n < NK; ++n) {
-            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+        for (int n = 0; n < NK; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < KS; ++kk) {
+        for (int kk = 0; kk < KS; ++kk) {
+            uint32_t ah[4], al[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                if constexpr (Q_SHARED) {
+                    int at = (gi + (i & 1) * 8) * ST + kk * 16 + (i >> 1) * 8 + 2 * ci;
+                    ah[i] = *reinterpret_cast<const uint32_t*>(s_qh + at);
+                    al[i] = *reinterpret_cast<const uint32_t*>(s_ql + at);
+                } else {
+                    ah[i] = qh[Q_SHARED ? 0 : kk][i];
+                    al[i] = ql[Q_SHARED ? 0 : kk][i];
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NK; ++n) {
                 const __half* kr = s_k + (n * 8 + gi) * ST + kk * 16 + 2 * ci;
                 uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr);
                 uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 8);
-                mma16816(sc[n], qh[kk], b0, b1);
-                mma16816(sc[n], ql[kk], b0, b1);
+                mma16816(sc[n], ah, b0, b1);
+                mma16816(sc[n], al, b0, b1);
             }
         }
         float mt[2] = {m[0], m[1]};
@@ -520,7 +426,7 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
         }
         float alpha[2];
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {  // the 4 lanes of a row hold its 64 scores
+        for (int half = 0; half < 2; ++half) {  // the 4 lanes of a row hold its scores of the tile
             mt[half] = fmaxf(mt[half], __shfl_xor_sync(0xffffffffu, mt[half], 1));
             mt[half] = fmaxf(mt[half], __shfl_xor_sync(0xffffffffu, mt[half], 2));
             alpha[half] = mt[half] == NEG_INF ? 1.0f : exp2f(m[half] - mt[half]);
@@ -545,7 +451,7 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
         }
         // o += p v: p's C fragments of key n-tiles 2kk, 2kk+1 are the A fragment of k-step kk
 #pragma unroll
-        for (int kk = 0; kk < PF_KEYS / 16; ++kk) {
+        for (int kk = 0; kk < KEYS / 16; ++kk) {
             uint32_t ph[4], pl[4];
             split_pair(sc[2 * kk][0], sc[2 * kk][1], ph[0], pl[0]);
             split_pair(sc[2 * kk][2], sc[2 * kk][3], ph[1], pl[1]);
@@ -598,11 +504,7 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
                           const int* pos, int n_tok, int n_head, int n_head_kv, int max_ctx, int window, \
                           float scale) {                                                                \
         wait_prior();                                                                                   \
-        if constexpr (HD == 256)                                                                        \
-            prefill<HD>(q, k_cache, v_cache, out, pos, n_tok, n_head, n_head_kv, max_ctx, window, scale); \
-        else                                                                                            \
-            prefill_mma<HD>(q, k_cache, v_cache, out, pos, n_tok, n_head, n_head_kv, max_ctx, window,   \
-                            scale);                                                                     \
+        prefill_mma<HD>(q, k_cache, v_cache, out, pos, n_tok, n_head, n_head_kv, max_ctx, window, scale); \
     }
 
 ATTN(64)

@@ -12,6 +12,7 @@ KV cache, one pair per layer: k_cache, v_cache [n_head_kv, max_ctx, head_dim] fl
 bytes that decode attention reads at long contexts (and the VRAM), as llama.cpp's default cache does;
 it rounds k and v to 11 significant bits (relative error <= 2^-11).
 """
+import functools
 import math
 
 import cupy as cp
@@ -274,8 +275,8 @@ def attention_prefill(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, o
                       scale: float, window: int = 0, stream=None) -> None:
     """Causal attention of q [n_tok, n_head, head_dim] (token t at position pos[0] + t, all their k and v
     already in the cache) over keys 0..pos[0]+n_tok-1 -> out [n_tok, n_head, head_dim]; window > 0: only
-    the last `window` keys of each query. Head dims 64 and 128 run on the tensor cores (float32 accuracy:
-    q and p are split into two fp16 halves)."""
+    the last `window` keys of each query. On the tensor cores (float32 accuracy: q and p are split into two
+    fp16 halves)."""
     if not isinstance(q, cp.ndarray) or q.ndim != 3:
         raise ValueError("attention_prefill: q must be [n_tok, n_head, head_dim]")
     n_head, n_head_kv, max_ctx, head_dim = _check_attention(q.shape[1:], k_cache, v_cache)
@@ -283,14 +284,26 @@ def attention_prefill(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, o
     _check("q", q, cp.float32, (n_tok, n_head, head_dim))
     _check("out", out, cp.float32, (n_tok, n_head, head_dim))
     _check_pos(pos)
-    # head_dim 64 / 128: tensor-core kernel, 64 rows a block; 256: the CUDA-core one
-    rows_per_block = ATTN_WARPS * _rows_per_warp(head_dim) if head_dim == 256 else PREFILL_MMA_ROWS
-    grid = (math.ceil(n_tok * (n_head // n_head_kv) / rows_per_block), n_head_kv)
+    grid = (math.ceil(n_tok * (n_head // n_head_kv) / PREFILL_MMA_ROWS), n_head_kv)
+    smem = _prefill_smem(head_dim)
     with _stream(stream):
-        kernel("attention.cu", f"attn_prefill_{head_dim}")(
+        _prefill_kernel(head_dim)(
             grid, (32 * ATTN_WARPS,),
             (q, k_cache, v_cache, out, pos, np.int32(n_tok), np.int32(n_head), np.int32(n_head_kv),
-             np.int32(max_ctx), np.int32(window), np.float32(scale)))
+             np.int32(max_ctx), np.int32(window), np.float32(scale)), shared_mem=smem)
+
+
+def _prefill_smem(head_dim: int) -> int:
+    """attention.cu PfShape<HD>::BYTES: a key tile of k and v, and at head_dim 256 q's fragments too."""
+    keys, row = (32, head_dim + 8) if head_dim > 128 else (64, head_dim + 8)
+    return 2 * (2 * keys * row + (2 * PREFILL_MMA_ROWS * row if head_dim > 128 else 0))
+
+
+@functools.cache
+def _prefill_kernel(head_dim: int):
+    launch = kernel("attention.cu", f"attn_prefill_{head_dim}")
+    launch.raw.max_dynamic_shared_size_bytes = _prefill_smem(head_dim)  # 99 KiB at head_dim 256
+    return launch
 
 
 # ---- elementwise ----
