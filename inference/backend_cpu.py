@@ -31,7 +31,8 @@ def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.
     # the GPU tests' float32 reference (gpu_compare.float_activations) empties it to keep x in float32 (three tests,
     # not all() of a generator: 0.8 us less a call on the 2-core VM)
     int8 = cpu_quant.INT8_IDS
-    if len(h) == 1 and gate.qtype.id in int8 and up.qtype.id in int8 and down.qtype.id in int8:
+    if len(h) == 1 and gate.qtype.id in int8 and up.qtype.id in int8 and down.qtype.id in int8 \
+            and not experts.has_biases and activation in ("silu", "gelu"):
         # one token: its experts' gate, up and GLU in one kernel call (one parallel region), their downs and the
         # weighted sum in another, written straight into out
         return experts.one_token.ffn(h, ids[0], weights[0], activation, out)
@@ -44,20 +45,32 @@ def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.
 
 def _moe_experts_listed(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.ndarray,
                         activation: str) -> np.ndarray:
-    """moe_experts where its one-token kernels do not apply: a type with no int8 kernel, or several tokens."""
-    if len(h) == 1:  # one token, a type with no int8 kernel (F16, Q5_K; any in that reference): the matrices as a list
+    """moe_experts where its one-token kernels do not apply: a type with no int8 kernel (MXFP4 among them), biases
+    (gpt-oss: added to each expert's gate, up and down outputs), gpt-oss's GLU, or several tokens."""
+    bias = experts.has_biases
+    if len(h) == 1:  # one token: the chosen experts' matrices as a list
         chosen = [(experts.gate.expert(e), experts.up.expert(e), experts.down.expert(e)) for e in ids[0]]
         gate_up = quantized_matmuls([m.data for g, u, _ in chosen for m in (g, u)],
                                     [m.qtype for g, u, _ in chosen for m in (g, u)], h)
-        act = cpu_ops.glu(np.concatenate(gate_up[0::2]), np.concatenate(gate_up[1::2]), activation)  # [k, n_ff]
+        gate, up = np.concatenate(gate_up[0::2]), np.concatenate(gate_up[1::2])  # [k, n_ff]
+        if bias:
+            gate, up = gate + experts.gate_bias[ids[0]], up + experts.up_bias[ids[0]]
+        act = cpu_ops.glu(gate, up, activation)
         ys = quantized_matvecs_own_rows([d.data for _, _, d in chosen], [d.qtype for _, _, d in chosen], act)
+        if bias:
+            ys = [y + experts.down_bias[e] for y, e in zip(ys, ids[0])]
         return sum(w * y for w, y in zip(weights[0], ys))
     out = np.zeros_like(h)
     for e in np.unique(ids):
         rows, slots = np.nonzero(ids == e)  # a token picks an expert at most once: rows are distinct
         gate, up, down = experts.gate.expert(e), experts.up.expert(e), experts.down.expert(e)
         g, u = quantized_matmuls([gate.data, up.data], [gate.qtype, up.qtype], np.ascontiguousarray(h[rows]))
-        out[rows] += quantized_matmul(down.data, down.qtype, cpu_ops.glu(g, u, activation)) * weights[rows, slots, None]
+        if bias:
+            g, u = g + experts.gate_bias[e], u + experts.up_bias[e]
+        y = quantized_matmul(down.data, down.qtype, cpu_ops.glu(g, u, activation))
+        if bias:
+            y += experts.down_bias[e]
+        out[rows] += y * weights[rows, slots, None]
     return out
 
 
@@ -193,12 +206,18 @@ class CPUBackend:
     def _rope_cos_sin(self, base: float, scale: float, n: int) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin [n, rope_dim // 2] of positions pos..pos+n-1 for this rope base and scale."""
         key = (base, scale)
+        cfg = self.cfg
         if key not in self._inv_freq:
-            self._inv_freq[key] = cpu_ops.rope_inv_freq(self.cfg.rope_dim, base, self._rope_freqs) * scale
+            if cfg.rope_yarn_orig_ctx:  # YaRN: a blend of scaled and unscaled speeds (there are no rope_freqs)
+                self._inv_freq[key] = cpu_ops.yarn_inv_freq(cfg.rope_dim, base, scale, cfg.rope_yarn_orig_ctx)
+            else:
+                self._inv_freq[key] = cpu_ops.rope_inv_freq(cfg.rope_dim, base, self._rope_freqs) * scale
         at, cos_sin = self._cos_sin.get(key, (None, None))
         if at != (self.pos, n):  # once a forward pass per base, not for each layer's q and k
             at = (self.pos, n)
             cos_sin = cpu_ops.rope_cos_sin(np.arange(self.pos, self.pos + n), self._inv_freq[key])
+            if cfg.rope_mscale != 1.0:
+                cos_sin = tuple(a * np.float32(cfg.rope_mscale) for a in cos_sin)
             self._cos_sin[key] = at, cos_sin
         return cos_sin
 
@@ -212,8 +231,9 @@ class CPUBackend:
         return cpu_ops.rope_kv_store(q, k, v, *self._rope_cos_sin(base, scale, len(q)), self.cfg.rope_style,
                                      self.k_cache[layer], self.v_cache[layer], self.pos)
 
-    def attention(self, layer: int, q: np.ndarray, window: int, scale: float) -> np.ndarray:
-        return cpu_ops.attention(q, self.k_cache[layer], self.v_cache[layer], self.pos, window, scale)
+    def attention(self, layer: int, q: np.ndarray, window: int, scale: float,
+                  sinks: np.ndarray | None = None) -> np.ndarray:
+        return cpu_ops.attention(q, self.k_cache[layer], self.v_cache[layer], self.pos, window, scale, sinks)
 
     def sigmoid_mul(self, a: np.ndarray, gate: np.ndarray) -> np.ndarray:
         """a [n, d] * sigmoid(gate) (its d values in any shape): the attention output's gate (qwen35)."""
@@ -264,10 +284,10 @@ class CPUBackend:
         return x + (self.rms_norm(y, norm) if norm is not None else y)
 
     def add_moe(self, x: np.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> np.ndarray:
-        """x + the mixture of experts on h = rms_norm(x [n, n_embd], norm): each token's k chosen experts' SwiGLU
-        outputs, weighted."""
+        """x + the mixture of experts on h = rms_norm(x [n, n_embd], norm): each token's k chosen experts' GLU
+        outputs, weighted (the router's logits biased where it has a bias: gpt-oss)."""
         h = self.rms_norm(x, norm)
-        ids, weights = cpu_ops.route(self.matmul(experts.router, h), k)  # [n, k] each
+        ids, weights = cpu_ops.route(self.matmul(experts.router, h, experts.router_bias), k)  # [n, k] each
         y = moe_experts(experts, h, ids, weights, self.cfg.activation)
         sh = experts.shared
         if sh is not None:  # every token's shared expert, scaled by sigmoid(gate_inp . h) (qwen35moe)

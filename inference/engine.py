@@ -49,6 +49,11 @@ class NoChatTemplateError(UserError, ValueError):
     pass
 
 
+# architectures the GPU backend cannot run yet (gpt-oss: its kernels take no attention sinks, MXFP4 or biased experts);
+# a file with MXFP4 tensors runs on the CPU too
+CPU_ONLY_ARCHITECTURES = ("gpt-oss",)
+
+
 class DeviceError(UserError, ValueError):
     pass
 
@@ -506,6 +511,13 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
     path = resolve_model(model, progress)
     gguf = open_gguf(path)
     config = config_from_metadata(gguf.metadata)
+    cpu_only = config.arch if config.arch in CPU_ONLY_ARCHITECTURES else (
+        "MXFP4" if any(t.type.name == "MXFP4" for t in gguf.tensors.values()) else None)
+    if device == "cuda" and cpu_only:
+        if reason == "":  # auto: the CPU runs it
+            device, reason = "cpu", f"{cpu_only} runs on the CPU only for now"
+        else:
+            raise DeviceError(f"{cpu_only} models run on the CPU only for now (use --device cpu)")
     weights = load_weights(gguf, config)
     tokenizer = Tokenizer(gguf.metadata)
     if ctx is not None and ctx < 1:

@@ -25,7 +25,7 @@ def attention(be, cfg: ModelConfig, lw: LayerWeights, i: int, h):
     v = v.reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
     head_norms = (lw.attn_q_norm, lw.attn_k_norm) if cfg.qk_norm else None
     q = be.rope_kv_write(i, q, k, v, cfg.layer_rope_base(i), cfg.layer_rope_scale(i), head_norms)
-    a = be.attention(i, q, cfg.layer_window(i), cfg.softmax_scale)
+    a = be.attention(i, q, cfg.layer_window(i), cfg.softmax_scale, lw.attn_sinks)
     return a if gate is None else be.sigmoid_mul(a, gate)
 
 
@@ -43,8 +43,10 @@ def layer(be, cfg: ModelConfig, lw: LayerWeights, i: int, x):
     if lw.delta_net is not None:
         x = be.add_matmul(x, lw.delta_net.out, delta_net(be, lw.delta_net, i, h))
     else:
-        x = be.add_matmul(x, lw.attn_output, attention(be, cfg, lw, i, h),
-                          lw.post_attention_norm if cfg.sandwich_norm else None)
+        a = attention(be, cfg, lw, i, h)
+        if lw.attn_output_bias is not None:  # x + (W a + b), the bias added to the residual first (gpt-oss)
+            x = be.add(x, lw.attn_output_bias)
+        x = be.add_matmul(x, lw.attn_output, a, lw.post_attention_norm if cfg.sandwich_norm else None)
 
     if lw.experts is not None:
         return be.add_moe(x, lw.experts, lw.ffn_norm, cfg.n_expert_used)

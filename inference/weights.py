@@ -60,6 +60,15 @@ class ExpertFFN:
     up: QuantExperts  # ffn_up_exps [n_expert, n_ff_exp, n_embd]
     down: QuantExperts  # ffn_down_exps [n_expert, n_embd, n_ff_exp]
     shared: SharedExpert | None = None  # qwen35moe
+    # gpt-oss: biases of the router's logits and of each expert's gate, up and down outputs
+    router_bias: np.ndarray | None = None  # ffn_gate_inp.bias [n_expert]
+    gate_bias: np.ndarray | None = None  # ffn_gate_exps.bias [n_expert, n_ff_exp]
+    up_bias: np.ndarray | None = None  # ffn_up_exps.bias [n_expert, n_ff_exp]
+    down_bias: np.ndarray | None = None  # ffn_down_exps.bias [n_expert, n_embd]
+
+    @property
+    def has_biases(self) -> bool:
+        return self.gate_bias is not None
 
     @cached_property
     def one_token(self) -> OneTokenExperts:
@@ -103,6 +112,8 @@ class LayerWeights:
     attn_q_bias: np.ndarray | None = None  # [n_heads * head_dim] (qwen2)
     attn_k_bias: np.ndarray | None = None  # [n_kv_heads * head_dim]
     attn_v_bias: np.ndarray | None = None  # [n_kv_heads * v_head_dim]
+    attn_output_bias: np.ndarray | None = None  # [n_embd] (gpt-oss)
+    attn_sinks: np.ndarray | None = None  # [n_heads] each head's sink logit (gpt-oss)
     attn_q_norm: np.ndarray | None = None  # [head_dim] (qwen3, gemma3)
     attn_k_norm: np.ndarray | None = None  # [head_dim]
     post_attention_norm: np.ndarray | None = None  # [n_embd] (gemma3)
@@ -168,6 +179,14 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
             raise TensorShapeError(f"tensor '{name}' has the wrong shape for {cfg.arch} (want {n} values)")
         return v
 
+    def expert_bias(name: str, n: int) -> np.ndarray:
+        """An F32 bias per expert (a ggml tensor of shape (n, n_expert)): float32 [n_expert, n]."""
+        m = tensor(name)
+        if not isinstance(m, QuantMatrix) or m.qtype.name != "F32" or model.tensors[name].shape != (n, cfg.n_expert):
+            raise TensorShapeError(f"tensor '{name}' has the wrong shape or type for {cfg.arch} (want F32, "
+                                   f"{cfg.n_expert} experts of {n} values)")
+        return m.data.view(np.float32)
+
     def ffn(p: str) -> dict:
         """The layer's FFN: dense matrices, or the router and experts (and a shared expert where the arch has one)."""
         if not cfg.n_expert:
@@ -182,11 +201,17 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
                 gate=matrix(p + "ffn_gate_shexp.weight", cfg.n_ff_shexp, cfg.n_embd),
                 up=matrix(p + "ffn_up_shexp.weight", cfg.n_ff_shexp, cfg.n_embd),
                 down=matrix(p + "ffn_down_shexp.weight", cfg.n_embd, cfg.n_ff_shexp))
+        biases = {}
+        if cfg.arch == "gpt-oss":
+            biases = dict(router_bias=vector(p + "ffn_gate_inp.bias", cfg.n_expert),
+                          gate_bias=expert_bias(p + "ffn_gate_exps.bias", cfg.n_ff_exp),
+                          up_bias=expert_bias(p + "ffn_up_exps.bias", cfg.n_ff_exp),
+                          down_bias=expert_bias(p + "ffn_down_exps.bias", cfg.n_embd))
         return dict(ffn_gate=None, ffn_up=None, ffn_down=None, experts=ExpertFFN(
             router=matrix(p + "ffn_gate_inp.weight", cfg.n_expert, cfg.n_embd),
             gate=experts(p + "ffn_gate_exps.weight", cfg.n_ff_exp, cfg.n_embd),
             up=experts(p + "ffn_up_exps.weight", cfg.n_ff_exp, cfg.n_embd),
-            down=experts(p + "ffn_down_exps.weight", cfg.n_embd, cfg.n_ff_exp), shared=shared))
+            down=experts(p + "ffn_down_exps.weight", cfg.n_embd, cfg.n_ff_exp), shared=shared, **biases))
 
     def delta_net(p: str) -> DeltaNetWeights:
         hv, s, conv_dim = cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_conv_dim
@@ -209,8 +234,8 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
                     attn_output=matrix(p + "attn_output.weight", cfg.n_embd, cfg.n_heads * cfg.v_head_dim))
 
     kv_dim, v_dim = cfg.n_kv_heads * cfg.head_dim, cfg.n_kv_heads * cfg.v_head_dim
-    # the pre-FFN norm: qwen35 files name it post_attention_norm (llama.cpp's LLM_TENSOR_ATTN_POST_NORM)
-    ffn_norm = "post_attention_norm.weight" if cfg.arch in ("qwen35", "qwen35moe") else "ffn_norm.weight"
+    # the pre-FFN norm: qwen35 and gpt-oss files name it post_attention_norm (llama.cpp's LLM_TENSOR_ATTN_POST_NORM)
+    ffn_norm = "post_attention_norm.weight" if cfg.arch in ("qwen35", "qwen35moe", "gpt-oss") else "ffn_norm.weight"
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
@@ -224,6 +249,8 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
             attn_q_bias=tensor(p + "attn_q.bias") if cfg.qkv_bias else opt("attn_q.bias"),
             attn_k_bias=tensor(p + "attn_k.bias") if cfg.qkv_bias else opt("attn_k.bias"),
             attn_v_bias=tensor(p + "attn_v.bias") if cfg.qkv_bias else opt("attn_v.bias"),
+            attn_output_bias=vector(p + "attn_output.bias", cfg.n_embd) if cfg.arch == "gpt-oss" else None,
+            attn_sinks=vector(p + "attn_sinks.weight", cfg.n_heads) if cfg.attn_sinks else None,
             attn_q_norm=tensor(p + "attn_q_norm.weight") if cfg.qk_norm and not recurrent else None,
             attn_k_norm=tensor(p + "attn_k_norm.weight") if cfg.qk_norm and not recurrent else None,
             post_attention_norm=tensor(p + "post_attention_norm.weight") if cfg.sandwich_norm else None,

@@ -54,7 +54,7 @@ PROMPT_TOKENS = 128
 
 # where each block type keeps its f16 scales (random bytes there could be inf, nan or subnormal)
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
-              "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+              "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "MXFP4": []}
 
 
 def random_weight(name: str, n_rows: int, n_cols: int, seed: int = 0) -> np.ndarray:
@@ -73,6 +73,8 @@ def random_weight(name: str, n_rows: int, n_cols: int, seed: int = 0) -> np.ndar
         for off in F16_FIELDS[name]:
             scale = rng.uniform(-0.05, 0.05, n_blocks).astype(np.float16)
             blocks[:, off:off + 2] = scale.view(np.uint8).reshape(n_blocks, 2)
+        if name == "MXFP4":  # its e8m0 scale byte: 2^-8 .. 2^-5 (values up to 12 times that)
+            blocks[:, 0] = rng.integers(120, 124, n_blocks)
         w = blocks.reshape(n_rows, -1)
     w = np.ascontiguousarray(w)
     w.flags.writeable = False

@@ -6,14 +6,16 @@ Every decoder and dot takes f16 (F16_TO_F32) and n16 (always N16 = 16). n16 is a
 with a constant trip count LLVM fully unrolls the element loops and vectorizes across blocks with
 gathers instead, measured several times slower.
 """
+import math
+
 import numpy as np
 
-from kernels.cpu_types import BF16, F16, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, jit
+from kernels.cpu_types import BF16, F16, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, jit
 
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types",)
-INLINED_DIGEST = "3cbf78ae4cc75b1c"
+INLINED_DIGEST = "5f3990ac2b1ae18d"
 
 
 @jit
@@ -201,6 +203,32 @@ def decode_q6_k(row, y, f16, n16):  # ql[128] | qh[64] | scales int8[16] | d f16
 
 
 @jit
+def e8m0_half(e):
+    """An MXFP4 block's scale byte e as float32 2^(e - 128) (ggml's ggml_e8m0_to_fp32_half; exact, 2^-128 and
+    2^-127 subnormal)."""
+    return np.float32(math.ldexp(1.0, np.int64(e) - 128))
+
+
+@jit
+def mxfp4_value(nibble):
+    """The doubled e2m1 value of a 4-bit code (ggml's kvalues_mxfp4): 0 1 2 3 4 6 8 12, bit 3 the sign."""
+    m = nibble & 7
+    v = m if m < 5 else (6 if m == 5 else (8 if m == 6 else 12))
+    return -v if nibble & 8 else v
+
+
+@jit
+def decode_mxfp4(row, y, f16, n16):  # e (e8m0) | qs[16]: y[l] = value of the low nibble of qs[l], y[l+16] high
+    for i in range(row.size // 17):
+        o, yo = 17 * i, 32 * i
+        d = e8m0_half(row[o])
+        for l in range(n16):
+            q = np.int64(row[o + 1 + l])
+            y[yo + l] = np.float32(mxfp4_value(q & 0xF)) * d
+            y[yo + 16 + l] = np.float32(mxfp4_value(q >> 4)) * d
+
+
+@jit
 def decode_row(tid, row, y, f16, n16):
     """Dequantize row: uint8 [row_bytes] into y: float32 [n_cols]."""
     if tid == F16:
@@ -227,6 +255,8 @@ def decode_row(tid, row, y, f16, n16):
         decode_q5_k(row, y, f16, n16)
     elif tid == Q6_K:
         decode_q6_k(row, y, f16, n16)
+    elif tid == MXFP4:
+        decode_mxfp4(row, y, f16, n16)
 
 
 @jit

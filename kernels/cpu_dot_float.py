@@ -14,7 +14,7 @@ from kernels.cpu_types import fast
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_dequant")
-INLINED_DIGEST = "ed18443185c06d0e"
+INLINED_DIGEST = "aba54e1e223a1882"
 
 
 @fast

@@ -18,7 +18,7 @@ from kernels.cpu_types import Q4_0, Q4_1, Q5_0, X8, fast
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_ir", "cpu_repack")
-INLINED_DIGEST = "aaad3738f8a24c07"
+INLINED_DIGEST = "4832276d82912a81"
 
 OFFSETS = {Q4_0: 8, Q5_0: 16}
 

@@ -17,7 +17,7 @@ from kernels.cpu_types import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, X8, fast
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_claim", "cpu_gemm_int8", "cpu_dot_x8")
-INLINED_DIGEST = "91f66e3c35df6388"
+INLINED_DIGEST = "bfe8cdef7c9d9396"
 
 
 def padded_tokens(n_tokens: int) -> int:

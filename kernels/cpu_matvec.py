@@ -23,7 +23,7 @@ from kernels.cpu_types import Q4_K, Q6_K, Q8_0, X8, fast  # noqa: E402
 # numba's cache keys these kernels on this file alone: kernels/cpu_cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("cpu_types", "cpu_claim", "cpu_dequant", "cpu_dot_float", "cpu_dot_int8", "cpu_dot_x8", "cpu_ir", "cpu_ops")
-INLINED_DIGEST = "bfb793bcd5e37b46"
+INLINED_DIGEST = "fbf66ac8e62a93cf"
 
 # A matvec's rows go in chunks that the threads claim one at a time (claim) until none are left: numba's prange
 # hands each thread an equal share up front, and on the 16-core host one slow thread then held up the region

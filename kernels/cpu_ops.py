@@ -51,6 +51,21 @@ def rope_inv_freq(rope_dim: int, base: float, freq_factors: np.ndarray | None = 
     return inv / freq_factors if freq_factors is not None else inv
 
 
+def yarn_inv_freq(rope_dim: int, base: float, freq_scale: float, n_ctx_orig: int, beta_fast: float = 32.0,
+                  beta_slow: float = 1.0) -> np.ndarray:
+    """YaRN's rotation speeds [rope_dim // 2] float64, as llama.cpp's rope (ggml rope_yarn, ext_factor 1): pair i
+    turns at theta_i = base^(-2i / rope_dim) blended from freq_scale * theta_i (interpolated) to theta_i
+    (extrapolated) by a ramp that is 1 below the pair that turns beta_fast times over n_ctx_orig tokens and 0
+    above the one that turns beta_slow times (those pairs floored and ceiled, as ggml_rope_yarn_corr_dims). cos
+    and sin are scaled apart (ModelConfig.rope_mscale)."""
+    def corr_dim(beta: float) -> float:  # the pair that turns beta times over n_ctx_orig tokens
+        return rope_dim * math.log(n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+
+    lo, hi = max(0.0, math.floor(corr_dim(beta_fast))), min(rope_dim - 1.0, math.ceil(corr_dim(beta_slow)))
+    ramp = 1 - np.clip((np.arange(rope_dim // 2) - lo) / max(0.001, hi - lo), 0, 1)
+    return rope_inv_freq(rope_dim, base) * (freq_scale * (1 - ramp) + ramp)
+
+
 def rope_cos_sin(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin, float32 [n, len(inv_freq)], of the angles positions x inv_freq (in float64). A forward pass
     computes them once per rope base and uses them in every layer's q and k (see rope_rotate)."""
@@ -121,16 +136,17 @@ def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, style: str)
 
 
 @nb.njit(cache=True, nogil=True, fastmath=True)
-def _attend(q, k, v, i, h, pos0, start, window, scale, out):
-    """out[i, h] for query i, head h: softmax(q . keys) . values over the keys it sees. Rows are taken as 1-d
-    views of C-contiguous arrays so the dot and the value sum vectorize (strided 3-d indexing did not: 32
-    heads x 640 keys took 2.6 ms on one core)."""
+def _attend(q, k, v, i, h, pos0, start, window, scale, sinks, out):
+    """out[i, h] for query i, head h: softmax(q . keys) . values over the keys it sees; sinks (empty: none) [n_heads]
+    a logit per head that joins the softmax with no value (gpt-oss). Rows are taken as 1-d views of C-contiguous
+    arrays so the dot and the value sum vectorize (strided 3-d indexing did not: 32 heads x 640 keys took 2.6 ms
+    on one core)."""
     kv = h // (q.shape[1] // k.shape[0])
     p = pos0 + i
     lo = max(start, p - window + 1) if window > 0 else start
     qh, kh, vh = q[i, h], k[kv], v[kv]
     scores = np.empty(p + 1 - lo, np.float32)
-    best = -np.inf
+    best = sinks[h] if sinks.size else -np.inf
     for j in range(lo, p + 1):
         kj = kh[j]
         s = np.float32(0.0)
@@ -139,7 +155,7 @@ def _attend(q, k, v, i, h, pos0, start, window, scale, out):
         s *= scale
         scores[j - lo] = s
         best = max(best, s)
-    total = np.float32(0.0)
+    total = np.float32(math.exp(sinks[h] - best)) if sinks.size else np.float32(0.0)
     for j in range(scores.shape[0]):
         scores[j] = math.exp(scores[j] - best)
         total += scores[j]
@@ -152,32 +168,33 @@ def _attend(q, k, v, i, h, pos0, start, window, scale, out):
 
 
 @_jit
-def _attention_loop(q, k, v, pos0, start, window, scale, out):  # q [n, H, hd], out [n, H, vd]
+def _attention_loop(q, k, v, pos0, start, window, scale, sinks, out):  # q [n, H, hd], out [n, H, vd]
     for hh in range(q.shape[0] * q.shape[1]):
-        _attend(q, k, v, hh // q.shape[1], hh % q.shape[1], pos0, start, window, scale, out)
+        _attend(q, k, v, hh // q.shape[1], hh % q.shape[1], pos0, start, window, scale, sinks, out)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True)
-def _attention_loop_parallel(q, k, v, pos0, start, window, scale, out):
+def _attention_loop_parallel(q, k, v, pos0, start, window, scale, sinks, out):
     for hh in nb.prange(q.shape[0] * q.shape[1]):
-        _attend(q, k, v, hh // q.shape[1], hh % q.shape[1], pos0, start, window, scale, out)
+        _attend(q, k, v, hh // q.shape[1], hh % q.shape[1], pos0, start, window, scale, sinks, out)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def _causal_softmax(scores, n, pos0, start, window, scale):
-    """scores [rows, T'] in place: row r is query r % n at position pos0 + r % n over keys start..; each row
-    scaled, masked (future keys, and keys window or more behind) and softmaxed. One pass a row on all cores:
-    numpy's mask, max, exp, sum and divide were five single-threaded passes, most of a prompt chunk's time
-    (llama3-8b's 32 heads x 256 queries x 512 keys: 141 ms a layer on 2 cores)."""
+def _causal_softmax(scores, n, pos0, start, window, scale, sinks):
+    """scores [rows, T'] in place: row r is query r % n of head r // n at position pos0 + r % n over keys start..;
+    each row scaled, masked (future keys, and keys window or more behind) and softmaxed, with the head's sink logit
+    in the sum where sinks (empty: none) [n_heads] has one. One pass a row on all cores: numpy's mask, max, exp, sum
+    and divide were five single-threaded passes, most of a prompt chunk's time (llama3-8b's 32 heads x 256 queries
+    x 512 keys: 141 ms a layer on 2 cores)."""
     for r in nb.prange(scores.shape[0]):
         p = pos0 + r % n
         lo = max(start, p - window + 1) if window > 0 else start
         row = scores[r]
-        best = -np.inf
+        best = sinks[r // n] if sinks.size else -np.inf
         for j in range(lo - start, p + 1 - start):
             row[j] *= scale
             best = max(best, row[j])
-        total = np.float32(0.0)
+        total = np.float32(math.exp(sinks[r // n] - best)) if sinks.size else np.float32(0.0)
         for j in range(lo - start, p + 1 - start):
             row[j] = math.exp(row[j] - best)
             total += row[j]
@@ -185,27 +202,37 @@ def _causal_softmax(scores, n, pos0, start, window, scale):
             row[j] = row[j] / total if lo - start <= j <= p - start else np.float32(0.0)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, window: int, scale: float) -> np.ndarray:
+NO_SINKS = np.zeros(0, np.float32)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, window: int, scale: float,
+              sinks: np.ndarray | None = None) -> np.ndarray:
     """Causal grouped-query attention of n new queries against the cache.
 
     q [n, n_heads, hd] at positions pos0..pos0+n-1; k [n_kv, >= T, hd] and v [n_kv, >= T, vd] hold positions
     0..T-1 with T = pos0 + n: pass the whole cache (C-contiguous), not a slice, so the decode loop vectorizes.
-    window > 0: a query at p sees only keys j with p - j < window. Returns [n, n_heads * vd].
+    window > 0: a query at p sees only keys j with p - j < window. sinks: float32 [n_heads], a logit per head in
+    each softmax's sum (not scaled, no value: it only takes weight from the keys), as llama.cpp's
+    ggml_soft_max_add_sinks. Returns [n, n_heads * vd].
     """
     n, n_heads, hd = q.shape
     n_kv, vd, T = v.shape[0], v.shape[2], pos0 + n
     start = max(0, pos0 + 1 - window) if window > 0 else 0  # keys no query of this batch can see
+    if sinks is None:
+        sinks = NO_SINKS
+    elif sinks.shape != (n_heads,) or sinks.dtype != np.float32:
+        raise ValueError(f"sinks must be float32 [{n_heads}], got {sinks.dtype} {sinks.shape}")
     if n <= ATTENTION_LOOP_MAX_TOKENS:
         out = np.empty((n, n_heads, vd), np.float32)
         work = n * n_heads * (T - start) * hd
         loop = _attention_loop_parallel if work >= ATTENTION_PARALLEL_WORK else _attention_loop
-        loop(np.ascontiguousarray(q, np.float32), k, v, pos0, start, window, np.float32(scale), out)
+        loop(np.ascontiguousarray(q, np.float32), k, v, pos0, start, window, np.float32(scale), sinks, out)
         return out.reshape(n, n_heads * vd)
     group = n_heads // n_kv
     k, v = k[:, start:T], v[:, start:T]
     qg = q.reshape(n, n_kv, group, hd).transpose(1, 2, 0, 3).reshape(n_kv, group * n, hd)
-    scores = qg @ k.transpose(0, 2, 1)  # [n_kv, group * n, T - start]
-    _causal_softmax(scores.reshape(-1, T - start), n, pos0, start, window, np.float32(scale))
+    scores = qg @ k.transpose(0, 2, 1)  # [n_kv, group * n, T - start]: row r of the flat rows is head r // n
+    _causal_softmax(scores.reshape(-1, T - start), n, pos0, start, window, np.float32(scale), sinks)
     out = scores @ v  # [n_kv, group * n, vd]
     return out.reshape(n_kv, group, n, vd).transpose(2, 0, 1, 3).reshape(n, n_heads * vd)
 
@@ -248,8 +275,22 @@ def _glu_serial(gate, up, gelu, table, out):
         out[j] = _glu_one(gate[j], up[j], gelu, table)
 
 
+# gpt-oss's GLU (llama.cpp's ggml_swiglu_oai with the alpha and limit its openai-moe graph passes)
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = np.float32(1.702), np.float32(7.0)
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """g * sigmoid(alpha g) * (u + 1) with g = min(gate, limit), u = up clamped to [-limit, limit], float32 as
+    ggml computes it (g / (1 + exp(-alpha g)), times u + 1)."""
+    g = np.minimum(np.asarray(gate, np.float32), SWIGLU_OAI_LIMIT)
+    u = np.clip(np.asarray(up, np.float32), -SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+    return g / (np.float32(1.0) + np.exp(SWIGLU_OAI_ALPHA * -g)) * (u + np.float32(1.0))
+
+
 def glu(gate: np.ndarray, up: np.ndarray, activation: str) -> np.ndarray:
-    """activation(gate) * up, both [n, n_ff]; activation "silu" or "gelu" (tanh approximation)."""
+    """activation(gate) * up, both [n, n_ff]; activation "silu", "gelu" (tanh approximation) or "swiglu_oai"."""
+    if activation == "swiglu_oai":
+        return swiglu_oai(gate, up)
     gate, up = np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32)
     out = np.empty_like(gate)
     glu_fn = _glu_serial if gate.size < GLU_PARALLEL_SIZE else _glu_parallel
@@ -260,7 +301,8 @@ def glu(gate: np.ndarray, up: np.ndarray, activation: str) -> np.ndarray:
 def route(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """A mixture of experts' routing, as llama.cpp's (softmax gating, weights renormalized): logits [n, n_expert]
     -> (ids int32 [n, k], weights float32 [n, k]), per token the k most probable experts, most probable first,
-    and their probabilities divided by their sum. Ties go to the lower id, as the GPU kernel's."""
+    and their probabilities divided by their sum. Ties go to the lower id, as the GPU kernel's. That is a softmax
+    over the k chosen logits: gpt-oss's routing (llama.cpp's SOFTMAX_WEIGHT gating) too."""
     logits = np.asarray(logits, np.float32)
     p = np.exp(logits - logits.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)

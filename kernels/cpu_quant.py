@@ -10,6 +10,8 @@ dequantizes a whole matrix:
   (Q4_K, Q6_K) or 32 (the others), as llama.cpp does on the CPU, so the result is x8 @ dequantize(W).T, x8
   the dequantized int8 x, to float32 rounding; |x8 - x| <= amax/254 per element (amax of its block of x).
   Other types dot float32 x: Q5_K fused, Q2_K, Q3_K, F16 and BF16 decoded to a float32 row first.
+- MXFP4 (gpt-oss's experts), any number of tokens: cpu_mxfp4, x in int8 blocks of 32 with fp16 scales, as
+  llama.cpp's q8_0 (so the result is x8 @ dequantize(W).T, x8 those blocks dequantized).
 - many tokens (prompt): the INT8_IDS types go through an int8 GEMM (cpu_gemm: x quantized per 32 values for
   every type, so the result is x8 @ dequantize(W).T too); for the others tiles of rows are dequantized to float32
   and multiplied with numpy BLAS; these and the float32 matvecs match x @ dequantize(W).T to float32 rounding.
@@ -26,12 +28,14 @@ edit to one reaches the cached kernels of the others.
 import numpy as np
 
 from kernels.cpu_dequant import decode_rows
+from kernels.cpu_dot_int8 import quantize_q8
 from kernels.cpu_gemm import gemm_int8, padded_tokens, quantize_biased
 from kernels.cpu_matvec import (MATVEC_CHUNKS, N_WORKERS, expert_ffn_int8, expert_matvecs_int8, glu_matvecs_int8,
                                 matvec_add_int8, matvec_decoded, matvec_fused, matvecs_int8)
+from kernels.cpu_mxfp4 import matmul_mxfp4
 from kernels.cpu_ops import GELU_TABLE
 from kernels.cpu_repack import ROWS, Repacked
-from kernels.cpu_types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, N16
+from kernels.cpu_types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, MXFP4, N16
 from models.ggml_types import GGMLType, UnsupportedTypeError
 
 MATVEC_MAX_TOKENS = 4  # up to this many tokens the matvec kernel beats dequantize + BLAS
@@ -117,6 +121,9 @@ def quantized_matmul(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray,
             _gemms([w], [qtype], x, [out])
     elif qtype.id == F32:
         np.matmul(x, w.view(np.float32).T, out=out)
+    elif qtype.id == MXFP4:
+        xq, xd = q8_0_blocks(x)
+        matmul_mxfp4(_read_only(w), xq, xd, out, min(n_rows, MATVEC_CHUNKS))
     elif n_tokens <= MATVEC_MAX_TOKENS:
         if qtype.id in INT8_IDS:
             matvecs_int8((qtype.id,), (_read_only(w),), x, (out,), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
@@ -134,6 +141,15 @@ def quantized_matmul(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray,
             decode_rows(qtype.id, w, np.arange(r0, r1), tile[:r1 - r0], F16_TO_F32, N16)
             np.matmul(x, tile[:r1 - r0].T, out=out[:, r0:r1])
     return out
+
+
+def q8_0_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x [n_tokens, n_cols] (C-contiguous float32) as llama.cpp's q8_0 blocks: (xq int8 [n_tokens, n_cols], xd
+    float32 [n_tokens, n_cols // 32]), x ~ xq times its block's xd, xd rounded to fp16 as a q8_0 block stores it."""
+    xq = np.empty(x.shape, np.int8)
+    xd = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
+    quantize_q8(x, xq, xd, np.empty((x.shape[0], x.shape[1] // 16), np.int16))
+    return xq, xd.astype(np.float16).astype(np.float32)
 
 
 def _gemms(ws: list, qtypes: list[GGMLType], x: np.ndarray, outs: list[np.ndarray]) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from models.errors import UserError
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "qwen35", "qwen35moe")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "qwen35", "qwen35moe", "gpt-oss")
 
 # What the GGUF keys do not say: llama.cpp's per-architecture choices (llama-model.cpp, llama-arch.cpp).
 ARCH_TRAITS = {
@@ -22,8 +22,14 @@ ARCH_TRAITS = {
     # llama.cpp's IMROPE, which for text (every section at the token's position) is neox over rope_dim dims
     "qwen35": dict(rope_style="neox", activation="silu", qk_norm=True, hybrid=True),
     "qwen35moe": dict(rope_style="neox", activation="silu", qk_norm=True, hybrid=True),  # + routed and shared experts
+    # gpt-oss (llama.cpp's openai-moe.cpp): biases on q, k, v, the attention output, the router and the experts;
+    # a learned sink logit per head in the softmax; every other layer (the even ones) a sliding window; YaRN rope
+    # on every layer; experts chosen by top-k of the router's logits, weighted by a softmax over those k (what
+    # cpu_ops.route gives); the experts' GLU is its clamped swiglu with alpha (kernels/cpu_ops.swiglu_oai)
+    "gpt-oss": dict(rope_style="neox", activation="swiglu_oai", qkv_bias=True, swa_period=2, attn_sinks=True,
+                    yarn=True),
 }
-MOE_ARCHITECTURES = ("qwen3moe", "qwen35moe")  # the file must state expert_count
+MOE_ARCHITECTURES = ("qwen3moe", "qwen35moe", "gpt-oss")  # the file must state expert_count
 
 
 class UnsupportedArchitectureError(UserError, ValueError):
@@ -54,9 +60,9 @@ class ModelConfig:
     rms_eps: float
     rope_base: float  # rope frequency base of global layers
     rope_dim: int  # leading dims of each head that rotate
-    rope_scale: float  # positions are multiplied by this (linear rope scaling)
+    rope_scale: float  # positions are multiplied by this (linear rope scaling; YaRN's freq_scale, 1 / factor)
     rope_style: str  # "normal": adjacent pairs rotate (llama); "neox": halves rotate
-    activation: str  # "silu" or "gelu" (tanh approximation), gating the up projection
+    activation: str  # "silu", "gelu" (tanh approximation) or "swiglu_oai" (gpt-oss), gating the up projection
     qkv_bias: bool = False
     qk_norm: bool = False  # rms_norm over each head of q and k before rope
     sandwich_norm: bool = False  # extra rms_norm on the attention and ffn outputs (gemma)
@@ -65,6 +71,13 @@ class ModelConfig:
     sliding_window: int = 0  # tokens a local layer sees, itself included; 0: none
     swa_period: int = 0  # every swa_period-th layer is global, the others local; 0: all global
     rope_base_local: float = 0.0  # rope base of the local (sliding-window) layers
+    rope_scale_local: float = 1.0  # rope_scale of the local layers (gemma3 scales only its global ones)
+    # YaRN (rope.scaling.type "yarn", gpt-oss): the context the model was trained at before scaling; 0: no YaRN.
+    # The rotation of pair i is blended between scaled and unscaled by a ramp over the pairs, and cos and sin are
+    # multiplied by rope_mscale (kernels/cpu_ops.yarn_inv_freq, as llama.cpp's ggml rope_yarn)
+    rope_yarn_orig_ctx: int = 0
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: a further factor of cos and sin
+    attn_sinks: bool = False  # each head's softmax has one more logit, learned, with no value (gpt-oss)
     final_softcap: float = 0.0  # logits = c * tanh(logits / c) when > 0
     # Mixture of experts (qwen3moe; llama with experts, as Mixtral): every layer's FFN is n_expert SwiGLU experts
     # of width n_ff_exp, of which a router picks n_expert_used per token (inference/forward.py)
@@ -121,7 +134,16 @@ class ModelConfig:
         return self.rope_base_local if self.is_local(layer) else self.rope_base
 
     def layer_rope_scale(self, layer: int) -> float:
-        return 1.0 if self.is_local(layer) else self.rope_scale  # gemma3 scales only its global layers
+        return self.rope_scale_local if self.is_local(layer) else self.rope_scale
+
+    @property
+    def rope_mscale(self) -> float:
+        """What cos and sin are multiplied by: llama.cpp's yarn_attn_factor (attn_factor once its own get_mscale is
+        cancelled) times the 1 + 0.1 ln(factor) its rope kernel applies under YaRN; 1 without YaRN."""
+        if not self.rope_yarn_orig_ctx:
+            return 1.0
+        factor = 1.0 / self.rope_scale
+        return self.rope_attn_factor * (1.0 + 0.1 * math.log(factor) if factor > 1.0 else 1.0)
 
     @property
     def softmax_scale(self) -> float:
@@ -163,10 +185,23 @@ def config_from_metadata(metadata: dict) -> ModelConfig:
             raise MissingConfigKeyError(f"the model file has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
         n_vocab = len(tokens)
     rope_scale = 1.0
-    if metadata.get(f"{arch}.rope.scaling.type") == "linear":
+    scaling = metadata.get(f"{arch}.rope.scaling.type")
+    if scaling == "linear" or (scaling == "yarn" and traits.get("yarn")):
         rope_scale = 1.0 / float(get("rope.scaling.factor"))
+    yarn = scaling == "yarn" and traits.get("yarn")  # other architectures' YaRN keys are not read (yet)
+    n_ctx_train = int(get("context_length"))
     # gemma3 scales q by query_pre_attn_scalar**-0.5, which llama.cpp takes as 1/sqrt(key_length) (27B aside)
-    sliding_window = int(get("attention.sliding_window", 0)) if traits.get("swa_period") else 0
+    swa_period = traits.get("swa_period", 0)
+    sliding_window = 0
+    if swa_period:
+        # gpt-oss must state its window; llama.cpp reads a period from sliding_window_pattern (default 2)
+        sliding_window = int(get("attention.sliding_window", None if arch == "gpt-oss" else 0))
+        if arch == "gpt-oss":
+            swa_period = get("attention.sliding_window_pattern", swa_period)
+            if not isinstance(swa_period, int) or swa_period < 1:
+                raise BadConfigValueError(f"{arch}.attention.sliding_window_pattern must be a layer period (an "
+                                          f"integer >= 1), got {swa_period!r}")
+    rope_base = float(get("rope.freq_base", 10000.0))
     n_nextn = int(get("nextn_predict_layers", 0))
     n_layers = int(get("block_count")) - n_nextn  # the MTP blocks are counted in block_count
     hybrid = _hybrid_fields(get, n_layers) if traits.get("hybrid") else {}
@@ -180,9 +215,9 @@ def config_from_metadata(metadata: dict) -> ModelConfig:
         head_dim=head_dim,
         v_head_dim=int(get("attention.value_length", head_dim)),
         n_vocab=int(n_vocab),
-        n_ctx_train=int(get("context_length")),
+        n_ctx_train=n_ctx_train,
         rms_eps=float(get("attention.layer_norm_rms_epsilon")),
-        rope_base=float(get("rope.freq_base", 10000.0)),
+        rope_base=rope_base,
         rope_dim=int(get("rope.dimension_count", head_dim)),
         rope_scale=rope_scale,
         rope_style=traits["rope_style"],
@@ -192,8 +227,12 @@ def config_from_metadata(metadata: dict) -> ModelConfig:
         sandwich_norm=traits.get("sandwich_norm", False),
         embed_scale=math.sqrt(n_embd) if arch == "gemma3" else 1.0,
         sliding_window=sliding_window,
-        swa_period=traits.get("swa_period", 0),
-        rope_base_local=traits.get("rope_base_local", 0.0),
+        swa_period=swa_period,
+        rope_base_local=float(traits.get("rope_base_local", 0.0) or get("rope.freq_base_swa", rope_base)),
+        rope_scale_local=rope_scale if arch == "gpt-oss" else 1.0,  # gpt-oss scales every layer's rope
+        rope_yarn_orig_ctx=int(get("rope.scaling.original_context_length", n_ctx_train)) if yarn else 0,
+        rope_attn_factor=float(get("rope.scaling.attn_factor", 1.0)),
+        attn_sinks=traits.get("attn_sinks", False),
         final_softcap=float(metadata.get(f"{arch}.final_logit_softcapping", 0.0)),
         n_expert=n_expert,
         n_expert_used=n_expert_used,

@@ -22,6 +22,8 @@ Block layouts, from ggml-common.h (d, dmin, m: fp16 scales; q*: packed quants):
     Q4_K  d | dmin | scales[12] | qs[128]            8 sub-blocks of 32, 6-bit scale and 6-bit min each
     Q5_K  d | dmin | scales[12] | qh[32] | qs[128]
     Q6_K  ql[128] | qh[64] | scales[16] (int8) | d   16 sub-blocks of 16
+    MXFP4 e | qs[16]                    e8m0 scale e; element j < 16: low nibble of qs[j], else high of qs[j-16],
+                                        each nibble an index into the doubled e2m1 values (KVALUES_MXFP4)
 """
 import math
 from collections.abc import Callable, Sequence
@@ -174,13 +176,31 @@ def dequant_q6_k(blocks: np.ndarray) -> np.ndarray:
     return (scale * q).reshape(n, 256)
 
 
+# the e2m1 values doubled (ggml's kvalues_mxfp4): a block's scale is halved to match (e8m0_to_fp32_half)
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+
+
+def e8m0_to_fp32_half(e: np.ndarray) -> np.ndarray:
+    """2^(e - 128) as ggml's ggml_e8m0_to_fp32_half builds it: the float32 bits (e - 1) << 23, and for e < 2 the
+    subnormals 2^-128 and 2^-127 (0x00200000 << e). No NaN: e = 255 is 2^127."""
+    e = e.astype(np.uint32)
+    return np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).view(np.float32)
+
+
+def dequant_mxfp4(blocks: np.ndarray) -> np.ndarray:
+    n = blocks.shape[0]
+    d = e8m0_to_fp32_half(blocks[:, :1])  # (n, 1)
+    q = _fields(blocks[:, 1:], 4).reshape(n, 32)  # low nibbles are elements 0-15, high ones 16-31
+    return d * KVALUES_MXFP4[q]
+
+
 # type name -> blocks (n, block_bytes) uint8 -> values (n, block_elems) float32
 DEQUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "F32": dequant_f32, "F16": dequant_f16, "BF16": dequant_bf16,
     "Q4_0": dequant_q4_0, "Q4_1": dequant_q4_1, "Q5_0": dequant_q5_0, "Q5_1": dequant_q5_1,
     "Q8_0": dequant_q8_0,
     "Q2_K": dequant_q2_k, "Q3_K": dequant_q3_k, "Q4_K": dequant_q4_k, "Q5_K": dequant_q5_k,
-    "Q6_K": dequant_q6_k,
+    "Q6_K": dequant_q6_k, "MXFP4": dequant_mxfp4,
 }
 
 

@@ -53,7 +53,7 @@ _TYPES = [
     GGMLType("BF16", 30, 1, 2),
     GGMLType("TQ1_0", 34, QK_K, 2 + 4 * 13, supported=False),
     GGMLType("TQ2_0", 35, QK_K, 2 + 64, supported=False),
-    GGMLType("MXFP4", 39, 32, 1 + 16, supported=False),
+    GGMLType("MXFP4", 39, 32, 1 + 16),
 ]
 
 TYPES_BY_ID: dict[int, GGMLType] = {t.id: t for t in _TYPES}

@@ -31,9 +31,10 @@ def oracle(path, **kwargs):
     return llama(path, extra_buffer_types=False, verbose=False, **kwargs)
 
 
-def oracle_logits(path, prompts=PROMPTS, n=N_POSITIONS):
-    """(token ids, llama.cpp logits [n, n_vocab]) for each prompt: its first n tokens, BOS included."""
-    llm = oracle(path, logits_all=True, n_ctx=n, n_batch=n, n_threads=2)
+def oracle_logits(path, prompts=PROMPTS, n=N_POSITIONS, **kwargs):
+    """(token ids, llama.cpp logits [n, n_vocab]) for each prompt: its first n tokens, BOS included; kwargs go to
+    llama_cpp.Llama (e.g. type_k, type_v: the KV cache's ggml type)."""
+    llm = oracle(path, logits_all=True, n_ctx=n, n_batch=n, n_threads=2, **kwargs)
     out = []
     for text in prompts:
         ids = llm.tokenize(text.encode(), add_bos=True)[:n]

@@ -20,7 +20,10 @@ SHAPES = {
     "gemma3": (6, 256, 512, 2, 1, 256),
     "qwen35": (6, 256, 512, 4, 2, 64),  # heads, kv heads, head size: the attention layers'
     "qwen35moe": (6, 256, 128, 4, 2, 64),  # n_ff is each expert's width
+    "gpt-oss": (2, 256, 128, 8, 2, 64),  # n_ff is each expert's width; q's 8 x 64 rows differ from n_embd
 }
+# gpt-oss: its window and period (layer 0 local, layer 1 global) and rope (YaRN) as the real models state them
+OSS_WINDOW, OSS_ROPE_BASE, OSS_YARN_FACTOR, OSS_YARN_ORIG_CTX = 128, 150000.0, 32.0, 4096
 # The DeltaNet layers of the hybrid models: key heads, value heads (2x: value head h reads key head h % 2, which
 # differs from h // 2), state size, conv taps, a full-attention layer every HYBRID_INTERVAL (layers 2 and 5 of 6),
 # rotated dims of an attention head, the shared expert's width (qwen35moe)
@@ -83,12 +86,14 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     qwen35 / qwen35moe hybrid: DeltaNet layers (DELTANET) with a gated full-attention layer every HYBRID_INTERVAL, and
     for qwen35moe experts with a shared expert;
     qwen2 with qkv biases and its own output matrix, qwen3 with q/k norms, gemma3 with q/k and sandwich norms
-    and a `window`-token sliding window; the others tie the output to the embeddings. qwen3moe is qwen3
+    and a `window`-token sliding window; gpt-oss with its biases, sinks, MXFP4 experts, 128-token window and YaRN
+    (OSS_*); the others tie the output to the embeddings. qwen3moe is qwen3
     with experts = (count, used) in every layer (default EXPERTS), its expert matrices of the ffn_* types, its
     router F32 (as llama.cpp's quantizer leaves it); llama takes experts too (Mixtral's kind: no expert width of
     its own). The vocabulary is vocab_from's (a GGUF file), else spm_vocab()'s."""
     rng = np.random.default_rng(0)
-    experts = experts or (EXPERTS if arch in ("qwen3moe", "qwen35moe") else None)
+    experts = experts or (EXPERTS if arch in ("qwen3moe", "qwen35moe", "gpt-oss") else None)
+    oss = arch == "gpt-oss"
     hybrid = arch in ("qwen35", "qwen35moe")
     src = open_gguf(vocab_from).metadata if vocab_from else spm_vocab()
     n_vocab = len(src["tokenizer.ggml.tokens"])
@@ -104,13 +109,19 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base(OSS_ROPE_BASE if oss else 1e6)
     if arch == "gemma3":
         w.add_sliding_window(window)
+    if oss:
+        from gguf import RopeScalingType
+        w.add_sliding_window(OSS_WINDOW)
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(OSS_YARN_FACTOR)
+        w.add_rope_scaling_orig_ctx_len(OSS_YARN_ORIG_CTX)
     if experts:
         w.add_expert_count(experts[0])
         w.add_expert_used_count(experts[1])
-        if arch in ("qwen3moe", "qwen35moe"):
+        if arch in ("qwen3moe", "qwen35moe", "gpt-oss"):
             w.add_expert_feed_forward_length(ff)
     if hybrid:
         dn = DELTANET
@@ -164,9 +175,36 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
         vec(p + "ssm_norm.weight", s)
         mat(p + "ssm_out.weight", d, hv * s, 1 / np.sqrt(hv * s), types["attn_output"])
 
+    def gpt_oss_layer(p):
+        """gpt-oss: biased q, k, v and output, a sink logit per head, post_attention_norm before the experts, a
+        biased router, MXFP4 experts with biases (gate, up [n_expert, ff]; down [n_expert, d])."""
+        vec(p + "attn_norm.weight", d)
+        vec(p + "post_attention_norm.weight", d)
+        mat(p + "attn_q.weight", nh * hd, d, 2 / np.sqrt(d), types["attn_q"])
+        mat(p + "attn_k.weight", nkv * hd, d, 2 / np.sqrt(d), types["attn_k"])
+        mat(p + "attn_v.weight", nkv * hd, d, 1 / np.sqrt(d), types["attn_v"])
+        mat(p + "attn_output.weight", d, nh * hd, 1 / np.sqrt(nh * hd), types["attn_output"])
+        for t, n in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd), ("output", d)):
+            vec(p + f"attn_{t}.bias", n, 0.0, 0.5)
+        vec(p + "attn_sinks.weight", nh, 1.0, 1.0)  # a sink that takes a real share of each softmax
+        # a router with logits spread by ~4 (twice the other files'): its 8-bit rounding of the experts' x makes
+        # llama.cpp's residual differ from ours by ~1e-2 now and then, which must not flip a choice often
+        mat(p + "ffn_gate_inp.weight", experts[0], d, 4 / np.sqrt(d), T.F32)
+        vec(p + "ffn_gate_inp.bias", experts[0], 0.0, 0.5)
+        e = experts[0]
+        mat(p + "ffn_gate_exps.weight", ff, d, 1 / np.sqrt(d), T.MXFP4, e)
+        mat(p + "ffn_up_exps.weight", ff, d, 1 / np.sqrt(d), T.MXFP4, e)
+        mat(p + "ffn_down_exps.weight", d, ff, 2 / np.sqrt(ff), T.MXFP4, e)
+        w.add_tensor(p + "ffn_gate_exps.bias", (rng.standard_normal((e, ff)) * 0.5).astype(np.float32))
+        w.add_tensor(p + "ffn_up_exps.bias", (rng.standard_normal((e, ff)) * 0.5).astype(np.float32))
+        w.add_tensor(p + "ffn_down_exps.bias", (rng.standard_normal((e, d)) * 0.1).astype(np.float32))
+
     mat("token_embd.weight", n_vocab, d, 0.5, T.Q8_0)
     for i in range(L):
         p = f"blk.{i}."
+        if oss:
+            gpt_oss_layer(p)
+            continue
         vec(p + "attn_norm.weight", d)
         if hybrid:  # qwen35 names its pre-FFN norm post_attention_norm
             vec(p + "post_attention_norm.weight", d)
@@ -212,7 +250,7 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
         # an expert's output is weighted by ~1/used: twice the scale keeps the FFN's part of the residual
         mat(p + f"ffn_down{suffix}.weight", d, ff, (2 if e else 1) / np.sqrt(ff), types["ffn_down"], e)
     vec("output_norm.weight", d)
-    if arch == "qwen2":
+    if arch in ("qwen2", "gpt-oss"):  # gpt-oss has an output matrix of its own (llama.cpp requires it)
         mat("output.weight", n_vocab, d, 0.5, T.Q8_0)
     w.write_header_to_file()
     w.write_kv_data_to_file()

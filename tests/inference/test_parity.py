@@ -58,8 +58,8 @@ def test_parity_fails_with_a_layers_attention_dropped(tmp_path, smollm2, monkeyp
     engine, path = _synthetic(tmp_path, "qwen3", smollm2)
     attention = backend_cpu.CPUBackend.attention
 
-    def dropped(self, layer, q, window, scale):
-        out = attention(self, layer, q, window, scale)
+    def dropped(self, layer, q, window, scale, sinks=None):
+        out = attention(self, layer, q, window, scale, sinks)
         return out * 0 if layer == 1 else out
 
     monkeypatch.setattr(backend_cpu.CPUBackend, "attention", dropped)

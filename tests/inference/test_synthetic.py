@@ -57,8 +57,8 @@ def test_the_gpu_tests_comparison_sees_a_dropped_attention(llama_k, monkeypatch)
     assert_close_logits(llama_k.logits(ids), ref, "llama_k, activations rounded to 8 bits")
     attention = backend_cpu.CPUBackend.attention
 
-    def dropped(self, layer, q, window, scale):
-        out = attention(self, layer, q, window, scale)
+    def dropped(self, layer, q, window, scale, sinks=None):
+        out = attention(self, layer, q, window, scale, sinks)
         return out * 0 if layer == 1 else out
 
     monkeypatch.setattr(backend_cpu.CPUBackend, "attention", dropped)

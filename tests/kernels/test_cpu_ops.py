@@ -7,7 +7,8 @@ import pytest
 from kernels import cpu_ops
 
 
-def reference_attention(q, k, v, pos0, window, scale):
+def reference_attention(q, k, v, pos0, window, scale, sinks=None):
+    """sinks [n_heads]: one more logit in each head's softmax, with no value (ggml_soft_max_add_sinks)."""
     n, n_heads, hd = q.shape
     n_kv = k.shape[0]
     out = np.zeros((n, n_heads, v.shape[2]))
@@ -17,8 +18,9 @@ def reference_attention(q, k, v, pos0, window, scale):
             kv = h // (n_heads // n_kv)
             seen = [j for j in range(p + 1) if window == 0 or p - j < window]
             s = np.array([q[i, h] @ k[kv, j] * scale for j in seen])
-            w = np.exp(s - s.max())
-            w /= w.sum()
+            m = s.max() if sinks is None else max(s.max(), sinks[h])
+            w = np.exp(s - m)
+            w /= w.sum() + (0 if sinks is None else np.exp(sinks[h] - m))
             out[i, h] = sum(wj * v[kv, j] for wj, j in zip(w, seen))
     return out.reshape(n, -1)
 
@@ -35,6 +37,38 @@ def test_attention_causal_gqa_and_window(pos0, n, window, parallel, monkeypatch)
     v = rng.standard_normal((n_kv, pos0 + n, vd)).astype(np.float32)
     got = cpu_ops.attention(q, k, v, pos0, window, 0.3)
     np.testing.assert_allclose(got, reference_attention(q, k, v, pos0, window, 0.3), rtol=1e-4, atol=1e-5)
+    # with a sink logit per head (gpt-oss): one of them above every score, so it takes most of its softmax
+    sinks = rng.standard_normal(n_heads).astype(np.float32)
+    sinks[1] = 8.0
+    got = cpu_ops.attention(q, k, v, pos0, window, 0.3, sinks)
+    np.testing.assert_allclose(got, reference_attention(q, k, v, pos0, window, 0.3, sinks), rtol=1e-4, atol=1e-5)
+
+
+def test_gpt_oss_routing_and_glu():
+    """gpt-oss's routing (llama.cpp's SOFTMAX_WEIGHT): the k largest logits, a softmax over them alone, which is
+    route's renormalized softmax; swiglu_oai: ggml_swiglu_oai's g * sigmoid(1.702 g) * (u + 1), g = min(gate, 7),
+    u = up clamped to [-7, 7]."""
+    logits = np.array([[0.5, 3.0, -1.0, 2.0, 2.5], [1.0, 1.0, 0.0, 4.0, -2.0]], np.float32)
+    ids, w = cpu_ops.route(logits, 3)
+    assert ids.tolist() == [[1, 4, 3], [3, 0, 1]]  # a tie goes to the lower id
+    e = np.exp(np.take_along_axis(logits, ids, 1).astype(np.float64))
+    np.testing.assert_allclose(w, e / e.sum(1, keepdims=True), rtol=1e-6)
+    gate = np.array([-20.0, -1.0, 0.0, 0.5, 6.9, 7.5, 30.0], np.float32)
+    up = np.array([-9.0, -1.0, 2.0, -0.5, 7.0, 8.0, -30.0], np.float32)
+    g, u = np.minimum(gate.astype(np.float64), 7), np.clip(up.astype(np.float64), -7, 7)
+    want = g / (1 + np.exp(-1.702 * g)) * (u + 1)
+    np.testing.assert_allclose(cpu_ops.glu(gate[None], up[None], "swiglu_oai")[0], want, rtol=1e-6, atol=1e-30)
+
+
+def test_yarn_speeds_blend_scaled_and_unscaled_pairs():
+    """llama.cpp's corr dims for gpt-oss's rope (64 dims, base 150000, 4096 trained, factor 32) are pairs 8 and 18:
+    below 8 the speeds are unscaled, from 18 on scaled by 1 / 32, linearly blended between."""
+    plain = cpu_ops.rope_inv_freq(64, 150000.0)
+    yarn = cpu_ops.yarn_inv_freq(64, 150000.0, 1 / 32, 4096)
+    np.testing.assert_allclose(yarn[:9], plain[:9])
+    np.testing.assert_allclose(yarn[18:], plain[18:] / 32)
+    ramp = 1 - (np.arange(9, 18) - 8) / 10
+    np.testing.assert_allclose(yarn[9:18], plain[9:18] * (ramp + (1 - ramp) / 32))
 
 
 @pytest.mark.parametrize("style", ["normal", "neox"])

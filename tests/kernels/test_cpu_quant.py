@@ -13,7 +13,7 @@ from kernels import cpu_dot_int8, cpu_gemm_int8, cpu_ir, cpu_quant
 from kernels.cpu_bench import F16_FIELDS, random_weight
 from kernels.cpu_dot_int8 import quantize_q8
 from kernels.cpu_quant import MATVEC_MAX_TOKENS, dequantize_rows, quantized_matmul, quantized_matmuls
-from kernels.cpu_types import BLOCK32_IDS, F16_TO_F32, INT8_IDS
+from kernels.cpu_types import BLOCK32_IDS, F16_TO_F32, INT8_IDS, MXFP4
 from models import dequant
 from models.ggml_types import TYPES_BY_NAME
 
@@ -27,7 +27,12 @@ def reference(w: np.ndarray, name: str) -> np.ndarray:
 
 def x_block(name: str, n_tokens: int) -> int:
     """The values of x under one scale in the int8 matvec (or GEMM: more tokens) of this weight type."""
-    return 32 if TYPES_BY_NAME[name].id in BLOCK32_IDS or n_tokens > MATVEC_MAX_TOKENS else 256
+    return 32 if TYPES_BY_NAME[name].id in (*BLOCK32_IDS, MXFP4) or n_tokens > MATVEC_MAX_TOKENS else 256
+
+
+def int8_kind(name: str) -> bool:
+    """Whether this type's kernels dot int8-quantized x: the INT8_IDS, and MXFP4 (cpu_mxfp4)."""
+    return TYPES_BY_NAME[name].id in (*INT8_IDS, MXFP4)
 
 
 def int8_x(x: np.ndarray, block: int) -> np.ndarray:
@@ -36,6 +41,12 @@ def int8_x(x: np.ndarray, block: int) -> np.ndarray:
     xd = np.empty((x.shape[0], x.shape[1] // block), np.float32)
     quantize_q8(x, xq, xd, np.empty((x.shape[0], x.shape[1] // 16), np.int16))
     return (xq.reshape(len(x), -1, block) * xd[:, :, None]).reshape(x.shape)
+
+
+def q8_0_x(x: np.ndarray) -> np.ndarray:
+    """x as the MXFP4 kernel sees it: llama.cpp's q8_0 blocks (cpu_quant.q8_0_blocks: int8 x fp16 scales)."""
+    xq, xd = cpu_quant.q8_0_blocks(np.ascontiguousarray(x, np.float32))
+    return (xq.reshape(len(x), -1, 32) * xd[:, :, None]).reshape(x.shape)
 
 
 def host_vnni() -> bool:
@@ -64,6 +75,8 @@ def expected(w: np.ndarray, name: str, x: np.ndarray, W: np.ndarray | None = Non
     W = reference(w, name).astype(np.float64) if W is None else W.astype(np.float64)
     if TYPES_BY_NAME[name].id in INT8_IDS:
         x = int8_x(x, x_block(name, len(x)))
+    elif TYPES_BY_NAME[name].id == MXFP4:
+        x = q8_0_x(x)
     x = x.astype(np.float64)
     return x @ W.T, 1e-5 * (np.abs(x) @ np.abs(W).T)
 
@@ -107,8 +120,8 @@ def test_int8_x_is_x_to_half_a_step(block):
     assert np.all(int8_x(x, block)[1, block:2 * block] == 0)
 
 
-@pytest.mark.parametrize("name, n_tokens", [(n, 1) for n in TYPES if TYPES_BY_NAME[n].id in INT8_IDS]
-                         + [(n, 9) for n in TYPES if TYPES_BY_NAME[n].id in INT8_IDS])
+@pytest.mark.parametrize("name, n_tokens", [(n, 1) for n in TYPES if int8_kind(n)]
+                         + [(n, 9) for n in TYPES if int8_kind(n)])
 def test_int8_error_against_float_x_and_a_wrong_weight_fails(name, n_tokens):
     """The int8 paths' error against x @ W.T (the docstring's bound), and that the tolerance of the tests
     above cannot pass a weight read with a slightly wrong scale or with its quants in the wrong order (one token:
@@ -119,6 +132,8 @@ def test_int8_error_against_float_x_and_a_wrong_weight_fails(name, n_tokens):
     got = quantized_matmul(w, TYPES_BY_NAME[name], x)
     block = x_block(name, n_tokens)
     step = np.abs(x).reshape(n_tokens, -1, block).max(-1) / 254  # half the step of each block of x
+    if TYPES_BY_NAME[name].id == MXFP4:  # and its fp16 scale's rounding: 2^-11 of the block's amax
+        step = step + np.abs(x).reshape(n_tokens, -1, block).max(-1) * 2.0 ** -11
     int8_bound = step.repeat(block, 1) @ np.abs(W).T + expected(w, name, x, W)[1]
     assert np.all(np.abs(got - x.astype(np.float64) @ W.T) <= int8_bound)
 
@@ -129,12 +144,23 @@ def test_int8_error_against_float_x_and_a_wrong_weight_fails(name, n_tokens):
     assert fails(W * 1.001)
     blocks = w.reshape(-1, TYPES_BY_NAME[name].block_bytes).copy()
     quants = {"Q4_K": slice(16, 144), "Q6_K": slice(0, 128), "Q8_0": slice(2, 34), "Q4_0": slice(2, 18),
-              "Q4_1": slice(4, 20), "Q5_0": slice(6, 22), "Q5_1": slice(8, 24)}[name]  # Q6_K: its ql
+              "Q4_1": slice(4, 20), "Q5_0": slice(6, 22), "Q5_1": slice(8, 24), "MXFP4": slice(1, 17)}[name]
     if name == "Q8_0":  # the two halves of each block swapped
         blocks[:, quants] = np.roll(blocks[:, quants], 16, axis=1)
     else:  # low and high nibbles swapped
         blocks[:, quants] = (blocks[:, quants] << 4) | (blocks[:, quants] >> 4)
     assert fails(reference(blocks.reshape(w.shape), name))
+
+
+def test_mxfp4_sees_x_as_llama_cpp_q8_0_blocks():
+    """The MXFP4 kernel's x is llama.cpp's q8_0 quantization of it (gguf-py's quantize_row_q8_0_ref): the same
+    int8 values (up to a rare tie rounded the other way) and the same fp16 scales."""
+    from gguf.quants import quantize
+    x = (np.random.default_rng(3).standard_normal((5, 1024)) * np.logspace(-3, 2, 1024)).astype(np.float32)
+    theirs = reference(quantize(x, GGMLQuantizationType.Q8_0), "Q8_0")
+    ours = q8_0_x(x)
+    assert np.count_nonzero(ours != theirs) <= x.size // 1000, np.count_nonzero(ours != theirs)
+    assert not np.array_equal(ours, x)
 
 
 @pytest.mark.parametrize("n_tokens", [1, 16])

@@ -7,6 +7,7 @@ from models.ggml_types import GGMLType
 FP16_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
     "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+    "MXFP4": [],  # its scale is one e8m0 byte, set below
 }
 
 
@@ -23,6 +24,9 @@ def random_bytes(rng: np.random.Generator, qtype: GGMLType, n_blocks: int) -> np
         blocks[:3] = SPECIALS.astype(np.float16).view(np.uint8).reshape(3, 2)
     elif qtype.name == "BF16":
         blocks[:3] = (SPECIALS.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(3, 2)
+    elif qtype.name == "MXFP4":  # an e8m0 scale has no NaN (ggml_e8m0_to_fp32_half): 2^127 x 12 overflows to inf
+        blocks[:3, 0] = 255
+        blocks[:3, 1] = 0x77  # value 12 at elements 0 and 16
     else:
         at = FP16_FIELDS[qtype.name][0]
         blocks[:3, at:at + 2] = SPECIALS.astype(np.float16).view(np.uint8).reshape(3, 2)
@@ -39,6 +43,9 @@ def random_blocks(rng: np.random.Generator, qtype: GGMLType, n_blocks: int) -> n
             return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
         return values.view(np.uint8)
     blocks = random_bytes(rng, qtype, n_blocks).reshape(n_blocks, qtype.block_bytes)
+    if qtype.name == "MXFP4":  # scales 2^-10 .. 2^-1 (e - 128), all of them below 2^-126 too in a few blocks
+        blocks[:, 0] = rng.integers(118, 128, n_blocks)
+        blocks[:2, 0] = (0, 1)[:n_blocks]
     for at in FP16_FIELDS[qtype.name]:
         scale = rng.uniform(-0.05, 0.05, (n_blocks, 1)).astype(np.float16)
         blocks[:, at:at + 2] = scale.view(np.uint8)

@@ -51,7 +51,7 @@ def test_random_bytes_with_nan_and_inf_scales_match_gguf_py(qtype):
     with np.errstate(all="ignore"):
         ours, theirs = dequantize(raw, qtype, shape), gguf_py(raw, qtype.name, shape)
     assert_same_floats(ours, theirs)
-    assert np.isnan(ours).any() and np.isinf(ours).any()
+    assert np.isinf(ours).any() and (np.isnan(ours).any() or qtype.name == "MXFP4")  # e8m0 scales have no NaN
 
 
 def test_every_supported_type_has_a_dequantizer():
