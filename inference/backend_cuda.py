@@ -80,11 +80,10 @@ class CUDABackend:
     lent one layer at a time (lend): keys and values before the chunk up from the host cache, the chunk's back.
     The GPU's attention and the rest beat the cores' ~10x on a chunk, as the copies cost ~20 ms a GB."""
 
-    prefill_chunk = PREFILL_CHUNK
-
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None,
-                 host_experts: range = range(0)):
+                 host_experts: range = range(0), prefill_chunk: int = PREFILL_CHUNK):
         self.cfg = cfg
+        self.prefill_chunk = prefill_chunk  # prompt tokens a forward (the placement counted their buffers)
         self.n_ctx = n_ctx
         self.layers = range(cfg.n_layers) if layers is None else layers
         self.stream = cp.cuda.Stream(non_blocking=True)

@@ -10,8 +10,8 @@ import numpy as np
 
 from inference.backend_cpu import CPUBackend
 from inference.forward import forward
-from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, Placement, VramBudgetError, all_on_cpu,
-                                 free_vram, plan_placement, split)
+from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, Placement, VramBudgetError,
+                                 all_on_cpu, free_vram, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
 from inference.weights import load_weights
 from models.chat_template import load_chat_template
@@ -107,7 +107,8 @@ class Engine:
             k = self.placement.n_gpu_layers
             try:
                 self._segments, self._decode = _build(self.config, self._weights, self.n_ctx, k, self._cuda_graph,
-                                                      self._gpu_share, self._notify, self.placement.cpu_expert_layers)
+                                                      self._gpu_share, self._notify, self.placement.cpu_expert_layers,
+                                                      self.placement.prefill_chunk)
                 break
             except Exception as e:
                 if k == 0 or not _out_of_vram(e):
@@ -151,7 +152,7 @@ class Engine:
         if k == 0:
             return all_on_cpu(self.config.n_layers, self.n_ctx, reason)
         return split(self._gguf.tensors, self.config, self.n_ctx, k, p.budget_bytes, p.reserve_bytes, reason,
-                     p.cpu_expert_layers)
+                     p.cpu_expert_layers, longer_chunks=False)  # the counts fell short: no spare VRAM to count on
 
     def logits(self, ids) -> np.ndarray:
         """Teacher-forced logits [len(ids), n_vocab] float32 of a fresh context."""
@@ -423,17 +424,19 @@ def cuda_available() -> bool:
 
 
 def _build(config: ModelConfig, weights, n_ctx: int, n_gpu_layers: int, cuda_graph: bool, gpu_share=DEFAULT_GPU_SHARE,
-           notify=None, cpu_expert_layers: int = 0):
+           notify=None, cpu_expert_layers: int = 0, prefill_chunk: int = PREFILL_CHUNK):
     """(segments, decode step) with the last n_gpu_layers layers on the GPU (decode None: all on the CPU); the
     GPU multiplies gpu_share of the CPU layers' rows in their decode steps; the experts of layers
-    0 .. cpu_expert_layers - 1 stay on the host (of GPU layers, the CPU runs them for the GPU backend)."""
+    0 .. cpu_expert_layers - 1 stay on the host (of GPU layers, the CPU runs them for the GPU backend); the GPU
+    takes a prompt prefill_chunk tokens a forward."""
     n = config.n_layers
     if n_gpu_layers == 0:
         return [(CPUBackend(config, weights, n_ctx), range(n))], None
     from inference.backend_cuda import CUDABackend  # noqa: PLC0415  (CuPy only on this path)
     from inference.cuda_graph import DecodeStep  # noqa: PLC0415
     first = n - n_gpu_layers
-    gpu = CUDABackend(config, weights, n_ctx, range(first, n), host_experts=range(first, cpu_expert_layers))
+    gpu = CUDABackend(config, weights, n_ctx, range(first, n), host_experts=range(first, cpu_expert_layers),
+                      prefill_chunk=prefill_chunk)
     cpu = CPUBackend(config, weights, n_ctx, range(first), with_gpu=True) if first else None
     if cpu:
         gpu.lend(cpu.k_cache, cpu.v_cache)

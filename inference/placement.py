@@ -40,6 +40,11 @@ RUNTIME_RESERVE_BYTES = 256 * MiB
 # chunks amortize it (and dequantize each weight tile once per chunk), at ~80 floats a token per 1024 of n_ff
 # of activations. 1024 put llama3-8b's peak VRAM at file + KV + 14% (issue 5 allows 10%): 512 halves that part.
 PREFILL_CHUNK = 512
+# Longer chunks where the VRAM left once the layers are placed holds their buffers (placed at PREFILL_CHUNK, so
+# a longer chunk never moves a layer or its experts off the GPU): each chunk dequantizes every weight tile once
+# and a mixture's experts get 4x the pairs a tile. pp8192 on the H200 at 512 / 1024 / 2048 tokens a chunk:
+# Qwen3.5-35B-A3B's shapes 7258 / 11498 / 13828 tok/s, Qwen3.5-27B's 4814 / 5604 / 6260 (2026-11-27).
+PREFILL_CHUNKS_SPARE = (2048, 1024)
 # The fp16 tile a prompt matmul dequantizes weight rows into (prefill_tile_elems): a whole matmuls call where
 # that is at most 64 MiB, else half the largest layer matrix.
 PREFILL_WHOLE_TILE_ELEMS = 1 << 25
@@ -95,6 +100,7 @@ class Placement:
     reason: str  # why layers (or experts) are on the CPU ("" when none are)
     cpu_expert_layers: int = 0  # the experts of layers 0 .. this - 1 stay on the CPU, the rest of those layers not
     cpu_expert_bytes: int = 0  # what those experts of GPU layers would take in VRAM
+    prefill_chunk: int = PREFILL_CHUNK  # prompt tokens the GPU backend takes a forward (scratch counts them)
 
     @property
     def n_gpu_layers(self) -> int:
@@ -124,7 +130,8 @@ class Placement:
         gpu = f"layer {n - 1}" if k == 1 else f"layers {self.first_gpu_layer}-{n - 1}"
         vram = (f"  VRAM {_gib(self.total_bytes)} of {_gib(self.budget_bytes)} budget: weights "
                 f"{_gib(self.weights_bytes)} ({gpu} + output head), KV cache {_gib(self.kv_bytes)} "
-                f"(ctx {self.n_ctx}, f16), scratch {_gib(self.scratch_bytes)}, CUDA reserve {_gib(self.reserve_bytes)}")
+                f"(ctx {self.n_ctx}, f16), scratch {_gib(self.scratch_bytes)} (prompt chunks of {self.prefill_chunk} "
+                f"tokens), CUDA reserve {_gib(self.reserve_bytes)}")
         where = ("  token embeddings and output head on GPU" if self.embedding == "gpu" else
                  "  token embeddings on CPU (one row a token), output head on GPU")
         return "\n".join((head, vram, where))
@@ -177,8 +184,9 @@ def prefill_tile_elems(cfg: ModelConfig, largest: int) -> int:
     return call if call <= PREFILL_WHOLE_TILE_ELEMS else largest // 2
 
 
-def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig) -> int:
-    """Decode and prefill buffers of the GPU engine (one set serves every layer: they run in turn)."""
+def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig, chunk: int = PREFILL_CHUNK) -> int:
+    """Decode and prefill buffers of the GPU engine (one set serves every layer: they run in turn), prompt chunks
+    of chunk tokens."""
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
     attn_dim = cfg.n_heads * cfg.v_head_dim
     experts = cfg.n_expert + 2 * cfg.n_expert_used + 3 * cfg.n_expert_used * cfg.n_ff_exp  # logits, choice, ffn
@@ -192,12 +200,12 @@ def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig) -> int:
               + 8 * math.ceil(cfg.n_vocab / SAMPLE_CHUNK) * SAMPLE_K_MAX)  # sampler candidates
     matrices = [t for name, t in tensors.items() if name.startswith("blk.") and len(t.shape) == 2]
     largest, largest_bytes = max(t.n_elems for t in matrices), max(t.nbytes for t in matrices)
-    prefill = (4 * PREFILL_CHUNK * token_floats  # float32 activations of a chunk
-               + 2 * PREFILL_CHUNK * max_cols + PREFILL_CHUNK * q8_bytes  # Scratch.x16, Scratch.xq
+    prefill = (4 * chunk * token_floats  # float32 activations of a chunk
+               + 2 * chunk * max_cols + chunk * q8_bytes  # Scratch.x16, Scratch.xq
                + 2 * prefill_tile_elems(cfg, largest)  # Scratch.w16: the fp16 tile
                + 2 * largest_bytes)  # a CPU layer's matrix uploaded for a prompt chunk, as read and repacked
     if cfg.n_expert:  # a chunk's pairs grouped by expert: fp16 act and float32 y a pair (and the per-pair path's
-        pairs = PREFILL_CHUNK * cfg.n_expert_used  # float32 act and its q8_1: no more than these)
+        pairs = chunk * cfg.n_expert_used  # float32 act and its q8_1: no more than these)
         prefill += pairs * (4 * cfg.n_embd + 2 * cfg.n_ff_exp)
     return int(decode + prefill)
 
@@ -257,9 +265,11 @@ def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int,
 
 
 def split(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int, k: int, budget: int, reserve: int,
-          reason: str, cpu_experts: int = 0) -> Placement:
+          reason: str, cpu_experts: int = 0, longer_chunks: bool = True) -> Placement:
     """The last k (>= 1) layers on the GPU, counted, the experts of layers 0 .. cpu_experts - 1 on the CPU;
-    reason: why layers or experts are on the CPU (kept only when some are)."""
+    reason: why layers or experts are on the CPU (kept only when some are). Counted with prompt chunks of
+    PREFILL_CHUNK tokens, or where that fits the budget and longer_chunks, the longest of PREFILL_CHUNKS_SPARE
+    that fits too and is no longer than the context."""
     n = cfg.n_layers
     tied = "output.weight" not in tensors
     head = sum(_vram_bytes(tensors[name]) for name in ("token_embd.weight" if tied else "output.weight",
@@ -275,11 +285,20 @@ def split(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int, k: int, 
     largest = max(t.nbytes for name, t in tensors.items() if name.startswith("blk.") and len(t.shape) == 2)
     # a prompt chunk uploads a host layer's experts (backend_cuda._upload_experts), one stack repacked at a time:
     # so a layer's experts on the host free VRAM only once more than one layer's are
-    scratch = scratch_bytes(tensors, cfg) + (share_ring_bytes(largest) if k < n else 0) + max(by_layer) + stack
     some_on_cpu = k < n or host_experts > 0
-    return Placement(("cpu",) * (n - k) + ("gpu",) * k, "gpu", "gpu" if k == n else "cpu", weights,
-                     context_bytes(cfg, n_ctx, range(n - k, n)), scratch, reserve, budget, n_ctx,
-                     reason if some_on_cpu else "", cpu_experts if host_experts else 0, host_experts)
+
+    def counted(chunk: int) -> Placement:
+        scratch = (scratch_bytes(tensors, cfg, chunk) + (share_ring_bytes(largest) if k < n else 0) + max(by_layer)
+                   + stack)
+        return Placement(("cpu",) * (n - k) + ("gpu",) * k, "gpu", "gpu" if k == n else "cpu", weights,
+                         context_bytes(cfg, n_ctx, range(n - k, n)), scratch, reserve, budget, n_ctx,
+                         reason if some_on_cpu else "", cpu_experts if host_experts else 0, host_experts, chunk)
+
+    placed = counted(PREFILL_CHUNK)
+    if longer_chunks and placed.total_bytes <= budget:
+        longer = (counted(c) for c in PREFILL_CHUNKS_SPARE if c <= n_ctx)  # no chunk longer than the context
+        return next((p for p in longer if p.total_bytes <= budget), placed)
+    return placed
 
 
 def parse_gpu_layers(text: str) -> int | str:

@@ -118,7 +118,7 @@ def test_untied_head_and_embedding(llama3):
     assert full.n_gpu_layers == 32 and full.embedding == "gpu"
     assert full.weights_bytes == sum(t.nbytes if len(t.shape) == 2 else 4 * t.shape[0] for t in tensors.values())
     # one byte short of that: the last layer that does not fit is layer 0 and the embedding stays on the CPU
-    short = plan_placement(tensors, cfg, 8192, full.total_bytes - 1)
+    short = plan_placement(tensors, cfg, 8192, needed(full, tensors, cfg) - 1)
     assert short.n_gpu_layers == 31 and short.embedding == "cpu" and short.layers[0] == "cpu"
     assert short.weights_bytes == full.weights_bytes - tensors["token_embd.weight"].nbytes - sum(
         t.nbytes if len(t.shape) == 2 else 4 * t.shape[0] for n, t in tensors.items() if n.startswith("blk.0."))
@@ -231,13 +231,19 @@ def test_budget_too_small_names_the_sizes(llama3):
     assert "0.03 GiB KV cache at ctx 8192" in msg and "use --gpu-layers 0 (CPU)" in msg
 
 
+def needed(p, tensors, cfg) -> int:
+    """What placement p's layers need: its total with 512-token prompt chunks (what decides what fits; the chunk
+    grows into what a budget has left)."""
+    return p.total_bytes - scratch_bytes(tensors, cfg, p.prefill_chunk) + scratch_bytes(tensors, cfg)
+
+
 def test_smallest_budget_that_loads_holds_one_layer(packaged):
     _, tensors, cfg = packaged
     one = plan_placement(tensors, cfg, 8192, H100_FREE, gpu_layers=1)
-    p = plan_placement(tensors, cfg, 8192, one.total_bytes)
-    assert p.n_gpu_layers == 1 and p.total_bytes == one.total_bytes
+    p = plan_placement(tensors, cfg, 8192, needed(one, tensors, cfg))
+    assert p.n_gpu_layers == 1 and p.total_bytes == needed(one, tensors, cfg) and p.prefill_chunk == 512
     with pytest.raises(VramBudgetError):
-        plan_placement(tensors, cfg, 8192, one.total_bytes - 1)
+        plan_placement(tensors, cfg, 8192, needed(one, tensors, cfg) - 1)
 
 
 def test_budget_below_the_reserve(packaged):
@@ -349,9 +355,26 @@ def test_the_share_ring_is_counted_only_with_layers_on_the_cpu(llama3):
     tensors, cfg = llama3
     ring = share_ring_bytes(tensors["blk.0.ffn_down.weight"].nbytes)
     assert ring == 4 * 14336 * 4096 // 256 * 210
-    assert split(tensors, cfg, 4096, 32, 80 * GiB, 0, "").scratch_bytes == scratch_bytes(tensors, cfg)
+    assert split(tensors, cfg, 4096, 32, 80 * GiB, 0, "").scratch_bytes == scratch_bytes(tensors, cfg, 2048)
     for k in (1, 16, 31):
-        assert split(tensors, cfg, 4096, k, 80 * GiB, 0, "").scratch_bytes == scratch_bytes(tensors, cfg) + ring
+        assert split(tensors, cfg, 4096, k, 80 * GiB, 0, "").scratch_bytes == scratch_bytes(tensors, cfg, 2048) + ring
+
+
+def test_prompt_chunks_grow_only_into_vram_the_placement_leaves(llama3):
+    """Placed with 512-token prompt chunks; where the budget then has room for a longer chunk's buffers the
+    chunk is the longest that fits (the layers as placed), else 512; the OOM retry counts on no spare."""
+    tensors, cfg = llama3
+    base = split(tensors, cfg, 4096, 32, 80 * GiB, RUNTIME_RESERVE_BYTES, "", longer_chunks=False).total_bytes
+    grow = {c: scratch_bytes(tensors, cfg, c) - scratch_bytes(tensors, cfg) for c in (1024, 2048)}
+    assert 0 < grow[1024] < grow[2048]
+    for budget, chunk in ((base, 512), (base + grow[1024], 1024), (base + grow[2048] - 1, 1024),
+                          (base + grow[2048], 2048), (80 * GiB, 2048)):
+        p = plan_placement(tensors, cfg, 4096, budget)
+        assert (p.n_gpu_layers, p.prefill_chunk) == (32, chunk), budget
+        assert p.total_bytes <= budget
+    assert plan_placement(tensors, cfg, 4096, base - 1).n_gpu_layers < 32  # 512 decides what fits
+    assert split(tensors, cfg, 4096, 32, 80 * GiB, 0, "", longer_chunks=False).prefill_chunk == 512
+    assert plan_placement(tensors, cfg, 1500, 80 * GiB).prefill_chunk == 1024  # none longer than the context
 
 
 def test_split_counts_and_the_status_bar_text(llama3):
