@@ -196,7 +196,10 @@ class ChatApp(App):
     def engine_notice(self, event: EngineNotice) -> None:
         if event.text == NOTICE and self.loading_model:
             # the first start's compile: said until every kernel a reply needs is ready (a message sent meanwhile
-            # waits for it, to stream at full speed), its seconds counted in the status bar
+            # waits for it, to stream at full speed), its seconds counted in the status bar; said once a load
+            # however often it comes (a second timer and note would outlive end_preparing)
+            if self.preparing_timer is not None:
+                return
             self.preparing_since = time.monotonic()
             self.preparing_timer = self.set_interval(1.0, self.show_model_status)
             self.preparing_note = Notification(event.text, "Engine", "warning", timeout=3600)
