@@ -7,6 +7,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.usefixtures("cli_kernels_cached")  # replies compared across processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -18,6 +18,8 @@ import pytest
 
 from tests.app.test_run import ROOT, assert_one_line_error, gguf_chat
 
+pytestmark = pytest.mark.usefixtures("cli_kernels_cached")  # replies compared across processes
+
 KEY = "test-key-4c1d"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
