@@ -68,9 +68,11 @@ def test_info_plan_puts_experts_on_the_host_first(moe_f32, capsys):
     import math
 
     from inference.placement import MiB, plan_placement
+    from tests.inference.test_placement import needed
     model = open_gguf(moe_f32)
     cfg = config_from_metadata(model.metadata)
-    need = plan_placement(model.tensors, cfg, 4096, 80 * 2**30, vram_budget=80 * 2**30, cpu_moe=2).total_bytes
+    all_on_host = plan_placement(model.tensors, cfg, 4096, 80 * 2**30, vram_budget=80 * 2**30, cpu_moe=2)
+    need = needed(all_on_host, model.tensors, cfg)
     budget = f"{math.ceil(need / MiB)}MiB"  # enough with all experts on the host, not with any on the GPU
     assert main(["info", str(moe_f32), "--plan", "--ctx", "4096", "--vram-budget", budget]) == 0
     plan = capsys.readouterr().out
