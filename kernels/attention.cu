@@ -4,40 +4,16 @@
 //
 // Caches: k_cache, v_cache [n_head_kv, max_ctx, HD] fp16 (one pair per layer), written by kv_write.
 // Masks: a query at position p sees keys j <= p, and with window > 0 only those with p - j < window.
-// Decode: a warp owns up to MAXG query rows (q heads); lane l holds dims l*E .. l*E+E-1 (E = HD/32) of each
-// row's q and output accumulator, so the q.k dot is a warp sum and the p*v update needs no communication.
-// Prefill: on the tensor cores (below).
+// Both run on the tensor cores (mma.sync, fp16 in, float32 accumulate; float32 q and p split into two fp16
+// halves, so the result keeps float32 accuracy on the fp16 cache). Decode: a block's 16 mma rows are q heads of
+// one kv head, so GQA groups share each key tile.
 #include "ops_common.cuh"
 #include "q8_1.cuh"
 
 #define WARPS 4        // a block is 128 threads
 #define MIN_SPLIT_KEYS 32  // decode: fewest keys worth a split of their own
 #define PART_EXTRA 4       // decode: a split's row holds HD sums, max, sum p and 2 unused (16-byte rows)
-
-template <int HD> struct Rows { static constexpr int MAXG = HD == 256 ? 4 : 8; };  // registers: no spills
-
-__device__ __forceinline__ void unpack2(uint32_t u, float& a, float& b) {
-    a = __half2float(__ushort_as_half((unsigned short)(u & 0xFFFF)));
-    b = __half2float(__ushort_as_half((unsigned short)(u >> 16)));
-}
-
-// E consecutive fp16 values at p (aligned to 2E bytes) as floats
-template <int E>
-__device__ __forceinline__ void load_halves(const __half* p, float (&f)[E]) {
-    if constexpr (E == 2) {
-        unpack2(*reinterpret_cast<const uint32_t*>(p), f[0], f[1]);
-    } else if constexpr (E == 4) {
-        uint2 u = *reinterpret_cast<const uint2*>(p);
-        unpack2(u.x, f[0], f[1]);
-        unpack2(u.y, f[2], f[3]);
-    } else {
-        uint4 u = *reinterpret_cast<const uint4*>(p);
-        unpack2(u.x, f[0], f[1]);
-        unpack2(u.y, f[2], f[3]);
-        unpack2(u.z, f[4], f[5]);
-        unpack2(u.w, f[6], f[7]);
-    }
-}
+#define DECODE_STAGES 3    // decode: key tiles a warp's ring holds (one being read, two in flight)
 
 // Decode splits: the keys seen at position p, and how a fixed grid of n_splits splits them at run time
 // (few keys: one split, so short contexts cost one pass; many: up to n_splits to fill the GPU).
@@ -59,159 +35,6 @@ __device__ __forceinline__ void copy16(void* dst, const void* src, bool ok) {
 __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void copy_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-// Decode streams K and V through shared memory in tiles of DT keys, DSTAGES tiles deep (cp.async), so
-// that many bytes are in flight however few registers are free. A sub-warp of HD/8 lanes takes one key:
-// each lane holds 8 dims (one 16-byte load of k and of v), so a score is a sum over HD/8 lanes only.
-#define DSTAGES 5
-template <int HD> struct Dec {
-    static constexpr int LK = HD / 8;            // lanes a key
-    static constexpr int SUBS = 32 / LK;         // keys a warp takes at once
-    static constexpr int DT = 2 * WARPS * SUBS;  // keys a tile: two per sub-warp (4 KB of k)
-    static constexpr int STAGE = 2 * DT * HD;    // halves a stage: k then v
-};
-
-// Decode, pass 1. q [n_head, HD] float32 at position pos[0] (its k and v already in the cache).
-// Block (kv head h = blockIdx.x, split s = blockIdx.y, row chunk c = blockIdx.z): q heads
-// h*group + c*G .. (G of them, group = n_head / n_head_kv), keys lo + s*chunk .. (at most chunk). Writes
-// part [n_head, n_splits, HD + PART_EXTRA] = (sum p*v, max, sum p, 2 unused), unnormalised; a split past
-// the active ones writes nothing (the combine reads only active ones). Every thread computes all G rows,
-// so G is MAXG only for groups larger than 4: a group of 4 (llama3) in G = 8 did twice the math a tile.
-// Launch: grid (n_head_kv, n_splits, ceil(group / G)), block 128.
-template <int HD, int G>
-__device__ __forceinline__ void decode_split(const float* __restrict__ q, const __half* __restrict__ k_cache,
-                                             const __half* __restrict__ v_cache, float* __restrict__ part,
-                                             const int* __restrict__ pos, int n_head, int n_head_kv,
-                                             int max_ctx, int window, float scale, int n_splits) {
-    using D = Dec<HD>;
-    constexpr int LK = D::LK, DT = D::DT;
-    __shared__ __align__(16) __half smem[DSTAGES * D::STAGE];  // the tiles, then the warps' merge
-    __shared__ float s_m[WARPS][G], s_l[WARPS][G];
-    int p = min(pos[0], max_ctx - 1);  // past the cache is the caller's bug: wrong output, not a fault
-    Splits sp(p, window, n_splits);
-    int s = blockIdx.y;
-    if (s >= sp.active) return;
-    int h = blockIdx.x, group = n_head / n_head_kv, g0 = blockIdx.z * G;
-    int ng = min(G, group - g0);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int sub = lane / LK, dim0 = (lane % LK) * 8;  // this lane's key of the sub-warp's pair, its dims
-    int unit = warp * D::SUBS + sub;              // sub-warp index in the block
-    int kb = sp.lo + s * sp.chunk, ke = min(p + 1, kb + sp.chunk);
-    int n_tiles = (ke - kb + DT - 1) / DT;
-
-    const __half* kh = k_cache + (size_t)h * max_ctx * HD;
-    const __half* vh = v_cache + (size_t)h * max_ctx * HD;
-    auto load_tile = [&](int t) {  // tile t -> stage t % DSTAGES; keys past ke read as zeros
-        __half* st = smem + (t % DSTAGES) * D::STAGE;
-        constexpr int CH = DT * HD / 8;  // 16-byte chunks of k (and of v) a tile
-        for (int c = threadIdx.x; c < 2 * CH; c += 32 * WARPS) {
-            int kv = c / CH, cc = c % CH, j = kb + t * DT + cc / (HD / 8);
-            size_t at = (size_t)min(j, ke - 1) * HD + (cc % (HD / 8)) * 8;
-            copy16(st + kv * DT * HD + cc * 8, (kv ? vh : kh) + at, j < ke);
-        }
-    };
-#pragma unroll
-    for (int t = 0; t < DSTAGES - 1; ++t) {
-        if (t < n_tiles) load_tile(t);
-        copy_commit();
-    }
-
-    float qr[G][8], acc[G][8], m[G], l[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        m[g] = NEG_INF;
-        l[g] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            acc[g][e] = 0.0f;
-            qr[g][e] = g < ng ? q[(size_t)(h * group + g0 + g) * HD + dim0 + e] * scale : 0.0f;
-        }
-    }
-
-    for (int t = 0; t < n_tiles; ++t) {
-        copy_wait<DSTAGES - 2>();  // this thread's copies of tile t have landed
-        __syncthreads();           // everyone's have, and nobody still reads the stage refilled next
-        if (t + DSTAGES - 1 < n_tiles) load_tile(t + DSTAGES - 1);
-        copy_commit();
-        const __half* st = smem + (t % DSTAGES) * D::STAGE;
-        float kf[2][8], vf[2][8], sc[2][G];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            int key = i * WARPS * D::SUBS + unit;
-            load_halves<8>(st + key * HD + dim0, kf[i]);
-            load_halves<8>(st + DT * HD + key * HD + dim0, vf[i]);
-            bool seen = kb + t * DT + key < ke;
-#pragma unroll
-            for (int g = 0; g < G; ++g) {
-                float dot = 0.0f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) dot += qr[g][e] * kf[i][e];
-#pragma unroll
-                for (int o = LK / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                sc[i][g] = seen ? dot : NEG_INF;
-            }
-        }
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            float mt = fmaxf(m[g], fmaxf(sc[0][g], sc[1][g]));
-            if (mt == NEG_INF) continue;  // nothing seen yet: keep the empty state (avoids inf - inf)
-            float alpha = __expf(m[g] - mt), p0 = __expf(sc[0][g] - mt), p1 = __expf(sc[1][g] - mt);
-            l[g] = l[g] * alpha + p0 + p1;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[g][e] = acc[g][e] * alpha + p0 * vf[0][e] + p1 * vf[1][e];
-            m[g] = mt;
-        }
-    }
-    copy_wait<0>();
-    __syncthreads();  // the tiles are no longer read: smem becomes the merge buffer
-
-    // merge the sub-warps of each warp (lanes LK, 2LK.. apart), then the warps through shared memory
-#pragma unroll
-    for (int o = LK; o < 32; o <<= 1) {
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            float m2 = __shfl_xor_sync(0xffffffffu, m[g], o), l2 = __shfl_xor_sync(0xffffffffu, l[g], o);
-            float mx = fmaxf(m[g], m2);
-            float fa = l[g] > 0.0f ? __expf(m[g] - mx) : 0.0f, fb = l2 > 0.0f ? __expf(m2 - mx) : 0.0f;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[g][e] = acc[g][e] * fa + __shfl_xor_sync(0xffffffffu, acc[g][e], o) * fb;
-            l[g] = l[g] * fa + l2 * fb;
-            m[g] = mx;
-        }
-    }
-    float* s_acc = reinterpret_cast<float*>(smem);  // [WARPS][G][HD]
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        if (lane == 0) {
-            s_m[warp][g] = m[g];
-            s_l[warp][g] = l[g];
-        }
-        if (lane < LK) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) s_acc[(warp * G + g) * HD + dim0 + e] = acc[g][e];
-        }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < ng * HD; i += blockDim.x) {
-        int g = i / HD, d = i % HD;
-        float mx = NEG_INF;
-        for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, s_m[w][g]);
-        float a = 0.0f, lsum = 0.0f;
-        if (mx != NEG_INF) {
-            for (int w = 0; w < WARPS; ++w) {
-                float f = s_l[w][g] > 0.0f ? __expf(s_m[w][g] - mx) : 0.0f;
-                a += s_acc[(w * G + g) * HD + d] * f;
-                lsum += s_l[w][g] * f;
-            }
-        }
-        float* out = part + ((size_t)(h * group + g0 + g) * n_splits + s) * (HD + PART_EXTRA);
-        out[d] = a;
-        if (d == 0) {
-            out[HD] = mx;
-            out[HD + 1] = lsum;
-        }
-    }
-}
 
 // Decode, pass 2: out [n_head, HD] = combination of the active splits of part. A thread takes 4 dims of
 // every (COMBINE_THREADS * 4 / HD)-th split, so the loads of all splits are in flight together.
@@ -488,17 +311,209 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
     }
 }
 
-// (128, 1): with the plain bound ptxas aims at 3 blocks an SM and spills at HD 256
-#define ATTN_DECODE(NAME, HD, G)                                                                        \
+// Decode, pass 1. q [n_head, HD] float32 at position pos[0] (its k and v already in the cache). Block (kv
+// head h = blockIdx.x, split s = blockIdx.y, row chunk c = blockIdx.z): the group's q rows 16c .. 16c + 15
+// (padded: a group of 6 uses 6 of the mma's 16 rows), keys lo + s*chunk .. (at most chunk). Writes part
+// [n_head, n_splits, HD + PART_EXTRA] = (sum p*v, max, sum p, 2 unused), unnormalised; a split past the
+// active ones writes nothing (the combine reads only active ones). Each warp streams its own 16-key tiles
+// (tiles w, w + WARPS, ...) through its own cp.async ring, so no barrier waits on a slower warp; q (hi + lo
+// fp16, as prefill) sits in shared memory for all four warps; the warps' (o, m, l) merge at the end through
+// shared memory. Scores are in base 2 inside; part's max is written in natural units, as the combine reads
+// it. (The CUDA-core kernel before this one, one key a warp, spent its time in the warp sums of q.k: it was
+// 2.1x slower at HD 256 and 1.3x at 128 over 16384 keys.)
+// Launch: grid (n_head_kv, n_splits, ceil(group / 16)), block 128, DmShape<HD>::BYTES of dynamic shared
+// memory (214 KiB at HD 256: one block an SM).
+template <int HD, int STAGES = DECODE_STAGES>
+struct DmShape {
+    static constexpr int ST = HD + 8;               // padded shared row (halves): conflict-free fragment loads
+    static constexpr int TILE = 2 * 16 * ST;        // halves of a 16-key tile of k and v
+    static constexpr int BYTES = 2 * (2 * 16 * ST + WARPS * STAGES * TILE);  // q (hi, lo), then the rings
+};
+
+template <int HD, int STAGES = DECODE_STAGES>
+__device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __half* __restrict__ k_cache,
+                                           const __half* __restrict__ v_cache, float* __restrict__ part,
+                                           const int* __restrict__ pos, int n_head, int n_head_kv, int max_ctx,
+                                           int window, float scale, int n_splits) {
+    using Shape = DmShape<HD, STAGES>;
+    constexpr int KS = HD / 16, NT = HD / 8, ST = Shape::ST, TILE = Shape::TILE;
+    extern __shared__ __align__(16) __half dm_smem[];
+    __shared__ float s_m[WARPS][16], s_l[WARPS][16];
+    __half *s_qh = dm_smem, *s_ql = s_qh + 16 * ST;
+    int p = min(pos[0], max_ctx - 1);  // past the cache is the caller's bug: wrong output, not a fault
+    Splits sp(p, window, n_splits);
+    int s = blockIdx.y;
+    if (s >= sp.active) return;
+    int h = blockIdx.x, group = n_head / n_head_kv, g0 = blockIdx.z * 16, ng = min(16, group - g0);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gi = lane >> 2, ci = lane & 3;
+    int kb = sp.lo + s * sp.chunk, ke = min(p + 1, kb + sp.chunk);
+    int n_tiles = (ke - kb + 15) / 16, mine = (n_tiles - warp + WARPS - 1) / WARPS;  // tiles of this warp
+    float scale2 = scale * 1.4426950408889634f;
+
+    __half* ring = s_ql + 16 * ST + warp * STAGES * TILE;
+    const __half* kh = k_cache + (size_t)h * max_ctx * HD;
+    const __half* vh = v_cache + (size_t)h * max_ctx * HD;
+    auto load_tile = [&](int i) {  // this warp's i-th tile -> stage i % STAGES; keys past ke read as zeros
+        __half* st = ring + (i % STAGES) * TILE;
+        int k0 = kb + (warp + i * WARPS) * 16;
+        for (int c = lane; c < 2 * 16 * HD / 8; c += 32) {
+            int kv = c / (16 * HD / 8), cc = c % (16 * HD / 8), key = cc / (HD / 8), d = (cc % (HD / 8)) * 8;
+            int j = k0 + key;
+            copy16(st + kv * 16 * ST + key * ST + d, (kv ? vh : kh) + (size_t)min(j, ke - 1) * HD + d, j < ke);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        if (i < mine) load_tile(i);
+        copy_commit();
+    }
+    for (int i = threadIdx.x; i < 16 * HD / 2; i += 32 * WARPS) {  // q's rows as fp16 hi + lo; padding rows 0
+        int r = i / (HD / 2), d = (i % (HD / 2)) * 2;
+        float2 v = r < ng ? *reinterpret_cast<const float2*>(q + (size_t)(h * group + g0 + r) * HD + d)
+                          : make_float2(0.0f, 0.0f);
+        uint32_t hi, lo;
+        split_pair(v.x, v.y, hi, lo);
+        *reinterpret_cast<uint32_t*>(s_qh + r * ST + d) = hi;
+        *reinterpret_cast<uint32_t*>(s_ql + r * ST + d) = lo;
+    }
+    __syncthreads();
+
+    float o[NT][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int i = 0; i < mine; ++i) {
+        copy_wait<STAGES - 2>();  // this lane's copies of tile i have landed
+        __syncwarp();             // and every lane's; nobody still reads the stage refilled next
+        if (i + STAGES - 1 < mine) load_tile(i + STAGES - 1);
+        copy_commit();
+        const __half* s_k = ring + (i % STAGES) * TILE;
+        const __half* s_v = s_k + 16 * ST;
+        int k0 = kb + (warp + i * WARPS) * 16;
+
+        float sc[2][4];  // scores: keys k0 + 8n + 2ci (+1), rows gi and gi + 8
+#pragma unroll
+        for (int n = 0; n < 2; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+            uint32_t ah[4], al[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int at = (gi + (e & 1) * 8) * ST + kk * 16 + (e >> 1) * 8 + 2 * ci;
+                ah[e] = *reinterpret_cast<const uint32_t*>(s_qh + at);
+                al[e] = *reinterpret_cast<const uint32_t*>(s_ql + at);
+            }
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                const __half* kr = s_k + (n * 8 + gi) * ST + kk * 16 + 2 * ci;
+                uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr);
+                uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 8);
+                mma16816(sc[n], ah, b0, b1);
+                mma16816(sc[n], al, b0, b1);
+            }
+        }
+        float mt[2] = {m[0], m[1]};
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                sc[n][e] = k0 + n * 8 + 2 * ci + (e & 1) < ke ? sc[n][e] * scale2 : NEG_INF;
+                mt[e >> 1] = fmaxf(mt[e >> 1], sc[n][e]);
+            }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // the 4 lanes of a row hold its scores of the tile
+            mt[half] = fmaxf(mt[half], __shfl_xor_sync(0xffffffffu, mt[half], 1));
+            mt[half] = fmaxf(mt[half], __shfl_xor_sync(0xffffffffu, mt[half], 2));
+            alpha[half] = exp2f(m[half] - mt[half]);  // the tile's first key is always seen: mt is finite
+            l[half] *= alpha[half];
+            m[half] = mt[half];
+        }
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                sc[n][e] = exp2f(sc[n][e] - mt[e >> 1]);
+                l[e >> 1] += sc[n][e];  // this lane's part of the row sum; the 4 lanes add up at the end
+            }
+        }
+        uint32_t ph[4], pl[4];  // p's C fragments of the two key n-tiles are the A fragment of one k-step
+        split_pair(sc[0][0], sc[0][1], ph[0], pl[0]);
+        split_pair(sc[0][2], sc[0][3], ph[1], pl[1]);
+        split_pair(sc[1][0], sc[1][1], ph[2], pl[2]);
+        split_pair(sc[1][2], sc[1][3], ph[3], pl[3]);
+        int mat = lane >> 3;  // ldmatrix: lanes 8i..8i+7 address the rows (keys) of matrix i
+        const __half* vr = s_v + ((mat & 1) * 8 + (lane & 7)) * ST + (mat >> 1) * 8;
+#pragma unroll
+        for (int n = 0; n < NT; n += 2) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+            o[n + 1][0] *= alpha[0];
+            o[n + 1][1] *= alpha[0];
+            o[n + 1][2] *= alpha[1];
+            o[n + 1][3] *= alpha[1];
+            uint32_t b[4];  // transposed: B fragments of dims 8n.. (b[0], b[1]) and 8n+8.. (b[2], b[3])
+            unsigned addr = (unsigned)__cvta_generic_to_shared(vr + n * 8);
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                         : "r"(addr));
+            mma16816(o[n], ph, b[0], b[1]);
+            mma16816(o[n], pl, b[0], b[1]);
+            mma16816(o[n + 1], ph, b[2], b[3]);
+            mma16816(o[n + 1], pl, b[2], b[3]);
+        }
+    }
+    copy_wait<0>();
+    __syncthreads();  // every warp is done with its ring: the rings become the merge buffer
+
+    float* s_o = reinterpret_cast<float*>(s_ql + 16 * ST);  // [WARPS][16][HD]
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+        int r = gi + half * 8;
+        if (ci == 0) {
+            s_m[warp][r] = m[half];
+            s_l[warp][r] = l[half];
+        }
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+            *reinterpret_cast<float2*>(s_o + (warp * 16 + r) * HD + n * 8 + 2 * ci) =
+                make_float2(o[n][2 * half], o[n][2 * half + 1]);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < ng * HD; i += blockDim.x) {
+        int g = i / HD, d = i % HD;
+        float mx = NEG_INF;
+        for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, s_l[w][g] > 0.0f ? s_m[w][g] : NEG_INF);
+        float a = 0.0f, lsum = 0.0f;
+        for (int w = 0; w < WARPS; ++w) {
+            float f = s_l[w][g] > 0.0f ? exp2f(s_m[w][g] - mx) : 0.0f;
+            a += s_o[(w * 16 + g) * HD + d] * f;
+            lsum += s_l[w][g] * f;
+        }
+        float* out = part + ((size_t)(h * group + g0 + g) * n_splits + s) * (HD + PART_EXTRA);
+        out[d] = a;
+        if (d == 0) {
+            out[HD] = mx * 0.6931471805599453f;  // base 2 -> natural units, as the combine reads it
+            out[HD + 1] = lsum;
+        }
+    }
+}
+
+// (128, 1): with the plain bound ptxas aims at more blocks an SM and spills at HD 256
+#define ATTN_DECODE(NAME, HD, STAGES)                                                                   \
     extern "C" __global__ void __launch_bounds__(128, 1)                                                 \
         NAME(const float* q, const __half* k_cache, const __half* v_cache, float* part, const int* pos, \
              int n_head, int n_head_kv, int max_ctx, int window, float scale, int n_splits) {           \
         wait_prior();                                                                                   \
-        decode_split<HD, G>(q, k_cache, v_cache, part, pos, n_head, n_head_kv, max_ctx, window, scale, \
-                            n_splits);                                                                 \
+        decode_mma<HD, STAGES>(q, k_cache, v_cache, part, pos, n_head, n_head_kv, max_ctx, window, scale, \
+                               n_splits);                                                              \
     }
 #define ATTN(HD)                                                                                        \
-    ATTN_DECODE(attn_decode_##HD, HD, Rows<HD>::MAXG)                                                   \
+    ATTN_DECODE(attn_decode_##HD, HD, DECODE_STAGES)                                                    \
     extern "C" __global__ void __launch_bounds__(128, 1)                                                 \
         attn_prefill_##HD(const float* q, const __half* k_cache, const __half* v_cache, float* out,   \
                           const int* pos, int n_tok, int n_head, int n_head_kv, int max_ctx, int window, \
@@ -510,5 +525,3 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
 ATTN(64)
 ATTN(128)
 ATTN(256)
-ATTN_DECODE(attn_decode_64_g4, 64, 4)  // groups of up to 4 (MAXG is 4 at HD 256 already)
-ATTN_DECODE(attn_decode_128_g4, 128, 4)

@@ -210,25 +210,32 @@ def rope_kv_write(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, inv_freq: cp.ndar
 
 # ---- attention ----
 
-def _rows_per_warp(head_dim: int) -> int:
-    return 4 if head_dim == 256 else 8  # attention.cu: Rows<HD>::MAXG
+DECODE_ROWS = 16  # attention.cu: a decode block's mma rows (q heads of one kv head)
+DECODE_STAGES = 3  # attention.cu: DECODE_STAGES
+SHARED_BYTES_AN_SM = 228 * 1024  # Hopper; each block also holds 1 KiB
 
 
-def _decode_kernel(head_dim: int, group: int) -> tuple[str, int]:
-    """attention.cu's decode kernel for a group of q heads a kv head, and the q rows one of its blocks takes:
-    4 where the group fits (every row of a block costs math, used or not), else MAXG."""
-    if group <= 4 and head_dim != 256:
-        return f"attn_decode_{head_dim}_g4", 4
-    return f"attn_decode_{head_dim}", _rows_per_warp(head_dim)
+def _decode_smem(head_dim: int) -> int:
+    """attention.cu's DmShape<HD>::BYTES: q (hi, lo), then each warp's ring of 16-key tiles of k and v."""
+    tile = 2 * 16 * (head_dim + 8)
+    return 2 * (2 * 16 * (head_dim + 8) + ATTN_WARPS * DECODE_STAGES * tile)
 
 
 def decode_scratch(n_head: int, n_head_kv: int, head_dim: int) -> cp.ndarray:
     """Scratch for attention_decode: float32 [n_head, n_splits, head_dim + 4], n_splits picked so that a
-    long context gives about two blocks per multiprocessor. One serves every layer (they run in turn)."""
+    long context fills the multiprocessors with one wave of blocks (as many an SM as shared memory holds, at
+    most 2: a second wave cost 8-20% in a measurement of 16384 keys). One serves every layer (they run in turn)."""
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    row_chunks = math.ceil(n_head // n_head_kv / _decode_kernel(head_dim, n_head // n_head_kv)[1])
-    n_splits = max(1, min(64, math.ceil(2 * sms / (n_head_kv * row_chunks))))
+    blocks_an_sm = max(1, min(2, SHARED_BYTES_AN_SM // (_decode_smem(head_dim) + 1024)))
+    row_chunks = math.ceil(n_head // n_head_kv / DECODE_ROWS)
+    n_splits = max(1, min(64, math.ceil(blocks_an_sm * sms / (n_head_kv * row_chunks))))
     return cp.empty((n_head, n_splits, head_dim + 4), dtype=cp.float32)  # attention.cu: PART_EXTRA
+
+
+def _decode_kernel(head_dim: int):
+    launch = kernel("attention.cu", f"attn_decode_{head_dim}")
+    launch.raw.max_dynamic_shared_size_bytes = _decode_smem(head_dim)  # 214 KiB at head_dim 256
+    return launch
 
 
 def _check_attention(q_heads: tuple, k_cache, v_cache) -> tuple[int, int, int, int]:
@@ -257,14 +264,12 @@ def attention_decode(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ou
     _check_pos(pos)
     if xq is not None:
         _check_q8(xq, n_head * head_dim)
-    group = n_head // n_head_kv
-    name, rows = _decode_kernel(head_dim, group)
-    grid = (n_head_kv, n_splits, math.ceil(group / rows))
+    grid = (n_head_kv, n_splits, math.ceil(n_head // n_head_kv / DECODE_ROWS))
     with _stream(stream):
-        kernel("attention.cu", name)(
+        _decode_kernel(head_dim)(
             grid, (32 * ATTN_WARPS,),
             (q, k_cache, v_cache, scratch, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(max_ctx),
-             np.int32(window), np.float32(scale), np.int32(n_splits)))
+             np.int32(window), np.float32(scale), np.int32(n_splits)), shared_mem=_decode_smem(head_dim))
         kernel("attention.cu", "attn_decode_combine")(
             (n_head,), (512,),
             (scratch, out, pos, np.int32(head_dim), np.int32(window), np.int32(n_splits), np.int32(max_ctx),

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 EMBED_TYPES = ["Q8_0", "Q4_K", "Q6_K", "F16", "F32", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K"]
 # (n_head, n_head_kv, head_dim): llama3-8b, gemma3-270m, smollm2-135m, a group of 16 (two row chunks), MHA
-ATTN_SHAPES = [(32, 8, 128), (4, 1, 256), (9, 3, 64), (64, 4, 128), (8, 8, 64)]
+ATTN_SHAPES = [(32, 8, 128), (4, 1, 256), (24, 4, 256), (9, 3, 64), (64, 4, 128), (40, 2, 64), (8, 8, 64)]
 
 
 @pytest.fixture(scope="module")
