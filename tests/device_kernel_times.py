@@ -27,13 +27,15 @@ def _prompt(depth: int) -> list[int]:
 
 
 def _step_times(decode, depth: int) -> list[float]:
-    """ms a step of three runs of 200 decode steps from position depth, each waited for."""
-    times = []
+    """ms a step of three runs of 200 decode steps from position depth (a recurrent model: from where its
+    state is), each waited for."""
+    times, pos = [], decode.be.state_pos if decode.be.conv_state else depth
     for _ in range(3):
         decode.wait()
         t = time.perf_counter()
-        for i in range(200):
-            decode(True, 0, depth + i)
+        for _ in range(200):
+            decode(True, 0, pos)
+            pos += 1
         decode.wait()
         times.append((time.perf_counter() - t) / 200 * 1e3)
     return times
