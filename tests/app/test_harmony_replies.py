@@ -4,7 +4,6 @@ effort in the prompt's system message. No file here makes a real model write har
 this process, on a real socket) run a scripted engine (tests/app/scripted_engine.py).
 """
 import json
-
 import socket
 import threading
 import time
