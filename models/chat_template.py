@@ -173,8 +173,9 @@ class ChatTemplate:
         self.source, self.bos_token, self.eos_token, self.name = source, bos_token, eos_token, name
         try:
             sandbox = _Sandbox()
-            self._template = sandbox.from_string(source)
-            self.variables = frozenset(jinja2.meta.find_undeclared_variables(sandbox.parse(source)))  # it reads
+            tree = sandbox.parse(source)
+            self._template = sandbox.from_string(tree)
+            self.variables = frozenset(jinja2.meta.find_undeclared_variables(tree))  # the names it reads
         except TemplateError as e:
             raise ChatTemplateError(f"{name} is not valid Jinja: {e}") from None
 
