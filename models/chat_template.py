@@ -181,8 +181,7 @@ class ChatTemplate:
 
     @property
     def speaks_harmony(self) -> bool:
-        """gpt-oss's harmony format: replies in channels (analysis, commentary, final). llama.cpp tells it so too."""
-        return "<|channel|>" in self.source
+        return speaks_harmony(self.source)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **variables) -> str:
         """messages: [{"role": "system"|"user"|"assistant", "content": str}, ...]. variables: extra names the
@@ -210,6 +209,12 @@ class ChatTemplate:
         finally:
             sys.settrace(previous)
         return "".join(chunks)
+
+
+def speaks_harmony(source: str) -> bool:
+    """Whether a template's source is gpt-oss's harmony format, whose replies come in channels (analysis,
+    commentary, final); llama.cpp tells it so too."""
+    return "<|channel|>" in source
 
 
 def _token_text(metadata: dict, key: str) -> str:

@@ -17,7 +17,8 @@ import inference
 from app.cli import main
 from app.cmd_serve import build_app
 from app.server_worker import EngineWorker
-from tests.app.scripted_engine import ANSWER, REASONING, ScriptedEngine
+from tests.app.scripted_engine import ANSWER, REASONING, TEMPLATE, ScriptedEngine
+from tests.models.test_tokenizer import write_vocab_only
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 
@@ -37,10 +38,11 @@ def test_run_prints_the_final_channel_on_stdout_and_the_analysis_on_stderr(tmp_p
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, smollm2):
     """(base URL, engine) of a server on a free port of 127.0.0.1."""
-    path = tmp_path_factory.mktemp("oss") / "gpt-oss-20b-mxfp4.gguf"
-    path.write_bytes(b"")  # the catalog lists files that exist
+    # a file for the catalog and /api/show: SmolLM2's vocab with gpt-oss's template, no weights
+    path = write_vocab_only(smollm2, tmp_path_factory.mktemp("oss") / "gpt-oss-20b-mxfp4.gguf",
+                            tokenizer__chat_template=TEMPLATE)
     engine = ScriptedEngine(path)
     worker = EngineWorker(str(path), lambda *a, **k: engine, {}, None, 4)
     worker.start(None, lambda e: None)
@@ -90,3 +92,4 @@ def test_ollama_gets_the_analysis_as_thinking_and_think_levels_reach_the_templat
     assert engine.reasoning_line() == "Reasoning: medium"
     with pytest.raises(ollama.ResponseError, match="'think' must be true, false or one of low, medium, high"):
         oll.chat(model="gpt-oss-20b-mxfp4.gguf", messages=QUESTION, think="max")
+    assert "thinking" in oll.show("gpt-oss-20b-mxfp4.gguf").capabilities  # what clients read to offer think
