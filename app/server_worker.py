@@ -179,7 +179,7 @@ def prompt_ids(engine, r: GenRequest) -> tuple[list[int], bool]:
         if engine.chat_template is None:
             raise PromptError("this model has no chat template: send plain text to /v1/completions "
                               "(or /api/generate with \"raw\": true)")
-        effort_vars(engine.chat_template, r.template_vars.get("reasoning_effort"))  # or refused: the template takes none
+        effort_vars(engine.chat_template, r.template_vars.get("reasoning_effort"))  # refused if the template takes none
         text = engine.chat_template.render(r.prompt, **r.template_vars)
         ids, thinks = engine.tokenizer.encode_prompt(text), text.rstrip().endswith("<think>")
     else:

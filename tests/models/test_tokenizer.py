@@ -242,7 +242,7 @@ HARMONY_TOKENS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|const
 
 @pytest.fixture(scope="module")
 def harmony_vocab(smollm2, tmp_path_factory):
-    """SmolLM2's vocab with gpt-oss's control tokens added (control, as the real file has them) and its chat template."""
+    """SmolLM2's vocab with gpt-oss's control tokens added (control, as in the real file) and its chat template."""
     from pathlib import Path
     meta = open_gguf(smollm2).metadata
     template = (Path(__file__).parent / "templates" / "openai-gpt-oss-120b.jinja").read_text()
@@ -285,4 +285,4 @@ def test_gpt_oss_prompt_tokens_equal_llama_cpp(harmony_vocab):
     reference = Jinja2ChatFormatter(meta["tokenizer.chat_template"], eos_token="", bos_token="")
     theirs = oracle.tokenize(reference(messages=GPT_OSS, reasoning_effort="high").prompt, tok.add_bos, True)
     assert ours == theirs
-    assert [ours.count(tok.vocab[t]) for t in ("<|start|>", "<|end|>", "<|channel|>")] == [6, 5, 1]  # 1: the first reply
+    assert [ours.count(tok.vocab[t]) for t in ("<|start|>", "<|end|>", "<|channel|>")] == [6, 5, 1]  # 1: first reply
