@@ -1,6 +1,7 @@
 """An engine that speaks gpt-oss's harmony without a model, for what no test file's weights can do: reply in
 harmony. It has gpt-oss's real template (llama.cpp's, tests/models/templates) and a token a character, keeps every
-prompt it is given, and replies REPLY in 3-character pieces; what `run` and the server's worker ask of an engine."""
+prompt it is given, and replies REPLY in 3-character pieces; what `run`, the chat and the server's worker ask of an
+engine."""
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +16,7 @@ REPLY = f"<|channel|>analysis<|message|>{REASONING}<|end|><|start|>assistant<|ch
 class ScriptedEngine:
     def __init__(self, path: Path):
         self.path, self.n_ctx, self.config = path, 4096, SimpleNamespace(n_ctx_train=4096)
+        self.placement, self.gpu_share = SimpleNamespace(layers=range(2), n_gpu_layers=0), None
         self.chat_template = ChatTemplate(TEMPLATE, "<|startoftext|>", "<|return|>")
         self.tokenizer = SimpleNamespace(encode_prompt=lambda text: [ord(c) for c in text])
         self.prompts = []

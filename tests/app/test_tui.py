@@ -570,3 +570,31 @@ def test_a_reasoning_effort_the_models_template_cannot_take_is_said_and_the_chat
     assert any(n.startswith("reasoning effort 'high' is not supported by this model") and
                n.endswith("its replies go without one") for n in shown), shown
     assert reply.state == "done" and reply.content
+
+
+def test_a_gpt_oss_chat_folds_the_analysis_and_gives_its_template_the_reasoning_effort(store, tmp_path, monkeypatch):
+    """The chat on a scripted engine that replies in harmony (tests/app/scripted_engine.py): the reply's split is
+    chosen by the loaded model's template, and --reasoning-effort reaches its system message."""
+    import inference
+    from tests.app.scripted_engine import ANSWER, REASONING, ScriptedEngine
+    engine = ScriptedEngine(tmp_path / "gpt-oss-20b-mxfp4.gguf")
+    monkeypatch.setattr(inference, "load", lambda *a, **k: engine)
+    streamed, show = [], MessageView._show
+
+    async def record(view, reasoning, answer):  # what the reply showed as it streamed, before its end re-split it
+        streamed.append(answer)
+        await show(view, reasoning, answer)
+    monkeypatch.setattr(MessageView, "_show", record)
+
+    async def run():
+        app = ChatApp(store, "gpt-oss", Sampling(temperature=0.0, max_tokens=64), "", 512, reasoning_effort="low")
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.engine is not None)
+            await send(pilot, "What is 2+2?")
+            await wait_for(pilot, replied(app, store))
+            view = views(app)[-1]
+            return view.reasoning, view.query_one("Markdown").source, notes(app)
+
+    reasoning, answer, shown = asyncio.run(run())
+    assert (reasoning, answer) == (REASONING, ANSWER) and "".join(streamed) == ANSWER
+    assert engine.reasoning_line() == "Reasoning: low" and not any("reasoning effort" in n for n in shown)
