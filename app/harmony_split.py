@@ -6,8 +6,8 @@ a header, `<|message|>`, then its text up to `<|end|>` (or `<|return|>` / `<|cal
     <|channel|>analysis<|message|>Let me think.<|end|><|start|>assistant<|channel|>final<|message|>Four.
 
 `analysis` is reasoning; `final`, and `commentary` addressed to no one (a preamble for the user), are the answer; a
-message with a recipient (` to=functions.NAME`: a tool call) is text of neither. A reply that opens with no header
-(a model that does not speak harmony) is all answer. Markup cut across pieces is held back until decided.
+message with a recipient (` to=functions.NAME`: a tool call) is text of neither. Text where a header should be (a
+model that does not speak harmony) is answer from there on. Markup cut across pieces is held back until decided.
 """
 import re
 
@@ -15,7 +15,8 @@ from app.think_split import partial_tag
 
 MESSAGE = "<|message|>"
 ENDS = ("<|end|>", "<|return|>", "<|call|>", "<|start|>")
-OPENINGS = ("<|channel|>", " to=")  # how a reply's first header begins (the prompt wrote `<|start|>assistant`)
+# how a header begins: the reply's first after the prompt's `<|start|>assistant`, the next ones with their own
+OPENINGS = ("<|channel|>", " to=", "<|start|>")
 CHANNEL = re.compile(r"<\|channel\|>(\w+)")
 RECIPIENT = re.compile(r" to=([^\s<]+)")
 MAX_HEADER = 256  # characters without a `<|message|>`: not a header after all, shown as text
@@ -34,7 +35,7 @@ def route(header: str) -> str:
 
 class HarmonySplitter:
     def __init__(self):
-        self.state = "start"  # start | header | reasoning | answer | none | plain (no harmony: all answer)
+        self.state = "start"  # start (of a message) | header | reasoning | answer | none | plain (no harmony)
         self.held = ""
 
     def feed(self, text: str, final: bool = False) -> tuple[str, str]:
@@ -67,7 +68,7 @@ class HarmonySplitter:
                 if found:
                     at, end = min(found)
                     out[self.state].append(self.held[:at])
-                    self.state, self.held = "header", self.held[at + (0 if end == "<|start|>" else len(end)):]
+                    self.state, self.held = "start", self.held[at + (0 if end == "<|start|>" else len(end)):]
                 else:
                     keep = 0 if final else max(partial_tag(self.held, end) for end in ENDS)
                     out[self.state].append(self.held[:len(self.held) - keep])

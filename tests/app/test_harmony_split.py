@@ -34,9 +34,10 @@ REPLIES = [  # (reply, reasoning, answer)
      "{\"amount\": 1}", "JSON it is", "{\"amount\": 1}"),
     # where <|end|> is not rendered (llama.cpp's CLI shows only <|start|>, <|channel|>, <|message|>), <|start|> ends
     (f"<|channel|>analysis<|message|>{THOUGHTS}<|start|>assistant<|channel|>final<|message|>{HELLO}", THOUGHTS, HELLO),
-    # a model that does not speak harmony: all answer, markup and all
+    # a model that does not speak harmony: all answer, markup and all; text where a header should be, answer from there
     ("Plain text, <|channel|> and all", "", "Plain text, <|channel|> and all"),
     ("<|chan", "", "<|chan"),
+    (f"<|channel|>analysis<|message|>{THOUGHTS}<|end|>Four.<|end|>", THOUGHTS, "Four.<|end|>"),
 ]
 
 
