@@ -50,7 +50,9 @@ def served(tmp_path_factory, smollm2):
     server = uvicorn.Server(uvicorn.Config(build_app(worker, None), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
+    deadline = time.monotonic() + 30
     while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.01)
     yield f"http://127.0.0.1:{sock.getsockname()[1]}", engine
     server.should_exit = True
