@@ -1,6 +1,7 @@
 """`gguf-chat chat [MODEL]`: the terminal chat, with chats saved in $GGUF_CHAT_HOME (or XDG_DATA_HOME)."""
 
 
+from app.cmd_run import add_reasoning_effort_arg
 from app.device_args import add_device_args, load_options
 
 
@@ -12,6 +13,7 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.8, help="of new chats; 0 = greedy (default 0.8)")
     p.add_argument("--max-tokens", type=int, default=1024, help="longest reply of new chats (default 1024)")
     p.add_argument("--ctx", type=int, help="context size in tokens (default: what fits, up to the model's)")
+    add_reasoning_effort_arg(p)
     add_device_args(p)
     p.add_argument("--drop-old-turns", action="store_true",
                    help="when a chat outgrows the context, leave out its oldest turns instead of stopping")
@@ -26,7 +28,9 @@ def run(args) -> int:
     from app.tui.model_picker import default_model
 
     from app.cmd_run import MaxTokensError
+    from app.reasoning import check_level
     options = load_options(args)  # bad flags fail here, before the UI starts
+    check_level(args.reasoning_effort)
     if args.max_tokens < 1:
         raise MaxTokensError(f"--max-tokens takes a count of at least 1, got {args.max_tokens}")
     model = args.model or default_model()
@@ -35,7 +39,8 @@ def run(args) -> int:
     store = ChatStore(default_db_path())
     try:
         sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
-        ChatApp(store, model, sampling, args.system, args.ctx, args.drop_old_turns, options).run()
+        ChatApp(store, model, sampling, args.system, args.ctx, args.drop_old_turns, options,
+                args.reasoning_effort).run()
     finally:
         store.close()
     return 0

@@ -35,6 +35,12 @@ def add_sampling_args(p) -> None:
     p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's, capped to memory)")
 
 
+def add_reasoning_effort_arg(p) -> None:
+    """The flag `run` and `chat` share."""
+    p.add_argument("--reasoning-effort", metavar="LEVEL",
+                   help="low, medium or high: how long gpt-oss reasons (its template's default: medium)")
+
+
 def register(sub) -> None:
     p = sub.add_parser("run", help="answer one prompt, streaming the reply to stdout")
     p.add_argument("model", nargs="?", help="a .gguf path, owner/repo[:QUANT] or a pulled name (default: the configured default model)")
@@ -42,13 +48,15 @@ def register(sub) -> None:
     p.add_argument("--raw", action="store_true", help="plain completion: no chat template")
     p.add_argument("--system", help="a system prompt (chat mode)")
     p.add_argument("--chat-template", metavar="NAME", help="a built-in chat template instead of the model's")
+    add_reasoning_effort_arg(p)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the reply contains TEXT (repeatable)")
     add_sampling_args(p)
     add_device_args(p)
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (text, thinking, stats) instead of streaming")
     p.add_argument("--hide-thinking", action="store_true",
-                   help="leave out a reasoning model's <think>...</think> text (else it goes to stderr, dimmed)")
+                   help="leave out a reasoning model's thinking (<think>...</think>, gpt-oss's analysis channel; "
+                   "else it goes to stderr, dimmed)")
     p.add_argument("--verbose", action="store_true", help="print where the layers run, load time and speeds to stderr")
     p.set_defaults(func=run)
 
@@ -63,30 +71,35 @@ def read_prompt(args) -> str:
 
 def run(args) -> int:
     from app.progress import DownloadBar  # noqa: PLC0415
-    from app.think_split import ThinkSplitter  # noqa: PLC0415
+    from app.reasoning import check_level, effort_vars  # noqa: PLC0415
+    from app.reply_split import reply_splitter  # noqa: PLC0415
     from app.warm_up import warm_up  # noqa: PLC0415
     from inference import load  # noqa: PLC0415  (heavy: numba, the model)
     prompt = read_prompt(args)
-    if args.raw and (args.system or args.chat_template):
-        raise NoPromptError("--raw is plain completion: it takes no --system or --chat-template")
+    if args.raw and (args.system or args.chat_template or args.reasoning_effort):
+        raise NoPromptError("--raw is plain completion: it takes no --system, --chat-template or --reasoning-effort")
     check_max_tokens(args.max_tokens)  # before the model loads
+    check_level(args.reasoning_effort)
     t0 = time.perf_counter()
     engine = load(args.model, ctx=args.ctx, progress=DownloadBar(), **load_options(args))
     load_seconds = time.perf_counter() - t0
     if args.verbose:
         print(engine.summary(), file=sys.stderr)
     if args.raw:
-        request = prompt
+        request, template = prompt, None
     else:
         request = ([{"role": "system", "content": args.system}] if args.system else []) + \
                   [{"role": "user", "content": prompt}]
-    engine.check_prompt(request, args.chat_template)  # a prompt that cannot run fails before the warm-up
+        template = engine.template(args.chat_template)
+    template_vars = effort_vars(template, args.reasoning_effort)
+    engine.check_prompt(request, args.chat_template, template_vars)  # a prompt that cannot run fails before the warm-up
     warm_seconds = warm_up(engine, lambda text: print(text, file=sys.stderr, flush=True))
     pieces = engine.generate(request, max_tokens=engine.n_ctx if args.max_tokens == -1 else args.max_tokens,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                              repeat_penalty=args.repeat_penalty, seed=args.seed, stop=tuple(args.stop),
-                             chat_template=args.chat_template)
-    split = ThinkSplitter(prompt_opened=opens_thinking(engine, request, args.chat_template))
+                             chat_template=args.chat_template, template_vars=template_vars)
+    split = reply_splitter(template is not None and template.speaks_harmony,
+                           opens_thinking(engine, request, args.chat_template, template_vars))
     show = Shown(args)
     text, thinking, stats = [], [], None
 
@@ -121,9 +134,9 @@ def run(args) -> int:
     return 0 if stats else 130
 
 
-def opens_thinking(engine, request, chat_template: str | None) -> bool:
+def opens_thinking(engine, request, chat_template: str | None, template_vars: dict) -> bool:
     """Whether the prompt leaves the reply inside <think> (the DeepSeek-R1 distills' templates end with it)."""
-    text = request if isinstance(request, str) else engine.prompt_text(request, chat_template)
+    text = request if isinstance(request, str) else engine.prompt_text(request, chat_template, template_vars)
     return text.rstrip().endswith("<think>")
 
 

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 
 from app.server_schema import ApiError, GenRequest
 from app.server_worker import END, Job, Started, find_model
-from app.think_split import ThinkSplitter
+from app.reply_split import reply_splitter
 from models.errors import UserError
 
 MAX_BODY_BYTES = 8 * 2**20  # a full 128k-token context is ~0.5 MB of text
@@ -51,7 +51,7 @@ class Reply:
     async def pieces(self):
         """(reasoning, answer) as the reply streams (a plain completion's reasoning is always empty); self.stats is
         set at its end. Leaving early cancels the generation."""
-        split = ThinkSplitter(self.started.thinks) if self.chat else None
+        split = reply_splitter(self.started.harmony, self.started.thinks) if self.chat else None
         try:
             while (item := await self.job.items.get()) is not END:
                 if isinstance(item, BaseException):

@@ -6,6 +6,8 @@ clients send anyway. Fields we do not know are ignored, as OpenAI's and Ollama's
 """
 from dataclasses import dataclass, field
 
+from app.reasoning import LEVELS
+
 ROLES = ("system", "user", "assistant")
 
 
@@ -30,7 +32,7 @@ class GenRequest:
     sampling: dict = field(default_factory=dict)  # Engine.generate's names: temperature, top_k, top_p, ...
     stop: tuple[str, ...] = ()
     ctx: int | None = None                # the least context wanted (Ollama's num_ctx)
-    template_vars: dict = field(default_factory=dict)  # e.g. enable_thinking
+    template_vars: dict = field(default_factory=dict)  # e.g. enable_thinking, reasoning_effort
     include_usage: bool = False
 
 
@@ -165,7 +167,11 @@ def openai_chat(body: dict) -> GenRequest:
     response_format = get(body, "response_format", dict, {})
     if response_format.get("type", "text") != "text":
         raise _refuse("response_format", "text replies only")
-    return GenRequest(prompt=messages(body), **_openai_common(body))
+    effort = get(body, "reasoning_effort", str)
+    if effort is not None and effort not in LEVELS:
+        raise bad(f"'reasoning_effort' must be one of {', '.join(LEVELS)} (got '{effort}')")
+    return GenRequest(prompt=messages(body), template_vars={} if effort is None else {"reasoning_effort": effort},
+                      **_openai_common(body))
 
 
 def openai_completion(body: dict) -> GenRequest:
@@ -204,12 +210,14 @@ def _ollama_common(body: dict) -> dict:
     if body.get("tools"):
         raise _refuse("tools", "no tool calling")
     think = body.get("think")
-    if think is not None and not isinstance(think, bool | str):
-        raise bad(f"'think' must be true, false or a level (got {_json_type(think)})")
+    if think is not None and not (isinstance(think, bool) or think in LEVELS):
+        shown = f"'{think}'" if isinstance(think, str) else _json_type(think)
+        raise bad(f"'think' must be true, false or one of {', '.join(LEVELS)} (got {shown})")
     return dict(model=get(body, "model", str), stream=get(body, "stream", bool, True),
                 max_tokens=num_predict if num_predict is not None and num_predict > 0 else None,
                 sampling=_sampling(options, where), stop=stop_strings(options.get("stop"), "options.stop"),
-                ctx=num_ctx, template_vars={} if think is None else {"enable_thinking": think is not False})
+                ctx=num_ctx, template_vars={} if think is None else {"enable_thinking": think is not False}
+                | ({"reasoning_effort": think} if isinstance(think, str) else {}))
 
 
 def ollama_chat(body: dict) -> GenRequest:

@@ -15,6 +15,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.reasoning import effort_vars
 from app.server_schema import ApiError, GenRequest
 from models.errors import UserError
 
@@ -33,6 +34,7 @@ class Started:
     prompt_tokens: int    # all of the prompt (the cache may already hold a prefix of it)
     thinks: bool          # the prompt ended inside <think>: the reply starts with reasoning
     load_seconds: float   # loading the model for this request (0 if it was loaded)
+    harmony: bool = False  # the chat template speaks harmony (gpt-oss): the reply is split by its channels
 
 
 @dataclass
@@ -145,7 +147,8 @@ class EngineWorker:
             job.send(Started(0, False, load_seconds))
             return
         ids, thinks = prompt_ids(engine, r)
-        job.send(Started(len(ids), thinks, load_seconds))
+        template = engine.chat_template
+        job.send(Started(len(ids), thinks, load_seconds, template is not None and template.speaks_harmony))
         max_tokens = r.max_tokens if r.max_tokens is not None else engine.n_ctx  # None: until the context is full
         # cancelled: a client that leaves during a long prompt frees the engine at the next prompt chunk
         pieces = engine.generate(ids, max_tokens=max_tokens, stop=r.stop, cancelled=job.cancelled.is_set,
@@ -176,6 +179,7 @@ def prompt_ids(engine, r: GenRequest) -> tuple[list[int], bool]:
         if engine.chat_template is None:
             raise PromptError("this model has no chat template: send plain text to /v1/completions "
                               "(or /api/generate with \"raw\": true)")
+        effort_vars(engine.chat_template, r.template_vars.get("reasoning_effort"))  # refused if the template takes none
         text = engine.chat_template.render(r.prompt, **r.template_vars)
         ids, thinks = engine.tokenizer.encode_prompt(text), text.rstrip().endswith("<think>")
     else:

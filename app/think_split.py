@@ -5,7 +5,7 @@ A <think> later in the answer is text like any other. Tags split across pieces a
 OPEN, CLOSE = "<think>", "</think>"
 
 
-def _partial_tag(text: str, tag: str) -> int:
+def partial_tag(text: str, tag: str) -> int:
     """Length of the longest end of text that begins tag (and could become it)."""
     return max((n for n in range(1, len(tag)) if text.endswith(tag[:n])), default=0)
 
@@ -32,7 +32,7 @@ class ThinkSplitter:
                 reasoning, self.held = self._take(self.held[:at]), self.held[at + len(CLOSE):]
                 self.state, self.trim = "answer", True
             else:
-                keep = 0 if final else _partial_tag(self.held, CLOSE)
+                keep = 0 if final else partial_tag(self.held, CLOSE)
                 reasoning, self.held = self._take(self.held[:len(self.held) - keep]), self.held[len(self.held) - keep:]
         if self.state == "answer":
             answer, self.held = self._take(self.held), ""

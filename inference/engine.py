@@ -161,10 +161,10 @@ class Engine:
         self._cached = []
         return self._prefill(ids, all_logits=True)
 
-    def check_prompt(self, prompt, chat_template: str | None = None) -> None:
+    def check_prompt(self, prompt, chat_template: str | None = None, template_vars: dict | None = None) -> None:
         """Raise the UserError generate() would raise for this prompt (no chat template, empty, longer than the
         context) now, before a warm-up is spent on it."""
-        self._check_fits(len(self.prompt_ids(prompt, chat_template)))
+        self._check_fits(len(self.prompt_ids(prompt, chat_template, template_vars)))
 
     def _check_fits(self, n: int) -> None:
         if n == 0:
@@ -265,26 +265,33 @@ class Engine:
             self._be.set_input(np.array([token], np.int32), len(self._cached) - 1)
             logits = forward(self._segments, self.config, self._weights)
 
-    def prompt_ids(self, prompt, chat_template: str | None = None) -> list[int]:
+    def prompt_ids(self, prompt, chat_template: str | None = None, template_vars: dict | None = None) -> list[int]:
         """Token ids of a plain-text prompt, of messages rendered with the chat template, or ids as given."""
         if isinstance(prompt, np.ndarray) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
             return [int(t) for t in prompt]
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
-        return self.tokenizer.encode_prompt(self.prompt_text(prompt, chat_template))
+        return self.tokenizer.encode_prompt(self.prompt_text(prompt, chat_template, template_vars))
 
-    def prompt_text(self, messages: list[dict], chat_template: str | None = None) -> str:
-        """Messages rendered with the model's chat template (or the built-in one named)."""
-        template = load_chat_template(self._gguf.metadata, chat_template) if chat_template else self.chat_template
+    def template(self, chat_template: str | None = None):
+        """The model's ChatTemplate (None: the file has none), or the built-in one named."""
+        return load_chat_template(self._gguf.metadata, chat_template) if chat_template else self.chat_template
+
+    def prompt_text(self, messages: list[dict], chat_template: str | None = None,
+                    template_vars: dict | None = None) -> str:
+        """Messages rendered with the model's chat template (or the built-in one named); template_vars: more names
+        it may read (reasoning_effort, enable_thinking)."""
+        template = self.template(chat_template)
         if template is None:
             raise NoChatTemplateError("this model has no chat template: use plain completion (--raw) "
                                       "or name one with --chat-template")
-        return template.render(messages)
+        return template.render(messages, **(template_vars or {}))
 
-    def _fit_messages(self, messages: list[dict], chat_template: str | None, room: int) -> list[int]:
+    def _fit_messages(self, messages: list[dict], chat_template: str | None, room: int,
+                      template_vars: dict | None = None) -> list[int]:
         messages = list(messages)
         while True:
-            ids = self.prompt_ids(messages, chat_template)
+            ids = self.prompt_ids(messages, chat_template, template_vars)
             turns = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
             if len(ids) + room <= self.n_ctx or not turns:
                 return ids
@@ -296,16 +303,17 @@ class Engine:
 
     def generate(self, prompt, max_tokens: int = 512, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
-                 stop=(), chat_template: str | None = None, drop_old_turns: bool = False, cancelled=None) -> Iterator:
+                 stop=(), chat_template: str | None = None, template_vars: dict | None = None,
+                 drop_old_turns: bool = False, cancelled=None) -> Iterator:
         """Yield the reply as text pieces, then one GenerationStats. Closing the generator stops it; cancelled()
         returning True stops a long prompt between its chunks (finish_reason "cancelled", no text), where
         nothing else could: the prompt runs before the first piece.
         drop_old_turns: messages that do not fit lose their oldest turns (never a system message or the last
         message) until the reply has room for max_tokens or half the context, whichever is less."""
         if drop_old_turns and isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            ids = self._fit_messages(prompt, chat_template, room=min(max_tokens, self.n_ctx // 2))
+            ids = self._fit_messages(prompt, chat_template, min(max_tokens, self.n_ctx // 2), template_vars)
         else:
-            ids = self.prompt_ids(prompt, chat_template)
+            ids = self.prompt_ids(prompt, chat_template, template_vars)
         self._check_fits(len(ids))
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty)
         eog = self.tokenizer.eog_ids

@@ -20,6 +20,7 @@ from datetime import datetime
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -171,9 +172,16 @@ class ChatTemplate:
     def __init__(self, source: str, bos_token: str = "", eos_token: str = "", name: str = "the file's template"):
         self.source, self.bos_token, self.eos_token, self.name = source, bos_token, eos_token, name
         try:
-            self._template = _Sandbox().from_string(source)
+            sandbox = _Sandbox()
+            tree = sandbox.parse(source)
+            self._template = sandbox.from_string(tree)
+            self.variables = frozenset(jinja2.meta.find_undeclared_variables(tree))  # the names it reads
         except TemplateError as e:
             raise ChatTemplateError(f"{name} is not valid Jinja: {e}") from None
+
+    @property
+    def speaks_harmony(self) -> bool:
+        return speaks_harmony(self.source)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **variables) -> str:
         """messages: [{"role": "system"|"user"|"assistant", "content": str}, ...]. variables: extra names the
@@ -201,6 +209,12 @@ class ChatTemplate:
         finally:
             sys.settrace(previous)
         return "".join(chunks)
+
+
+def speaks_harmony(source: str) -> bool:
+    """Whether a template's source is gpt-oss's harmony format, whose replies come in channels (analysis,
+    commentary, final); llama.cpp tells it so too."""
+    return "<|channel|>" in source
 
 
 def _token_text(metadata: dict, key: str) -> str:

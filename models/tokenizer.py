@@ -40,6 +40,9 @@ FIM_EOG_TEXTS = (
     ("<|file_sep|>",),
 )
 SPM_SPACE = "\u2581"  # ▁, how SentencePiece writes a space
+# gpt-oss's message markup: llama.cpp makes these user-defined tokens in any vocab (llama-vocab.cpp), so that a
+# reply shows its channel headers (and user text that spells one is that token)
+HARMONY_MARKUP = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -183,6 +186,9 @@ class Tokenizer:
             raise TokenizerError("the file asks for an EOS token but declares no valid tokenizer.ggml.eos_token_id")
 
         self.control = (self.types == CONTROL) | (self.types == UNKNOWN)  # hidden unless decoding special
+        for text in HARMONY_MARKUP:
+            if text in self.vocab:
+                self._user_defined(self.vocab[text])
         self._mark_end_of_generation()
         self._check_byte_tokens()
         # A byte the vocab lacks stays a symbol in llama.cpp's BPE, blocking merges across it, and is dropped at
@@ -231,10 +237,15 @@ class Tokenizer:
         eog |= {i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
         texts = {self.tokens[i] for i in eog}
         if {"<|return|>", "<|call|>", "<|end|>"} <= texts or {"<|calls|>", "<|flush|>", "<|end|>"} <= texts:
-            eog.discard(self.vocab["<|end|>"])  # gpt-oss / solar-open: <|end|> ends a message, not the reply
+            eog.discard(self.vocab["<|end|>"])  # gpt-oss / solar-open: <|end|> ends a message, not the reply,
+            self._user_defined(self.vocab["<|end|>"])  # which shows it (its parser splits the messages there)
         if "</s>" in texts and texts & {"<|tool_response>", "<|plamo:eos|>"}:
             eog.discard(self.vocab["</s>"])
         self.eog_ids = frozenset(eog)
+
+    def _user_defined(self, i: int) -> None:
+        """Token i shown in any text and matched in any text, as llama.cpp makes some control tokens."""
+        self.types[i], self.control[i] = USER_DEFINED, False
 
     def _check_byte_tokens(self):
         for i in np.flatnonzero(self.types == BYTE):

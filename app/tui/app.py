@@ -12,6 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.notifications import Notification, Notify
 from textual.widgets import Footer, Header, ProgressBar
 
+from app.reasoning import ReasoningEffortError, effort_vars
 from app.store import Chat, ChatStore, Sampling, StreamingReply
 from app.tui import engine_work
 from app.tui.chat_list import ChatList
@@ -53,9 +54,10 @@ class ChatApp(App):
 
     def __init__(self, store: ChatStore, model: str, sampling: Sampling | None = None,
                  system_prompt: str = "", ctx: int | None = None, drop_old_turns: bool = False,
-                 load_options: dict | None = None):
+                 load_options: dict | None = None, reasoning_effort: str | None = None):
         """model (a path, owner/repo[:QUANT] or a pulled name), sampling and system_prompt: of new chats.
-        load_options: more arguments of inference.load for every model (device, gpu_layers, vram_budget)."""
+        load_options: more arguments of inference.load for every model (device, gpu_layers, vram_budget).
+        reasoning_effort: low, medium or high, for every model whose template takes one (gpt-oss's)."""
         super().__init__()
         self.store = store
         self.new_chat_model = model
@@ -64,6 +66,8 @@ class ChatApp(App):
         self.ctx = ctx
         self.load_options = load_options or {}
         self.drop_old_turns = drop_old_turns  # a chat that outgrows the context loses its oldest turns
+        self.reasoning_effort = reasoning_effort
+        self.template_vars = {}        # what the loaded model's template is given (its reasoning effort)
         self.chat: Chat | None = None
         self.engine = None
         self.engine_model = ""         # the model self.engine runs
@@ -180,6 +184,7 @@ class ChatApp(App):
         if event.model != self.loading_model:
             return  # another model was asked for meanwhile
         self.engine, self.engine_model, self.loading_model = event.engine, event.model, ""
+        self.template_vars = self.reasoning_vars()
         self.query_one("#loading").display = False
         self.end_preparing()
         self.notify(f"{model_label(event.model)} loaded in {event.seconds:.1f} s", timeout=3)
@@ -191,6 +196,15 @@ class ChatApp(App):
         self.show_model_status()
         if self.reply_waits_for_model:
             self.start_generation()
+
+    def reasoning_vars(self) -> dict:
+        """The reasoning effort asked for, as the loaded model's template takes it; one that takes none goes
+        without (said once a load)."""
+        try:
+            return effort_vars(self.engine.chat_template, self.reasoning_effort)
+        except ReasoningEffortError as e:
+            self.notify(f"{e}: its replies go without one", title="Model", severity="warning", timeout=10)
+            return {}
 
     @on(EngineNotice)
     def engine_notice(self, event: EngineNotice) -> None:
@@ -279,6 +293,8 @@ class ChatApp(App):
         messages = [m for m in self.store.messages(self.chat.id) if m.id != self.reply.message.id]
         self.pieces, self.frame_budget, self.shown_chars = PieceBuffer(), FrameBudget(), 0
         self.frame_timer = self.set_interval(FRAME_SECONDS, self.show_frame)
+        template = self.engine.chat_template
+        self.reply_view.harmony = template is not None and template.speaks_harmony
         self.generate(self.engine, engine_work.chat_history(self.chat, messages), self.chat.sampling,
                       self.stop_event, self.pieces)
 
@@ -286,7 +302,7 @@ class ChatApp(App):
     async def generate(self, engine, history, sampling, stop, pieces) -> None:
         await asyncio.get_running_loop().run_in_executor(self.engine_thread, engine_work.generate_reply, engine,
                                                          history, sampling, stop, pieces, self.post_message,
-                                                         self.drop_old_turns)
+                                                         self.drop_old_turns, self.template_vars)
 
     async def show_frame(self, final: bool = False) -> None:
         """Each tick: what the engine wrote since the last one onto the stored reply (saved every

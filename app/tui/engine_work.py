@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict
 
 from app.store import Chat, Message, Sampling
-from app.think_split import split_thinking
+from app.reply_split import split_reply
 from app.warm_up import warm_up
 from app.tui.events import EngineNotice, ModelFailed, ModelLoaded, ModelProgress, ReplyFailed, ReplyFinished
 from app.tui.piece_buffer import PieceBuffer
@@ -52,22 +52,24 @@ def load_model(model: str, ctx: int | None, post, options: dict | None = None) -
 
 def chat_history(chat: Chat, messages: list[Message]) -> list[dict]:
     """What the model sees: the system prompt, then every message that has text; of a reasoning model's replies
-    the answer alone, as the templates of Qwen3 and the R1 distills expect (the reasoning stays in the store)."""
+    the answer alone, as the templates of Qwen3, the R1 distills and gpt-oss expect (the reasoning stays in the
+    store)."""
     history = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
     for m in messages:
-        content = split_thinking(m.content)[1] if m.role == "assistant" else m.content
+        content = split_reply(m.content)[1] if m.role == "assistant" else m.content
         if content:
             history.append({"role": m.role, "content": content})
     return history
 
 
 def generate_reply(engine, history: list[dict], sampling: Sampling, stop: threading.Event, pieces: PieceBuffer,
-                   post, drop_old_turns: bool = False) -> None:
+                   post, drop_old_turns: bool = False, template_vars: dict | None = None) -> None:
     """Put the reply's text into `pieces` as it comes, then post how it ended; when `stop` is set, close the
-    generator at the next piece."""
+    generator at the next piece. template_vars: what the chat template is given (reasoning_effort)."""
     stats = None
     try:
-        reply = engine.generate(history, drop_old_turns=drop_old_turns, **asdict(sampling))
+        reply = engine.generate(history, drop_old_turns=drop_old_turns, template_vars=template_vars,
+                                **asdict(sampling))
         try:
             for piece in reply:
                 if stop.is_set():

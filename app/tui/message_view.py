@@ -1,5 +1,5 @@
 """One message of a chat: who said it, the text as Markdown, and for a reply its speed and token counts; a
-reasoning model's <think> text folded above its answer (t shows it).
+reasoning model's thinking (<think> text, gpt-oss's analysis channel) folded above its answer (t shows it).
 
 A streaming reply shows its finished paragraphs as Markdown and the paragraph being written under them as plain
 text, which moves into the Markdown once a blank line ends it (or the reply ends). A frame then redraws one Static
@@ -13,7 +13,7 @@ from textual.containers import Vertical
 from textual.widgets import Collapsible, Label, Markdown, Static
 
 from app.store import Message
-from app.think_split import ThinkSplitter, split_thinking
+from app.reply_split import reply_splitter, split_reply
 
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
@@ -58,9 +58,10 @@ class MessageView(Vertical, can_focus=True):
         super().__init__(classes=message.role)
         self.message = message
         self.author = author
-        self._split = None  # ThinkSplitter of a streaming reply
+        self._split = None  # the splitter of a streaming reply
+        self.harmony = False  # a streaming reply's template speaks harmony (gpt-oss's channels)
         self._tail: Static | None = None  # a streaming reply's unfinished paragraph, as plain text
-        self.reasoning, self.answer = split_thinking(message.content) if message.role == "assistant" else (
+        self.reasoning, self.answer = split_reply(message.content) if message.role == "assistant" else (
             "", message.content)
         self._in_markdown = len(self.answer)  # of the answer, how much the Markdown shows
 
@@ -78,7 +79,7 @@ class MessageView(Vertical, can_focus=True):
         onto the end of the Markdown (without re-rendering what is there), the rest under it."""
         self.message.content += text
         if self._split is None:
-            self._split = ThinkSplitter()
+            self._split = reply_splitter(self.harmony)
         await self._show(*self._split.feed(text))
 
     async def _show(self, reasoning: str, answer: str) -> None:
@@ -113,7 +114,7 @@ class MessageView(Vertical, can_focus=True):
             await self._tail.remove()
             self._tail = None
         self.message = message
-        reasoning, answer = split_thinking(message.content)
+        reasoning, answer = split_reply(message.content)
         if (reasoning, answer) != (self.reasoning, self.answer):  # the prompt had opened <think> (R1 distills)
             self.reasoning, self.answer = reasoning, answer
             self.query_one(".reasoning", Static).update(reasoning)

@@ -121,3 +121,16 @@ def test_max_tokens_below_one_is_an_error_but_minus_one(smollm2):
     assert r.returncode == 0, r.stderr
     stats = json.loads(r.stdout)["stats"]
     assert stats["finish_reason"] in ("context full", "stop"), stats  # not "length": -1 set no count
+
+
+def test_reasoning_effort_errors_are_one_line(smollm2, tmp_path):
+    """A level other than low, medium, high is refused before anything loads (the missing file is never reached);
+    SmolLM2's template takes no reasoning effort, so asking for one is refused, not ignored."""
+    missing = tmp_path / "missing.gguf"
+    assert_one_line_error(gguf_chat("run", missing, "-p", "hi", "--reasoning-effort", "max"),
+                          "--reasoning-effort takes low, medium, high (got 'max')")
+    assert_one_line_error(gguf_chat("chat", missing, "--reasoning-effort", "none"), "--reasoning-effort", "'none'")
+    assert_one_line_error(gguf_chat("run", smollm2, "--raw", "-p", "hi", "--reasoning-effort", "low"),
+                          "--raw is plain completion", "--reasoning-effort")
+    assert_one_line_error(gguf_chat("run", smollm2, "-p", "hi", "--reasoning-effort", "high"),
+                          "reasoning effort 'high' is not supported by this model", "gpt-oss")

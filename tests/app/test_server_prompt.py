@@ -68,3 +68,13 @@ def test_a_failed_load_is_raised_by_start():
         raise UserError("no such file: missing.gguf")
     with pytest.raises(UserError, match="no such file"):
         EngineWorker("missing.gguf", load, {}, None, 4).start(None, lambda engine: None)
+
+
+def test_a_reasoning_effort_reaches_a_template_that_reads_it_and_is_refused_by_one_that_does_not():
+    from pathlib import Path
+    oss = (Path(__file__).parents[1] / "models" / "templates" / "openai-gpt-oss-120b.jinja").read_text()
+    high = ollama_chat({"model": "m", "messages": HI, "think": "high"})
+    assert high.template_vars == {"enable_thinking": True, "reasoning_effort": "high"}
+    assert "Reasoning: high\n" in "".join(map(chr, prompt_ids(engine(oss, n_ctx=1000), high)[0]))
+    with pytest.raises(UserError, match="reasoning effort 'high' is not supported by this model"):
+        prompt_ids(engine(QWEN3), high)

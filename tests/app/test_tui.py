@@ -511,3 +511,90 @@ def test_thinking_streams_into_its_fold_and_stays_out_of_the_next_turn(tmp_path)
     history = chat_history(chat, [Message(1, 1, "user", "Is 17 prime?", "done", None),
                                   Message(2, 1, "assistant", stored, "done", None)])
     assert history == [{"role": "user", "content": "Is 17 prime?"}, {"role": "assistant", "content": "Yes, 17 is prime."}]
+
+
+def test_a_harmony_reply_folds_its_analysis_and_shows_its_final_channel(tmp_path):
+    """gpt-oss: a reply whose template speaks harmony streams its analysis channel into the fold and its final
+    channel as the answer, markup cut anywhere; the stored reply is split the same way when shown again, and the
+    next turn's history has the final channel alone."""
+    from textual.app import App
+    from textual.widgets import Collapsible, Markdown
+
+    from app.store import Chat, Message
+    from app.tui.engine_work import chat_history
+
+    reply = Message(id=2, chat_id=1, role="assistant", content="", state="streaming", stats=None)
+
+    class One(App):
+        def compose(self):
+            yield MessageView(reply, "gpt-oss")
+
+    async def run():
+        app = One()
+        async with app.run_test() as pilot:
+            view = app.query_one(MessageView)
+            view.harmony = True
+            for piece in ["<|chan", "nel|>analysis<|message|>Seventeen has no divisors", " but 1 and itself.<|e",
+                          "nd|><|start|>assistant<|channel|>final<|mess", "age|>Yes, 17 ", "is prime."]:
+                await view.append(piece)
+                await pilot.pause()
+            await view.finish(Message(**{**reply.__dict__, "content": view.message.content, "state": "done"}))
+            await pilot.pause()
+            assert view.reasoning == "Seventeen has no divisors but 1 and itself."
+            assert view.query_one(Markdown).source == "Yes, 17 is prime."
+            assert view.query_one(Collapsible).title.startswith("Thinking · 8 words")
+            return view.message.content
+
+    stored = asyncio.run(run())
+    assert stored.startswith("<|channel|>analysis<|message|>")
+    shown_again = MessageView(Message(2, 1, "assistant", stored, "done", None), "gpt-oss")
+    assert (shown_again.reasoning, shown_again.answer) == ("Seventeen has no divisors but 1 and itself.",
+                                                           "Yes, 17 is prime.")
+    chat = Chat(id=1, title="t", model="m", system_prompt="", sampling=Sampling())
+    history = chat_history(chat, [Message(1, 1, "user", "Is 17 prime?", "done", None),
+                                  Message(2, 1, "assistant", stored, "done", None)])
+    assert history[-1] == {"role": "assistant", "content": "Yes, 17 is prime."}
+
+
+def test_a_reasoning_effort_the_models_template_cannot_take_is_said_and_the_chat_goes_on(store, smollm2):
+    async def run():
+        app = ChatApp(store, str(smollm2), Sampling(temperature=0.0, max_tokens=8), SYSTEM, 512,
+                      reasoning_effort="high")
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.engine is not None)
+            await send(pilot, "Hi")
+            await wait_for(pilot, replied(app, store))
+            return notes(app), store.messages(app.chat.id)[-1]
+
+    shown, reply = asyncio.run(run())
+    assert any(n.startswith("reasoning effort 'high' is not supported by this model") and
+               n.endswith("its replies go without one") for n in shown), shown
+    assert reply.state == "done" and reply.content
+
+
+def test_a_gpt_oss_chat_folds_the_analysis_and_gives_its_template_the_reasoning_effort(store, tmp_path, monkeypatch):
+    """The chat on a scripted engine that replies in harmony (tests/app/scripted_engine.py): the reply's split is
+    chosen by the loaded model's template, and --reasoning-effort reaches its system message."""
+    import inference
+    from tests.app.scripted_engine import ANSWER, REASONING, ScriptedEngine
+    engine = ScriptedEngine(tmp_path / "gpt-oss-20b-mxfp4.gguf")
+    monkeypatch.setattr(inference, "load", lambda *a, **k: engine)
+    streamed, show = [], MessageView._show
+
+    async def record(view, reasoning, answer):  # what the reply showed as it streamed, before its end re-split it
+        streamed.append(answer)
+        await show(view, reasoning, answer)
+    monkeypatch.setattr(MessageView, "_show", record)
+
+    async def run():
+        app = ChatApp(store, "gpt-oss", Sampling(temperature=0.0, max_tokens=64), "", 512, reasoning_effort="low")
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.engine is not None)
+            await send(pilot, "What is 2+2?")
+            await wait_for(pilot, replied(app, store))
+            view = views(app)[-1]
+            return view.reasoning, view.query_one("Markdown").source, notes(app)
+
+    reasoning, answer, shown = asyncio.run(run())
+    assert (reasoning, answer) == (REASONING, ANSWER) and "".join(streamed) == ANSWER
+    assert engine.reasoning_line() == "Reasoning: low" and not any("reasoning effort" in n for n in shown)

@@ -203,3 +203,22 @@ def test_the_warm_up_takes_the_long_context_paths_and_fits_a_small_context(smoll
     small = load(smollm2, device="cpu", ctx=8)
     small.warm_up()
     assert small._cached == []
+
+
+def test_template_variables_reach_the_template_in_every_path(smollm2):
+    """generate's template_vars (a reasoning effort) are rendered into the prompt, also where old turns are dropped;
+    SmolLM2 given a template that reads reasoning_effort as gpt-oss's does."""
+    from models.chat_template import ChatTemplate
+    engine = load(smollm2, device="cpu", ctx=160)
+    engine.chat_template = ChatTemplate("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                                        "{% endfor %}<|im_start|>system\nReasoning: {{ reasoning_effort | default('') }}"
+                                        "<|im_end|>\n<|im_start|>assistant\n")
+    chat = [{"role": "user", "content": "Hi"}]
+    high = {"reasoning_effort": "high"}
+    assert "Reasoning: high" in engine.prompt_text(chat, None, high)
+    ids = engine.prompt_ids(chat, None, high)
+    assert ids != engine.prompt_ids(chat)
+    for drop in (False, True):
+        run(engine, chat, max_tokens=2, temperature=0, template_vars=high, drop_old_turns=drop)
+        assert engine._cached[:len(ids)] == ids  # what ran
+        engine.reset()

@@ -135,3 +135,40 @@ def test_qwen35_template_renders_as_llama_cpp_python(messages, thinking):
     reference = Jinja2ChatFormatter(source, eos_token="<|im_end|>", bos_token="", add_generation_prompt=True)
     assert ours == reference(messages=messages, **extra).prompt
     assert ours.endswith("<think>\n" if thinking is None else "<think>\n\n</think>\n\n")
+
+
+GPT_OSS = [  # a system prompt, two turns, and the reasoning of the first reply (which the template leaves out)
+    {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4", "thinking": "Add them."}, {"role": "user", "content": "And 3+3?"}]
+
+
+@pytest.mark.parametrize("effort", [None, "low", "high"])
+def test_gpt_oss_harmony_template_renders_as_llama_cpp_python(effort):
+    """gpt-oss's template (llama.cpp's models/templates/openai-gpt-oss-120b.jinja at 0c1e570, copied here): the
+    reasoning effort in the system message (medium unless given), the system prompt as the developer's
+    instructions, earlier replies' reasoning left out, the reply opened with <|start|>assistant."""
+    from datetime import date
+    from pathlib import Path
+    source = (Path(__file__).parent / "templates" / "openai-gpt-oss-120b.jinja").read_text()
+    template = ChatTemplate(source, "<|startoftext|>", "<|return|>")
+    extra = {} if effort is None else {"reasoning_effort": effort}
+    ours = template.render(GPT_OSS, **extra)
+    reference = Jinja2ChatFormatter(source, eos_token="<|return|>", bos_token="<|startoftext|>",
+                                    add_generation_prompt=True)
+    assert ours == reference(messages=GPT_OSS, **extra).prompt
+    assert ours == (
+        "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+        f"Knowledge cutoff: 2024-06\nCurrent date: {date.today():%Y-%m-%d}\n\nReasoning: {effort or 'medium'}\n\n"
+        "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>"
+        "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>"
+        "<|start|>user<|message|>What is 2+2?<|end|><|start|>assistant<|channel|>final<|message|>4<|end|>"
+        "<|start|>user<|message|>And 3+3?<|end|><|start|>assistant")
+    assert template.speaks_harmony and "reasoning_effort" in template.variables
+
+
+def test_which_templates_speak_harmony_and_take_a_reasoning_effort():
+    from pathlib import Path
+    qwen35 = ChatTemplate((Path(__file__).parent / "templates" / "Qwen3.5-4B.jinja").read_text())
+    assert not qwen35.speaks_harmony and "reasoning_effort" not in qwen35.variables
+    assert "enable_thinking" in qwen35.variables
+    assert not any(ChatTemplate(t).speaks_harmony for t in BUILTIN_TEMPLATES.values())

@@ -235,3 +235,54 @@ def test_decode_rejects_ids_outside_the_vocab(smollm2):
     tok = Tokenizer(open_gguf(smollm2).metadata)
     with pytest.raises(TokenizerError, match="outside the vocabulary"):
         tok.decode([tok.vocab_size])
+
+
+HARMONY_TOKENS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
+
+
+@pytest.fixture(scope="module")
+def harmony_vocab(smollm2, tmp_path_factory):
+    """SmolLM2's vocab with gpt-oss's control tokens added (control, as in the real file) and its chat template."""
+    from pathlib import Path
+    meta = open_gguf(smollm2).metadata
+    template = (Path(__file__).parent / "templates" / "openai-gpt-oss-120b.jinja").read_text()
+    path = write_vocab_only(smollm2, tmp_path_factory.mktemp("harmony") / "harmony.gguf",
+                            tokenizer__ggml__tokens=list(meta["tokenizer.ggml.tokens"]) + HARMONY_TOKENS,
+                            tokenizer__ggml__token_type=np.append(meta["tokenizer.ggml.token_type"],
+                                                                  [3] * len(HARMONY_TOKENS)).astype(np.int32),
+                            tokenizer__chat_template=template)
+    return Tokenizer(open_gguf(path).metadata), Oracle(path), open_gguf(path).metadata
+
+
+def test_harmony_markup_is_shown_and_parsed_as_llama_cpp_does(harmony_vocab):
+    """llama.cpp makes <|channel|>, <|message|>, <|start|> and <|constrain|> user-defined: shown in every reply and
+    matched in plain text too; <|end|> stays control but ends no reply, and a reply shows it (llama-server's
+    preserved tokens) so that its channels can be split."""
+    tok, oracle, _ = harmony_vocab
+    ids = [tok.vocab[t] for t in HARMONY_TOKENS]
+    assert [tok.token_to_piece(i, special) for i in ids for special in (False, True)] == \
+        [oracle.piece(i, special) for i in ids for special in (False, True)]
+    texts = ["<|start|>assistant<|channel|>final<|message|>Hi<|end|>", "a <|constrain|>json <|return|> b"]
+    assert mismatches(tok, oracle, texts) == []
+    assert tok.eog_ids == {i for i in range(tok.vocab_size) if oracle.is_eog(i)}
+    assert tok.vocab["<|end|>"] not in tok.eog_ids and tok.vocab["<|return|>"] in tok.eog_ids
+    reply = tok.encode("<|channel|>analysis<|message|>Hm<|end|><|start|>assistant<|channel|>final<|message|>Hi",
+                       add_special=False, parse_special=True)
+    stream = tok.stream(at_start=False)
+    assert "".join(stream.push(i) for i in reply) == \
+        "<|channel|>analysis<|message|>Hm<|end|><|start|>assistant<|channel|>final<|message|>Hi"
+
+
+def test_gpt_oss_prompt_tokens_equal_llama_cpp(harmony_vocab):
+    """The harmony template rendered for a conversation (system prompt, two turns, a reply's reasoning), as tokens:
+    ours against llama.cpp's tokens of llama-cpp-python's rendering."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from models.chat_template import load_chat_template
+    from tests.models.test_chat_template import GPT_OSS
+    tok, oracle, meta = harmony_vocab
+    ours = tok.encode_prompt(load_chat_template(meta).render(GPT_OSS, reasoning_effort="high"))
+    reference = Jinja2ChatFormatter(meta["tokenizer.chat_template"], eos_token="", bos_token="")
+    theirs = oracle.tokenize(reference(messages=GPT_OSS, reasoning_effort="high").prompt, tok.add_bos, True)
+    assert ours == theirs
+    assert [ours.count(tok.vocab[t]) for t in ("<|start|>", "<|end|>", "<|channel|>")] == [6, 5, 1]  # 1: first reply

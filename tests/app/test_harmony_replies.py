@@ -1,0 +1,97 @@
+"""A gpt-oss reply through `run` and through the server's routes, read by OpenAI's and Ollama's own clients: the
+analysis channel on stderr / in `reasoning_content` / `thinking`, the final channel as the answer, and the reasoning
+effort in the prompt's system message. No file here makes a real model write harmony, so `run` and the server (in
+this process, on a real socket) run a scripted engine (tests/app/scripted_engine.py).
+"""
+import json
+import socket
+import threading
+import time
+
+import ollama
+import openai
+import pytest
+import uvicorn
+
+import inference
+from app.cli import main
+from app.cmd_serve import build_app
+from app.server_worker import EngineWorker
+from tests.app.scripted_engine import ANSWER, REASONING, TEMPLATE, ScriptedEngine
+from tests.models.test_tokenizer import write_vocab_only
+
+QUESTION = [{"role": "user", "content": "What is 2+2?"}]
+
+
+def test_run_prints_the_final_channel_on_stdout_and_the_analysis_on_stderr(tmp_path, monkeypatch, capsys):
+    engine = ScriptedEngine(tmp_path / "gpt-oss-20b-mxfp4.gguf")
+    monkeypatch.setattr(inference, "load", lambda *a, **k: engine)
+    assert main(["run", "gpt-oss", "-p", "What is 2+2?", "--reasoning-effort", "high"]) == 0
+    out = capsys.readouterr()
+    assert out.out == ANSWER + "\n" and out.err == REASONING + "\n"  # stderr is no terminal here: not dimmed
+    assert engine.reasoning_line() == "Reasoning: high"
+    assert main(["run", "gpt-oss", "-p", "What is 2+2?", "--json", "--reasoning-effort", "low"]) == 0
+    reply = json.loads(capsys.readouterr().out)
+    assert (reply["thinking"], reply["text"]) == (REASONING, ANSWER) and engine.reasoning_line() == "Reasoning: low"
+    assert main(["run", "gpt-oss", "-p", "What is 2+2?", "--hide-thinking"]) == 0
+    assert capsys.readouterr() == (ANSWER + "\n", "") and engine.reasoning_line() == "Reasoning: medium"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, smollm2):
+    """(base URL, engine) of a server on a free port of 127.0.0.1."""
+    # a file for the catalog and /api/show: SmolLM2's vocab with gpt-oss's template, no weights
+    path = write_vocab_only(smollm2, tmp_path_factory.mktemp("oss") / "gpt-oss-20b-mxfp4.gguf",
+                            tokenizer__chat_template=TEMPLATE)
+    engine = ScriptedEngine(path)
+    worker = EngineWorker(str(path), lambda *a, **k: engine, {}, None, 4)
+    worker.start(None, lambda e: None)
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_app(worker, None), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}", engine
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def oai(served):
+    return openai.OpenAI(base_url=served[0] + "/v1", api_key="none", max_retries=0, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def oll(served):
+    return ollama.Client(host=served[0], timeout=30)
+
+
+def test_openai_gets_the_analysis_as_reasoning_content_and_the_effort_reaches_the_template(served, oai):
+    _, engine = served
+    r = oai.chat.completions.create(model="gpt-oss-20b-mxfp4.gguf", messages=QUESTION, reasoning_effort="high")
+    assert r.choices[0].message.content == ANSWER and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.model_dump()["reasoning_content"] == REASONING
+    assert engine.reasoning_line() == "Reasoning: high"
+    chunks = list(oai.chat.completions.create(model="gpt-oss-20b-mxfp4.gguf", messages=QUESTION, stream=True))
+    deltas = [c.choices[0].delta.model_dump() for c in chunks if c.choices]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == REASONING
+    assert "".join(d.get("content") or "" for d in deltas) == ANSWER
+    assert engine.reasoning_line() == "Reasoning: medium"  # the template's own default
+    with pytest.raises(openai.BadRequestError, match="'reasoning_effort' must be one of low, medium, high"):
+        oai.chat.completions.create(model="gpt-oss-20b-mxfp4.gguf", messages=QUESTION, reasoning_effort="minimal")
+
+
+def test_ollama_gets_the_analysis_as_thinking_and_think_levels_reach_the_template(served, oll):
+    _, engine = served
+    r = oll.chat(model="gpt-oss-20b-mxfp4.gguf", messages=QUESTION, think="low")
+    assert (r.message.thinking, r.message.content) == (REASONING, ANSWER)
+    assert engine.reasoning_line() == "Reasoning: low"
+    parts = list(oll.generate(model="gpt-oss-20b-mxfp4.gguf", prompt="What is 2+2?", think=True, stream=True))
+    assert "".join(p.thinking or "" for p in parts) == REASONING and "".join(p.response for p in parts) == ANSWER
+    assert engine.reasoning_line() == "Reasoning: medium"
+    with pytest.raises(ollama.ResponseError, match="'think' must be true, false or one of low, medium, high"):
+        oll.chat(model="gpt-oss-20b-mxfp4.gguf", messages=QUESTION, think="max")
+    assert "thinking" in oll.show("gpt-oss-20b-mxfp4.gguf").capabilities  # what clients read to offer think
