@@ -13,7 +13,7 @@ from app.tool_calls import (BareJsonFormat, HarmonyFormat, HermesFormat, Mistral
 TEMPLATES = Path(__file__).parent / "templates"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}
-PYTHON = {"type": "function", "function": {"name": "python", "parameters": {
+PYTHON = {"type": "function", "function": {"name": "python", "description": "Runs Python code", "parameters": {
     "type": "object", "properties": {"code": {"type": "string"}}}}}
 TOOLS = [WEATHER, PYTHON]
 PARIS = ("get_weather", {"city": "Paris"})
