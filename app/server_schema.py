@@ -249,10 +249,11 @@ def ollama_generate(body: dict) -> GenRequest:
 
 def tool_request(body: dict, openai: bool) -> ToolRequest | None:
     """The request's tools, or None: no tools, or tool_choice "none" (the template is then given none)."""
-    tools = get(body, "tools", list)
-    if not tools:
+    given = get(body, "tools", list)
+    if not given:
         return None
-    for i, tool in enumerate(tools):
+    tools = []
+    for i, tool in enumerate(given):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or tool.get("type", "function") != "function" \
                 or not isinstance(function.get("name"), str) or not function["name"]:
@@ -260,6 +261,10 @@ def tool_request(body: dict, openai: bool) -> ToolRequest | None:
                       "\"parameters\": {...}}}")
         if not isinstance(function.get("parameters", {}), dict):
             raise bad(f"'tools[{i}].function.parameters' must be a JSON schema object")
+        # both optional in OpenAI's API, but templates read them (Hermes and gpt-oss fail without them)
+        defaults = {"description": "", "parameters": {"type": "object", "properties": {}}}
+        tools.append({"type": "function", "function": function | {k: v for k, v in defaults.items()
+                                                                   if k not in function}})
     names = [t["function"]["name"] for t in tools]
     choice = body.get("tool_choice", "auto") if openai else "auto"  # Ollama has no tool_choice
     if isinstance(choice, dict):

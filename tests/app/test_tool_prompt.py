@@ -71,6 +71,15 @@ def test_tools_and_a_round_trip_render_as_the_template_means(name):
     assert call in prompt and result in prompt and prompt.index(call) < prompt.index(result)
 
 
+@pytest.mark.parametrize("name", RENDERED)
+def test_a_tool_with_a_name_only_renders(name):
+    """OpenAI's description and parameters are optional; templates read both."""
+    source = (TEMPLATES / f"{name}.jinja").read_text()
+    prompt, _, _ = render(source, {"messages": ROUND_TRIP[:2], "tools": [{"type": "function",
+                                                                          "function": {"name": "now"}}]})
+    assert "now" in prompt
+
+
 def test_ollamas_history_renders_as_openais():
     """Ollama's calls carry their arguments as an object and no id; its results name their tool."""
     source = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
