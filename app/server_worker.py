@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.server_schema import ApiError, GenRequest
-from app.tool_calls import format_for
+from app.tool_calls import Format, format_for
 from app.tool_prompt import with_tools
 from models.errors import UserError
 
@@ -35,7 +35,7 @@ class Started:
     prompt_tokens: int    # all of the prompt (the cache may already hold a prefix of it)
     thinks: bool          # the prompt ended inside <think>: the reply starts with reasoning
     load_seconds: float   # loading the model for this request (0 if it was loaded)
-    tool_format: object = None  # the parser of the template's tool calls (app/tool_calls.py); None: no tools
+    tool_format: Format | None = None  # the parser of the template's tool calls; None: the request has no tools
 
 
 @dataclass
@@ -174,7 +174,7 @@ class EngineWorker:
         c["generation_seconds"] += stats.generation_seconds
 
 
-def prompt_ids(engine, r: GenRequest) -> tuple[list[int], bool, object]:
+def prompt_ids(engine, r: GenRequest) -> tuple[list[int], bool, Format | None]:
     """The prompt's token ids, as `gguf-chat run` makes them, whether it leaves the reply inside <think>, and the
     parser of the tool calls its template asks for (None: the request has no tools)."""
     tool_format = None

@@ -196,7 +196,10 @@ class BareJsonFormat(Format):
             _, end = _JSON.raw_decode(body, len(body) - len(body.lstrip()))
         except ValueError:
             return (len(body), len(body)) if final else None  # not yet whole; at the end: text
-        return end, end
+        rest = body[end:].lstrip()
+        if rest.startswith(";"):  # Llama 3.2's separator between calls goes with the call
+            return end, len(body) - len(rest) + 1
+        return (end, end) if rest or final else None
 
     def names(self) -> set[str]:
         return {t["function"]["name"] for t in self.tools}
@@ -304,7 +307,7 @@ class HarmonyFormat(Format):
         return None if arguments is None else [(m.group(1) or m.group(2), arguments)]
 
 
-def format_for(template_source: str, tools: list[dict]):
+def format_for(template_source: str, tools: list[dict]) -> Format:
     """The parser for the tool-call format a chat template speaks, by the marks in its text."""
     if "<|channel|>" in template_source:
         return HarmonyFormat(tools)

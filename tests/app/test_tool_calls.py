@@ -41,9 +41,13 @@ REPLIES = [
      [("python", {"code": "def hello():\n    print(\"Hello, world!\")\n\nhello()"})]),
     (XmlFormat, "The user wants Paris.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
      "</parameter>\n</function>\n</tool_call>", "The user wants Paris.\n</think>", [PARIS]),  # Qwen3.5, think opened
+    (XmlFormat, "The user wants Paris.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+     "</function>\n</tool_call>", "The user wants Paris.", [PARIS]),  # Qwen3.5 calling before its </think>
     (XmlFormat, "See #include <functional> and <function_ref>.", "See #include <functional> and <function_ref>.", []),
     (BareJsonFormat, '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [PARIS]),  # Llama 3.x
     (BareJsonFormat, '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [PARIS]),
+    (BareJsonFormat, 'Let me check.\n\n{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_weather", '
+     '"parameters": {"city": "Rome", "days": 3}}', "Let me check.", [PARIS, ROME]),
     (BareJsonFormat, '{"type": "function", "name": "get_weather", "parameters": {"city": "Paris"}}', "", [PARIS]),
     (BareJsonFormat, '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", '
      '"arguments": {"city": "Rome", "days": 3}}]}', "", [PARIS, ROME]),  # the generic fallback's shape
