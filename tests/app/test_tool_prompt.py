@@ -3,7 +3,6 @@ templates of each family, as the server renders them, against plain jinja2 on th
 (what llama.cpp's --jinja and transformers do with it)."""
 import json
 from datetime import datetime
-from pathlib import Path
 
 import jinja2.ext
 import pytest
