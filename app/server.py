@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from app.server_schema import ApiError, GenRequest
 from app.server_worker import END, Job, Started, find_model
 from app.reply_split import reply_splitter
+from app.tool_calls import ToolCallSplitter
 from models.errors import UserError
 
 MAX_BODY_BYTES = 8 * 2**20  # a full 128k-token context is ~0.5 MB of text
@@ -39,7 +40,7 @@ async def read_json(request: Request) -> dict:
 
 
 class Reply:
-    """One request's generation as the worker sends it: (reasoning, answer) text pieces, then stats."""
+    """One request's generation as the worker sends it: (reasoning, answer, tool calls) pieces, then stats."""
 
     def __init__(self, job: Job, model: str, watcher: asyncio.Task):
         self.job, self.model, self._watcher = job, model, watcher
@@ -47,20 +48,27 @@ class Reply:
         self.chat = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)  # else plain text
         self.started: Started | None = None
         self.stats = None  # the GenerationStats, once the reply is complete
+        self.calls = 0     # tool calls given out
 
     async def pieces(self):
-        """(reasoning, answer) as the reply streams (a plain completion's reasoning is always empty); self.stats is
-        set at its end. Leaving early cancels the generation."""
+        """(reasoning, answer, tool calls) as the reply streams (a plain completion's reasoning is always empty, and
+        only a request with tools has calls: found first, the text around them then split into reasoning and
+        answer); self.stats is set at its end. Leaving early cancels the generation."""
         split = reply_splitter(self.started.harmony, self.started.thinks) if self.chat else None
+        tool_format, tools = self.started.tool_format, self.job.request.tools
+        calls = ToolCallSplitter(tool_format) if tool_format else None
         try:
             while (item := await self.job.items.get()) is not END:
                 if isinstance(item, BaseException):
                     raise as_api_error(item)
                 final = not isinstance(item, str)
-                text = "" if final else item
+                text, found = calls.feed("" if final else item, final) if calls else ("" if final else item, [])
+                if found and not tools.parallel:
+                    found = found[:1] if self.calls == 0 else []  # parallel_tool_calls false: the first call only
+                self.calls += len(found)
                 reasoning, answer = split.feed(text, final=final) if split else ("", text)
-                if reasoning or answer:
-                    yield reasoning, answer
+                if reasoning or answer or found:
+                    yield reasoning, answer, found
                 if final:
                     self.stats = item
             if self.stats is None:  # cancelled: its client left
@@ -68,13 +76,14 @@ class Reply:
         finally:
             self.close()
 
-    async def text(self) -> tuple[str, str]:
-        """(reasoning, answer) of the whole reply."""
-        reasoning, answer = [], []
-        async for r, a in self.pieces():
+    async def text(self) -> tuple[str, str, list]:
+        """(reasoning, answer, tool calls) of the whole reply."""
+        reasoning, answer, calls = [], [], []
+        async for r, a, c in self.pieces():
             reasoning.append(r)
             answer.append(a)
-        return "".join(reasoning), "".join(answer)
+            calls += c
+        return "".join(reasoning), "".join(answer), calls
 
     def close(self) -> None:
         self.job.cancelled.set()  # a no-op once the worker is done with it

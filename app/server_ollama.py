@@ -1,5 +1,6 @@
 """Ollama's API: POST /api/chat and /api/generate (NDJSON streaming unless "stream": false), GET /api/tags,
-POST /api/show, GET /api/version. Durations in nanoseconds, as Ollama writes them; reasoning goes to `thinking`.
+POST /api/show, GET /api/version. Durations in nanoseconds, as Ollama writes them; reasoning goes to `thinking`,
+tool calls to `message.tool_calls` (their arguments an object, as Ollama gives them).
 """
 import functools
 import json
@@ -29,11 +30,13 @@ def durations(reply: Reply, t0: float) -> dict:
             "eval_duration": int(s.generation_seconds * ns)}
 
 
-def chat_part(reasoning: str, answer: str) -> dict:
-    return {"message": {"role": "assistant", "content": answer} | ({"thinking": reasoning} if reasoning else {})}
+def chat_part(reasoning: str, answer: str, calls=()) -> dict:
+    return {"message": {"role": "assistant", "content": answer} | ({"thinking": reasoning} if reasoning else {}) | (
+        {"tool_calls": [{"function": {"name": c.name, "arguments": json.loads(c.arguments)}} for c in calls]}
+        if calls else {})}
 
 
-def generate_part(reasoning: str, answer: str) -> dict:
+def generate_part(reasoning: str, answer: str, calls=()) -> dict:
     return {"response": answer} | ({"thinking": reasoning} if reasoning else {})
 
 
@@ -54,14 +57,14 @@ async def _reply(request: Request, r, part):
         return JSONResponse({"model": reply.model, "created_at": now(), "done": True, "done_reason": "load"}
                             | part("", ""))
     if not r.stream:
-        reasoning, answer = await reply.text()
-        return JSONResponse({"model": reply.model, "created_at": now()} | part(reasoning, answer)
+        reasoning, answer, calls = await reply.text()
+        return JSONResponse({"model": reply.model, "created_at": now()} | part(reasoning, answer, calls)
                             | {"done": True} | durations(reply, t0))
 
     async def lines():
         try:
-            async for reasoning, answer in reply.pieces():
-                yield json.dumps({"model": reply.model, "created_at": now()} | part(reasoning, answer)
+            async for reasoning, answer, calls in reply.pieces():
+                yield json.dumps({"model": reply.model, "created_at": now()} | part(reasoning, answer, calls)
                                  | {"done": False}, ensure_ascii=False) + "\n"
         except ApiError as e:
             yield json.dumps({"error": e.message}) + "\n"

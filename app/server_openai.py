@@ -1,7 +1,8 @@
 """OpenAI's API: POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
 
 Replies carry `usage` and, as llama-server's do, `timings` (prompt and generation tok/s); reasoning goes to
-`reasoning_content`. A stream is server-sent events ending in `data: [DONE]`.
+`reasoning_content`; tool calls to `tool_calls` (finish_reason "tool_calls"). A stream is server-sent events ending
+in `data: [DONE]`; a tool call streams as OpenAI's do: its index, id, type and name, then its arguments.
 """
 import json
 import time
@@ -30,6 +31,15 @@ def timings(reply: Reply) -> dict:
             "predicted_per_second": s.generation_tok_s}
 
 
+def chat_finish_reason(reply: Reply) -> str:
+    return "tool_calls" if reply.calls else finish_reason(reply.stats)
+
+
+def tool_call(call, index: int) -> dict:
+    return {"index": index, "id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
 def event(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -40,20 +50,30 @@ async def chat_completions(request: Request):
     head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": reply.model}
     if r.stream:
         return sse(chat_chunks(reply, head | {"object": "chat.completion.chunk"}, r.include_usage))
-    reasoning, answer = await reply.text()
-    message = {"role": "assistant", "content": answer} | ({"reasoning_content": reasoning} if reasoning else {})
+    reasoning, answer, calls = await reply.text()
+    message = {"role": "assistant", "content": answer or (None if calls else "")} | (
+        {"reasoning_content": reasoning} if reasoning else {}) | (
+        {"tool_calls": [tool_call(c, i) for i, c in enumerate(calls)]} if calls else {})
     return JSONResponse(head | {"object": "chat.completion", "choices": [
-        {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(reply.stats)}],
+        {"index": 0, "message": message, "logprobs": None, "finish_reason": chat_finish_reason(reply)}],
         "usage": usage(reply), "timings": timings(reply)})
 
 
 async def chat_chunks(reply: Reply, head: dict, include_usage: bool):
     yield event(head | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                      "finish_reason": None}]})
-    async for reasoning, answer in reply.pieces():
-        delta = ({"reasoning_content": reasoning} if reasoning else {}) | ({"content": answer} if answer else {})
-        yield event(head | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-    yield event(head | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason(reply.stats)}],
+    index = 0
+    async for reasoning, answer, calls in reply.pieces():
+        if reasoning or answer:
+            delta = ({"reasoning_content": reasoning} if reasoning else {}) | ({"content": answer} if answer else {})
+            yield event(head | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+        for call in calls:  # its name first, then its arguments, as OpenAI streams them
+            opening = tool_call(call, index)
+            opening["function"]["arguments"] = ""
+            for part in (opening, {"index": index, "function": {"arguments": call.arguments}}):
+                yield event(head | {"choices": [{"index": 0, "delta": {"tool_calls": [part]}, "finish_reason": None}]})
+            index += 1
+    yield event(head | {"choices": [{"index": 0, "delta": {}, "finish_reason": chat_finish_reason(reply)}],
                         "timings": timings(reply)})
     if include_usage:
         yield event(head | {"choices": [], "usage": usage(reply)})
@@ -66,14 +86,14 @@ async def completions(request: Request):
             "model": reply.model}
     if r.stream:
         return sse(completion_chunks(reply, head, r.include_usage))
-    _, text = await reply.text()
+    _, text, _ = await reply.text()
     return JSONResponse(head | {"choices": [{"index": 0, "text": text, "logprobs": None,
                                              "finish_reason": finish_reason(reply.stats)}],
                                 "usage": usage(reply), "timings": timings(reply)})
 
 
 async def completion_chunks(reply: Reply, head: dict, include_usage: bool):
-    async for reasoning, answer in reply.pieces():
+    async for reasoning, answer, _ in reply.pieces():
         yield event(head | {"choices": [{"index": 0, "text": answer, "logprobs": None,
                                          "finish_reason": None}]})
     yield event(head | {"choices": [{"index": 0, "text": "", "logprobs": None,

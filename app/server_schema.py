@@ -1,14 +1,16 @@
 """Request bodies of the OpenAI and Ollama APIs, checked and turned into one GenRequest for the engine worker.
 
-Every field we read is checked for type and range; a field we cannot honour (tools, logprobs, OpenAI's additive
+Every field we read is checked for type and range; a field we cannot honour (logprobs, OpenAI's additive
 penalties...) is refused by name when it asks for something, and accepted at its no-op value, which many
 clients send anyway. Fields we do not know are ignored, as OpenAI's and Ollama's servers do.
 """
+import json
 from dataclasses import dataclass, field
 
 from app.reasoning import LEVELS
+from app.tool_calls import new_call_id
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 class ApiError(Exception):
@@ -24,6 +26,13 @@ def bad(message: str, code: str | None = None) -> ApiError:
 
 
 @dataclass
+class ToolRequest:
+    tools: list[dict]      # OpenAI's shape: {"type": "function", "function": {"name", "description", "parameters"}}
+    choice: str = "auto"   # auto, required, or a tool's name ("none" makes no ToolRequest)
+    parallel: bool = True  # False: the first call only
+
+
+@dataclass
 class GenRequest:
     model: str | None                     # the name asked for; None: the loaded model
     prompt: list[dict] | str | list[int] | None  # messages (chat template), text or token ids; None: load only
@@ -34,6 +43,7 @@ class GenRequest:
     ctx: int | None = None                # the least context wanted (Ollama's num_ctx)
     template_vars: dict = field(default_factory=dict)  # e.g. enable_thinking, reasoning_effort
     include_usage: bool = False
+    tools: ToolRequest | None = None    # None: no tools for the template, no tool calls parsed
 
 
 _KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
@@ -88,9 +98,8 @@ def messages(body: dict, allow_empty: bool = False) -> list[dict]:
             raise bad(f"'{where}role' must be one of {', '.join(ROLES)} (got {shown})")
         if m.get("images"):
             raise _refuse(f"{where}images", "the models it runs read text only")
-        if m.get("tool_calls"):
-            raise _refuse(f"{where}tool_calls", "no tool calling")
-        out.append({"role": role, "content": _content(m, where, required=role != "assistant")})
+        message = {"role": role, "content": _content(m, where, required=role != "assistant")}
+        out.append(history_message(m, message, where, out))
     return out
 
 
@@ -162,8 +171,8 @@ def _openai_common(body: dict) -> dict:
 
 
 def openai_chat(body: dict) -> GenRequest:
-    if body.get("tools") or body.get("functions"):
-        raise _refuse("tools", "no tool calling")
+    if body.get("functions"):
+        raise _refuse("functions", "send them as 'tools', OpenAI's current name")
     response_format = get(body, "response_format", dict, {})
     if response_format.get("type", "text") != "text":
         raise _refuse("response_format", "text replies only")
@@ -171,7 +180,7 @@ def openai_chat(body: dict) -> GenRequest:
     if effort is not None and effort not in LEVELS:
         raise bad(f"'reasoning_effort' must be one of {', '.join(LEVELS)} (got '{effort}')")
     return GenRequest(prompt=messages(body), template_vars={} if effort is None else {"reasoning_effort": effort},
-                      **_openai_common(body))
+                      tools=tool_request(body, openai=True), **_openai_common(body))
 
 
 def openai_completion(body: dict) -> GenRequest:
@@ -207,8 +216,6 @@ def _ollama_common(body: dict) -> dict:
     num_ctx = _positive(get(options, "num_ctx", int, where=where), "options.num_ctx")
     if body.get("format"):
         raise _refuse("format", "text replies only")
-    if body.get("tools"):
-        raise _refuse("tools", "no tool calling")
     think = body.get("think")
     if think is not None and not (isinstance(think, bool) or think in LEVELS):
         shown = f"'{think}'" if isinstance(think, str) else _json_type(think)
@@ -222,7 +229,8 @@ def _ollama_common(body: dict) -> dict:
 
 def ollama_chat(body: dict) -> GenRequest:
     conversation = messages(body, allow_empty=True)
-    return GenRequest(prompt=conversation or None, **_ollama_common(body))  # no messages: load the model
+    return GenRequest(prompt=conversation or None, tools=tool_request(body, openai=False),  # no messages: load
+                      **_ollama_common(body))
 
 
 def ollama_generate(body: dict) -> GenRequest:
@@ -233,6 +241,8 @@ def ollama_generate(body: dict) -> GenRequest:
         raise _refuse("suffix", "no fill-in-the-middle")
     if body.get("template"):
         raise _refuse("template", "the model's own chat template is used")
+    if body.get("tools"):
+        raise _refuse("tools", "tools go to /api/chat")
     common = _ollama_common(body)
     if not prompt:
         return GenRequest(prompt=None, **common)  # Ollama's way to load a model
@@ -242,3 +252,72 @@ def ollama_generate(body: dict) -> GenRequest:
         return GenRequest(prompt=prompt, **common)
     conversation = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     return GenRequest(prompt=conversation, **common)
+
+
+def tool_request(body: dict, openai: bool) -> ToolRequest | None:
+    """The request's tools, or None: no tools, or tool_choice "none" (the template is then given none)."""
+    given = get(body, "tools", list)
+    if not given:
+        return None
+    tools = []
+    for i, tool in enumerate(given):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type", "function") != "function" \
+                or not isinstance(function.get("name"), str) or not function["name"]:
+            raise bad(f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
+                      "\"parameters\": {...}}}")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise bad(f"'tools[{i}].function.parameters' must be a JSON schema object")
+        # both optional in OpenAI's API, but templates read them (Hermes and gpt-oss fail without them)
+        defaults = {"description": "", "parameters": {"type": "object", "properties": {}}}
+        tools.append({"type": "function", "function": function | {k: v for k, v in defaults.items()
+                                                                   if k not in function}})
+    names = [t["function"]["name"] for t in tools]
+    choice = body.get("tool_choice", "auto") if openai else "auto"  # Ollama has no tool_choice
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+        if name not in names:
+            raise bad(f"'tool_choice' names the function '{name}', which is not in 'tools' ({', '.join(names)})")
+        choice = name
+    elif choice not in ("auto", "none", "required"):
+        raise bad("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                  "\"function\": {\"name\": ...}}")
+    if choice == "none":
+        return None
+    return ToolRequest(tools, choice, get(body, "parallel_tool_calls", bool, True) if openai else True)
+
+
+def history_message(m: dict, out: dict, where: str, earlier: list[dict]) -> dict:
+    """out (role and content) with the tool fields a template reads: an assistant's tool_calls, their arguments as
+    objects (as templates render them), and a tool result's tool_call_id and name, matched to the call it answers
+    (Ollama's messages carry no ids: a result answers the earliest call not yet answered)."""
+    calls = m.get("tool_calls")
+    if calls and out["role"] == "assistant":
+        if not isinstance(calls, list):
+            raise bad(f"'{where}tool_calls' must be an array")
+        out["tool_calls"] = [_call(c, f"{where}tool_calls[{j}]") for j, c in enumerate(calls)]
+    elif out["role"] == "tool":
+        answered = {x["tool_call_id"] for x in earlier if x["role"] == "tool"}
+        pending = [c for x in earlier for c in x.get("tool_calls", ()) if c["id"] not in answered]
+        call_id = get(m, "tool_call_id", str, where=where)
+        call = next((c for c in pending if c["id"] == call_id), None) if call_id else (pending or [None])[0]
+        name = get(m, "tool_name", str, where=where) or get(m, "name", str, where=where)
+        out["tool_call_id"] = call_id or (call["id"] if call else "")
+        out["name"] = name or (call["function"]["name"] if call else "")
+    return out
+
+
+def _call(c, where: str) -> dict:
+    function = c.get("function") if isinstance(c, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise bad(f"'{where}' must be {{\"function\": {{\"name\": ..., \"arguments\": ...}}}}")
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):  # OpenAI sends a JSON string; templates want the object
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            raise bad(f"'{where}.function.arguments' is not valid JSON") from None
+    if not isinstance(arguments, dict):
+        raise bad(f"'{where}.function.arguments' must be a JSON object")
+    return {"id": c.get("id") if isinstance(c.get("id"), str) else new_call_id(), "type": "function",
+            "function": {"name": function["name"], "arguments": arguments}}

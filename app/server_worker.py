@@ -17,6 +17,8 @@ from pathlib import Path
 
 from app.reasoning import effort_vars
 from app.server_schema import ApiError, GenRequest
+from app.tool_calls import Format, format_for
+from app.tool_prompt import with_tools
 from models.errors import UserError
 
 END = object()  # after the last item of a job
@@ -35,6 +37,7 @@ class Started:
     thinks: bool          # the prompt ended inside <think>: the reply starts with reasoning
     load_seconds: float   # loading the model for this request (0 if it was loaded)
     harmony: bool = False  # the chat template speaks harmony (gpt-oss): the reply is split by its channels
+    tool_format: Format | None = None  # the parser of the template's tool calls; None: the request has no tools
 
 
 @dataclass
@@ -146,13 +149,15 @@ class EngineWorker:
         if r.prompt is None:  # only load the model
             job.send(Started(0, False, load_seconds))
             return
-        ids, thinks = prompt_ids(engine, r)
+        ids, thinks, tool_format = prompt_ids(engine, r)
         template = engine.chat_template
-        job.send(Started(len(ids), thinks, load_seconds, template is not None and template.speaks_harmony))
+        job.send(Started(len(ids), thinks, load_seconds, template is not None and template.speaks_harmony,
+                         tool_format))
         max_tokens = r.max_tokens if r.max_tokens is not None else engine.n_ctx  # None: until the context is full
-        # cancelled: a client that leaves during a long prompt frees the engine at the next prompt chunk
+        # cancelled: a client that leaves during a long prompt frees the engine at the next prompt chunk;
+        # special: the control tokens a tool call is written with (<|python_tag|>, harmony's) come as their text
         pieces = engine.generate(ids, max_tokens=max_tokens, stop=r.stop, cancelled=job.cancelled.is_set,
-                                 **r.sampling)
+                                 special=tool_format is not None, **r.sampling)
         try:
             for piece in pieces:
                 if job.cancelled.is_set():
@@ -173,14 +178,21 @@ class EngineWorker:
         c["generation_seconds"] += stats.generation_seconds
 
 
-def prompt_ids(engine, r: GenRequest) -> tuple[list[int], bool]:
-    """The prompt's token ids, as `gguf-chat run` makes them, and whether it leaves the reply inside <think>."""
+def prompt_ids(engine, r: GenRequest) -> tuple[list[int], bool, Format | None]:
+    """The prompt's token ids, as `gguf-chat run` makes them, whether it leaves the reply inside <think>, and the
+    parser of the tool calls its template asks for (None: the request has no tools)."""
+    tool_format = None
     if isinstance(r.prompt, list) and r.prompt and isinstance(r.prompt[0], dict):
         if engine.chat_template is None:
             raise PromptError("this model has no chat template: send plain text to /v1/completions "
                               "(or /api/generate with \"raw\": true)")
         effort_vars(engine.chat_template, r.template_vars.get("reasoning_effort"))  # refused if the template takes none
-        text = engine.chat_template.render(r.prompt, **r.template_vars)
+        messages, variables = r.prompt, r.template_vars
+        if r.tools:
+            messages, tools = with_tools(messages, r.tools, engine.chat_template.source)
+            variables = variables | tools
+            tool_format = format_for(engine.chat_template.source, tools["tools"])
+        text = engine.chat_template.render(messages, **variables)
         ids, thinks = engine.tokenizer.encode_prompt(text), text.rstrip().endswith("<think>")
     else:
         ids, thinks = engine.prompt_ids(r.prompt), False
@@ -189,7 +201,7 @@ def prompt_ids(engine, r: GenRequest) -> tuple[list[int], bool]:
     if len(ids) > engine.n_ctx:
         raise PromptError(f"the prompt is {len(ids)} tokens but the context holds {engine.n_ctx} (start the "
                           "server with a larger --ctx, or send a shorter prompt)", "context_length_exceeded")
-    return ids, thinks
+    return ids, thinks, tool_format
 
 
 def catalog(worker: EngineWorker) -> list[tuple[list[str], Path]]:

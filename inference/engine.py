@@ -304,12 +304,14 @@ class Engine:
     def generate(self, prompt, max_tokens: int = 512, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
                  stop=(), chat_template: str | None = None, template_vars: dict | None = None,
-                 drop_old_turns: bool = False, cancelled=None) -> Iterator:
+                 drop_old_turns: bool = False, cancelled=None, special: bool = False) -> Iterator:
         """Yield the reply as text pieces, then one GenerationStats. Closing the generator stops it; cancelled()
         returning True stops a long prompt between its chunks (finish_reason "cancelled", no text), where
         nothing else could: the prompt runs before the first piece.
         drop_old_turns: messages that do not fit lose their oldest turns (never a system message or the last
-        message) until the reply has room for max_tokens or half the context, whichever is less."""
+        message) until the reply has room for max_tokens or half the context, whichever is less.
+        special: control tokens come as their text (<|python_tag|>, harmony's <|channel|>...), for a parser of the
+        chat format's tool calls."""
         if drop_old_turns and isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
             ids = self._fit_messages(prompt, chat_template, min(max_tokens, self.n_ctx // 2), template_vars)
         else:
@@ -331,7 +333,7 @@ class Engine:
             tokens = self._decode.tokens(logits, params, seed, ids, max_tokens)
         else:
             tokens = self._host_tokens(logits, params, seed, ids)
-        detok = self.tokenizer.stream(at_start=False)  # a reply continues its prompt: " Paris" keeps its space
+        detok = self.tokenizer.stream(special, at_start=False)  # a reply continues its prompt: " Paris" keeps its space
         text = StopScanner(stop)
         generated = 0
         finish = "length"

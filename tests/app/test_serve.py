@@ -171,6 +171,25 @@ def test_seed_and_stop_reach_the_sampler(oai, oll, run_answer):
     assert r.message.content == text[:text.index(stop)] and r.done_reason == "stop"
 
 
+def test_tools_reach_the_real_engine(oai, oll):
+    """SmolLM2's template takes no tools: they go in a system note, and its reply (text: a 135M model calls
+    nothing) comes back as text. tests/app/test_serve_tools.py has the tool round trips."""
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    history = [{"role": "user", "content": QUESTION},
+               {"role": "assistant", "tool_calls": [{"id": "abc123xyz", "type": "function", "function": {
+                   "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "abc123xyz", "content": "18 C"}]
+    r = oai.chat.completions.create(model=SMOL, messages=history, tools=[weather], max_tokens=8, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length") and r.choices[0].message.content
+    assert r.usage.prompt_tokens > 100  # the note with the tools
+    chunks = list(oai.chat.completions.create(model=SMOL, messages=history, tools=[weather], max_tokens=8,
+                                              temperature=0, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content
+    r = oll.chat(model=SMOL, messages=history[:1], tools=[weather], options={"num_predict": 4, "temperature": 0})
+    assert r.done and r.message.content
+
+
 def test_a_continued_conversation_reuses_the_cache(oai):
     first = ask(oai, QUESTION)
     history = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": first.choices[0].message.content},
@@ -326,7 +345,7 @@ BAD_INPUT = [  # (route, body, status, the error message or its start)
     ("/v1/chat/completions", {"messages": []}, 400, "'messages' must hold at least one message"),
     ("/v1/chat/completions", {"messages": ["hi"]}, 400, "'messages[0]' must be an object"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400,
-     "'messages[0].role' must be one of system, user, assistant (got 'wizard')"),
+     "'messages[0].role' must be one of system, user, assistant, tool (got 'wizard')"),
     ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "'messages[0].role' must be one of"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400,
      "'messages[0].content' must be a string or a list of text parts (got an integer)"),
@@ -345,7 +364,10 @@ BAD_INPUT = [  # (route, body, status, the error message or its start)
      "'presence_penalty' is not supported by this server (use 'repeat_penalty'"),
     ("/v1/chat/completions", {"messages": USER, "frequency_penalty": 1}, 400, "'frequency_penalty' is not supported"),
     ("/v1/chat/completions", {"messages": USER, "n": 2}, 400, "'n' is not supported by this server"),
-    ("/v1/chat/completions", {"messages": USER, "tools": [{"type": "function"}]}, 400, "'tools' is not supported"),
+    ("/v1/chat/completions", {"messages": USER, "tools": [{"type": "function"}]}, 400,
+     "'tools[0]' must be {\"type\": \"function\", \"function\": {\"name\": ..."),
+    ("/api/generate", {"model": SMOL, "prompt": "hi", "tools": [{"type": "function"}]}, 400,
+     "'tools' is not supported by this server (tools go to /api/chat)"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 600}]}, 400,
      f"the prompt is 631 tokens but the context holds {CTX}"),
     ("/v1/chat/completions", {"model": "nope", "messages": USER}, 404,
@@ -363,7 +385,7 @@ BAD_INPUT = [  # (route, body, status, the error message or its start)
      "'options.temperature' must be a number (got a string)"),
     ("/api/chat", {"model": SMOL, "messages": USER, "options": {"mirostat": 2}}, 400, "'options.mirostat' is not supported"),
     ("/api/chat", {"model": SMOL, "messages": [{"role": "robot", "content": "hi"}]}, 400,
-     "'messages[0].role' must be one of system, user, assistant (got 'robot')"),
+     "'messages[0].role' must be one of system, user, assistant, tool (got 'robot')"),
     ("/api/chat", {"model": SMOL, "messages": USER, "think": "max"}, 400,
      "'think' must be true, false or one of low, medium, high (got 'max')"),
     ("/api/chat", {"model": SMOL, "messages": USER, "think": "high"}, 400, "reasoning effort 'high' is not supported"),

@@ -26,7 +26,7 @@ def engine(source: str | None, n_ctx: int = 100):
 
 
 def test_a_prompt_ending_in_think_starts_the_reply_in_its_reasoning():
-    ids, thinks = prompt_ids(engine(R1), GenRequest(model=None, prompt=HI))
+    ids, thinks, _ = prompt_ids(engine(R1), GenRequest(model=None, prompt=HI))
     assert thinks and "".join(map(chr, ids)).endswith("<think>\n")
     assert not prompt_ids(engine(QWEN3), GenRequest(model=None, prompt=HI))[1]  # Qwen3 opens <think> itself
 
