@@ -14,6 +14,7 @@ from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_
                                  all_on_cpu, free_vram, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
 from inference.weights import load_weights
+from kernels.cuda_shapes import ATTENTION_HEAD_DIMS, DELTANET_CONV_K, DELTANET_HEAD_SIZES
 from models.chat_template import load_chat_template
 from models.config import ModelConfig, config_from_metadata
 from models.errors import UserError
@@ -52,6 +53,22 @@ class NoChatTemplateError(UserError, ValueError):
 # architectures the GPU backend cannot run yet (gpt-oss: its kernels take no attention sinks, MXFP4 or biased experts);
 # a file with MXFP4 tensors runs on the CPU too
 CPU_ONLY_ARCHITECTURES = ("gpt-oss",)
+
+
+def gpu_gap(config: ModelConfig, tensors: dict) -> str | None:
+    """What of this model the GPU kernels do not take yet (None: they take all of it): it then runs on the CPU."""
+    if config.arch in CPU_ONLY_ARCHITECTURES:
+        return f"{config.arch} models"
+    if any(t.type.name == "MXFP4" for t in tensors.values()):
+        return "MXFP4 weights"
+    if config.head_dim not in ATTENTION_HEAD_DIMS:
+        return f"attention heads of {config.head_dim} (only {', '.join(map(str, ATTENTION_HEAD_DIMS))})"
+    if config.recurrent and any(config.recurrent):
+        if config.ssm_state not in DELTANET_HEAD_SIZES:
+            return f"DeltaNet heads of {config.ssm_state} (only {', '.join(map(str, DELTANET_HEAD_SIZES))})"
+        if config.ssm_conv_kernel != DELTANET_CONV_K:
+            return f"a DeltaNet conv of {config.ssm_conv_kernel} taps (only {DELTANET_CONV_K})"
+    return None
 
 
 class DeviceError(UserError, ValueError):
@@ -524,13 +541,12 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
     path = resolve_model(model, progress)
     gguf = open_gguf(path)
     config = config_from_metadata(gguf.metadata)
-    cpu_only = config.arch if config.arch in CPU_ONLY_ARCHITECTURES else (
-        "MXFP4" if any(t.type.name == "MXFP4" for t in gguf.tensors.values()) else None)
-    if device == "cuda" and cpu_only:
+    gap = gpu_gap(config, gguf.tensors) if device == "cuda" else None
+    if gap:
         if reason == "":  # auto: the CPU runs it
-            device, reason = "cpu", f"{cpu_only} runs on the CPU only for now"
+            device, reason = "cpu", f"the GPU kernels do not take {gap} yet: the CPU runs it"
         else:
-            raise DeviceError(f"{cpu_only} models run on the CPU only for now (use --device cpu)")
+            raise DeviceError(f"the GPU kernels do not take {gap} yet: use --device cpu")
     weights = load_weights(gguf, config)
     tokenizer = Tokenizer(gguf.metadata)
     if ctx is not None and ctx < 1:

@@ -13,10 +13,9 @@ import numpy as np
 
 from kernels.cuda_module import Kernel, kernel
 from kernels.cuda_ops import _check, _stream
+from kernels.cuda_shapes import DELTANET_CONV_K as CONV_K, DELTANET_HEAD_SIZES as HEAD_SIZES
 
-CONV_K = 4  # deltanet.cu: CONV_K
 CONV_TOKENS = 32  # deltanet.cu: CONV_TOKENS, tokens a thread
-HEAD_SIZES = (64, 128)  # S the delta-rule kernels are built for
 REC_CLUSTER = 4  # deltanet.cu: REC_CLUSTER, blocks a head token by token
 REC_ROWS = 4  # deltanet.cu: REC_ROWS, state rows a warp
 CHUNK = 64  # deltanet.cu: CH, tokens a chunk

@@ -20,8 +20,8 @@ import numpy as np
 
 from kernels.cuda_module import kernel
 from kernels.cuda_quant import DeviceWeight, Q8Vector
+from kernels.cuda_shapes import ATTENTION_HEAD_DIMS as HEAD_DIMS
 
-HEAD_DIMS = (64, 128, 256)  # attention kernels are built for these
 ATTN_WARPS = 4  # attention.cu: WARPS
 PREFILL_MMA_ROWS = 64  # attention.cu: PF_ROWS
 ARGMAX_THREADS = 1024

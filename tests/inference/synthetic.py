@@ -80,10 +80,10 @@ def spm_vocab(n_vocab: int = 1024) -> dict:
 
 
 def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAYERS, window: int = 16,
-                    experts=None) -> None:
+                    experts=None, deltanet=DELTANET) -> None:
     """A random {arch} model at path with Q8_0 embeddings, layer matrices of `types` (name -> quant type; the
     K-quants Q4_K, Q5_K, Q6_K need widths that are multiples of 256, e.g. Q4_K_M_LAYERS):
-    qwen35 / qwen35moe hybrid: DeltaNet layers (DELTANET) with a gated full-attention layer every HYBRID_INTERVAL, and
+    qwen35 / qwen35moe hybrid: DeltaNet layers (deltanet: DELTANET's keys) with a gated full-attention layer every HYBRID_INTERVAL, and
     for qwen35moe experts with a shared expert;
     qwen2 with qkv biases and its own output matrix, qwen3 with q/k norms, gemma3 with q/k and sandwich norms
     and a `window`-token sliding window; gpt-oss with its biases, sinks, MXFP4 experts, 128-token window and YaRN
@@ -124,7 +124,7 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
         if arch in ("qwen3moe", "qwen35moe", "gpt-oss"):
             w.add_expert_feed_forward_length(ff)
     if hybrid:
-        dn = DELTANET
+        dn = deltanet
         w.add_rope_dimension_count(HYBRID_ROPE_DIMS)
         w.add_array(f"{arch}.rope.dimension_sections", [3, 3, 2, 0])  # the converter's [11, 11, 10, 0] scaled down
         w.add_uint32(f"{arch}.full_attention_interval", HYBRID_INTERVAL)
@@ -164,7 +164,7 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     def delta_net(p):
         """A Gated DeltaNet mixer: its projections of the layer matrices' types (attn_q's for qkv and z, attn_output's
         for the output), its small vectors and the alpha / beta projections F32 as llama.cpp's quantizer leaves them."""
-        hk, hv, s, taps = DELTANET["k_heads"], DELTANET["v_heads"], DELTANET["state"], DELTANET["conv"]
+        hk, hv, s, taps = deltanet["k_heads"], deltanet["v_heads"], deltanet["state"], deltanet["conv"]
         mat(p + "attn_qkv.weight", (2 * hk + hv) * s, d, 2 / np.sqrt(d), types["attn_q"])
         mat(p + "attn_gate.weight", hv * s, d, 1 / np.sqrt(d), types["attn_q"])
         w.add_tensor(p + "ssm_conv1d.weight", (rng.standard_normal(((2 * hk + hv) * s, taps)) * 0.5).astype(np.float32))
