@@ -27,7 +27,7 @@ from app.tui.model_picker import ModelPicker, known_models, model_label
 from app.tui.piece_buffer import PieceBuffer
 from app.tui.prompt_input import PromptInput
 from app.tui.settings_screen import SettingsScreen
-from app.tui.status_bar import StatusBar, placement_text
+from app.tui.status_bar import StatusBar, placement_text, prompt_text
 from app.warm_up import NOTICE
 
 NEW_TITLE = "New chat"
@@ -129,6 +129,7 @@ class ChatApp(App):
         measured = [m.stats for m in messages if m.stats]  # the status bar shows the chat's last reply
         status = self.query_one(StatusBar)
         status.tok_s = measured[-1]["generation_tok_s"] if measured else 0.0
+        status.prompt = prompt_text(measured[-1] if measured else None)
         status.ctx_used = measured[-1]["context_tokens"] if measured else 0
         await self.refresh_sidebar()
         self.ensure_model()
@@ -326,6 +327,7 @@ class ChatApp(App):
         if event.stats:
             status = self.query_one(StatusBar)
             status.tok_s = event.stats["generation_tok_s"]
+            status.prompt = prompt_text(event.stats)
             status.ctx_used = min(event.stats["context_tokens"], status.n_ctx)
             if event.stats["finish_reason"] == "context full":
                 self.notify("The context is full: start a new chat (Ctrl+N), raise --ctx or use --drop-old-turns",

@@ -193,6 +193,39 @@ def test_regenerate_replaces_the_last_reply(store, smollm2):
     assert shown == [m.content for m in second]
 
 
+@pytest.fixture(scope="module")
+def hybrid_chat_model(tmp_path_factory, smollm2):
+    """A random qwen35 (Gated DeltaNet and attention layers) with SmolLM2's vocabulary and chat template."""
+    from tests.inference.synthetic import write_synthetic
+    path = tmp_path_factory.mktemp("hybrid") / "qwen35.gguf"
+    write_synthetic(path, "qwen35", vocab_from=smollm2)
+    return path
+
+
+def test_regenerate_in_a_long_conversation_resumes_from_a_checkpoint(store, hybrid_chat_model):
+    """A hybrid model's state cannot be rewound: regenerate resumes from the checkpoint at the end of the prompt, so
+    the status bar shows a prompt of a few tokens where the first time processed the whole conversation."""
+    async def run():
+        app = make_app(store, hybrid_chat_model, max_tokens=8, ctx=1024)
+        async with app.run_test(size=SIZE) as pilot:
+            for i in range(3):
+                await send(pilot, f"Tell me about the number {i} and why it matters to people.")
+                await wait_for(pilot, replied(app, store))
+            first = store.messages(app.chat.id)
+            shown_first = app.query_one(StatusBar).prompt
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, replied(app, store, after=first[-1].id))
+            return first, store.messages(app.chat.id), shown_first, app.query_one(StatusBar).prompt
+
+    first, second, shown_first, shown = asyncio.run(run())
+    before, after = first[-1].stats, second[-1].stats
+    assert before["context_tokens"] > 100 and before["prompt_tokens"] > 20, before  # the last turn's new tokens
+    assert after["prompt_tokens"] <= 1, after  # the checkpoint at the end of the same prompt
+    assert second[-1].content == first[-1].content  # greedy: the same reply, from the restored state
+    assert shown_first.startswith(f"prompt {before['prompt_tokens']} tok in ")
+    assert shown.startswith(f"prompt {after['prompt_tokens']} tok in "), shown
+
+
 def test_edit_and_resend_the_last_message(store, smollm2):
     async def run():
         app = make_app(store, smollm2)

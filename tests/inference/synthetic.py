@@ -146,6 +146,8 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
         w.add_token_merges(src["tokenizer.ggml.merges"])
     w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
     w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
+    if "tokenizer.chat_template" in src:
+        w.add_chat_template(src["tokenizer.chat_template"])
 
     def mat(name, rows, cols, std, qtype, n_expert=0):
         shape = (n_expert, rows, cols) if n_expert else (rows, cols)
