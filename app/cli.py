@@ -5,7 +5,7 @@ Command modules import their heavy dependencies inside their run function, so `g
 import argparse
 import sys
 
-from kernels.cpu_threads import configure_thread_waits
+from kernels.cpu.threads import configure_thread_waits
 
 configure_thread_waits()  # before numpy loads (cmd_bench and models import it): how the CPU thread pools wait
 

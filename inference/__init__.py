@@ -1,5 +1,5 @@
 """Running a model: load() gives an Engine (logits, generate); see the README for the API."""
-from kernels.cpu_threads import configure_thread_waits
+from kernels.cpu.threads import configure_thread_waits
 
 configure_thread_waits()  # before numpy and numba load, when inference is the first import
 

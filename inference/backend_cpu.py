@@ -1,13 +1,13 @@
-"""The op set of the forward pass on the CPU: numpy arrays, quantized matmuls from kernels/cpu_quant."""
+"""The op set of the forward pass on the CPU: numpy arrays, quantized matmuls from kernels/cpu/quant."""
 import mmap
 
 import numpy as np
 
 from inference.weights import DeltaNetWeights, ExpertFFN, ModelWeights, QuantMatrix
-from kernels import cpu_deltanet, cpu_ops, cpu_quant
-from kernels.cpu_quant import (OneToken, dequantize_rows, quantized_matmul, quantized_matmuls,
+from kernels.cpu import deltanet as cpu_deltanet, ops as cpu_ops, quant as cpu_quant
+from kernels.cpu.quant import (OneToken, dequantize_rows, quantized_matmul, quantized_matmuls,
                                quantized_matvecs_own_rows)
-from kernels.cpu_repack import LAYOUTS, Repacked, repack
+from kernels.cpu.repack import LAYOUTS, Repacked, repack
 from models.config import ModelConfig
 
 
@@ -75,7 +75,7 @@ def _moe_experts_listed(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weig
 
 
 def repacked_matrices(weights: ModelWeights, layers: range) -> dict[int, Repacked]:
-    """id(matrix) -> the matrix repacked eight rows at a time (kernels/cpu_repack), for the layers' matrices of the
+    """id(matrix) -> the matrix repacked eight rows at a time (kernels/cpu/repack), for the layers' matrices of the
     types that layout has (Q4_0, Q4_1, Q5_0, Q5_1; experts are left as they are)."""
     out = {}
     for i in layers:
@@ -117,7 +117,7 @@ class CPUBackend:
         attention = [i for i in self.layers if not cfg.is_recurrent(i)]
         self.k_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.head_dim)) for i in attention}
         self.v_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.v_head_dim)) for i in attention}
-        # the recurrent layers' states (kernels/cpu_deltanet): the context of those layers, at state_pos tokens
+        # the recurrent layers' states (kernels/cpu/deltanet): the context of those layers, at state_pos tokens
         recurrent = [i for i in self.layers if cfg.is_recurrent(i)]
         self.conv_state = {i: np.zeros((cfg.ssm_conv_kernel - 1, cfg.ssm_conv_dim), np.float32) for i in recurrent}
         self.delta_state = {i: np.zeros((cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_state), np.float32) for i in recurrent}

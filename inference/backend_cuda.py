@@ -1,4 +1,4 @@
-"""The op set of the forward pass on the GPU: CuPy arrays, weights uploaded once, kernels from kernels/cuda_*.
+"""The op set of the forward pass on the GPU: CuPy arrays, weights uploaded once, kernels from kernels/cuda/.
 
 All work runs on one non-blocking stream (cuBLAS included), so the eager prompt chunks, the eager decode
 step and the captured one are ordered without host syncs; the host waits only when it reads a result.
@@ -16,8 +16,9 @@ from inference.host_experts import HostExperts
 from inference.placement import GROUPED_MIN_TOKENS, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, prefill_tile_elems
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.weights import DeltaNetWeights, ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
-from kernels import cpu_ops, cuda_deltanet, cuda_host, cuda_moe, cuda_ops, cuda_prefill
-from kernels.cuda_quant import (FLOAT_TYPES, DeviceWeight, Q8Vector, matvec, matvec_pair, pairs_in_one_launch,
+from kernels.cpu import ops as cpu_ops
+from kernels.cuda import deltanet as cuda_deltanet, host as cuda_host, moe as cuda_moe, ops as cuda_ops, prefill as cuda_prefill
+from kernels.cuda.quant import (FLOAT_TYPES, DeviceWeight, Q8Vector, matvec, matvec_pair, pairs_in_one_launch,
                                  quantize_q8_1, to_device)
 from models.config import ModelConfig
 
@@ -101,7 +102,7 @@ class CUDABackend:
             self._rope_freqs = weights.rope_freqs
             self.caches = {i: cuda_ops.kv_cache(cfg.n_kv_heads, n_ctx, cfg.head_dim) for i in self.layers
                            if not cfg.is_recurrent(i)}
-            # the recurrent layers' states (kernels/cuda_deltanet), updated in place by every step, in the graph too
+            # the recurrent layers' states (kernels/cuda/deltanet), updated in place by every step, in the graph too
             recurrent = [i for i in self.layers if cfg.is_recurrent(i)]
             self.conv_state = {i: cp.zeros((cfg.ssm_conv_kernel - 1, cfg.ssm_conv_dim), cp.float32) for i in recurrent}
             self.delta_state = {i: cp.zeros((cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_state), cp.float32)
@@ -460,7 +461,7 @@ class CUDABackend:
     def delta_net(self, layer: int, dn: DeltaNetWeights, qkv: cp.ndarray, z: cp.ndarray, alpha: cp.ndarray,
                   beta: cp.ndarray) -> cp.ndarray:
         """The DeltaNet mixer of a recurrent layer on its projections (forward.delta_net): the causal conv, the
-        delta rule and the gated norm (kernels/cuda_deltanet), the layer's states moved on in place."""
+        delta rule and the gated norm (kernels/cuda/deltanet), the layer's states moved on in place."""
         n = qkv.shape[0]
         y = self._empty(qkv.shape)
         cuda_deltanet.conv_silu(self._contiguous(qkv), self.conv_state[layer], self._weight(dn.conv), y,
@@ -490,7 +491,7 @@ class CUDABackend:
         return out
 
     def _add_routed(self, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> tuple:
-        """(x + the routed experts' weighted sum, h) for h = rms_norm(x [n, n_embd], norm) (kernels/cuda_moe.py): the router's
+        """(x + the routed experts' weighted sum, h) for h = rms_norm(x [n, n_embd], norm) (kernels/cuda/moe.py): the router's
         logits and the choice of k experts a token, kept on the device, then the experts' FFNs. One token
         (decode): the norm, router and choice in one launch, the chosen experts' gate, up and glu in one, then
         their down projections weighted, summed and added to x in one. A prompt chunk: grouped by expert

@@ -24,7 +24,7 @@ from inference.backend_cuda import CUDABackend
 from inference.forward import embed, head, layers
 from inference.sampling import SamplingParams
 from inference.weights import ModelWeights
-from kernels.cuda_module import programmatic_launches
+from kernels.cuda.module import programmatic_launches
 from models.config import ModelConfig
 
 

@@ -14,7 +14,7 @@ from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_
                                  all_on_cpu, free_vram, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
 from inference.weights import load_weights
-from kernels.cuda_shapes import ATTENTION_HEAD_DIMS, DELTANET_CONV_K, DELTANET_HEAD_SIZES
+from kernels.cuda.shapes import ATTENTION_HEAD_DIMS, DELTANET_CONV_K, DELTANET_HEAD_SIZES
 from models.chat_template import load_chat_template
 from models.config import ModelConfig, config_from_metadata
 from models.errors import UserError
@@ -33,7 +33,7 @@ CHECKPOINT_MAX = 32
 CHECKPOINT_BYTES = 2 << 30
 
 # Engine.warm_up's prompt: long enough that its decode steps take the paths a longer context takes (the CPU's
-# parallel decode attention from kernels/cpu_ops.ATTENTION_PARALLEL_WORK: ~114 keys on SmolLM2, 64 on Gemma 3;
+# parallel decode attention from kernels/cpu/ops.ATTENTION_PARALLEL_WORK: ~114 keys on SmolLM2, 64 on Gemma 3;
 # the GPU's grouped experts from placement.GROUPED_MIN_TOKENS), so that none compiles during a first reply.
 WARM_UP_TOKENS = 160
 

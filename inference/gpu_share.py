@@ -23,10 +23,10 @@ from inference.backend_cuda import row_groups
 from inference.placement import MAX_GPU_SHARE, cap_gpu_share, host_memory_available, share_ring_bytes
 from inference.share_ring import RingSchedule, aligned
 from inference.weights import ModelWeights, QuantMatrix
-from kernels.cpu_quant import quantized_matmuls
-from kernels.cuda_host import copy_down, copy_up
-from kernels.cuda_layout import META_SPLIT
-from kernels.cuda_quant import DeviceWeight, Q8Vector, matvec, quantize_q8_1, to_pinned
+from kernels.cpu.quant import quantized_matmuls
+from kernels.cuda.host import copy_down, copy_up
+from kernels.cuda.layout import META_SPLIT
+from kernels.cuda.quant import DeviceWeight, Q8Vector, matvec, quantize_q8_1, to_pinned
 
 ROW_ALIGN = 16  # the GPU takes a multiple of this many rows of a matrix, its first ones
 

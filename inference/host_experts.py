@@ -18,9 +18,9 @@ import numpy as np
 
 from inference.backend_cpu import moe_experts
 from inference.weights import ExpertFFN, ModelWeights
-from kernels import cuda_moe, cuda_ops
-from kernels.cuda_host import PinnedPages, copy_down, copy_up
-from kernels.cuda_quant import Q8Vector, quantize_q8_1
+from kernels.cuda import moe as cuda_moe, ops as cuda_ops
+from kernels.cuda.host import PinnedPages, copy_down, copy_up
+from kernels.cuda.quant import Q8Vector, quantize_q8_1
 from models.config import ModelConfig
 
 # Of a token's chosen experts in a layer whose experts stay in host memory, how many the GPU runs itself, reading

@@ -1,16 +1,16 @@
 """Which layers go on the GPU: everything the GPU engine keeps in VRAM is counted before anything is uploaded.
 
 Counted, from what the CUDA kernels allocate:
-- weights: quantized as in the file (kernels/cuda_quant.to_device repacks without growing them); vectors (norms)
+- weights: quantized as in the file (kernels/cuda/quant.to_device repacks without growing them); vectors (norms)
   as float32. The output head (and output_norm) goes on the GPU whenever a layer does: the step then ends on the
   GPU, where logits are sampled, and only the hidden state crosses to the GPU and a token id comes back.
 - token_embd: on the CPU (decode needs one row a token, read from the file's pages) unless every layer is on
   the GPU, where the lookup runs on the GPU so the decode graph never waits on the host. A tied output head
   is token_embd itself and is counted once, as the head.
 - KV cache: float16 k [n_kv_heads, n_ctx, head_dim] and v [n_kv_heads, n_ctx, v_head_dim] per GPU layer
-  (kernels/cuda_ops.kv_cache); sliding-window layers get the full context too, as the kernels index it.
+  (kernels/cuda/ops.kv_cache); sliding-window layers get the full context too, as the kernels index it.
 - scratch: the decode step's activations, logits and attention splits, the prefill Scratch of
-  kernels/cuda_prefill for PREFILL_CHUNK tokens with a tile of half the largest layer matrix, and room
+  kernels/cuda/prefill for PREFILL_CHUNK tokens with a tile of half the largest layer matrix, and room
   for a CPU layer's largest matrix, which prompt chunks upload to multiply on the GPU (backend_cpu.py); with
   layers on the CPU, the ring their decode steps stream the GPU's share of their rows through (gpu_share.py).
 - reserve: the CUDA context and runtime allocations outside our buffers (constants below).
@@ -52,9 +52,9 @@ PREFILL_WHOLE_TILE_ELEMS = 1 << 25
 # and their KV cache lent for the chunk (backend_cuda: lent layers), as llama.cpp runs a host weight's matmul on
 # the GPU from 32 tokens; host experts are uploaded from this many too. Below it the CPU runs them.
 OFFLOAD_MIN_TOKENS = 32
-# From this many tokens a prompt chunk's experts run grouped by expert (kernels/moe_mm.cu: each chosen expert's
+# From this many tokens a prompt chunk's experts run grouped by expert (kernels/cuda/moe_mm.cu: each chosen expert's
 # weight tiles dequantized once per 64 of its pairs, tensor cores); below, per (token, slot) pair with the decode
-# kernels. Qwen3-30B-A3B's layer on the H100 (kernels/bench_moe.py, us grouped / per pair): 32 tokens 603 / 300,
+# kernels. Qwen3-30B-A3B's layer on the H100 (kernels/bench/moe.py, us grouped / per pair): 32 tokens 603 / 300,
 # 64 tokens 648 / 597, 512 tokens 709 / 4567.
 GROUPED_MIN_TOKENS = 64
 # The most of a CPU layer's matrix rows the GPU may multiply over PCIe (inference/gpu_share.py): the CPU keeps some
@@ -70,8 +70,8 @@ DEFAULT_GPU_SHARE = 0.4
 # The VRAM ring those rows stream through, in largest layer matrices: twice the largest call (gate and up) at the
 # most share, and on llama3-8b (192 MB) ~3.5 ms of copies ahead at 55 GB/s, about what its 16 GPU layers take
 SHARE_RING_MATRICES = 4
-ATTN_SPLITS_MAX = 64  # kernels/cuda_ops.decode_scratch: at most 64 key splits per head
-SAMPLE_CHUNK, SAMPLE_K_MAX = 4096, 64  # kernels/cuda_ops.sample_scratch
+ATTN_SPLITS_MAX = 64  # kernels/cuda/ops.decode_scratch: at most 64 key splits per head
+SAMPLE_CHUNK, SAMPLE_K_MAX = 4096, 64  # kernels/cuda/ops.sample_scratch
 
 
 class GpuLayersError(UserError, ValueError):

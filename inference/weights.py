@@ -4,7 +4,7 @@ from functools import cached_property
 
 import numpy as np
 
-from kernels.cpu_quant import OneTokenExperts
+from kernels.cpu.quant import OneTokenExperts
 from models.config import ModelConfig
 from models.errors import UserError
 from models.ggml_types import TYPES_BY_NAME, GGMLType, require_supported

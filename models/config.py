@@ -25,7 +25,7 @@ ARCH_TRAITS = {
     # gpt-oss (llama.cpp's openai-moe.cpp): biases on q, k, v, the attention output, the router and the experts;
     # a learned sink logit per head in the softmax; every other layer (the even ones) a sliding window; YaRN rope
     # on every layer; experts chosen by top-k of the router's logits, weighted by a softmax over those k (what
-    # cpu_ops.route gives); the experts' GLU is its clamped swiglu with alpha (kernels/cpu_ops.swiglu_oai)
+    # cpu_ops.route gives); the experts' GLU is its clamped swiglu with alpha (kernels/cpu/ops.swiglu_oai)
     "gpt-oss": dict(rope_style="neox", activation="swiglu_oai", qkv_bias=True, swa_period=2, attn_sinks=True,
                     yarn=True),
 }
@@ -74,7 +74,7 @@ class ModelConfig:
     rope_scale_local: float = 1.0  # rope_scale of the local layers (gemma3 scales only its global ones)
     # YaRN (rope.scaling.type "yarn", gpt-oss): the context the model was trained at before scaling; 0: no YaRN.
     # The rotation of pair i is blended between scaled and unscaled by a ramp over the pairs, and cos and sin are
-    # multiplied by rope_mscale (kernels/cpu_ops.yarn_inv_freq, as llama.cpp's ggml rope_yarn)
+    # multiplied by rope_mscale (kernels/cpu/ops.yarn_inv_freq, as llama.cpp's ggml rope_yarn)
     rope_yarn_orig_ctx: int = 0
     rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: a further factor of cos and sin
     attn_sinks: bool = False  # each head's softmax has one more logit, learned, with no value (gpt-oss)

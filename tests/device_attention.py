@@ -12,7 +12,7 @@ import sys
 import cupy as cp
 import numpy as np
 
-from kernels.cuda_module import KERNEL_DIR
+from kernels.cuda.module import KERNEL_DIR
 
 STAGES = (2, 3, 4)
 

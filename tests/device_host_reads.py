@@ -22,9 +22,9 @@ import numpy as np
 
 import inference.host_experts as host_experts
 from inference import load
-from kernels import cuda_moe
-from kernels.cpu_bench import DRAM_BYTES, _sum, best_median
-from kernels.cuda_quant import DeviceWeight, Q8Vector
+from kernels.cuda import moe as cuda_moe
+from kernels.bench.cpu import DRAM_BYTES, _sum, best_median
+from kernels.cuda.quant import DeviceWeight, Q8Vector
 
 K = 8
 
@@ -147,11 +147,11 @@ def main(path: str, steps_only: bool) -> None:
 def cores_breakdown(ffns, ids, h, activation, nbytes) -> None:
     """A token's 8 experts on the cores: the gate/up call (no GLU), the down call and the rest, apart (the engine runs
     them in one call, OneTokenExperts.ffn); with fewer threads and more row chunks; next to the cores' plain DRAM
-    read rate (kernels.cpu_bench's parallel sum)."""
+    read rate (kernels.bench.cpu's parallel sum)."""
     import numba as nb
 
-    import kernels.cpu_ops as cpu_ops
-    import kernels.cpu_quant as cpu_quant
+    import kernels.cpu.ops as cpu_ops
+    import kernels.cpu.quant as cpu_quant
 
     a = np.ones(DRAM_BYTES // 4, np.float32)
     _sum(a)

@@ -72,7 +72,7 @@ def prefill(path: str) -> None:
 
     import inference.backend_cuda as backend_cuda
     from inference import load
-    from kernels import cuda_moe
+    from kernels.cuda import moe as cuda_moe
     engine = load(path, device="cuda", ctx=1024)
 
     def run(seed):
@@ -115,7 +115,7 @@ def doubled(path: str, depth: int = 64) -> None:
     The doubled launches compute the same again (the norms, matvecs, attention) or add their output twice to
     the residual (a wrong but finite step: only its time is read)."""
     from inference import load
-    from kernels import cuda_module
+    from kernels.cuda import module as cuda_module
     engine = load(path, device="cuda", ctx=depth + 1024)
     list(engine.generate(_prompt(depth), max_tokens=8, temperature=0))
     decode, launch = engine._decode, cuda_module.Kernel.__call__

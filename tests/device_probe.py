@@ -12,7 +12,7 @@ import numba as nb
 import numpy as np
 
 from inference.weights import load_weights
-from kernels.cpu_quant import quantized_matmul, quantized_matmuls
+from kernels.cpu.quant import quantized_matmul, quantized_matmuls
 from models.config import config_from_metadata
 from models.gguf import open_gguf
 

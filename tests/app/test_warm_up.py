@@ -33,12 +33,12 @@ def test_a_slow_warm_up_is_said_once_and_a_quick_one_not(monkeypatch):
 
 def compiled_kernels() -> dict:
     """Every numba kernel of the CPU engine with the signatures compiled (or loaded from the cache) so far."""
-    import kernels
+    import kernels.cpu
     from numba.core.registry import CPUDispatcher
     found = {}
-    for info in pkgutil.iter_modules(kernels.__path__):
-        module = importlib.import_module(f"kernels.{info.name}") if info.name.startswith("cpu_") else None
-        for name, value in vars(module or object).items():
+    for info in pkgutil.iter_modules(kernels.cpu.__path__):
+        module = importlib.import_module(f"kernels.cpu.{info.name}")
+        for name, value in vars(module).items():
             if isinstance(value, CPUDispatcher):
                 found[f"{info.name}.{name}"] = set(value.signatures)
     return found

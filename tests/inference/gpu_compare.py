@@ -4,7 +4,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from inference.sampling import SamplingParams
-from kernels import cpu_quant
+from kernels.cpu import quant as cpu_quant
 
 REAL_MODELS = {"smollm2", "gemma3"}  # the packaged models' fixtures; the others are synthetic files
 TEXT = ("The history of the city begins with a small fishing village at the mouth of a wide river. Traders "
@@ -27,7 +27,7 @@ def teacher_prompt(request, engine, n: int, seed: int = 0) -> list[int]:
     """n ids to teacher-force: English text (with the BOS the file asks for, repeated as needed) for a real model,
     random ids for a synthetic file, whose random weights know no language. Random ids are far from anything a
     real model saw in training: Gemma 3's activations then carry outliers, and the 8-bit rounding of activations
-    that the GPU matvecs share with llama.cpp's costs it 0.3-0.5% of correlation (kernels/NOTES_cpu.md)."""
+    that the GPU matvecs share with llama.cpp's costs it 0.3-0.5% of correlation (kernels/cpu/NOTES_cpu.md)."""
     if not REAL_MODELS & set(request.node.callspec.params.values()):
         return random_prompt(engine, n, seed)
     ids = engine.tokenizer.encode(TEXT)

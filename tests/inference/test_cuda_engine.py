@@ -45,7 +45,7 @@ def test_teacher_forced_logits_match_cpu(engines, request):
 
 @pytest.mark.parametrize("engines", ["synth_qwen3moe"], indirect=True)
 def test_both_expert_prompt_paths_match_cpu(engines, request, monkeypatch):
-    """A prompt chunk's experts run grouped by expert (kernels/moe_mm.cu, tensor cores) or, below
+    """A prompt chunk's experts run grouped by expert (kernels/cuda/moe_mm.cu, tensor cores) or, below
     GROUPED_MIN_TOKENS, per (token, slot) pair with the decode kernels: both against the CPU engine."""
     import inference.backend_cuda as backend_cuda
     cpu, gpu, _ = engines
@@ -202,7 +202,7 @@ def test_matmuls_fuse_the_matrices_of_one_type(engines):
     import cupy as cp  # noqa: PLC0415
 
     from inference.backend_cuda import _group_key, _matmuls_calls  # noqa: PLC0415
-    from kernels.cuda_quant import to_device  # noqa: PLC0415
+    from kernels.cuda.quant import to_device  # noqa: PLC0415
     _, gpu, _ = engines
     be, rng = gpu._be, np.random.default_rng(0)
     layers = gpu._weights.layers

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as T
 
 from app.cli import main
 from inference.weights import ExpertFFN
-from kernels import cpu_ops
+from kernels.cpu import ops as cpu_ops
 from models.config import BadConfigValueError, config_from_metadata
 from models.dequant import dequantize
 from models.gguf import open_gguf
@@ -164,7 +164,7 @@ def test_one_token_experts_match_one_matrix_a_call(gate_up, down):
     chosen experts one matrix a call (quantized_matmul, glu, the weighted sum in float64): float32 rounding apart,
     where the bound above allows 3%; a slot paired with another slot's weight or activation fails it."""
     from inference.backend_cpu import moe_experts
-    from kernels.cpu_quant import quantized_matmul
+    from kernels.cpu.quant import quantized_matmul
     experts = _random_experts(dict(gate=gate_up, up=gate_up, down=down))
     rng = np.random.default_rng(2)
     h = rng.standard_normal((1, 256)).astype(np.float32)

@@ -94,7 +94,7 @@ def test_all_on_gpu_counts_every_tensor_once(packaged):
 
 def test_vram_is_the_file_size_after_repacking(packaged):
     """The GPU keeps each matrix in cuda_layout.repack's layout: the assumption that VRAM = the file's bytes."""
-    from kernels.cuda_layout import repack
+    from kernels.cuda.layout import repack
     path, tensors, cfg = packaged
     model = open_gguf(path)
     for name, t in tensors.items():
@@ -324,8 +324,8 @@ def test_counts_cover_what_the_kernels_allocate(llama3):
     """KV cache and the kernels' own scratch (prefill Scratch, attention splits, sampler) within the counts."""
     import cupy as cp
 
-    from kernels import cuda_ops
-    from kernels.cuda_prefill import Scratch
+    from kernels.cuda import ops as cuda_ops
+    from kernels.cuda.prefill import Scratch
     tensors, cfg = llama3
     k, v = cuda_ops.kv_cache(cfg.n_kv_heads, 8192, cfg.head_dim)
     assert k.nbytes + v.nbytes == kv_bytes_per_layer(cfg, 8192)

@@ -1,5 +1,5 @@
 """The GPU tests' CPU reference (gpu_compare.reference_logits) leaves the CPU engine's int8 paths for float32 ones,
-and puts them back: runs in CI, so a renamed switch of kernels/cpu_quant fails here, not only on the device."""
+and puts them back: runs in CI, so a renamed switch of kernels/cpu/quant fails here, not only on the device."""
 import numpy as np
 
 from inference import load

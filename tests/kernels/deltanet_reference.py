@@ -50,7 +50,7 @@ def delta_rule(y, alpha, beta, dt_bias, a, state, n_k_heads, eps):
 
 def delta_rule_chunked(y, alpha, beta, dt_bias, a, state, n_k_heads, eps, chunk=64):
     """delta_rule in chunks of `chunk` tokens, the WY form (llama.cpp's build_delta_net_chunking; the algorithm of
-    the GPU's prompt kernel, kernels/deltanet.cu), every head at once. Within a chunk, with G the cumulative sum of
+    the GPU's prompt kernel, kernels/cuda/deltanet.cu), every head at once. Within a chunk, with G the cumulative sum of
     g, D[t, s] = exp(G_t - G_s) for s <= t, Kb = diag(b) K, S0 the state at the chunk's start (S_h, not stored
     transposed):
       T = (I + strict_lower(Kb K^T * D))^-1      (the chunk's writes, each seen by the later ones)

@@ -1,10 +1,10 @@
-// A CPU build of kernels/dequant_chunk.cuh: the very chunk dequantizers of the GPU prefill kernel, run on
+// A CPU build of kernels/cuda/dequant_chunk.cuh: the very chunk dequantizers of the GPU prefill kernel, run on
 // the host, so that tests/kernels/test_dequant_host.py checks them bit for bit against models/dequant.py in CI.
 #include <string.h>
 
 #include "dequant_chunk.cuh"
 
-// out[r, :] = float32 row r of the repacked weight w, for every row and chunk, as kernels/dequant.cu walks them.
+// out[r, :] = float32 row r of the repacked weight w, for every row and chunk, as kernels/cuda/dequant.cu walks them.
 template <class T>
 static void rows(const uint8_t* w, float* out, int n_rows, int nb) {
     constexpr int CPB = T::QK / 32;

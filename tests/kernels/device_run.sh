@@ -8,6 +8,6 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -m pytest tests/kernels -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 25
-python3 -m kernels.bench_cuda "$@" 2>&1 | tee "$OUT/bench.log"
-python3 -m kernels.bench_ops 2>&1 | tee "$OUT/bench_ops.log"
-python3 -m kernels.bench_prefill 2>&1 | tee "$OUT/bench_prefill.log"
+python3 -m kernels.bench.cuda "$@" 2>&1 | tee "$OUT/bench.log"
+python3 -m kernels.bench.ops 2>&1 | tee "$OUT/bench_ops.log"
+python3 -m kernels.bench.prefill 2>&1 | tee "$OUT/bench_prefill.log"

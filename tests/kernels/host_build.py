@@ -13,7 +13,7 @@ def build_host_lib(source: str, out_dir: Path) -> ctypes.CDLL:
     """tests/kernels/<source> compiled as host code against kernels/, loaded with ctypes."""
     lib = out_dir / f"lib{Path(source).stem}.so"
     proc = subprocess.run(
-        [NVCC, "-arch=sm_90", "-O2", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-I{ROOT / 'kernels'}",
+        [NVCC, "-arch=sm_90", "-O2", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-I{ROOT / 'kernels' / 'cuda'}",
          "-o", str(lib), str(ROOT / "tests/kernels" / source)],
         capture_output=True, text=True, timeout=300,
     )

@@ -1,4 +1,4 @@
-// A CPU build of kernels/quant_dot.cuh: the very item dot products and row loop of the GPU kernels, run on
+// A CPU build of kernels/cuda/quant_dot.cuh: the very item dot products and row loop of the GPU kernels, run on
 // the host, so that tests/kernels/test_quant_dot_host.py checks their index math in CI, without a GPU.
 #include <string.h>
 

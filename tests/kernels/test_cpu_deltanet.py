@@ -3,7 +3,7 @@ reference's chunked form (the GPU prompt kernel's algorithm) against its per-tok
 import numpy as np
 import pytest
 
-from kernels import cpu_deltanet
+from kernels.cpu import deltanet as cpu_deltanet
 from tests.kernels import deltanet_reference as ref
 
 EPS = 1e-6

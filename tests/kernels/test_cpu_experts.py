@@ -1,12 +1,12 @@
-"""One token's chosen experts on the CPU (a mixture of experts' decode step): the stack kernels of kernels/cpu_matvec
+"""One token's chosen experts on the CPU (a mixture of experts' decode step): the stack kernels of kernels/cpu/matvec
 (expert_matvecs_int8, expert_ffn_int8) and cpu_quant's wrappers around them, against
 the per-matrix kernels (tests/kernels/test_cpu_quant.py holds those to gguf-py's dequantization) and x8 @ W.T."""
 import numpy as np
 import pytest
 
-from kernels.cpu_bench import random_weight
-from kernels.cpu_ops import GELU_TABLE
-from kernels.cpu_types import F16_TO_F32
+from kernels.bench.cpu import random_weight
+from kernels.cpu.ops import GELU_TABLE
+from kernels.cpu.types import F16_TO_F32
 from models.ggml_types import TYPES_BY_NAME
 from tests.kernels.test_cpu_quant import expected
 
@@ -24,7 +24,7 @@ def test_expert_matvecs_equal_the_per_matrix_path_bit_for_bit(gate_up, down):
     k downs give, bit for bit (the same quantized x, dots and chunks of rows), and x8 @ W.T of the dequantized
     experts. Ids out of order, 41 rows (an odd last row), both kinds of x blocks.
     Planted fault, seen once: the kernel reading expert ids[(s + 1) % k] for slot s fails every case here."""
-    from kernels.cpu_quant import expert_matvecs, quantized_matmuls, quantized_matvecs_own_rows
+    from kernels.cpu.quant import expert_matvecs, quantized_matmuls, quantized_matvecs_own_rows
     n_expert, ids = 6, np.array([4, 0, 5], np.int32)
     qg, qd = TYPES_BY_NAME[gate_up], TYPES_BY_NAME[down]
     gate, up = expert_stack(gate_up, n_expert, 41, 512, 1), expert_stack(gate_up, n_expert, 41, 512, 2)
@@ -62,9 +62,9 @@ def test_one_token_experts_sum_the_downs_as_weights_times_expert_matvecs(gate_t,
     Planted faults, each seen once: the kernel taking weight 1 for slot 1 fails every case here; a slot's activation
     quantized by the thread that finishes its first gate/up chunk instead of its last fails every case here; gelu
     for silu and silu for gelu fails every case here."""
-    from kernels import cpu_ops
-    from kernels.cpu_matvec import expert_ffn_int8
-    from kernels.cpu_quant import OneTokenExperts, expert_matvecs
+    from kernels.cpu import ops as cpu_ops
+    from kernels.cpu.matvec import expert_ffn_int8
+    from kernels.cpu.quant import OneTokenExperts, expert_matvecs
     n_expert, ids = 6, np.array([4, 0, 5], np.int32)
     qtypes = tuple(TYPES_BY_NAME[t] for t in (gate_t, up_t, down_t))
     stacks = (expert_stack(gate_t, n_expert, 256, 512, 1), expert_stack(up_t, n_expert, 256, 512, 2),
@@ -90,7 +90,7 @@ def test_one_token_experts_sum_the_downs_as_weights_times_expert_matvecs(gate_t,
 
 
 def test_one_token_experts_refuse_bad_arguments():
-    from kernels.cpu_quant import OneTokenExperts
+    from kernels.cpu.quant import OneTokenExperts
     q4_k, q6_k = TYPES_BY_NAME["Q4_K"], TYPES_BY_NAME["Q6_K"]
     gate, up = expert_stack("Q4_K", 4, 256, 512, 0), expert_stack("Q4_K", 4, 256, 512, 1)
     with pytest.raises(ValueError, match="down stack"):
@@ -112,7 +112,7 @@ def test_one_token_experts_refuse_bad_arguments():
 
 
 def test_expert_matvecs_refuse_bad_stacks_and_ids():
-    from kernels.cpu_quant import expert_matvecs
+    from kernels.cpu.quant import expert_matvecs
     q4_k, q5_k = TYPES_BY_NAME["Q4_K"], TYPES_BY_NAME["Q5_K"]
     stack, x = expert_stack("Q4_K", 4, 8, 256, 0), np.ones((1, 256), np.float32)
     with pytest.raises(IndexError, match="expert id"):

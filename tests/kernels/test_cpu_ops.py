@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from kernels import cpu_ops
+from kernels.cpu import ops as cpu_ops
 
 
 def reference_attention(q, k, v, pos0, window, scale, sinks=None):

@@ -9,11 +9,11 @@ import pytest
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from kernels import cpu_dot_int8, cpu_gemm_int8, cpu_ir, cpu_quant
-from kernels.cpu_bench import F16_FIELDS, random_weight
-from kernels.cpu_dot_int8 import quantize_q8
-from kernels.cpu_quant import MATVEC_MAX_TOKENS, dequantize_rows, quantized_matmul, quantized_matmuls
-from kernels.cpu_types import BLOCK32_IDS, F16_TO_F32, INT8_IDS, MXFP4
+from kernels.cpu import dot_int8 as cpu_dot_int8, gemm_int8 as cpu_gemm_int8, ir as cpu_ir, quant as cpu_quant
+from kernels.bench.cpu import F16_FIELDS, random_weight
+from kernels.cpu.dot_int8 import quantize_q8
+from kernels.cpu.quant import MATVEC_MAX_TOKENS, dequantize_rows, quantized_matmul, quantized_matmuls
+from kernels.cpu.types import BLOCK32_IDS, F16_TO_F32, INT8_IDS, MXFP4
 from models import dequant
 from models.ggml_types import TYPES_BY_NAME
 
@@ -195,7 +195,7 @@ def test_claimed_chunks_each_run_once_whatever_the_workers(n_workers, n_chunks):
     workers than threads, one chunk or more chunks than rows, and every row comes out once, with the bits of
     quantized_matmul (its own chunks).
     Planted fault, seen once: the claim loop stopping one chunk short fails every case (NaN rows)."""
-    from kernels.cpu_matvec import matvecs_int8
+    from kernels.cpu.matvec import matvecs_int8
     names, rows = ("Q4_K", "Q8_0"), (201, 37)
     ws = tuple(random_weight(name, n, 512, seed=k) for k, (name, n) in enumerate(zip(names, rows)))
     qtypes = [TYPES_BY_NAME[name] for name in names]
@@ -212,7 +212,7 @@ def test_claimed_gemm_tiles_each_run_once_whatever_the_workers(n_workers):
     """gemm_int8's workers claim tiles of ROWS rows until none are left: one worker, fewer or more workers than
     threads, a last tile short of ROWS, and every row of every token comes out once, with quantized_matmul's bits.
     Planted fault, seen once: the claim loop stopping one tile short fails every case (NaN rows)."""
-    from kernels.cpu_gemm import gemm_int8, padded_tokens, quantize_biased
+    from kernels.cpu.gemm import gemm_int8, padded_tokens, quantize_biased
     w, n_tokens = random_weight("Q4_K", 203, 512), 9
     x = np.random.default_rng(5).standard_normal((n_tokens, 512), np.float32)
     n_padded = padded_tokens(n_tokens)
@@ -315,7 +315,7 @@ def test_matvecs_of_own_rows_match_one_by_one(names):
     """Each matrix by its own row of x, in one parallel region (or one call each where a type has no int8
     kernel): what quantized_matmul gives that row alone, to float32 rounding (fastmath lets the compiled kernels
     of the two calls sum in different orders: a CI run saw the last bit differ)."""
-    from kernels.cpu_quant import quantized_matvecs_own_rows
+    from kernels.cpu.quant import quantized_matvecs_own_rows
     qtypes = [TYPES_BY_NAME[n] for n in names]
     ws = [random_weight(n, 96, 512, seed=m) for m, n in enumerate(names)]
     x = np.random.default_rng(len(names)).standard_normal((len(ws), 512)).astype(np.float32)
@@ -355,7 +355,7 @@ def _packed_tile(pack, tile, f16_table: bool):
 def test_repacked_matmul_matches_dequantized_reference(name, n_tokens):
     """A weight repacked eight rows at a time (201 rows: a last group of one row) through the matvec (few tokens)
     and the GEMM: x8 @ W.T as the row layout's kernels, to float32 rounding."""
-    from kernels.cpu_repack import repack
+    from kernels.cpu.repack import repack
     qtype = TYPES_BY_NAME[name]
     w = random_weight(name, 201, 512, seed=n_tokens)
     x = np.random.default_rng(1).standard_normal((n_tokens, 512), np.float32)
@@ -370,8 +370,8 @@ def test_repacked_dots_agree_on_every_simd_path(name, monkeypatch):
     """The repacked matvec's byte dots without VNNI: AVX2's pmaddubsw (int16 sums of several vectors, then one
     pmaddwd) and generic IR give what the host's best path gives, lane for lane, with x at its extremes (-128,
     127: the int16 sums' worst case) as well as random."""
-    from kernels import cpu_dot_x8
-    from kernels.cpu_repack import repack
+    from kernels.cpu import dot_x8 as cpu_dot_x8
+    from kernels.cpu.repack import repack
     qtype = TYPES_BY_NAME[name]
     w = random_weight(name, 8, 2048)
     high = np.full(w.shape, 0xFF, np.uint8)
@@ -408,9 +408,9 @@ def test_one_token_matvecs_match_quantized_matmuls(names):
     """OneToken (a decode step's matrices checked once) gives quantized_matmuls' results bit for bit, repacked or
     not; its add_matmul gives resid + the matvec bit for bit, and with a norm resid + rms_norm(W x) * norm to
     float32 rounding."""
-    from kernels import cpu_ops
-    from kernels.cpu_quant import OneToken
-    from kernels.cpu_repack import LAYOUTS, repack
+    from kernels.cpu import ops as cpu_ops
+    from kernels.cpu.quant import OneToken
+    from kernels.cpu.repack import LAYOUTS, repack
     rng = np.random.default_rng(len(names))
     qtypes = [TYPES_BY_NAME[n] for n in names]
     raw = [random_weight(n, 40 + 24 * m + 3, 512, seed=m) for m, n in enumerate(names)]
@@ -446,9 +446,9 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
     quants reach +-127, where 255 * 127 pair sums overflow int16). An AVX2 host runs the AVX2 and generic paths,
     an AVX-512 one all of them (its no-VNNI path is AVX2's IR).
     Planted fault, seen once: tile_q8_0 made as the 4-bit types' (max_abs=16, pmaddubsw sums) fails Q8_0 here."""
-    from kernels.cpu_dot_x8 import pack_x8_q4_1, pack_x8_q5_0
-    from kernels.cpu_gemm import quantize_biased
-    from kernels.cpu_repack import repack
+    from kernels.cpu.dot_x8 import pack_x8_q4_1, pack_x8_q5_0
+    from kernels.cpu.gemm import quantize_biased
+    from kernels.cpu.repack import repack
     base = name.removeprefix("X8_")
     qtype = TYPES_BY_NAME[base]
     w = random_weight(base, cpu_gemm_int8.ROWS, 2048)
@@ -494,7 +494,7 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
 SKYLAKE_SP_ASM = """
 import numba as nb
 from numba import types
-from kernels import cpu_gemm_int8 as g
+from kernels.cpu import gemm_int8 as g
 from tests.kernels.test_cpu_quant import _packed_tile
 sig = (types.Array(types.uint8, 2, "C", readonly=True), types.Array(types.uint8, 2, "C"),
        types.Array(types.float32, 2, "C"), types.Array(types.float32, 2, "C"))
@@ -530,9 +530,9 @@ def test_q8_0_gemm_tile_for_avx512_without_vnni_never_saturates():
 def test_one_token_glu_is_glu_of_the_matvecs(name, repacked):
     """A layer's gate and up with their GLU in one region (OneToken.glu) give cpu_ops.glu of matmuls' two results
     bit for bit, silu and gelu, row counts that are and are not whole groups of 8; mixed types are declined."""
-    from kernels import cpu_ops
-    from kernels.cpu_quant import OneToken
-    from kernels.cpu_repack import repack
+    from kernels.cpu import ops as cpu_ops
+    from kernels.cpu.quant import OneToken
+    from kernels.cpu.repack import repack
     qtype = TYPES_BY_NAME[name]
     for n_rows in (203, 256):
         ws = [random_weight(name, n_rows, 512, seed=s) for s in (1, 2)]

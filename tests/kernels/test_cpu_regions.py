@@ -1,4 +1,4 @@
-"""Each one-token kernel of kernels/cpu_matvec, and the prompt GEMM, is ONE parallel region. In a function with
+"""Each one-token kernel of kernels/cpu/matvec, and the prompt GEMM, is ONE parallel region. In a function with
 parallel=True numba makes a parallel loop, a region to start and join, of np.zeros, np.full and slice assignments
 too: a claim counter made by np.zeros cost every matvec call a second region (a Q8_0 64 x 512 call on the 2-core VM
 18 -> 10 us without it; cpu_claim.counters makes counters outside the region).
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from numba.parfors.parfor import Parfor
 
-from kernels import cpu_gemm, cpu_matvec, cpu_quant
-from kernels.cpu_bench import random_weight
+from kernels.cpu import gemm as cpu_gemm, matvec as cpu_matvec, quant as cpu_quant
+from kernels.bench.cpu import random_weight
 from models.ggml_types import TYPES_BY_NAME
 
 Q4_K = TYPES_BY_NAME["Q4_K"]

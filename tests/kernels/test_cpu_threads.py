@@ -1,4 +1,4 @@
-"""The CPU thread pools' waits (kernels/cpu_threads.py) are in the environment before numpy loads, whether the
+"""The CPU thread pools' waits (kernels/cpu/threads.py) are in the environment before numpy loads, whether the
 CLI or the inference API comes first, and a user's own settings stay."""
 import os
 import subprocess

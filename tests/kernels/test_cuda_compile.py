@@ -9,7 +9,7 @@ import pytest
 
 from tests.kernels.host_build import NVCC
 
-KERNEL_DIR = Path(__file__).parents[2] / "kernels"
+KERNEL_DIR = Path(__file__).parents[2] / "kernels" / "cuda"
 CU_FILES = sorted(KERNEL_DIR.glob("*.cu"))
 
 
@@ -43,7 +43,7 @@ def test_compiles_for_sm90(cu, compiled):
 
 def test_launchers_name_kernels_that_exist():
     """Every matvec_<type> the launcher builds a name for is an extern "C" kernel in matvec.cu."""
-    from kernels.cuda_layout import META_SPLIT
+    from kernels.cuda.layout import META_SPLIT
 
     source = (KERNEL_DIR / "matvec.cu").read_text()
     defined = set(re.findall(r"^MATVEC_[QF]\((\w+),", source, re.M))

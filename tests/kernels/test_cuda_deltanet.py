@@ -1,4 +1,4 @@
-"""The Gated DeltaNet kernels (kernels/cuda_deltanet.py) against the float64 reference
+"""The Gated DeltaNet kernels (kernels/cuda/deltanet.py) against the float64 reference
 (tests/kernels/deltanet_reference.py). Needs a GPU.
 
 Fresh random inputs every run, outputs poisoned with NaN first so an unwritten element fails; errors are
@@ -31,7 +31,7 @@ DECAYS = ("typical", "weak", "strong")
 def cuda():
     import cupy as cp
 
-    import kernels.cuda_deltanet as dn
+    import kernels.cuda.deltanet as dn
 
     return cp, dn
 
@@ -138,7 +138,7 @@ def test_decode_step_captures_into_a_graph(cuda, rng):
     """conv_silu then delta_rule on one token, captured once with programmatic launches: 3 replays give what
     3 eager steps give, bit for bit."""
     cp, dn = cuda
-    from kernels.cuda_module import programmatic_launches
+    from kernels.cuda.module import programmatic_launches
 
     Hk, Hv, S = 2, 4, 128
     C = (2 * Hk + Hv) * S

@@ -1,4 +1,4 @@
-"""A file's pages pinned in place (kernels/cuda_host.py): registered with the driver, copied up byte for byte, and
+"""A file's pages pinned in place (kernels/cuda/host.py): registered with the driver, copied up byte for byte, and
 released when the object goes. Needs a GPU."""
 import gc
 
@@ -19,7 +19,7 @@ def mapped(tmp_path):
 
 
 def test_ranges_are_whole_pages_merged(mapped):
-    from kernels.cuda_host import page_ranges
+    from kernels.cuda.host import page_ranges
     base = mapped.ctypes.data
     assert base % PAGE == 0
     # two arrays on one page and the next, one far off: two ranges
@@ -30,7 +30,7 @@ def test_ranges_are_whole_pages_merged(mapped):
 def test_pinned_pages_copy_up_and_are_released(mapped):
     import cupy as cp
 
-    from kernels.cuda_host import copy_up, pin_in_place
+    from kernels.cuda.host import copy_up, pin_in_place
     pinned = pin_in_place([mapped[PAGE:3 * PAGE], mapped[10 * PAGE + 7:20 * PAGE]])
     assert pinned is not None and pinned.nbytes == 12 * PAGE
     assert pinned.holds(mapped[PAGE + 1:3 * PAGE]) and pinned.holds(mapped[11 * PAGE:12 * PAGE])

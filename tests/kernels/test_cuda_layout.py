@@ -1,14 +1,14 @@
-"""The device layout of weights (kernels/cuda_layout.py) and its agreement with quant_dot.cuh; no GPU."""
+"""The device layout of weights (kernels/cuda/layout.py) and its agreement with quant_dot.cuh; no GPU."""
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kernels.cuda_layout import ELEMS_PER_ITEM, META_SPLIT, bulk_meta_bytes, repack
+from kernels.cuda.layout import ELEMS_PER_ITEM, META_SPLIT, bulk_meta_bytes, repack
 from models.ggml_types import TYPES_BY_NAME
 
-CUH = (Path(__file__).parents[2] / "kernels" / "quant_dot.cuh").read_text()
+CUH = (Path(__file__).parents[2] / "kernels" / "cuda" / "quant_dot.cuh").read_text()
 QUANT_TYPES = [n for n in META_SPLIT if n not in ("F32", "F16", "BF16")]
 
 

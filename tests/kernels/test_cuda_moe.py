@@ -1,4 +1,4 @@
-"""The mixture-of-experts kernels (kernels/cuda_moe.py) against numpy: routing against kernels/cpu_ops.route,
+"""The mixture-of-experts kernels (kernels/cuda/moe.py) against numpy: routing against kernels/cpu/ops.route,
 the expert matvecs against models/dequant.py. Needs a GPU.
 
 As in test_cuda_quant.py, the reference multiplies the dequantized weights by the q8_1 activation the kernel
@@ -7,8 +7,8 @@ read back from the device, in float64, so only float32 rounding remains (REL_TOL
 import numpy as np
 import pytest
 
-from kernels.bench_cuda import TYPES, random_weight_bytes
-from kernels.cpu_ops import route
+from kernels.bench.cuda import TYPES, random_weight_bytes
+from kernels.cpu.ops import route
 from models.dequant import dequantize
 from models.ggml_types import TYPES_BY_NAME
 
@@ -22,8 +22,8 @@ QUANT_TYPES = [t for t in TYPES if t not in ("F16", "BF16", "F32")]
 def cuda():
     import cupy as cp
 
-    import kernels.cuda_moe as moe
-    import kernels.cuda_quant as cq
+    import kernels.cuda.moe as moe
+    import kernels.cuda.quant as cq
 
     return cp, cq, moe
 
@@ -200,7 +200,7 @@ def test_gate_up_glu_matches_reference(cuda, name, n_tok):
     """gate, up and silu(gate) * up of the chosen experts in one launch, and its q8_1 copy, against gate_up's
     outputs (themselves checked against models/dequant.py above) and glu."""
     cp, cq, moe = cuda
-    from kernels.cuda_ops import glu
+    from kernels.cuda.ops import glu
     n_expert, k, rows, cols = 16, 4, 768, 2048
     ws = tuple(moe.experts_to_device(*_stack(name, n_expert, rows, cols, seed)) for seed in (0, 100))
     ids = cp.asarray(_ids(n_tok, n_expert, k, n_tok))
@@ -247,7 +247,7 @@ def test_grouped_matmuls_match_reference(cuda, name):
     (fp32 out, the pairs' own rows) against models/dequant.py in float64. Planting a wrong row (e * n_rows + r0 + r + 1
     in load_weight_tile) failed all 10 types (rel err 1.41, or NaN from rows past the stack; H100, 2026-11-25)."""
     cp, cq, moe = cuda
-    from kernels.cpu_ops import glu
+    from kernels.cpu.ops import glu
     n_tok, n_expert, k, rows, cols = 40, 6, 3, 200, 768
     (g_raw, qtype), (u_raw, _) = (_stack(name, n_expert, rows, cols, seed) for seed in (0, 100))
     gate, up = moe.experts_to_device(g_raw, qtype), moe.experts_to_device(u_raw, qtype)

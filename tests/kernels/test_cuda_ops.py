@@ -1,4 +1,4 @@
-"""The CUDA op kernels (kernels/cuda_ops.py) against numpy float64 references. Needs a GPU.
+"""The CUDA op kernels (kernels/cuda/ops.py) against numpy float64 references. Needs a GPU.
 
 Fresh random inputs every run, real shapes, outputs poisoned with NaN first so an unwritten element fails.
 Bounds: embed is bit-exact with models/dequant.py; add and bias add are exact float32; the rest are float32
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from kernels.bench_cuda import random_weight_bytes
+from kernels.bench.cuda import random_weight_bytes
 from models.dequant import dequantize
 from models.ggml_types import TYPES_BY_NAME
 
@@ -26,7 +26,7 @@ ATTN_SHAPES = [(32, 8, 128), (4, 1, 256), (24, 4, 256), (9, 3, 64), (64, 4, 128)
 def cuda():
     import cupy as cp
 
-    import kernels.cuda_ops as ops
+    import kernels.cuda.ops as ops
 
     return cp, ops
 
@@ -55,7 +55,7 @@ def device_pos(cp, p):
 @pytest.mark.parametrize("name", EMBED_TYPES)
 def test_embed_is_bit_exact_with_dequant(cuda, rng, name):
     cp, ops = cuda
-    from kernels.cuda_quant import to_device
+    from kernels.cuda.quant import to_device
 
     qtype = TYPES_BY_NAME[name]
     n_rows, n_cols = 1000, 2048
@@ -75,7 +75,7 @@ def test_embed_is_bit_exact_with_dequant(cuda, rng, name):
 
 def test_embed_bad_id_gives_nan(cuda):
     cp, ops = cuda
-    from kernels.cuda_quant import to_device
+    from kernels.cuda.quant import to_device
 
     qtype = TYPES_BY_NAME["Q8_0"]
     table = to_device(random_weight_bytes(qtype, 10, 64), qtype)
@@ -121,7 +121,7 @@ def test_rms_norm_with_residual(cuda, rng, d):
 
 def q8_1_of(cp, values):
     """A Q8Vector of values (device float32 [n]) from cuda_quant.quantize_q8_1, itself checked against numpy."""
-    from kernels.cuda_quant import Q8Vector, quantize_q8_1
+    from kernels.cuda.quant import Q8Vector, quantize_q8_1
 
     xq = Q8Vector.empty(values.size)
     quantize_q8_1(values.reshape(-1), xq)
@@ -129,7 +129,7 @@ def q8_1_of(cp, values):
 
 
 def poisoned_q8_1(cp, n):
-    from kernels.cuda_quant import Q8Vector
+    from kernels.cuda.quant import Q8Vector
 
     return Q8Vector(cp.full(n, -128, dtype=cp.int8), cp.full((n // 32, 2), cp.nan, dtype=cp.float32))
 
@@ -534,7 +534,7 @@ def test_decode_chain_captures_and_replays(cuda, rng):
     """embed -> rms_norm -> rope -> kv_write -> attention -> add -> sampler, captured once: 3 replays give
     the same tokens and outputs as 3 eager steps, and advance pos by 3."""
     cp, ops = cuda
-    from kernels.cuda_quant import to_device
+    from kernels.cuda.quant import to_device
 
     n_vocab, n_embd, n_head, n_head_kv, head_dim, max_ctx, p0 = 512, 256, 4, 2, 64, 64, 5
     qtype = TYPES_BY_NAME["Q8_0"]

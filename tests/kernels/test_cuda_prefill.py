@@ -16,7 +16,7 @@ import functools
 import numpy as np
 import pytest
 
-from kernels.bench_cuda import TYPES, random_weight_bytes
+from kernels.bench.cuda import TYPES, random_weight_bytes
 from models.dequant import dequantize
 from models.ggml_types import TYPES_BY_NAME
 
@@ -29,7 +29,7 @@ REL_TOL_Q8_FLOAT_X = 2e-2  # q8 path vs float32 x: q8_1 rounds x to ~0.5 % rms
 SHAPES = [(4096, 4096), (1024, 4096)]  # rows x cols: llama3-8b wq / wo, wk / wv
 N_TOKENS = [1, 7, 64, 512]
 N_TOKENS_Q8 = [1, 7, 8, 9, 16]  # one pass of 8 tokens, partial and whole, and two
-SMALL_BATCH = 8  # kernels.cuda_prefill.SMALL_BATCH, which imports CuPy: CI collects this file without it
+SMALL_BATCH = 8  # kernels.cuda.prefill.SMALL_BATCH, which imports CuPy: CI collects this file without it
 QUANT_TYPES = [t for t in TYPES if t not in ("F32", "F16", "BF16")]
 TILE_ROWS = 1500  # scratch rows: 4096 rows run as tiles of 1472, 1472, 1152; 1024 rows as one tile
 
@@ -38,8 +38,8 @@ TILE_ROWS = 1500  # scratch rows: 4096 rows run as tiles of 1472, 1472, 1152; 10
 def cuda():
     import cupy as cp
 
-    import kernels.cuda_prefill as cpf
-    import kernels.cuda_quant as cq
+    import kernels.cuda.prefill as cpf
+    import kernels.cuda.quant as cq
 
     return cp, cq, cpf
 

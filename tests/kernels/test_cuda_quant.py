@@ -8,7 +8,7 @@ rounding in the kernel (int8 products are exact in int32), bounded here by 1e-5 
 import numpy as np
 import pytest
 
-from kernels.bench_cuda import TYPES, random_weight_bytes
+from kernels.bench.cuda import TYPES, random_weight_bytes
 from models.dequant import dequantize
 from models.ggml_types import TYPES_BY_NAME
 
@@ -16,14 +16,14 @@ pytestmark = pytest.mark.gpu
 
 REL_TOL = 1e-5
 SHAPES = [(1024, 4096), (2048, 8192), (3, 256)]  # rows x cols: llama3-8b wk, llama-1b ffn_down, a ragged grid
-MATVEC_PAIRS = [("Q3_K", "Q5_K"), ("Q4_K", "Q6_K"), ("Q5_K", "Q6_K")]  # kernels/cuda_quant.MATVEC_PAIRS
+MATVEC_PAIRS = [("Q3_K", "Q5_K"), ("Q4_K", "Q6_K"), ("Q5_K", "Q6_K")]  # kernels/cuda/quant.MATVEC_PAIRS
 
 
 @pytest.fixture(scope="module")
 def cuda():
     import cupy as cp
 
-    import kernels.cuda_quant as cq
+    import kernels.cuda.quant as cq
 
     return cp, cq
 

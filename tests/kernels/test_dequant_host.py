@@ -1,16 +1,16 @@
-"""The prefill kernel's chunk dequantizers (kernels/dequant_chunk.cuh) built for the CPU, against
+"""The prefill kernel's chunk dequantizers (kernels/cuda/dequant_chunk.cuh) built for the CPU, against
 models/dequant.py, bit for bit: the float32 values before the kernel's one rounding to fp16. Runs in CI.
 
 tests/kernels/dequant_host.cu compiles the same header with nvcc as host code and walks rows and chunks as
-kernels/dequant.cu does, so the index math of every type is checked without a GPU.
+kernels/cuda/dequant.cu does, so the index math of every type is checked without a GPU.
 """
 import ctypes
 
 import numpy as np
 import pytest
 
-from kernels.bench_cuda import random_weight_bytes
-from kernels.cuda_layout import repack
+from kernels.bench.cuda import random_weight_bytes
+from kernels.cuda.layout import repack
 from models.dequant import dequantize
 from models.ggml_types import TYPES_BY_NAME
 from tests.kernels.host_build import build_host_lib

@@ -1,4 +1,4 @@
-"""The GPU kernels' dot products (kernels/quant_dot.cuh) built for the CPU, against models/dequant.py.
+"""The GPU kernels' dot products (kernels/cuda/quant_dot.cuh) built for the CPU, against models/dequant.py.
 
 tests/kernels/quant_dot_host.cu compiles the same header with nvcc as host code, so the index math of
 every quant type is checked in CI. x is quantized to q8_1 here in numpy; the reference multiplies the
@@ -9,8 +9,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from kernels.bench_cuda import random_weight_bytes
-from kernels.cuda_layout import META_SPLIT, repack
+from kernels.bench.cuda import random_weight_bytes
+from kernels.cuda.layout import META_SPLIT, repack
 from models.dequant import dequantize
 from models.ggml_types import TYPES_BY_NAME
 from tests.kernels.host_build import build_host_lib
@@ -25,7 +25,7 @@ def host_lib(tmp_path_factory):
 
 
 def quantize_q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x float32 [n] -> qs int8 [n], ds float32 [n/32, 2] = (d, d * sum(qs)), as kernels/matvec.cu does."""
+    """x float32 [n] -> qs int8 [n], ds float32 [n/32, 2] = (d, d * sum(qs)), as kernels/cuda/matvec.cu does."""
     blocks = x.reshape(-1, 32)
     d = np.abs(blocks).max(axis=1) / np.float32(127)
     qs = np.round(blocks / np.where(d == 0, 1, d)[:, None]).astype(np.int8)

@@ -1,0 +1,79 @@
+"""Benchmark a mixture-of-experts layer's expert matmuls (kernels/cuda/moe.py) at Qwen3-30B-A3B's shapes: 128
+experts, 8 a token, gate and up [768, 2048], down [2048, 768], Q4_K (down Q6_K as q4_k_m's half of the layers).
+For each token count: the grouped path (sort, gate+up+glu, down: kernels/cuda/moe_mm.cu) and the per-pair path (the
+decode kernels), microseconds a layer with the routing spread uniformly; the grouped path's TFLOP/s counts the
+pairs' useful products only. Weights are 340 MB a layer, 7x the L2, so they come from HBM.
+
+Run on the device machine: python3 -m kernels.bench.moe [TYPE_OF_DOWN [TOKENS ...]]
+"""
+import sys
+
+import numpy as np
+
+from kernels.bench.cuda import random_weight_bytes
+from kernels.bench.prefill import time_loop
+from kernels.cuda.layout import repack
+from models.ggml_types import TYPES_BY_NAME
+
+N_EXPERT, K, N_FF, N_EMBD, LAYERS = 128, 8, 768, 2048, 48
+N_TOKENS = [1, 4, 8, 16, 32, 64, 512, 2048]
+
+
+def stack(cp, cq, moe, name, n_rows, n_cols, seed):
+    qtype = TYPES_BY_NAME[name]
+    raw = random_weight_bytes(qtype, N_EXPERT * n_rows, n_cols, xp=cp, seed=seed)
+    return moe.DeviceExperts(cq.DeviceWeight(repack(raw, qtype), qtype, N_EXPERT * n_rows, n_cols), N_EXPERT)
+
+
+def main(down_type: str, n_tokens: list[int]) -> None:
+    import cupy as cp
+
+    import kernels.cuda.moe as moe
+    import kernels.cuda.quant as cq
+
+    gate, up = (stack(cp, cq, moe, "Q4_K", N_FF, N_EMBD, seed) for seed in (1, 2))
+    down = stack(cp, cq, moe, down_type, N_EMBD, N_FF, 3)
+    print(f"experts: gate, up Q4_K [{N_FF}, {N_EMBD}], down {down_type} [{N_EMBD}, {N_FF}], {N_EXPERT} experts, k {K}")
+    print("| tokens | grouped us | sort | gate+up+glu | down | TFLOP/s | per-pair us | 48 layers grouped ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in n_tokens:
+        rng = np.random.default_rng(n)
+        ids = cp.asarray(np.stack([rng.permutation(N_EXPERT)[:K] for _ in range(n)]).astype(np.int32))
+        weights = cp.full((n, K), 1.0 / K, cp.float32)
+        h = cp.random.standard_normal((n, N_EMBD), dtype=cp.float32)
+        h16 = h.astype(cp.float16)
+        act16 = cp.empty((n * K, N_FF), cp.float16)
+        y = cp.empty((n * K, N_EMBD), cp.float32)
+        pairs = moe.sort_pairs(ids, N_EXPERT)
+
+        def sort(_):
+            moe.sort_pairs(ids, N_EXPERT)
+
+        def gate_up(_):
+            moe.gate_up_glu_grouped(gate, up, h16, K, pairs, act16, "silu")
+
+        def down_mm(_):
+            moe.matmul_grouped(down, act16, 1, pairs, y)
+
+        def grouped(i):
+            sort(i), gate_up(i), down_mm(i)
+
+        hq = cq.Q8Vector.empty(h.size)
+        act = cp.empty((n * K, N_FF), cp.float32)
+        act_q = cq.Q8Vector.empty(act.size)
+        out = cp.empty((n, N_EMBD), cp.float32)
+
+        def per_pair(_):
+            cq.quantize_q8_1(h.reshape(-1), hq)
+            moe.gate_up_glu(gate, up, ids, hq, act, act_q, "silu")
+            moe.down(down, ids, weights, act_q, out, out)
+
+        t = {name: time_loop(cp, f, 10) * 1e6 for name, f in
+             (("grouped", grouped), ("sort", sort), ("gate_up", gate_up), ("down", down_mm), ("per_pair", per_pair))}
+        flop = 2 * n * K * 3 * N_FF * N_EMBD
+        print(f"| {n} | {t['grouped']:.1f} | {t['sort']:.1f} | {t['gate_up']:.1f} | {t['down']:.1f} | "
+              f"{flop / t['grouped'] / 1e6:.1f} | {t['per_pair']:.1f} | {LAYERS * t['grouped'] / 1e3:.2f} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "Q6_K", [int(a) for a in sys.argv[2:]] or N_TOKENS)

@@ -1,0 +1,269 @@
+"""Dequantization of ggml blocks on the CPU, bit-exact: one row of blocks -> float32 (numba).
+
+Each decoder reads row: uint8 [row_bytes] (whole blocks) into y: float32 [n_cols] with ggml's order of float
+operations, compiled without fastmath (no fused a*b+c), so they are bit-exact with ggml and gguf-py.
+Every decoder and dot takes f16 (F16_TO_F32) and n16 (always N16 = 16). n16 is a run-time value on purpose:
+with a constant trip count LLVM fully unrolls the element loops and vectorizes across blocks with
+gathers instead, measured several times slower.
+"""
+import math
+
+import numpy as np
+
+from kernels.cpu.types import BF16, F16, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, jit
+
+# numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
+# inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
+INLINED = ("types",)
+INLINED_DIGEST = "031d53919162c521"
+
+
+@jit
+def half(b, i, f16):
+    """The little-endian IEEE half at b[i:i+2] as float32."""
+    return f16[np.int32(b[i]) | (np.int32(b[i + 1]) << 8)]
+
+
+@jit
+def scale_min_k4(j, b, o):
+    """Scale and min number j (6 bits each) of a Q4_K/Q5_K block whose 12 scale bytes start at b[o]."""
+    if j < 4:
+        return np.int32(b[o + j]) & 63, np.int32(b[o + j + 4]) & 63
+    lo, mid, hi = np.int32(b[o + j - 4]), np.int32(b[o + j]), np.int32(b[o + j + 4])
+    return (hi & 0xF) | ((lo >> 6) << 4), (hi >> 4) | ((mid >> 6) << 4)
+
+
+@jit
+def decode_f16(row, y, f16, n16):
+    for k in range(y.size):
+        y[k] = half(row, 2 * k, f16)
+
+
+@jit
+def decode_bf16(row, y, f16, n16):  # bfloat16 is the top half of a float32
+    yu = y.view(np.uint32)
+    for k in range(y.size):
+        yu[k] = (np.uint32(row[2 * k]) | (np.uint32(row[2 * k + 1]) << np.uint32(8))) << np.uint32(16)
+
+
+@jit
+def decode_q4_0(row, y, f16, n16):  # d f16 | qs[16]: y[l] = low nibble of qs[l], y[l+16] = high nibble
+    for i in range(row.size // 18):
+        o, yo = 18 * i, 32 * i
+        d = half(row, o, f16)
+        for l in range(n16):
+            q = np.int64(row[o + 2 + l])
+            y[yo + l] = np.float32((q & 0xF) - 8) * d
+            y[yo + 16 + l] = np.float32((q >> 4) - 8) * d
+
+
+@jit
+def decode_q4_1(row, y, f16, n16):  # d f16 | m f16 | qs[16]
+    for i in range(row.size // 20):
+        o, yo = 20 * i, 32 * i
+        d = half(row, o, f16)
+        m = half(row, o + 2, f16)
+        for l in range(n16):
+            q = np.int64(row[o + 4 + l])
+            y[yo + l] = d * np.float32(q & 0xF) + m
+            y[yo + 16 + l] = d * np.float32(q >> 4) + m
+
+
+@jit
+def qh32(b, o):
+    """The little-endian uint32 at b[o:o+4] (the 5th bits of a Q5_0/Q5_1 block) as int64."""
+    return np.int64(b[o]) | (np.int64(b[o + 1]) << 8) | (np.int64(b[o + 2]) << 16) | (np.int64(b[o + 3]) << 24)
+
+
+@jit
+def decode_q5_0(row, y, f16, n16):  # d f16 | qh u32 (bit l: 5th bit of y[l]) | qs[16]
+    for i in range(row.size // 22):
+        o, yo = 22 * i, 32 * i
+        d = half(row, o, f16)
+        qh = qh32(row, o + 2)
+        for l in range(n16):
+            q = np.int64(row[o + 6 + l])
+            y[yo + l] = np.float32(((q & 0xF) | (((qh >> l) & 1) << 4)) - 16) * d
+            y[yo + 16 + l] = np.float32(((q >> 4) | (((qh >> (l + 16)) & 1) << 4)) - 16) * d
+
+
+@jit
+def decode_q5_1(row, y, f16, n16):  # d f16 | m f16 | qh u32 | qs[16]
+    for i in range(row.size // 24):
+        o, yo = 24 * i, 32 * i
+        d = half(row, o, f16)
+        m = half(row, o + 2, f16)
+        qh = qh32(row, o + 4)
+        for l in range(n16):
+            q = np.int64(row[o + 8 + l])
+            y[yo + l] = d * np.float32((q & 0xF) | (((qh >> l) & 1) << 4)) + m
+            y[yo + 16 + l] = d * np.float32((q >> 4) | (((qh >> (l + 16)) & 1) << 4)) + m
+
+
+@jit
+def decode_q8_0(row, y, f16, n16):  # d f16 | qs int8[32]
+    qs = row.view(np.int8)
+    for i in range(row.size // 34):
+        o, yo = 34 * i, 32 * i
+        d = half(row, o, f16)
+        for l in range(2 * n16):
+            y[yo + l] = np.float32(qs[o + 2 + l]) * d
+
+
+@jit
+def decode_q2_k(row, y, f16, n16):  # scales[16] (low 4 bits scale, high 4 min) | qs[64] 2-bit | d | dmin
+    for i in range(row.size // 84):
+        o, yo = 84 * i, 256 * i
+        d = half(row, o + 80, f16)
+        dmin = half(row, o + 82, f16)
+        for n in range(2):  # 128 values from 32 bytes: 4 shifts x 2 halves of 16
+            for j in range(4):
+                for h in range(2):
+                    sc = np.int64(row[o + 8 * n + 2 * j + h])
+                    dl = d * np.float32(sc & 0xF)
+                    ml = dmin * np.float32(sc >> 4)
+                    qo, yy = o + 16 + 32 * n + 16 * h, yo + 128 * n + 32 * j + 16 * h
+                    for l in range(n16):
+                        y[yy + l] = dl * np.float32((np.int64(row[qo + l]) >> (2 * j)) & 3) - ml
+
+
+@jit
+def decode_q3_k(row, y, f16, n16):  # hmask[32] | qs[64] 2-bit | scales[12] 6-bit | d f16
+    for i in range(row.size // 110):
+        o, yo = 110 * i, 256 * i
+        d = half(row, o + 108, f16)
+        for n in range(2):
+            for j in range(4):
+                bit = 4 * n + j  # hmask bit of these 32 values: set means no -4 offset
+                for h in range(2):
+                    k = 8 * n + 2 * j + h  # 6-bit scale k: 4 low bits, then 2 high bits
+                    lo = np.int64(row[o + 96 + k]) & 0xF if k < 8 else np.int64(row[o + 96 + k - 8]) >> 4
+                    hi = (np.int64(row[o + 104 + k % 4]) >> (2 * (k // 4))) & 3
+                    dl = d * np.float32((lo | (hi << 4)) - 32)
+                    qo, mo, yy = o + 32 + 32 * n + 16 * h, o + 16 * h, yo + 128 * n + 32 * j + 16 * h
+                    for l in range(n16):
+                        q = ((np.int64(row[qo + l]) >> (2 * j)) & 3) - 4 * (1 - ((np.int64(row[mo + l]) >> bit) & 1))
+                        y[yy + l] = dl * np.float32(q)
+
+
+@jit
+def decode_q4_k(row, y, f16, n16):  # d f16 | dmin f16 | scales[12] 6-bit | qs[128]
+    for i in range(row.size // 144):
+        o, yo = 144 * i, 256 * i
+        d = half(row, o, f16)
+        dmin = half(row, o + 2, f16)
+        for j in range(4):  # 64 values from 32 bytes: low nibbles, then high nibbles
+            sc, mn = scale_min_k4(2 * j, row, o + 4)
+            d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
+            sc, mn = scale_min_k4(2 * j + 1, row, o + 4)
+            d2, m2 = d * np.float32(sc), dmin * np.float32(mn)
+            qo, yy = o + 16 + 32 * j, yo + 64 * j
+            for l in range(2 * n16):
+                q = np.int64(row[qo + l])
+                y[yy + l] = d1 * np.float32(q & 0xF) - m1
+                y[yy + 32 + l] = d2 * np.float32(q >> 4) - m2
+
+
+@jit
+def decode_q5_k(row, y, f16, n16):  # d f16 | dmin f16 | scales[12] 6-bit | qh[32] | qs[128]
+    for i in range(row.size // 176):
+        o, yo = 176 * i, 256 * i
+        d = half(row, o, f16)
+        dmin = half(row, o + 2, f16)
+        for j in range(4):
+            sc, mn = scale_min_k4(2 * j, row, o + 4)
+            d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
+            sc, mn = scale_min_k4(2 * j + 1, row, o + 4)
+            d2, m2 = d * np.float32(sc), dmin * np.float32(mn)
+            qo, yy = o + 48 + 32 * j, yo + 64 * j
+            for l in range(2 * n16):
+                q = np.int64(row[qo + l])
+                qh = np.int64(row[o + 16 + l])
+                y[yy + l] = d1 * np.float32((q & 0xF) | (((qh >> (2 * j)) & 1) << 4)) - m1
+                y[yy + 32 + l] = d2 * np.float32((q >> 4) | (((qh >> (2 * j + 1)) & 1) << 4)) - m2
+
+
+@jit
+def decode_q6_k(row, y, f16, n16):  # ql[128] | qh[64] | scales int8[16] | d f16
+    scales = row.view(np.int8)
+    for i in range(row.size // 210):
+        o, yo = 210 * i, 256 * i
+        d = half(row, o + 208, f16)
+        for n in range(2):  # 128 values: 4 runs of 32 sharing 32 qh bytes, a scale per 16 values
+            lo, ho, so, yy = o + 64 * n, o + 128 + 32 * n, o + 192 + 8 * n, yo + 128 * n
+            for h in range(2):  # values 16h..16h + 15 of each run: (d * scale) hoisted, int32 math, so it vectorizes
+                d0, d1 = d * np.float32(scales[so + h]), d * np.float32(scales[so + h + 2])
+                d2, d3 = d * np.float32(scales[so + h + 4]), d * np.float32(scales[so + h + 6])
+                for l in range(16 * h, 16 * h + n16):
+                    ql0, ql1, qh = np.int32(row[lo + l]), np.int32(row[lo + 32 + l]), np.int32(row[ho + l])
+                    y[yy + l] = d0 * np.float32(((ql0 & 0xF) | ((qh & 3) << 4)) - 32)
+                    y[yy + 32 + l] = d1 * np.float32(((ql1 & 0xF) | (((qh >> 2) & 3) << 4)) - 32)
+                    y[yy + 64 + l] = d2 * np.float32(((ql0 >> 4) | (((qh >> 4) & 3) << 4)) - 32)
+                    y[yy + 96 + l] = d3 * np.float32(((ql1 >> 4) | (((qh >> 6) & 3) << 4)) - 32)
+
+
+@jit
+def e8m0_half(e):
+    """An MXFP4 block's scale byte e as float32 2^(e - 128) (ggml's ggml_e8m0_to_fp32_half; exact, 2^-128 and
+    2^-127 subnormal)."""
+    return np.float32(math.ldexp(1.0, np.int64(e) - 128))
+
+
+@jit
+def mxfp4_value(nibble):
+    """The doubled e2m1 value of a 4-bit code (ggml's kvalues_mxfp4): 0 1 2 3 4 6 8 12, bit 3 the sign."""
+    m = nibble & 7
+    v = m if m < 5 else (6 if m == 5 else (8 if m == 6 else 12))
+    return -v if nibble & 8 else v
+
+
+@jit
+def decode_mxfp4(row, y, f16, n16):  # e (e8m0) | qs[16]: y[l] = value of the low nibble of qs[l], y[l+16] high
+    for i in range(row.size // 17):
+        o, yo = 17 * i, 32 * i
+        d = e8m0_half(row[o])
+        for l in range(n16):
+            q = np.int64(row[o + 1 + l])
+            y[yo + l] = np.float32(mxfp4_value(q & 0xF)) * d
+            y[yo + 16 + l] = np.float32(mxfp4_value(q >> 4)) * d
+
+
+@jit
+def decode_row(tid, row, y, f16, n16):
+    """Dequantize row: uint8 [row_bytes] into y: float32 [n_cols]."""
+    if tid == F16:
+        decode_f16(row, y, f16, n16)
+    elif tid == BF16:
+        decode_bf16(row, y, f16, n16)
+    elif tid == Q4_0:
+        decode_q4_0(row, y, f16, n16)
+    elif tid == Q4_1:
+        decode_q4_1(row, y, f16, n16)
+    elif tid == Q5_0:
+        decode_q5_0(row, y, f16, n16)
+    elif tid == Q5_1:
+        decode_q5_1(row, y, f16, n16)
+    elif tid == Q8_0:
+        decode_q8_0(row, y, f16, n16)
+    elif tid == Q2_K:
+        decode_q2_k(row, y, f16, n16)
+    elif tid == Q3_K:
+        decode_q3_k(row, y, f16, n16)
+    elif tid == Q4_K:
+        decode_q4_k(row, y, f16, n16)
+    elif tid == Q5_K:
+        decode_q5_k(row, y, f16, n16)
+    elif tid == Q6_K:
+        decode_q6_k(row, y, f16, n16)
+    elif tid == MXFP4:
+        decode_mxfp4(row, y, f16, n16)
+
+
+@jit
+def decode_rows(tid, w, rows, out, f16, n16):
+    """out[i] = dequantized row rows[i] of w. w: uint8 [n_rows, row_bytes], out: float32 [len(rows), n_cols].
+
+    One thread: it runs between BLAS calls, whose worker thread spins on the other core for a while after
+    each call; numba's threads competing with it made the prompt path several times slower."""
+    for i in range(rows.size):
+        decode_row(tid, w[rows[i]], out[i], f16, n16)

@@ -1,0 +1,345 @@
+"""Integer dots of quantized rows with int8-quantized x (numba intrinsics that emit LLVM vector IR).
+
+x [n_tokens, n_cols] is quantized once per call: xq int8 (|xq| <= 127) times xd float32, one scale per
+block of x (256 values for Q4_K and Q6_K, as llama.cpp's q8_K; 32 for the BLOCK32_IDS types, as its q8_0),
+and xs16, the int16 sums of xq over each 16 (for block minimums and offsets: Q6_K's -32, Q4_0's -8, Q5_0's
+-16). numba computes integers in int64, which hides byte dot products from LLVM's loop vectorizer (a numba
+loop ran 4x slower), so the dots are intrinsics that emit LLVM vector IR: byte products summed in pairs to
+int16 (pmaddubsw, which takes one operand unsigned), the pairs times their scales summed to int32 (pmaddwd).
+Q4_K, Q6_K: a whole super-block of 256 of two rows at a time, as llama.cpp does for one; the 32-value blocks
+one row. Each loops over a row's blocks in IR, scales every block's int32 sums into float accumulators and
+ends in one horizontal sum a row.
+"""
+import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+from kernels.cpu.ir import (array_data, call, fold, fsum, half_ir, i64, ir_loop, load, load_bytes, madd, madd32,
+                            madd_scaled, prefetch, ptr, shuffle, splat, splat_f)
+from kernels.cpu.types import Q4_0, Q4_1, Q5_0, fast
+
+# numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
+# inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
+INLINED = ("types", "ir")
+PREFETCH_BYTES = 2048
+# Q4_K and Q6_K: two cache lines of each row's block this far ahead, as the 32-value blocks' PREFETCH_BYTES. On the
+# 16-core host 2048 read Q4_K from DRAM ~1.3x faster than none, 1024 in between (BENCHMARKS.md, session 15).
+K_PREFETCH_BYTES = 2048
+INLINED_DIGEST = "7795938227177e04"
+
+
+def _nibbles32(context, builder, row_t, row, off):
+    """<32 x i8>: the low nibbles of row[off:off + 16], then the high ones (a Q4_0/Q4_1 block's values 0-15,
+    16-31)."""
+    q = load_bytes(context, builder, row_t, row, off, 16)
+    return shuffle(builder, builder.and_(q, splat(builder, 0xF, 16)), builder.lshr(q, splat(builder, 4, 16)),
+                   range(32))
+
+
+def _high_bits32(context, builder, row_t, row, off):
+    """<32 x i8>: 16 where bit l of the little-endian uint32 at row[off:off + 4] is set, else 0 (the 5th bits of a
+    Q5_0/Q5_1 block). Bit l is bit l % 8 of byte l // 8: each byte spread over 8 lanes and tested against its bit
+    (a byte shuffle and a compare: shifting 32 int32 lanes apart took a quarter longer a block)."""
+    qh = shuffle(builder, load_bytes(context, builder, row_t, row, off, 4), None, [lane // 8 for lane in range(32)])
+    bit = builder.and_(qh, ir.VectorType(ir.IntType(8), 32)([1 << (lane % 8) for lane in range(32)]))
+    return builder.select(builder.icmp_unsigned("!=", bit, splat(builder, 0, 32)), splat(builder, 16, 32),
+                          splat(builder, 0, 32))
+
+
+def _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
+    """[<8 x i32> summing to sum over its 8 runs j of sc_j * (q . xq), one summing to sum over j of
+    m_j * (sum of xq over run j)] of the Q4_K block at row[o:o + 144] and x's block i (xq[256 i:256 i + 256],
+    in q4_k_order; xs16[16 i:16 i + 16])."""
+    i32, v4 = ir.IntType(32), ir.VectorType(ir.IntType(32), 4)
+    # the 12 scale bytes as <4 x i32> u (its last lane quants) -> 8 scales, then 8 mins, a byte each: ggml's
+    # utmp lane-wise, word k = ((u[a_k] >> s_k) & mask_k) | ((u[b_k] >> 6) & top_k) << 4
+    u = builder.bitcast(load(context, builder, row_t, row, builder.add(o, i64(4)), 16), v4)
+    low6, low4, top2 = 0x3F3F3F3F, 0x0F0F0F0F, 0x03030303
+    low = builder.and_(builder.lshr(shuffle(builder, u, None, [0, 2, 1, 2]), v4([0, 0, 0, 4])),
+                       v4([low6, low4, low6, low4]))
+    top = builder.shl(builder.and_(builder.lshr(shuffle(builder, u, None, [0, 0, 1, 1]), v4([6] * 4)),
+                                   v4([0, top2, 0, top2])), v4([4] * 4))
+    scale_bytes = builder.bitcast(builder.or_(low, top), ir.VectorType(ir.IntType(8), 16))
+    # zero-extended by interleaving zero bytes: a zext would be moved past each run's shuffle of the scales
+    # below, to a byte permute plus a zext per run instead of one 16-bit permute
+    zero_bytes = ir.VectorType(ir.IntType(8), 16)([0] * 16)
+    scales = builder.bitcast(shuffle(builder, scale_bytes, zero_bytes, [k // 2 + 16 * (k % 2) for k in range(32)]),
+                             ir.VectorType(ir.IntType(16), 16))
+    x0 = builder.mul(i, i64(256))
+    acc = ir.VectorType(i32, 16)([0] * 16)
+    for h in range(2):  # 128 values from 64 bytes: runs 4h and 4h + 2 in the low nibbles, 4h + 1 and 4h + 3 high
+        q = load(context, builder, row_t, row, builder.add(o, i64(16 + 64 * h)), 64)
+        nibbles = builder.and_(q, splat(builder, 0xF, 64)), builder.lshr(q, splat(builder, 4, 64))
+        for k, quants in enumerate(nibbles):  # xq in Q4_K order (see q4_k_order): runs 4h + k and 4h + k + 2
+            x = load(context, builder, xq_t, xq, builder.add(x0, i64(128 * h + 64 * k)), 64)
+            run_scales = shuffle(builder, scales, None, [4 * h + k] * 16 + [4 * h + k + 2] * 16)
+            acc = builder.add(acc, madd_scaled(context, builder, quants, x, run_scales))
+    mins = shuffle(builder, scales, None, [8 + k // 2 for k in range(16)])  # each twice: runs of 32 = 2 x 16
+    sums16 = load(context, builder, xs_t, xs16, builder.mul(i, i64(16)), 16, bits=16)
+    return [fold(builder, acc), madd(builder, mins, sums16)]
+
+
+def _q6_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
+    """[<8 x i32> summing to sum over its 16 runs g of 16 values of sc_g * ((q - 32) . xq)] of the Q6_K block
+    at row[o:o + 210] and x's block i (xq[256 i:256 i + 256], xs16[16 i:16 i + 16])."""
+    i32 = ir.IntType(32)
+    scale_bytes = load(context, builder, row_t, row, builder.add(o, i64(192)), 16)  # int8, a run each
+    scales = builder.sext(scale_bytes, ir.VectorType(ir.IntType(16), 16))
+    c = lambda v: splat(builder, v, 32)  # noqa: E731
+    x0 = builder.mul(i, i64(256))
+    acc = ir.VectorType(i32, 16)([0] * 16)
+    for n in range(2):  # 128 values: 4 runs of 32 from ql[64 n:64 n + 64] and qh[32 n:32 n + 32], see decode_q6_k
+        ql0 = load(context, builder, row_t, row, builder.add(o, i64(64 * n)), 32)
+        ql1 = load(context, builder, row_t, row, builder.add(o, i64(64 * n + 32)), 32)
+        qh = load(context, builder, row_t, row, builder.add(o, i64(128 + 32 * n)), 32)
+        high = [builder.shl(builder.and_(builder.lshr(qh, c(2 * k)), c(3)), c(4)) for k in range(4)]
+        low = [builder.and_(ql0, c(0xF)), builder.and_(ql1, c(0xF)), builder.lshr(ql0, c(4)), builder.lshr(ql1, c(4))]
+        for h in range(2):  # runs 2h and 2h + 1: x[128 n + 64 h:][:64]
+            quants = shuffle(builder, builder.or_(low[2 * h], high[2 * h]),
+                             builder.or_(low[2 * h + 1], high[2 * h + 1]), range(64))
+            x = load(context, builder, xq_t, xq, builder.add(x0, i64(128 * n + 64 * h)), 64)
+            g = 8 * n + 4 * h  # the scales of these 4 runs of 16
+            run_scales = shuffle(builder, scales, None, [g] * 8 + [g + 1] * 8 + [g + 2] * 8 + [g + 3] * 8)
+            acc = builder.add(acc, madd_scaled(context, builder, quants, x, run_scales))
+    sums16 = load(context, builder, xs_t, xs16, builder.mul(i, i64(16)), 16, bits=16)
+    offset = builder.shl(madd(builder, scales, sums16), ir.VectorType(i32, 8)([5] * 8))  # 32 * sc_g * sum
+    return [builder.sub(fold(builder, acc), offset)]
+
+
+
+def _row_at(context, builder, w_t, w, r_t, r, block_bytes):
+    """(byte offset of row r, its number of blocks) in w, a C-contiguous uint8 [n_rows, row_bytes]. The dots take
+    the matrix and a row number, not a row: numba made a view of each row (and of x's row) it passed, a cost a
+    row that 20-block rows (Gemma's and SmolLM2's 640 and 576 columns) felt: Q8_0 640 x 4096, one thread, 15
+    GB/s against 24 for rows of 20480."""
+    row_bytes = builder.extract_value(array_data(context, builder, w_t, w).shape, 1)
+    r = context.cast(builder, r, r_t, types.int64)
+    return builder.mul(r, row_bytes), builder.udiv(row_bytes, i64(block_bytes))
+
+
+def _k_rows(block, block_bytes, scales_at):
+    """An intrinsic f(w, ra, rb, xq, xd, xs16, f16) -> (w[ra] . x8, w[rb] . x8) for two rows of a k-quant's matrix
+    w (uint8 [n_rows, row_bytes], see _row_at) and one token's x8 (xq in the block's order, xd [n_blocks], xs16): a loop over the blocks in IR that scales the
+    int32 vectors of block(...) by their f16 scale at scales_at (byte offset, sign) times xd into one float
+    vector a row, summed once a row. A numba loop over the blocks reduced every block's vectors to scalars first:
+    a shuffle tree a block, on the shuffle port that Q4_K is bound by on the Xeon (llvm-mca)."""
+    @intrinsic
+    def rows_dot(typingctx, w, ra, rb, xq, xd, xs16, f16):
+        def codegen(context, builder, sig, args):
+            row_t, ra_t, rb_t, xq_t, xd_t, xs_t, f16_t = sig.args
+            row, ra, rb, xq, xd, xs16, f16 = args
+            vec = ir.VectorType(ir.FloatType(), 8)
+            base_a, n_blocks = _row_at(context, builder, row_t, row, ra_t, ra, block_bytes)
+            base_b = _row_at(context, builder, row_t, row, rb_t, rb, block_bytes)[0]
+
+            def body(i, accs):  # one block of both rows: their accumulators plus the block's scaled vectors
+                xd_i = builder.load(builder.gep(array_data(context, builder, xd_t, xd).data, [i]))
+                new = []
+                for base, acc in ((base_a, accs[0]), (base_b, accs[1])):
+                    o = builder.add(base, builder.mul(i, i64(block_bytes)))
+                    for ahead in (K_PREFETCH_BYTES, K_PREFETCH_BYTES + 64):
+                        prefetch(context, builder, row_t, row, builder.add(o, i64(ahead)))
+                    vecs = block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i)
+                    for v, (at, sign) in zip(vecs, scales_at):
+                        scale = builder.fmul(half_ir(context, builder, row_t, row, builder.add(o, i64(at)), f16_t,
+                                                     f16), xd_i)
+                        scaled = builder.fmul(builder.sitofp(v, vec), splat_f(builder, scale, 8))
+                        acc = builder.fadd(acc, scaled) if sign > 0 else builder.fsub(acc, scaled)
+                    new.append(acc)
+                return new
+
+            totals = ir_loop(builder, n_blocks, [vec([0.0] * 8)] * 2, body)
+            return context.make_tuple(builder, sig.return_type, [fsum(builder, total) for total in totals])
+
+        return types.UniTuple(types.float32, 2)(w, ra, rb, xq, xd, xs16, f16), codegen
+
+    return rows_dot
+
+
+# xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq)) a block; Q6_K: xd * d * sum of sc * ((q - 32) . xq)
+dot_q4_k_rows = _k_rows(_q4_k_block, 144, ((0, 1), (2, -1)))
+dot_q6_k_rows = _k_rows(_q6_k_block, 210, ((208, 1),))
+
+
+
+def _b32_rows(block_bytes, operands, min_at, offset):
+    """An intrinsic f(w, ra, rb, xq, xd, xs16, f16) -> (w[ra] . x8, w[rb] . x8) for two rows of a 32-value block
+    type's matrix w (C-contiguous uint8 [n_rows, row_bytes]: no row view is made, see _row_at) and one token's x8
+    (xq, xd a block, xs16), in one IR loop over the blocks: each block's int32 partial sums times d * xd into a
+    float vector a row, its minimum (min_at) or offset (-offset * d), if any, times the sum of xq into a float;
+    one horizontal sum a row, where a numba loop paid one a block. Two rows share each block of x (its load, scale
+    and sum) and keep two chains in flight. operands(context, builder, row_t, row, o, x) -> (unsigned, signed)
+    <32 x i8> whose products are the block's quants times x."""
+    @intrinsic
+    def rows_dot(typingctx, w, ra, rb, xq, xd, xs16, f16):
+        def codegen(context, builder, sig, args):
+            row_t, ra_t, rb_t, xq_t, xd_t, xs_t, f16_t = sig.args
+            row, ra, rb, xq, xd, xs16, f16 = args
+            f32, vec = ir.FloatType(), ir.VectorType(ir.FloatType(), 8)
+            base_a, n_blocks = _row_at(context, builder, row_t, row, ra_t, ra, block_bytes)
+            base_b = _row_at(context, builder, row_t, row, rb_t, rb, block_bytes)[0]
+
+            def body(k, values):  # block k: per row (float vector of d * xd * sums, float of the minimums or offsets)
+                x = load_bytes(context, builder, xq_t, xq, builder.mul(k, i64(32)), 32)
+                xd_k = builder.load(builder.gep(array_data(context, builder, xd_t, xd).data, [k]))
+                sums = load(context, builder, xs_t, xs16, builder.mul(k, i64(2)), 2, bits=16)
+                halves = [builder.sext(builder.extract_element(sums, i64(h)), ir.IntType(32)) for h in range(2)]
+                xsum = builder.sitofp(builder.add(*halves), f32)
+                new = []
+                for base, acc, acc_s in ((base_a, *values[:2]), (base_b, *values[2:])):
+                    o = builder.add(base, builder.mul(k, i64(block_bytes)))
+                    prefetch(context, builder, row_t, row, builder.add(o, i64(PREFETCH_BYTES)))
+                    unsigned, signed = operands(context, builder, row_t, row, o, x)
+                    d = builder.fmul(half_ir(context, builder, row_t, row, o, f16_t, f16), xd_k)
+                    if min_at is not None:
+                        m = half_ir(context, builder, row_t, row, builder.add(o, i64(min_at)), f16_t, f16)
+                        acc_s = builder.fadd(acc_s, builder.fmul(builder.fmul(m, xd_k), xsum))
+                    elif offset:
+                        acc_s = builder.fadd(acc_s, builder.fmul(builder.fmul(d, ir.Constant(f32, -float(offset))),
+                                                                 xsum))
+                    dots = builder.sitofp(madd32(context, builder, unsigned, signed), vec)
+                    new += [builder.fadd(acc, builder.fmul(dots, splat_f(builder, d, 8))), acc_s]
+                return new
+
+            zeros = [vec([0.0] * 8), ir.Constant(f32, 0.0)]
+            total_a, total_sa, total_b, total_sb = ir_loop(builder, n_blocks, zeros * 2, body)
+            return context.make_tuple(builder, sig.return_type, [builder.fadd(fsum(builder, total_a), total_sa),
+                                                                 builder.fadd(fsum(builder, total_b), total_sb)])
+
+        return types.UniTuple(types.float32, 2)(w, ra, rb, xq, xd, xs16, f16), codegen
+
+    return rows_dot
+
+
+def _nibbles_at(quants_at, qh_at=None):
+    """operands of _b32_rows for 4-bit quants at quants_at (their 5th bits in the word at qh_at) and x."""
+    def operands(context, builder, row_t, row, o, x):
+        quants = _nibbles32(context, builder, row_t, row, builder.add(o, i64(quants_at)))
+        if qh_at is not None:
+            quants = builder.or_(quants, _high_bits32(context, builder, row_t, row, builder.add(o, i64(qh_at))))
+        return quants, x
+    return operands
+
+
+def _q8_0_operands(context, builder, row_t, row, o, x):
+    """|q| and x with q's sign, as llama.cpp's x86 Q8_0 dot: pmaddubsw takes one operand unsigned, and
+    2 * 128 * 127 keeps its int16 pair sums from saturating (q + 128 would not: 2 * 255 * 127)."""
+    q = load_bytes(context, builder, row_t, row, builder.add(o, i64(2)), 32)
+    zero = splat(builder, 0, 32)
+    negative = builder.icmp_signed("<", q, zero)
+    return builder.select(negative, builder.sub(zero, q), q), builder.select(negative, builder.sub(zero, x), x)
+
+
+# (block bytes, its operands, minimum at, offset) of ggml's blocks: d f16 first in each
+dot_q4_0_rows = _b32_rows(18, _nibbles_at(2), None, 8)
+dot_q4_1_rows = _b32_rows(20, _nibbles_at(4), 2, 0)
+dot_q5_0_rows = _b32_rows(22, _nibbles_at(6, 2), None, 16)
+dot_q5_1_rows = _b32_rows(24, _nibbles_at(8, 4), 2, 0)
+dot_q8_0_rows = _b32_rows(34, _q8_0_operands, None, 0)
+
+
+@intrinsic
+def abs_max(typingctx, x, off, n):
+    """max |x.flat[off:off + n]| of a C-contiguous float32 array, n a multiple of 32: vector fabs and maxnum, 32
+    lanes, halved at the end. numba left this loop scalar (four forms tried): 3.8-4.5 us of quantize_q8's ~5.2 for
+    4096 values on the 2-core VM, and quantizing x took ~10 us of every one-token call on the 16-core host."""
+    if not (isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x_t, off_t, n_t = sig.args
+        xa, off, n = args
+        off, n = context.cast(builder, off, off_t, types.int64), context.cast(builder, n, n_t, types.int64)
+        vec = ir.VectorType(ir.FloatType(), 32)
+
+        def body(k, acc):
+            v = builder.load(ptr(context, builder, x_t, xa, builder.add(off, builder.mul(k, i64(32))), vec), align=4)
+            return [call(builder, "llvm.maxnum.v32f32", vec, [acc[0], call(builder, "llvm.fabs.v32f32", vec, [v])])]
+
+        (acc,) = ir_loop(builder, builder.udiv(n, i64(32)), [vec([0.0] * 32)], body)
+        while acc.type.count > 1:
+            half = acc.type.count // 2
+            acc = call(builder, f"llvm.maxnum.v{half}f32", ir.VectorType(ir.FloatType(), half),
+                       [shuffle(builder, acc, None, range(half)), shuffle(builder, acc, None, range(half, 2 * half))])
+        return builder.extract_element(acc, i64(0))
+
+    return types.float32(x, off, n), codegen
+
+
+@fast
+def quantize_q8(x, xq, xd, xs16):
+    """x: float32 [n_tokens, n_cols] (C-contiguous) -> xq: int8 [n_tokens, n_cols] times xd: float32 [n_tokens,
+    n_blocks], one scale per block of n_cols // n_blocks values (to the nearest), xs16: int16 [n_tokens, n_cols //
+    16]."""
+    size = x.shape[1] // xd.shape[1]
+    for t in range(x.shape[0]):
+        for b in range(xd.shape[1]):
+            amax = abs_max(x, t * x.shape[1] + size * b, size)
+            inv = np.float32(127) / amax if amax > 0 else np.float32(0)
+            for l in range(size):
+                xq[t, size * b + l] = np.int8(np.rint(x[t, size * b + l] * inv))
+            xd[t, b] = amax / np.float32(127)
+        for g in range(x.shape[1] // 16):
+            s = 0
+            for l in range(16):
+                s += xq[t, 16 * g + l]
+            xs16[t, g] = s
+
+
+@fast
+def q4_k_order(xq, xq4):
+    """xq4 = xq [n_tokens, n_cols] with the runs of 32 of each 128 values in the order 0, 2, 1, 3: the order
+    of the low, then the high nibbles of 64 bytes of Q4_K quants, so these dot xq4 as they lie."""
+    for t in range(xq.shape[0]):
+        for k in range(xq.shape[1] // 128):
+            for run in range(4):
+                o4, o = 128 * k + 32 * run, 128 * k + 32 * (2 * (run % 2) + run // 2)
+                for l in range(32):
+                    xq4[t, o4 + l] = xq[t, o + l]
+
+
+@fast
+def dot8_q4_k(w, r0, r1, xq, xd, xs16, out, f16):
+    """out[r] = w[r] . x8 for the Q4_K rows r0..r1 - 1 of w: uint8 [n_rows, row_bytes] and one token's x8 (xq in
+    q4_k_order, blocks of 256). Row r pairs with the row half the range on, so both walk on through memory (a pair
+    of neighbours restarts two streams every pair: half the speed from DRAM); an odd last row pairs with itself."""
+    half_rows = (r1 - r0 + 1) // 2
+    for r in range(r0, r0 + half_rows):  # xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq)) a block
+        r_b = r + half_rows if r + half_rows < r1 else r
+        out[r], out[r_b] = dot_q4_k_rows(w, r, r_b, xq, xd, xs16, f16)
+
+
+@fast
+def dot8_q6_k(w, r0, r1, xq, xd, xs16, out, f16):
+    """As dot8_q4_k for Q6_K."""
+    half_rows = (r1 - r0 + 1) // 2
+    for r in range(r0, r0 + half_rows):
+        r_b = r + half_rows if r + half_rows < r1 else r
+        out[r], out[r_b] = dot_q6_k_rows(w, r, r_b, xq, xd, xs16, f16)
+
+
+@fast
+def dot8_q8_0(w, r0, r1, xq, xd, xs16, out, f16):
+    """As dot8_q4_k for Q8_0 rows, whose blocks of 32 match x's."""
+    half_rows = (r1 - r0 + 1) // 2
+    for r in range(r0, r0 + half_rows):
+        r_b = r + half_rows if r + half_rows < r1 else r
+        out[r], out[r_b] = dot_q8_0_rows(w, r, r_b, xq, xd, xs16, f16)
+
+
+@fast
+def dot8_b32(tid, w, r0, r1, xq, xd, xs16, out, f16):
+    """As dot8_q8_0 for rows of Q4_0, Q4_1, Q5_0 or Q5_1 (tid): a block is d * (q - 8) (Q4_0), d * (q - 16)
+    (Q5_0), d * q + m (Q4_1, Q5_1)."""
+    half_rows = (r1 - r0 + 1) // 2
+    for r in range(r0, r0 + half_rows):
+        r_b = r + half_rows if r + half_rows < r1 else r
+        if tid == Q4_0:
+            out[r], out[r_b] = dot_q4_0_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == Q5_0:
+            out[r], out[r_b] = dot_q5_0_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == Q4_1:
+            out[r], out[r_b] = dot_q4_1_rows(w, r, r_b, xq, xd, xs16, f16)
+        else:
+            out[r], out[r_b] = dot_q5_1_rows(w, r, r_b, xq, xd, xs16, f16)

@@ -1,0 +1,224 @@
+"""The int8 GEMM of a prompt's tokens (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K rows): numba intrinsics that emit
+LLVM vector IR (a packing step and a register-tile micro-kernel); gemm drives them.
+
+x is quantized per 32 values as for the matvecs, but stored biased, xu = xq + 128 (uint8), because the byte dot
+(vpdpbusd: u8 x s8 summed in fours into int32) takes one operand unsigned and the weights' values are signed.
+A tile of ROWS rows is packed once, into scratch that stays in L1, for all the prompt's tokens, as groups of 32
+values (a block of the 32-value types, a run of a k-quant's 256; Q6_K's scales cover 16 values: two halves):
+- packed: per group, ROWS x 32 signed values as 8 vectors, vector k lane i = values 4k..4k+3 of row i (so a
+  broadcast of 4 bytes of one token's x dots all the tile's rows at once: one int32 lane per row);
+- corrs: per group (half) and row, -128 * (sum of its values): the bias of xu taken back, the int32 sums' start;
+- scales (d, d * sc), mins (m, -dmin * m for Q4_K), per group (half) and row, float32.
+The micro-kernel then runs TOKENS tokens x ROWS rows over all groups in registers: a group's int32 sums times
+scale * xd into float accumulators, plus min * (xd * sum of xq) where there is a minimum. Offsets (Q4_0's -8,
+Q5_0's -16, Q6_K's -32) are in the packed values, so they need no sums of x.
+"""
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+from kernels.cpu.dot_int8 import _high_bits32, _nibbles32, _row_at
+from kernels.cpu.ir import (array_data, dot4, dot4_many, fma, half_ir, i64, ir_loop, load_bytes, ptr, shuffle, splat,
+                            splat_f)
+from kernels.cpu.types import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
+
+# numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
+# inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
+INLINED = ("types", "ir", "dot_int8")
+INLINED_DIGEST = "f603149b03b034af"
+
+ROWS = 8  # rows of a tile: the int32 lanes of a 256-bit vector
+TOKENS = 4  # tokens of the micro-kernel's register tile (4 float + 4 int32 accumulators, 8 weight vectors)
+
+# 32-value block types: type id -> (block bytes, quants at, 5th bits at, offset, minimum at); d (f16) at 0 in each
+BLOCKS = {Q4_0: (18, 2, None, 8, None), Q4_1: (20, 4, None, 0, 2), Q5_0: (22, 6, 2, 16, None),
+          Q5_1: (24, 8, 4, 0, 2), Q8_0: (34, 2, None, 0, None)}
+
+
+def _byte(context, builder, row_t, row, off):
+    """row[off] as an i32 (zero-extended)."""
+    return builder.zext(builder.load(ptr(context, builder, row_t, row, off, ir.IntType(8))), ir.IntType(32))
+
+
+def _block32(tid):
+    """group(context, builder, row_t, row, o, j, f16_t, f16) -> (<32 x i8> signed values, [d], m or None) of the
+    block of type tid at row[o:] (j is 0: one group a block)."""
+    _, quants_at, qh_at, offset, min_at = BLOCKS[tid]
+
+    def group(context, builder, row_t, row, o, j, f16_t, f16):
+        if tid == Q8_0:
+            values = load_bytes(context, builder, row_t, row, builder.add(o, i64(quants_at)), 32)
+        else:
+            values = _nibbles32(context, builder, row_t, row, builder.add(o, i64(quants_at)))
+            if qh_at is not None:
+                values = builder.or_(values, _high_bits32(context, builder, row_t, row, builder.add(o, i64(qh_at))))
+            values = builder.sub(values, splat(builder, offset, 32)) if offset else values
+        d = half_ir(context, builder, row_t, row, o, f16_t, f16)
+        m = half_ir(context, builder, row_t, row, builder.add(o, i64(min_at)), f16_t, f16) if min_at else None
+        return values, [d], m
+
+    return group
+
+
+def _q4_k_group(context, builder, row_t, row, o, j, f16_t, f16):
+    """Run j (of 8) of the Q4_K block at row[o:]: its quants, [d * sc_j], -dmin * m_j (6-bit sc_j, m_j as ggml's
+    get_scale_min_k4)."""
+    q = load_bytes(context, builder, row_t, row, builder.add(o, i64(16 + 32 * (j // 2))), 32)
+    values = builder.and_(q, splat(builder, 0xF, 32)) if j % 2 == 0 else builder.lshr(q, splat(builder, 4, 32))
+    i32 = ir.IntType(32)
+    s = [_byte(context, builder, row_t, row, builder.add(o, i64(4 + k))) for k in range(12)]
+    c = lambda v: ir.Constant(i32, v)  # noqa: E731
+    if j < 4:
+        sc, m = builder.and_(s[j], c(63)), builder.and_(s[j + 4], c(63))
+    else:
+        sc = builder.or_(builder.and_(s[j + 4], c(0xF)), builder.shl(builder.lshr(s[j - 4], c(6)), c(4)))
+        m = builder.or_(builder.lshr(s[j + 4], c(4)), builder.shl(builder.lshr(s[j], c(6)), c(4)))
+    f32 = ir.FloatType()
+    d = half_ir(context, builder, row_t, row, o, f16_t, f16)
+    dmin = half_ir(context, builder, row_t, row, builder.add(o, i64(2)), f16_t, f16)
+    return values, [builder.fmul(d, builder.uitofp(sc, f32))], builder.fneg(builder.fmul(dmin, builder.uitofp(m, f32)))
+
+
+def _q6_k_group(context, builder, row_t, row, o, j, f16_t, f16):
+    """Run j (of 8) of the Q6_K block at row[o:]: its quants less 32, [d * sc_2j, d * sc_2j+1] (a scale per 16)."""
+    n, r = j // 4, j % 4  # values 128 n + 32 r..: ql's low (r < 2) or high nibbles, qh's bits 2r, 2r + 1
+    ql = load_bytes(context, builder, row_t, row, builder.add(o, i64(64 * n + 32 * (r % 2))), 32)
+    qh = load_bytes(context, builder, row_t, row, builder.add(o, i64(128 + 32 * n)), 32)
+    low = builder.and_(builder.lshr(ql, splat(builder, 4 * (r // 2), 32)), splat(builder, 0xF, 32))
+    high = builder.shl(builder.and_(builder.lshr(qh, splat(builder, 2 * r, 32)), splat(builder, 3, 32)),
+                       splat(builder, 4, 32))
+    values = builder.sub(builder.or_(low, high), splat(builder, 32, 32))
+    d = half_ir(context, builder, row_t, row, builder.add(o, i64(208)), f16_t, f16)
+    scales = []
+    for h in range(2):
+        sc = builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(192 + 2 * j + h)), ir.IntType(8)))
+        scales.append(builder.fmul(d, builder.sitofp(sc, ir.FloatType())))
+    return values, scales, None
+
+
+# type id -> (block bytes, groups of 32 a block, scales a group, has a minimum, group function)
+GROUPS = {**{tid: (spec[0], 1, 1, spec[4] is not None, _block32(tid)) for tid, spec in BLOCKS.items()},
+          Q4_K: (144, 8, 1, True, _q4_k_group), Q6_K: (210, 8, 2, False, _q6_k_group)}
+
+
+def _pack(tid):
+    """An intrinsic f(w, r0, packed, corrs, scales, mins, f16) that packs rows r0..r0 + ROWS - 1 of w (uint8
+    [n_rows, row_bytes] of type tid; rows past the last repeat it) as the module docstring says: packed uint8
+    [n_groups * ROWS * 32], corrs int32 and scales float32 [n_groups * halves * ROWS], mins float32
+    [n_groups * ROWS] (untouched without a minimum)."""
+    block_bytes, n_groups, halves, with_min, group = GROUPS[tid]
+
+    @intrinsic
+    def pack(typingctx, w, r0, packed, corrs, scales, mins, f16):
+        def codegen(context, builder, sig, args):
+            w_t, r0_t, packed_t, corrs_t, scales_t, mins_t, f16_t = sig.args
+            w, r0, packed, corrs, scales, mins, f16 = args
+            i32, f32 = ir.IntType(32), ir.FloatType()
+            v8, f8 = ir.VectorType(i32, 8), ir.VectorType(f32, 8)
+            n_rows = builder.extract_value(array_data(context, builder, w_t, w).shape, 0)
+            r0 = context.cast(builder, r0, r0_t, types.int64)
+            bases, n_blocks = [], None
+            for i in range(ROWS):
+                r = builder.add(r0, i64(i))
+                r = builder.select(builder.icmp_signed("<", r, n_rows), r, builder.sub(n_rows, i64(1)))
+                base, n_blocks = _row_at(context, builder, w_t, w, types.int64, r, block_bytes)
+                bases.append(base)
+
+            def body(b, _):
+                for j in range(n_groups):
+                    rows, ds, m = [], [f8(ir.Undefined)] * halves, f8(ir.Undefined)
+                    for i, base in enumerate(bases):
+                        o = builder.add(base, builder.mul(b, i64(block_bytes)))
+                        values, row_scales, row_min = group(context, builder, w_t, w, o, j, f16_t, f16)
+                        rows.append(builder.bitcast(values, v8))
+                        ds = [builder.insert_element(d, v, i64(i)) for d, v in zip(ds, row_scales)]
+                        if with_min:
+                            m = builder.insert_element(m, row_min, i64(i))
+                    while len(rows) > 1:  # ROWS vectors of 8 int32 concatenated: lane 8 i + k = row i's values 4k..
+                        rows = [shuffle(builder, a, c, range(2 * a.type.count)) for a, c in zip(rows[0::2], rows[1::2])]
+                    g = builder.add(builder.mul(b, i64(n_groups)), i64(j))
+                    biases = [v8([0] * 8)] * halves
+                    for k in range(8):
+                        vec = shuffle(builder, rows[0], None, [ROWS * i + k for i in range(ROWS)])
+                        at = builder.mul(builder.add(builder.mul(g, i64(8)), i64(k)), i64(32))
+                        builder.store(vec, ptr(context, builder, packed_t, packed, at, v8), align=1)
+                        h = k * halves // 8
+                        biases[h] = dot4(context, builder, biases[h], splat(builder, 128, 32),
+                                         builder.bitcast(vec, ir.VectorType(ir.IntType(8), 32)))
+                    for h in range(halves):
+                        at = builder.mul(builder.add(builder.mul(g, i64(halves)), i64(h)), i64(ROWS))
+                        builder.store(builder.sub(v8([0] * 8), biases[h]), ptr(context, builder, corrs_t, corrs, at,
+                                                                                v8), align=4)
+                        builder.store(ds[h], ptr(context, builder, scales_t, scales, at, f8), align=4)
+                    if with_min:
+                        builder.store(m, ptr(context, builder, mins_t, mins, builder.mul(g, i64(ROWS)), f8), align=4)
+                return []
+
+            ir_loop(builder, n_blocks, [], body)
+            return context.get_dummy_value()
+
+        return types.void(w, r0, packed, corrs, scales, mins, f16), codegen
+
+    return pack
+
+
+def _tile(with_min, halves=1, max_abs=128):
+    """An intrinsic f(packed, corrs, scales, mins, xu, xd, xds, t0, y): y[j * ROWS + i] = token t0 + j's x8 . row i
+    of a packed tile, for j < TOKENS, over all groups. xu uint8 [n_tokens, n_groups * 32] (xq + 128), xd and xds
+    float32 [n_tokens, n_groups] (xds: xd * the sum of xq over the group; read only with_min); halves: scales a
+    group (2: Q6_K's, one a 16); max_abs: the largest |packed value| of the types it runs (ir.dot4_many: below
+    64, AVX2's pmaddubsw where there is no VNNI)."""
+    @intrinsic
+    def tile(typingctx, packed, corrs, scales, mins, xu, xd, xds, t0, y):
+        def codegen(context, builder, sig, args):
+            packed_t, corrs_t, scales_t, mins_t, xu_t, xd_t, xds_t, t0_t, y_t = sig.args
+            packed, corrs, scales, mins, xu, xd, xds, t0, y = args
+            i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+            v8, f8, b32 = ir.VectorType(i32, 8), ir.VectorType(f32, 8), ir.VectorType(i8, 32)
+            n_groups = builder.extract_value(array_data(context, builder, xd_t, xd).shape, 1)
+            t0 = context.cast(builder, t0, t0_t, types.int64)
+            rows_of = [builder.mul(builder.add(t0, i64(j)), n_groups) for j in range(TOKENS)]  # flat xd index of g 0
+
+            def body(g, accs):
+                weights = [builder.load(ptr(context, builder, packed_t, packed, builder.mul(builder.add(
+                    builder.mul(g, i64(8)), i64(k)), i64(32)), b32), align=1) for k in range(8)]
+                at = [builder.mul(builder.add(builder.mul(g, i64(halves)), i64(h)), i64(ROWS)) for h in range(halves)]
+                corr = [builder.load(ptr(context, builder, corrs_t, corrs, a, v8), align=4) for a in at]
+                d = [builder.load(ptr(context, builder, scales_t, scales, a, f8), align=4) for a in at]
+                if with_min:
+                    m = builder.load(ptr(context, builder, mins_t, mins, builder.mul(g, i64(ROWS)), f8), align=4)
+                new = []
+                for j, acc in enumerate(accs):
+                    xg = builder.add(rows_of[j], g)  # token j's group g in xd, xds; its bytes at 32 xg in xu
+                    operands = []
+                    for k in range(8):  # a splat of 4 bytes of x as one int32: against every row's 4 values k
+                        x4 = builder.load(ptr(context, builder, xu_t, xu, builder.add(builder.mul(xg, i64(32)),
+                                                                                       i64(4 * k)), i32), align=1)
+                        operands.append((builder.bitcast(splat(builder, x4, 8, 32), b32), weights[k]))
+                    sums = [dot4_many(context, builder, corr[h], operands[8 * h // halves:8 * (h + 1) // halves],
+                                      255 * max_abs) for h in range(halves)]
+                    xd_g = splat_f(builder, builder.load(builder.gep(array_data(context, builder, xd_t, xd).data,
+                                                                     [xg])), 8)
+                    for h in range(halves):
+                        acc = fma(builder, builder.sitofp(sums[h], f8), builder.fmul(d[h], xd_g), acc)
+                    if with_min:
+                        xs = builder.load(builder.gep(array_data(context, builder, xds_t, xds).data, [xg]))
+                        acc = fma(builder, m, splat_f(builder, xs, 8), acc)
+                    new.append(acc)
+                return new
+
+            totals = ir_loop(builder, n_groups, [f8([0.0] * 8)] * TOKENS, body)
+            for j, total in enumerate(totals):
+                builder.store(total, ptr(context, builder, y_t, y, i64(j * ROWS), f8), align=4)
+            return context.get_dummy_value()
+
+        return types.void(packed, corrs, scales, mins, xu, xd, xds, t0, y), codegen
+
+    return tile
+
+
+pack_q4_0, pack_q4_1, pack_q5_0, pack_q5_1, pack_q8_0, pack_q4_k, pack_q6_k = (
+    _pack(tid) for tid in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K))
+# the packed values' largest size: Q4_1, Q4_K 15, Q5_1 31 (with a minimum); Q4_0 8, Q5_0 16; Q6_K 32; Q8_0 128
+tile_with_min, tile_no_min, tile_halves = _tile(True, max_abs=31), _tile(False, max_abs=16), _tile(False, 2, 32)
+tile_q8_0 = _tile(False)

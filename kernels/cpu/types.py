@@ -1,0 +1,21 @@
+"""What the CPU kernels share as values: ggml type ids (the dispatch key inside the kernels), the groups of
+types each kernel takes, the f16 lookup table and the numba decorators.
+
+Numbers here are frozen into the compiled kernels when they compile: see kernels/cpu/cache.py."""
+import numba as nb
+import numpy as np
+
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
+MXFP4 = 39  # its matmuls are mxfp4's (x in int8 blocks of 32, as llama.cpp's q8_0), its rows decode as the others
+DECODED_IDS = (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4)
+FUSED_IDS = (Q5_K,)  # a fused dot of float32 x (dot_float); other DECODED_IDS not INT8_IDS decode a row first
+BLOCK32_IDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)  # blocks of 32 values: x goes in int8 blocks of 32 alike
+INT8_IDS = (Q4_K, Q6_K) + BLOCK32_IDS  # fused dots of int8-quantized x (dot_int8)
+X8 = 64  # X8 + a type id: that type repacked eight rows at a time (repack), dotted by dot_x8
+X8_IDS = tuple(X8 + t for t in (Q4_0, Q4_1, Q5_0, Q5_1))
+N16 = 16  # passed at run time, see dequant's decoders
+
+F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+jit = nb.njit(cache=True, nogil=True)  # bit-exact with ggml: no fastmath (no fused a*b+c)
+fast = nb.njit(cache=True, nogil=True, fastmath=True)

@@ -1,0 +1,58 @@
+"""How a weight tensor lies in VRAM for the CUDA matvec kernels (numpy only: no device needed).
+
+Each ggml block is split into a "bulk" part whose size is a multiple of 16 bytes (the quants, read with
+16-byte loads) and a "meta" part (the fields that broke that alignment, mostly the fp16 scale). A tensor
+[n_rows, row_bytes] becomes bulk [n_rows, n_blocks, bulk] followed by meta [n_rows, n_blocks, meta]:
+the same bytes, reordered, so VRAM stays the file size. kernels/cuda/quant_dot.cuh reads this layout.
+"""
+import numpy as np
+
+from models.ggml_types import GGMLType
+
+# type name -> (meta bytes taken from the front of a block, meta bytes taken from the back)
+META_SPLIT: dict[str, tuple[int, int]] = {
+    "Q4_0": (2, 0),  # d | qs
+    "Q4_1": (4, 0),  # d m | qs
+    "Q5_0": (6, 0),  # d qh | qs
+    "Q5_1": (8, 0),  # d m qh | qs
+    "Q8_0": (2, 0),  # d | qs
+    "Q2_K": (0, 4),  # scales qs | d dmin
+    "Q3_K": (0, 14),  # hmask qs | scales d
+    "Q4_K": (0, 0),  # d dmin scales qs: 144 bytes, kept
+    "Q5_K": (0, 0),  # d dmin scales qh qs: 176 bytes, kept
+    "Q6_K": (0, 2),  # ql qh scales | d
+    "F32": (0, 0),
+    "F16": (0, 0),
+    "BF16": (0, 0),
+}
+
+
+# Weights one GPU thread handles per step (an "item", see quant_dot.cuh: QK / ITEMS; matvec.cu: 8 floats)
+ELEMS_PER_ITEM: dict[str, int] = {
+    "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 16,
+    "Q2_K": 64, "Q3_K": 64, "Q4_K": 64, "Q5_K": 64, "Q6_K": 64,
+    "F32": 8, "F16": 8, "BF16": 8,
+}
+
+
+def bulk_meta_bytes(qtype: GGMLType) -> tuple[int, int]:
+    """Bytes of one block's bulk and meta parts."""
+    front, back = META_SPLIT[qtype.name]
+    return qtype.block_bytes - front - back, front + back
+
+
+def repack(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:
+    """raw uint8 [n_rows, row_bytes] as in the file -> uint8 [n_rows * row_bytes] in the device layout.
+
+    raw may be a numpy or a CuPy array."""
+    n_rows, row_bytes = raw.shape
+    front, back = META_SPLIT[qtype.name]
+    if front == back == 0:
+        return raw.reshape(-1)
+    blocks = raw.reshape(n_rows, row_bytes // qtype.block_bytes, qtype.block_bytes)
+    bulk = blocks[:, :, front : qtype.block_bytes - back]
+    meta = blocks[:, :, :front] if front else blocks[:, :, qtype.block_bytes - back :]
+    out = raw.reshape(-1).copy()  # array methods only, so a CuPy array repacks on the device too
+    out[: bulk.size] = bulk.reshape(-1)
+    out[bulk.size :] = meta.reshape(-1)
+    return out
