@@ -44,7 +44,7 @@ def lark_grammar(lark: str) -> str:
 def checked(grammar: str, what: str) -> str:
     error = llguidance.LLMatcher.validate_grammar(grammar, None)
     if error:
-        raise GrammarError(f"{what} cannot be compiled: {error.strip()}")
+        raise GrammarError(f"{what} cannot be compiled: {' '.join(error.split())}")  # on one line
     return grammar
 
 
