@@ -9,7 +9,7 @@ import json
 
 from app.server_schema import ToolRequest, bad
 from app.tool_calls import BareJsonFormat, Format, HermesFormat
-from inference.grammar import JSON_OPTIONS, GrammarError, lark_grammar
+from inference.grammar import JSON_OPTIONS, GrammarError, closed, lark_grammar
 
 
 def tool_call_grammar(fmt: Format, request: ToolRequest, template_takes_tools: bool) -> str | None:
@@ -40,7 +40,7 @@ def tool_call_grammar(fmt: Format, request: ToolRequest, template_takes_tools: b
 def _any_call(tools: list[dict], arguments_key: str) -> dict:
     """A call to any of tools: {"name": its name, arguments_key: its parameters}."""
     return {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", arguments_key],
-                       "properties": {"name": {"const": t["name"]}, arguments_key: t["parameters"]}}
+                       "properties": {"name": {"const": t["name"]}, arguments_key: closed(t["parameters"])}}
                       for t in tools]}
 
 

@@ -30,10 +30,27 @@ def json_schema_grammar(schema: dict | None = None) -> str:
     if not isinstance(schema, dict):
         raise GrammarError("a JSON schema must be an object")
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(closed(schema), overrides=JSON_OPTIONS)
     except ValueError as e:
         raise GrammarError(f"the JSON schema cannot be compiled: {e}") from None
     return checked(grammar, "the JSON schema")
+
+
+DATA_KEYWORDS = ("const", "enum", "default", "examples")  # their values are JSON data, not schemas
+
+
+def closed(schema):
+    """schema with additionalProperties false in each object schema that names its properties and says nothing of
+    others, as llama.cpp's grammars read such schemas: JSON valid by it is valid by schema, and a sampled model
+    cannot wander off into keys of its own (agents' tool schemas seldom close their objects)."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in DATA_KEYWORDS else closed(v) for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict) and not {"additionalProperties", "patternProperties"} & schema.keys():
+        out["additionalProperties"] = False
+    return out
 
 
 def lark_grammar(lark: str) -> str:
