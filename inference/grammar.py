@@ -139,7 +139,7 @@ class Guide:
         return allowed
 
     def accept(self, token: int) -> None:
-        """The token sampled; raises GrammarError if the grammar did not allow it (a mask left out)."""
+        """The token sampled; a token the grammar did not allow (a mask left out) is the engine's fault: RuntimeError."""
         if self.state == "may think":
             self.state = "thinking" if token == self.think_id else "grammar"
         if self.state == "thinking":
@@ -147,4 +147,4 @@ class Guide:
             if self._tail == self.after:
                 self.state = "grammar"
         elif not self.matcher.consume_token(token) or self.matcher.is_error():
-            raise GrammarError(f"token {token} is outside the grammar: {self.matcher.get_error()}")
+            raise RuntimeError(f"token {token} is outside the grammar: {self.matcher.get_error().splitlines()[0]}")
