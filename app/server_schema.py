@@ -221,7 +221,8 @@ def openai_completion(body: dict) -> GenRequest:
         raise _refuse("suffix", "no fill-in-the-middle")
     if get(body, "best_of", int, 1) != 1:
         raise _refuse("best_of", "one choice per request")
-    return GenRequest(prompt=prompt, **_openai_common(body))
+    return GenRequest(prompt=prompt, grammar=response_format(get(body, "response_format", dict, {})),
+                      **_openai_common(body))  # response_format as llama.cpp's server takes it here too
 
 
 # Ollama: options by its names. Those that only tune speed or memory are ignored, as the engine decides them.
@@ -246,7 +247,8 @@ def _ollama_common(body: dict) -> dict:
     return dict(model=get(body, "model", str), stream=get(body, "stream", bool, True),
                 max_tokens=num_predict if num_predict is not None and num_predict > 0 else None,
                 sampling=_sampling(options, where), stop=stop_strings(options.get("stop"), "options.stop"),
-                ctx=num_ctx, grammar=ollama_format(body.get("format")), template_vars={} if think is None else {"enable_thinking": think is not False}
+                ctx=num_ctx, grammar=ollama_format(body.get("format")),
+                template_vars={} if think is None else {"enable_thinking": think is not False}
                 | ({"reasoning_effort": think} if isinstance(think, str) else {}))
 
 
@@ -262,7 +264,8 @@ def ollama_format(value) -> str | None:
 
 
 def ollama_chat(body: dict) -> GenRequest:
-    conversation, tools, common = messages(body, allow_empty=True), tool_request(body, openai=False), _ollama_common(body)
+    conversation, tools = messages(body, allow_empty=True), tool_request(body, openai=False)
+    common = _ollama_common(body)
     if tools and common["grammar"]:
         raise _refuse("format", "with 'tools' the reply may be a call or text")
     return GenRequest(prompt=conversation or None, tools=tools, **common)  # no messages: load the model

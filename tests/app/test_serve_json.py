@@ -84,6 +84,13 @@ def test_json_object_mode(oai):
     assert r.finish_reason == "stop" and isinstance(json.loads(r.message.content), dict)
 
 
+def test_plain_completion_takes_response_format_too(oai):
+    r = oai.completions.create(model=MODEL, prompt="A person:", temperature=1.0, seed=2, max_tokens=48,
+                               extra_body={"response_format": person_format()}).choices[0]
+    assert r.finish_reason == "stop"
+    jsonschema.validate(json.loads(r.text), PERSON)
+
+
 def test_max_tokens_before_the_json_closes_is_length_and_unfinished(oai):
     r = oai.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=3,
                                     response_format=person_format()).choices[0]
@@ -108,7 +115,8 @@ def test_a_schema_that_cannot_be_enforced_is_a_400(oai):
 def test_ollama_format_schema_and_json(oll):
     r = oll.chat(model=MODEL, messages=ASK, format=PERSON, options={"temperature": 1.0, "seed": 3, "num_predict": 48})
     jsonschema.validate(json.loads(r.message.content), PERSON)
-    r = oll.generate(model=MODEL, prompt='Reply with a JSON object whose key "ok" is true.', format="json", stream=False,
+    r = oll.generate(model=MODEL, prompt='Reply with a JSON object whose key "ok" is true.', format="json",
+                     stream=False,
                      options={"temperature": 0, "num_predict": 120})
     assert r.done_reason == "stop" and isinstance(json.loads(r.response), dict)
     with pytest.raises(ollama.ResponseError, match="'format' cannot be enforced") as e:
