@@ -54,6 +54,9 @@ def register(sub) -> None:
     add_device_args(p)
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (text, thinking, stats) instead of streaming")
+    p.add_argument("--json-schema", metavar="FILE",
+                   help="the answer is JSON valid by the JSON schema in FILE, enforced token by token (a reply cut "
+                   "by -n ends unfinished: finish_reason length)")
     p.add_argument("--hide-thinking", action="store_true",
                    help="leave out a reasoning model's thinking (<think>...</think>, gpt-oss's analysis channel; "
                    "else it goes to stderr, dimmed)")
@@ -73,6 +76,7 @@ def run(args) -> int:
     from app.progress import DownloadBar  # noqa: PLC0415
     from app.reasoning import check_level, effort_vars  # noqa: PLC0415
     from app.reply_split import reply_splitter  # noqa: PLC0415
+    from app.structured import answer_constraint, schema_file_grammar  # noqa: PLC0415
     from app.warm_up import warm_up  # noqa: PLC0415
     from inference import load  # noqa: PLC0415  (heavy: numba, the model)
     prompt = read_prompt(args)
@@ -80,6 +84,7 @@ def run(args) -> int:
         raise NoPromptError("--raw is plain completion: it takes no --system, --chat-template or --reasoning-effort")
     check_max_tokens(args.max_tokens)  # before the model loads
     check_level(args.reasoning_effort)
+    grammar = schema_file_grammar(args.json_schema) if args.json_schema else None  # before the model loads
     t0 = time.perf_counter()
     engine = load(args.model, ctx=args.ctx, progress=DownloadBar(), **load_options(args))
     load_seconds = time.perf_counter() - t0
@@ -94,12 +99,13 @@ def run(args) -> int:
     template_vars = effort_vars(template, args.reasoning_effort)
     engine.check_prompt(request, args.chat_template, template_vars)  # a prompt that cannot run fails before the warm-up
     warm_seconds = warm_up(engine, lambda text: print(text, file=sys.stderr, flush=True))
+    thinks = opens_thinking(engine, request, args.chat_template, template_vars)
     pieces = engine.generate(request, max_tokens=engine.n_ctx if args.max_tokens == -1 else args.max_tokens,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                              repeat_penalty=args.repeat_penalty, seed=args.seed, stop=tuple(args.stop),
-                             chat_template=args.chat_template, template_vars=template_vars)
-    split = reply_splitter(template is not None and template.speaks_harmony,
-                           opens_thinking(engine, request, args.chat_template, template_vars))
+                             chat_template=args.chat_template, template_vars=template_vars,
+                             constraint=answer_constraint(grammar, template, thinks) if grammar else None)
+    split = reply_splitter(template is not None and template.speaks_harmony, thinks)
     show = Shown(args)
     text, thinking, stats = [], [], None
 

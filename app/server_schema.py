@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from app.reasoning import LEVELS
 from app.tool_calls import new_call_id
+from inference.grammar import GrammarError, json_schema_grammar
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -44,6 +45,7 @@ class GenRequest:
     template_vars: dict = field(default_factory=dict)  # e.g. enable_thinking, reasoning_effort
     include_usage: bool = False
     tools: ToolRequest | None = None    # None: no tools for the template, no tool calls parsed
+    grammar: str | None = None          # structured output: the answer follows it (inference/grammar.py)
 
 
 _KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
@@ -173,14 +175,37 @@ def _openai_common(body: dict) -> dict:
 def openai_chat(body: dict) -> GenRequest:
     if body.get("functions"):
         raise _refuse("functions", "send them as 'tools', OpenAI's current name")
-    response_format = get(body, "response_format", dict, {})
-    if response_format.get("type", "text") != "text":
-        raise _refuse("response_format", "text replies only")
     effort = get(body, "reasoning_effort", str)
     if effort is not None and effort not in LEVELS:
         raise bad(f"'reasoning_effort' must be one of {', '.join(LEVELS)} (got '{effort}')")
+    tools, grammar = tool_request(body, openai=True), response_format(get(body, "response_format", dict, {}))
+    if tools and grammar:
+        raise _refuse("response_format", "with 'tools' only when \"tool_choice\" is \"none\"")
     return GenRequest(prompt=messages(body), template_vars={} if effort is None else {"reasoning_effort": effort},
-                      tools=tool_request(body, openai=True), **_openai_common(body))
+                      tools=tools, grammar=grammar, **_openai_common(body))
+
+
+def response_format(value: dict) -> str | None:
+    """The grammar of OpenAI's response_format: json_object (any JSON object), json_schema (its schema), text: None."""
+    kind = get(value, "type", str, "text", where="response_format.")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_schema_grammar()
+    if kind != "json_schema":
+        raise bad(f"'response_format.type' must be \"text\", \"json_object\" or \"json_schema\" (got '{kind}')")
+    spec = get(value, "json_schema", dict, where="response_format.")
+    if spec is None:
+        raise bad("'response_format.json_schema' is required: {\"name\": ..., \"schema\": {...}}")
+    return schema_grammar(get(spec, "schema", dict, {"type": "object"}, where="response_format.json_schema."),
+                          "response_format.json_schema.schema")
+
+
+def schema_grammar(schema: dict, key: str) -> str:
+    try:
+        return json_schema_grammar(schema)
+    except GrammarError as e:
+        raise bad(f"'{key}' cannot be enforced: {e}", code="invalid_json_schema") from None
 
 
 def openai_completion(body: dict) -> GenRequest:
@@ -196,7 +221,8 @@ def openai_completion(body: dict) -> GenRequest:
         raise _refuse("suffix", "no fill-in-the-middle")
     if get(body, "best_of", int, 1) != 1:
         raise _refuse("best_of", "one choice per request")
-    return GenRequest(prompt=prompt, **_openai_common(body))
+    return GenRequest(prompt=prompt, grammar=response_format(get(body, "response_format", dict, {})),
+                      **_openai_common(body))  # response_format as llama.cpp's server takes it here too
 
 
 # Ollama: options by its names. Those that only tune speed or memory are ignored, as the engine decides them.
@@ -214,8 +240,6 @@ def _ollama_common(body: dict) -> dict:
     if num_predict is not None and num_predict < 1 and num_predict not in (-1, -2):
         raise bad(f"'options.num_predict' must be at least 1, or -1 (no limit) (got {num_predict})")
     num_ctx = _positive(get(options, "num_ctx", int, where=where), "options.num_ctx")
-    if body.get("format"):
-        raise _refuse("format", "text replies only")
     think = body.get("think")
     if think is not None and not (isinstance(think, bool) or think in LEVELS):
         shown = f"'{think}'" if isinstance(think, str) else _json_type(think)
@@ -223,14 +247,28 @@ def _ollama_common(body: dict) -> dict:
     return dict(model=get(body, "model", str), stream=get(body, "stream", bool, True),
                 max_tokens=num_predict if num_predict is not None and num_predict > 0 else None,
                 sampling=_sampling(options, where), stop=stop_strings(options.get("stop"), "options.stop"),
-                ctx=num_ctx, template_vars={} if think is None else {"enable_thinking": think is not False}
+                ctx=num_ctx, grammar=ollama_format(body.get("format")),
+                template_vars={} if think is None else {"enable_thinking": think is not False}
                 | ({"reasoning_effort": think} if isinstance(think, str) else {}))
 
 
+def ollama_format(value) -> str | None:
+    """The grammar of Ollama's format: "json" (any JSON object) or a JSON schema; absent or "": None."""
+    if value is None or value == "":
+        return None
+    if value == "json":
+        return json_schema_grammar()
+    if not isinstance(value, dict):
+        raise bad(f"'format' must be \"json\" or a JSON schema object (got {_json_type(value)})")
+    return schema_grammar(value, "format")
+
+
 def ollama_chat(body: dict) -> GenRequest:
-    conversation = messages(body, allow_empty=True)
-    return GenRequest(prompt=conversation or None, tools=tool_request(body, openai=False),  # no messages: load
-                      **_ollama_common(body))
+    conversation, tools = messages(body, allow_empty=True), tool_request(body, openai=False)
+    common = _ollama_common(body)
+    if tools and common["grammar"]:
+        raise _refuse("format", "with 'tools' the reply may be a call or text")
+    return GenRequest(prompt=conversation or None, tools=tools, **common)  # no messages: load the model
 
 
 def ollama_generate(body: dict) -> GenRequest:

@@ -17,8 +17,11 @@ from pathlib import Path
 
 from app.reasoning import effort_vars
 from app.server_schema import ApiError, GenRequest
+from app.structured import answer_constraint
 from app.tool_calls import Format, format_for
+from app.tool_grammar import tool_call_grammar
 from app.tool_prompt import with_tools
+from inference.grammar import Constraint
 from models.errors import UserError
 
 END = object()  # after the last item of a job
@@ -150,6 +153,7 @@ class EngineWorker:
             job.send(Started(0, False, load_seconds))
             return
         ids, thinks, tool_format = prompt_ids(engine, r)
+        held = constraint(engine, r, thinks, tool_format)  # before Started: a tool schema it cannot compile is a 400
         template = engine.chat_template
         job.send(Started(len(ids), thinks, load_seconds, template is not None and template.speaks_harmony,
                          tool_format))
@@ -157,7 +161,7 @@ class EngineWorker:
         # cancelled: a client that leaves during a long prompt frees the engine at the next prompt chunk;
         # special: the control tokens a tool call is written with (<|python_tag|>, harmony's) come as their text
         pieces = engine.generate(ids, max_tokens=max_tokens, stop=r.stop, cancelled=job.cancelled.is_set,
-                                 special=tool_format is not None, **r.sampling)
+                                 special=tool_format is not None, constraint=held, **r.sampling)
         try:
             for piece in pieces:
                 if job.cancelled.is_set():
@@ -202,6 +206,18 @@ def prompt_ids(engine, r: GenRequest) -> tuple[list[int], bool, Format | None]:
         raise PromptError(f"the prompt is {len(ids)} tokens but the context holds {engine.n_ctx} (start the "
                           "server with a larger --ctx, or send a shorter prompt)", "context_length_exceeded")
     return ids, thinks, tool_format
+
+
+def constraint(engine, r: GenRequest, thinks: bool, tool_format: Format | None) -> Constraint | None:
+    """What the reply is held to: the request's JSON (response_format, format), or calls only where tool_choice
+    asks for them (in a format with a grammar, tool_grammar.py); None: free text."""
+    grammar = r.grammar
+    if r.tools and r.tools.choice != "auto":
+        grammar = tool_call_grammar(tool_format, r.tools, "tools" in engine.chat_template.source)
+    if grammar is None:
+        return None
+    chat = isinstance(r.prompt, list) and r.prompt and isinstance(r.prompt[0], dict)
+    return answer_constraint(grammar, engine.chat_template if chat else None, thinks)
 
 
 def catalog(worker: EngineWorker) -> list[tuple[list[str], Path]]:

@@ -1,9 +1,9 @@
 """A request's tools shown to the model: the chat template's `tools` variable, as llama.cpp's --jinja and
 transformers pass it, or a system note where the template takes none.
 
-tool_choice "required" or a named function is only asked for in the prompt (a system note; a named choice also
-shows the model that tool alone): nothing forces the model to comply until constrained decoding comes (the next
-step of issue 35), so a reply may still answer in text.
+tool_choice "required" or a named function is asked for in the prompt (a system note; a named choice also
+shows the model that tool alone) and, in the formats tool_grammar.py has a grammar for, enforced by constrained
+decoding; in the others a reply may still answer in text.
 """
 import json
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from inference.backend_cpu import CPUBackend
 from inference.forward import forward
+from inference.grammar import Constraint, Guide, vocabulary
 from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, Placement, VramBudgetError,
                                  all_on_cpu, free_vram, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
@@ -269,17 +270,22 @@ class Engine:
         self._cached = list(best.tokens)
         return len(best.tokens)
 
-    def _host_tokens(self, logits: np.ndarray, params: SamplingParams, seed: int | None,
-                     history: list[int]) -> Iterator[int]:
-        """The tokens after history, sampled on the host from logits [1, n_vocab] (of history's last token).
-        Each next() after the first runs the model on the token before it (the caller caches it first)."""
+    def _host_tokens(self, logits, params: SamplingParams, seed: int | None, history: list[int],
+                     guide: Guide | None = None) -> Iterator[int]:
+        """The tokens after history, sampled on the host from logits [1, n_vocab] (of history's last token; on
+        the GPU copied to the host each step), among those guide's grammar allows. Each next() after the first
+        runs the model on the token before it (the caller caches it first)."""
         sampler = Sampler(params, seed)
         history = list(history)
         while True:
-            token = sampler(logits[0], history)
+            allowed = guide.mask() if guide else None
+            token = sampler(self._be.to_host(logits)[0], history, allowed)
+            if guide:
+                guide.accept(token)
             yield token
             history.append(token)
-            self._be.set_input(np.array([token], np.int32), len(self._cached) - 1)
+            for be, _ in self._segments:  # one CPU backend; on the GPU its segments, as a short prompt runs
+                be.set_input(np.array([token], np.int32), len(self._cached) - 1)
             logits = forward(self._segments, self.config, self._weights)
 
     def prompt_ids(self, prompt, chat_template: str | None = None, template_vars: dict | None = None) -> list[int]:
@@ -321,14 +327,21 @@ class Engine:
     def generate(self, prompt, max_tokens: int = 512, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
                  stop=(), chat_template: str | None = None, template_vars: dict | None = None,
-                 drop_old_turns: bool = False, cancelled=None, special: bool = False) -> Iterator:
+                 drop_old_turns: bool = False, cancelled=None, special: bool = False,
+                 constraint: Constraint | None = None) -> Iterator:
         """Yield the reply as text pieces, then one GenerationStats. Closing the generator stops it; cancelled()
         returning True stops a long prompt between its chunks (finish_reason "cancelled", no text), where
         nothing else could: the prompt runs before the first piece.
         drop_old_turns: messages that do not fit lose their oldest turns (never a system message or the last
         message) until the reply has room for max_tokens or half the context, whichever is less.
         special: control tokens come as their text (<|python_tag|>, harmony's <|channel|>...), for a parser of the
-        chat format's tool calls."""
+        chat format's tool calls.
+        constraint: the reply follows its grammar (inference/grammar.py), token by token; it then ends with
+        finish_reason "stop" once the grammar is complete, or "length" at max_tokens before that (an unfinished
+        text, as OpenAI's API returns it). On the GPU such a reply takes the slower host path: each step runs
+        eagerly (not the decode graph) and its logits are copied to the host, masked and sampled there; an
+        unconstrained reply keeps the graph."""
+        guide = Guide(vocabulary(self.tokenizer), constraint) if constraint else None
         if drop_old_turns and isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
             ids = self._fit_messages(prompt, chat_template, min(max_tokens, self.n_ctx // 2), template_vars)
         else:
@@ -346,10 +359,10 @@ class Engine:
         if self._decode:
             self._decode.wait()  # the GPU works asynchronously: count the prompt's time in its stats
         t1 = time.perf_counter()
-        if self._decode:
+        if self._decode and not guide:
             tokens = self._decode.tokens(logits, params, seed, ids, max_tokens)
         else:
-            tokens = self._host_tokens(logits, params, seed, ids)
+            tokens = self._host_tokens(logits, params, seed, ids, guide)
         detok = self.tokenizer.stream(special, at_start=False)  # a reply continues its prompt: " Paris" keeps its space
         text = StopScanner(stop)
         generated = 0
@@ -377,7 +390,7 @@ class Engine:
             tail, _ = text.feed(detok.flush(), final=True)
             if tail:
                 yield tail
-        if self._decode and getattr(self._be, "state_pos", 0) == len(self._cached) + 1:
+        if self._decode and not guide and getattr(self._be, "state_pos", 0) == len(self._cached) + 1:
             # the GPU ran the step on the last token before handing it out (DecodeStep.tokens): a recurrent state
             # cannot leave it out again, so it belongs to the context (a chat's next prompt often starts with it)
             self._cached.append(token)

@@ -68,9 +68,13 @@ def min_p_keep(probs: np.ndarray, min_p: float) -> int:
     return max(1, int(np.count_nonzero(probs >= min_p * probs[0])))
 
 
-def sample(logits: np.ndarray, params: SamplingParams, recent: np.ndarray, rng: np.random.Generator) -> int:
-    """One token id from logits [n_vocab]."""
-    logits = apply_repeat_penalty(logits.astype(np.float32, copy=False), recent, params.repeat_penalty)
+def sample(logits: np.ndarray, params: SamplingParams, recent: np.ndarray, rng: np.random.Generator,
+           allowed: np.ndarray | None = None) -> int:
+    """One token id from logits [n_vocab]; allowed: bool [n_vocab], the only tokens it may be (a grammar's mask)."""
+    logits = logits.astype(np.float32, copy=False)
+    if allowed is not None:
+        logits = np.where(allowed, logits, -np.inf)  # before the penalty and top-k: the draw is among these alone
+    logits = apply_repeat_penalty(logits, recent, params.repeat_penalty)
     if params.temperature <= 0:
         return int(np.argmax(logits))
     ids = top_k_candidates(logits, params.top_k)
@@ -89,5 +93,5 @@ class Sampler:
         self.params = params
         self.rng = np.random.default_rng(seed)
 
-    def __call__(self, logits: np.ndarray, history: list[int]) -> int:
-        return sample(logits, self.params, np.asarray(history[-REPEAT_LAST_N:], np.int64), self.rng)
+    def __call__(self, logits: np.ndarray, history: list[int], allowed: np.ndarray | None = None) -> int:
+        return sample(logits, self.params, np.asarray(history[-REPEAT_LAST_N:], np.int64), self.rng, allowed)
