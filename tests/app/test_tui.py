@@ -140,7 +140,9 @@ def test_the_load_and_every_reply_run_on_one_engine_thread(store, smollm2, monke
             assert app.engine is None
             app.notify("said while the kernels compile", timeout=60)
             states, noticed = set(), []
+            deadline = time.monotonic() + 120
             while app.engine is None:
+                assert time.monotonic() < deadline, "timed out"
                 states.add(app.query_one(StatusBar).state)
                 noticed.append(NOTICE in notes(app))
                 await pilot.pause(0.1)

@@ -14,6 +14,7 @@ from app.tui.frame_budget import FRAME_MAX_GAP, UI_SHARE, FrameBudget
 from app.tui.message_view import MessageView
 from app.tui.prompt_input import PromptInput
 from inference import GenerationStats
+from tests.app.test_tui import wait_for
 from textual import events
 from textual.widgets import Markdown
 
@@ -31,6 +32,7 @@ class FastEngine:
 
     n_ctx = 4096
     gpu_share = None
+    chat_template = None
     placement = SimpleNamespace(layers=("cpu",) * 2, n_gpu_layers=0, first_gpu_layer=2, cpu_expert_layers=0)
 
     def warm_up(self) -> None:
@@ -57,8 +59,7 @@ def test_a_reply_of_2000_tokens_as_fast_as_they_come_is_shown_whole_above_1000_t
     async def run():
         app = ChatApp(store, "fast.gguf", Sampling(max_tokens=N_TOKENS))
         async with app.run_test(size=(100, 36)) as pilot:
-            while app.engine is None:
-                await pilot.pause(0.05)
+            await wait_for(pilot, lambda: app.engine is not None)  # a load that fails fails here, not hangs
             await pilot.press(*"Go")
             start = time.perf_counter()
             app.query_one(PromptInput).post_message(events.Key("enter", None))
@@ -171,13 +172,11 @@ def test_a_loaded_model_stays_out_of_full_collections_until_another_replaces_it(
     async def run():
         app = ChatApp(store, "fast.gguf", Sampling())
         async with app.run_test() as pilot:
-            while app.engine is None:
-                await pilot.pause(0.05)
+            await wait_for(pilot, lambda: app.engine is not None)  # a load that fails fails here, not hangs
             frozen = gc.get_freeze_count()
             app.chat.model = "other.gguf"
             app.ensure_model()
-            while app.engine_model != "other.gguf":
-                await pilot.pause(0.05)
+            await wait_for(pilot, lambda: app.engine_model == "other.gguf")
             return frozen
 
     try:
