@@ -54,7 +54,8 @@ PROMPT_TOKENS = 128
 
 # where each block type keeps its f16 scales (random bytes there could be inf, nan or subnormal)
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
-              "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "MXFP4": []}
+              "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "MXFP4": [],
+              **dict.fromkeys(["IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"], [0])}
 
 
 def random_weight(name: str, n_rows: int, n_cols: int, seed: int = 0) -> np.ndarray:
