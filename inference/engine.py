@@ -54,7 +54,7 @@ class NoChatTemplateError(UserError, ValueError):
 # architectures the GPU backend cannot run yet (gpt-oss: its kernels take no attention sinks, MXFP4 or biased experts),
 # and the quant types it has no kernels for: a file with a tensor of one runs on the CPU
 CPU_ONLY_ARCHITECTURES = ("gpt-oss",)
-CPU_ONLY_TYPES = ("MXFP4", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S")
+CPU_ONLY_TYPES = ("MXFP4", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 
 
 def gpu_gap(config: ModelConfig, tensors: dict) -> str | None:

@@ -14,6 +14,8 @@ Block layouts, from ggml-common.h (d: fp16 scale; qs, qh: grid indices, their lo
     IQ3_S    d | qs[64] | qh[8] | signs[32] | scales[4]   9-bit grid index per 4 values, 8 sign bits per 8
     IQ1_S    d | qs[32] | qh u16[8]                  per 8 values an 11-bit index into -1/0/+1 vectors; per 32
                                                      a 3-bit scale and the sign of a shift of 1/8
+    IQ1_M    qs[32] | qh[16] | scales u16[4]         per 8 values an 11-bit index and its shift's sign (a qh
+                                                     nibble); a 3-bit scale per 16; d in the scales' top nibbles
 The 7 sign bits of IQ2_XXS / IQ2_XS / IQ3_XXS carry an 8th, their parity (KSIGNS).
 """
 from collections.abc import Callable
@@ -119,8 +121,24 @@ def dequant_iq1_s(blocks: np.ndarray) -> np.ndarray:
     return (dl[:, :, None, None] * (grid + delta[:, :, None, None])).reshape(n, 256)
 
 
+def dequant_iq1_m(blocks: np.ndarray) -> np.ndarray:
+    n = blocks.shape[0]
+    sc = blocks[:, 48:56].view("<u2")  # (n, 4): 4 x 3-bit scales each, and 4 bits of d at the top
+    d_bits = (sc >> np.array([12, 8, 4, 0], np.uint16)) & np.array([0xF, 0xF0, 0xF00, 0xF000], np.uint16)
+    d = np.bitwise_or.reduce(d_bits, axis=1, keepdims=True).view("<f2").astype(np.float32)  # (n, 1)
+    scales = (sc[:, :, None] >> np.array([0, 3, 6, 9], np.uint16)) & np.uint16(7)  # (n, 4, 4): 2 per 32 values
+    dl = d * (2 * scales.reshape(n, 16) + 1).astype(np.float32)  # (n, 16)
+    nibbles = (blocks[:, 32:48, None] >> np.array([0, 4], np.uint8)) & np.uint8(15)  # (n, 16, 2): one per 8 values
+    nibbles = nibbles.reshape(n, 32)
+    idx = blocks[:, :32].astype(np.uint16) | ((nibbles & np.uint8(7)).astype(np.uint16) << 8)
+    delta = np.where(nibbles & np.uint8(8), -IQ1_DELTA, IQ1_DELTA)
+    grid = _GRIDS_F32["IQ1_S"][idx]  # (n, 32, 8)
+    return (dl.reshape(n, 16, 1, 1) * (grid.reshape(n, 16, 2, 8) + delta.reshape(n, 16, 2, 1))).reshape(n, 256)
+
+
 # type name -> blocks (n, block_bytes) uint8 -> values (n, block_elems) float32
 IQ_DEQUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "IQ4_NL": dequant_iq4_nl, "IQ4_XS": dequant_iq4_xs, "IQ2_XXS": dequant_iq2_xxs, "IQ2_XS": dequant_iq2_xs,
     "IQ2_S": dequant_iq2_s, "IQ3_XXS": dequant_iq3_xxs, "IQ3_S": dequant_iq3_s, "IQ1_S": dequant_iq1_s,
+    "IQ1_M": dequant_iq1_m,
 }

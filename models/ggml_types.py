@@ -49,7 +49,7 @@ _TYPES = [
     GGMLType("I32", 26, 1, 4, supported=False),
     GGMLType("I64", 27, 1, 8, supported=False),
     GGMLType("F64", 28, 1, 8, supported=False),
-    GGMLType("IQ1_M", 29, QK_K, QK_K // 8 + QK_K // 16 + QK_K // 32, supported=False),
+    GGMLType("IQ1_M", 29, QK_K, QK_K // 8 + QK_K // 16 + QK_K // 32),
     GGMLType("BF16", 30, 1, 2),
     GGMLType("TQ1_0", 34, QK_K, 2 + 4 * 13, supported=False),
     GGMLType("TQ2_0", 35, QK_K, 2 + 64, supported=False),

@@ -10,14 +10,14 @@ import math
 
 import numpy as np
 
-from kernels.cpu.types import (BF16, F16, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q2_K,
-                               Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, jit)
+from kernels.cpu.types import (BF16, F16, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4,
+                               Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, jit)
 from models.iq_grids import GRIDS, IQ1_DELTA, KSIGNS, KVALUES_IQ4NL
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "models.iq_grids")  # the IQ tables are frozen into the kernels as constants
-INLINED_DIGEST = "97edc3a53f049a97"
+INLINED_DIGEST = "e35883e2323e3423"
 
 
 @jit
@@ -365,6 +365,24 @@ def decode_iq1_s(row, y, f16, n16):  # d f16 | qs[32] | qh u16[8]: per 32 values
 
 
 @jit
+def decode_iq1_m(row, y, f16, n16):  # qs[32] | qh[16] (a nibble per 8 values) | scales u16[4] (3-bit scales, d)
+    for i in range(row.size // 56):
+        o = 56 * i
+        sc = np.empty(4, np.int64)
+        for k in range(4):
+            sc[k] = np.int64(row[o + 48 + 2 * k]) | (np.int64(row[o + 49 + 2 * k]) << 8)
+        d = f16[(sc[0] >> 12) | ((sc[1] >> 8) & 0xF0) | ((sc[2] >> 4) & 0xF00) | (sc[3] & 0xF000)]
+        for ib in range(8):
+            for l in range(4):
+                dl = d * np.float32(2 * ((sc[ib // 2] >> (6 * (ib % 2) + 3 * (l // 2))) & 7) + 1)
+                nibble = (np.int64(row[o + 32 + 2 * ib + l // 2]) >> (4 * (l % 2))) & 15
+                g = np.int64(row[o + 4 * ib + l]) | ((nibble & 7) << 8)
+                delta = -IQ1_DELTA if nibble & 8 else IQ1_DELTA
+                yo = 256 * i + 32 * ib + 8 * l
+                for j in range(8):
+                    y[yo + j] = dl * (np.float32(GRID_IQ1_S[g, j]) + delta)
+
+@jit
 def decode_row(tid, row, y, f16, n16):
     """Dequantize row: uint8 [row_bytes] into y: float32 [n_cols]."""
     if tid == F16:
@@ -409,6 +427,8 @@ def decode_row(tid, row, y, f16, n16):
         decode_iq3_s(row, y, f16, n16)
     elif tid == IQ1_S:
         decode_iq1_s(row, y, f16, n16)
+    elif tid == IQ1_M:
+        decode_iq1_m(row, y, f16, n16)
 
 
 @jit
