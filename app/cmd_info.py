@@ -88,7 +88,7 @@ def format_info(i) -> str:
     for n, q in enumerate(i.quant_mix):
         label = "quant mix" if n == 0 else ""
         tensors = f"{q.tensors} tensor" + ("" if q.tensors == 1 else "s")
-        lines.append(f"{label:<{width}}  {q.type:<7} {tensors:>12}  {mib(q.bytes):>11}")
+        lines.append(f"{label:<{width}}  {q.type:<7} {tensors:>12}  {mib(q.bytes):>11}  {q.bits_per_weight:5.2f} bpw")
     return "\n".join(lines)
 
 

@@ -24,12 +24,14 @@ Block layouts, from ggml-common.h (d, dmin, m: fp16 scales; q*: packed quants):
     Q6_K  ql[128] | qh[64] | scales[16] (int8) | d   16 sub-blocks of 16
     MXFP4 e | qs[16]                    e8m0 scale e; element j < 16: low nibble of qs[j], else high of qs[j-16],
                                         each nibble an index into the doubled e2m1 values (KVALUES_MXFP4)
+The IQ types' dequantizers are models/dequant_iq.py's.
 """
 import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from models.dequant_iq import IQ_DEQUANTIZERS
 from models.errors import UserError
 from models.ggml_types import GGMLType, require_supported
 from models.gguf import GGUFModel
@@ -200,7 +202,7 @@ DEQUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "Q4_0": dequant_q4_0, "Q4_1": dequant_q4_1, "Q5_0": dequant_q5_0, "Q5_1": dequant_q5_1,
     "Q8_0": dequant_q8_0,
     "Q2_K": dequant_q2_k, "Q3_K": dequant_q3_k, "Q4_K": dequant_q4_k, "Q5_K": dequant_q5_k,
-    "Q6_K": dequant_q6_k, "MXFP4": dequant_mxfp4,
+    "Q6_K": dequant_q6_k, "MXFP4": dequant_mxfp4, **IQ_DEQUANTIZERS,
 }
 
 

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from models.ggml_types import TYPES_BY_NAME
 from models.gguf import GGUFModel
 
 # tokenizer.ggml.model -> the algorithm it names
@@ -19,6 +20,7 @@ class QuantShare:
     type: str
     tensors: int
     bytes: int
+    bits_per_weight: float  # the type's own: its block's bits over its block's values (IQ4_XS 4.25)
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,8 @@ def summarize(model: GGUFModel) -> ModelInfo:
         if n_expert else None,
         expert_bytes=sum(t.nbytes for t in experts), active_parameters=active,
         chat_template=isinstance(meta.get("tokenizer.chat_template"), str), tensor_count=len(model.tensors),
-        quant_mix=[QuantShare(name, n, b) for name, (n, b) in
+        quant_mix=[QuantShare(name, n, b, TYPES_BY_NAME[name].block_bytes * 8 / TYPES_BY_NAME[name].block_elems)
+                   for name, (n, b) in
                    sorted(shares.items(), key=lambda item: -item[1][1])],
     )
 

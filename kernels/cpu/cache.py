@@ -3,11 +3,12 @@
 numba keys a cached kernel on its own file (its timestamp and size) and nothing else: a kernel that inlines a
 jitted helper, an intrinsic's IR or a module constant from another file keeps running the old one after that
 file is edited, until its own file changes. The kernels were one file for that reason; now each module that
-inlines another kernels/ module's code names them in INLINED and carries INLINED_DIGEST, the digest of their
-sources. tests/kernels/test_cpu_cache.py fails when a digest is stale or a module imports kernel code from a
-module it does not name, so an edit to a helper must be followed by writing the new digest into each module
-that inlines it: that edits the dependant's file, and numba recompiles its kernels. It cascades on its own:
-ir changes -> dot_int8's digest line changes -> matvec's digest of dot_int8 goes stale.
+inlines another kernels/cpu/ module's code, or freezes another module's arrays as constants (models.iq_grids),
+names them in INLINED and carries INLINED_DIGEST, the digest of their sources. tests/kernels/test_cpu_cache.py
+fails when a digest is stale or a module imports kernel code from a module it does not name, so an edit to a
+helper must be followed by writing the new digest into each module that inlines it: that edits the dependant's
+file, and numba recompiles its kernels. It cascades on its own: ir changes -> dot_int8's digest line changes ->
+matvec's digest of dot_int8 goes stale.
 
     python -m kernels.cpu.cache     # writes the current digests into the modules whose are stale
 """
@@ -17,13 +18,19 @@ import re
 from pathlib import Path
 
 KERNELS = Path(__file__).parent
+ROOT = KERNELS.parents[1]
+
+
+def source(name: str) -> Path:
+    """A kernels/cpu/ module by its name ("ir"), or a data module elsewhere by its dotted name ("models.iq_grids")."""
+    return ROOT.joinpath(*name.split(".")).with_suffix(".py") if "." in name else KERNELS / f"{name}.py"
 
 
 def digest(modules: tuple[str, ...]) -> str:
-    """The first 16 hex digits of the sha256 of these kernels/ modules' sources, in order."""
+    """The first 16 hex digits of the sha256 of these modules' sources (source()), in order."""
     h = hashlib.sha256()
     for name in modules:
-        h.update((KERNELS / f"{name}.py").read_bytes())
+        h.update(source(name).read_bytes())
     return h.hexdigest()[:16]
 
 

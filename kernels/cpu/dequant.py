@@ -10,12 +10,14 @@ import math
 
 import numpy as np
 
-from kernels.cpu.types import BF16, F16, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, jit
+from kernels.cpu.types import (BF16, F16, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4,
+                               Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, jit)
+from models.iq_grids import GRIDS, IQ1_DELTA, KSIGNS, KVALUES_IQ4NL
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
-INLINED = ("types",)
-INLINED_DIGEST = "031d53919162c521"
+INLINED = ("types", "models.iq_grids")  # the IQ tables are frozen into the kernels as constants
+INLINED_DIGEST = "e35883e2323e3423"
 
 
 @jit
@@ -228,6 +230,158 @@ def decode_mxfp4(row, y, f16, n16):  # e (e8m0) | qs[16]: y[l] = value of the lo
             y[yo + 16 + l] = np.float32(mxfp4_value(q >> 4)) * d
 
 
+# The IQ types (models/dequant_iq.py has their layouts): a group of 4 or 8 values is a grid entry times a scale,
+# its signs from a byte (8 bits, or KSIGNS of 7); the grids are constants of the compiled kernels.
+GRID_IQ2_XXS, GRID_IQ2_XS, GRID_IQ2_S = GRIDS["IQ2_XXS"], GRIDS["IQ2_XS"], GRIDS["IQ2_S"]
+GRID_IQ3_XXS, GRID_IQ3_S, GRID_IQ1_S = GRIDS["IQ3_XXS"], GRIDS["IQ3_S"], GRIDS["IQ1_S"]
+
+
+@jit
+def decode_iq4_nl(row, y, f16, n16):  # d f16 | qs[16]: as Q4_0, each nibble an index into KVALUES_IQ4NL
+    for i in range(row.size // 18):
+        o, yo = 18 * i, 32 * i
+        d = half(row, o, f16)
+        for l in range(n16):
+            q = np.int64(row[o + 2 + l])
+            y[yo + l] = d * KVALUES_IQ4NL[q & 0xF]
+            y[yo + 16 + l] = d * KVALUES_IQ4NL[q >> 4]
+
+
+@jit
+def decode_iq4_xs(row, y, f16, n16):  # d f16 | scales_h u16 | scales_l[4] | qs[128]: 8 x (6-bit scale, IQ4_NL's 32)
+    for i in range(row.size // 136):
+        o = 136 * i
+        d = half(row, o, f16)
+        scales_h = np.int64(row[o + 2]) | (np.int64(row[o + 3]) << 8)
+        for ib in range(8):
+            ls = ((np.int64(row[o + 4 + ib // 2]) >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)
+            dl = d * np.float32(ls - 32)
+            qo, yo = o + 8 + 16 * ib, 256 * i + 32 * ib
+            for l in range(n16):
+                q = np.int64(row[qo + l])
+                y[yo + l] = dl * KVALUES_IQ4NL[q & 0xF]
+                y[yo + 16 + l] = dl * KVALUES_IQ4NL[q >> 4]
+
+
+@jit
+def signed(y, yo, db, grid, g, signs):
+    """y[yo:yo+8] = db * grid[g] with the minus signs of the bits of signs."""
+    for j in range(8):
+        v = db * np.float32(grid[g, j])
+        y[yo + j] = -v if (signs >> j) & 1 else v
+
+
+@jit
+def decode_iq2_xxs(row, y, f16, n16):  # d f16 | per 32 values: 4 grid bytes, u32 of 4 x 7 sign bits | 4-bit scale
+    for i in range(row.size // 66):
+        o = 66 * i
+        d = half(row, o, f16)
+        for ib in range(8):
+            a = o + 2 + 8 * ib
+            aux = qh32(row, a + 4)
+            db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
+            for l in range(4):
+                signed(y, 256 * i + 32 * ib + 8 * l, db, GRID_IQ2_XXS, row[a + l], KSIGNS[(aux >> (7 * l)) & 127])
+
+
+@jit
+def decode_iq2_xs(row, y, f16, n16):  # d f16 | qs u16[32] (9-bit grid index, 7 sign bits) | scales[8] (4 bits a 16)
+    for i in range(row.size // 74):
+        o = 74 * i
+        d = half(row, o, f16)
+        for ib in range(8):
+            sc = np.int64(row[o + 66 + ib])
+            for l in range(4):
+                db = d * (np.float32(0.5) + np.float32((sc >> (4 * (l // 2))) & 0xF)) * np.float32(0.25)
+                q = np.int64(row[o + 2 + 8 * ib + 2 * l]) | (np.int64(row[o + 3 + 8 * ib + 2 * l]) << 8)
+                signed(y, 256 * i + 32 * ib + 8 * l, db, GRID_IQ2_XS, q & 511, KSIGNS[q >> 9])
+
+
+@jit
+def decode_iq2_s(row, y, f16, n16):  # d f16 | qs[32] | signs[32] | qh[8] (2 high index bits each) | scales[8]
+    for i in range(row.size // 82):
+        o = 82 * i
+        d = half(row, o, f16)
+        for ib in range(8):
+            sc = np.int64(row[o + 74 + ib])
+            qh = np.int64(row[o + 66 + ib])
+            for l in range(4):
+                db = d * (np.float32(0.5) + np.float32((sc >> (4 * (l // 2))) & 0xF)) * np.float32(0.25)
+                g = np.int64(row[o + 2 + 4 * ib + l]) | (((qh >> (2 * l)) & 3) << 8)
+                signed(y, 256 * i + 32 * ib + 8 * l, db, GRID_IQ2_S, g, row[o + 34 + 4 * ib + l])
+
+
+@jit
+def signed4(y, yo, db, grid, g0, g1, signs):
+    """y[yo:yo+8] = db * (grid[g0], grid[g1]) (4 values each) with the minus signs of the bits of signs."""
+    for j in range(8):
+        v = db * np.float32(grid[g0 if j < 4 else g1, j % 4])
+        y[yo + j] = -v if (signs >> j) & 1 else v
+
+
+@jit
+def decode_iq3_xxs(row, y, f16, n16):  # d f16 | qs[64] (a grid byte per 4 values) | u32[8]: 4 x 7 signs | scale
+    for i in range(row.size // 98):
+        o = 98 * i
+        d = half(row, o, f16)
+        for ib in range(8):
+            aux = qh32(row, o + 66 + 4 * ib)
+            db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)
+            for l in range(4):
+                q = o + 2 + 8 * ib + 2 * l
+                signed4(y, 256 * i + 32 * ib + 8 * l, db, GRID_IQ3_XXS, row[q], row[q + 1],
+                        KSIGNS[(aux >> (7 * l)) & 127])
+
+
+@jit
+def decode_iq3_s(row, y, f16, n16):  # d f16 | qs[64] | qh[8] (bit 8 of each index) | signs[32] | scales[4]
+    for i in range(row.size // 110):
+        o = 110 * i
+        d = half(row, o, f16)
+        for ib in range(8):
+            db = d * np.float32(1 + 2 * ((np.int64(row[o + 106 + ib // 2]) >> (4 * (ib % 2))) & 0xF))
+            qh = np.int64(row[o + 66 + ib])
+            for l in range(4):
+                e = 8 * ib + 2 * l  # its two grid entries' number
+                g0 = np.int64(row[o + 2 + e]) | (((qh >> (2 * l)) & 1) << 8)
+                g1 = np.int64(row[o + 3 + e]) | (((qh >> (2 * l + 1)) & 1) << 8)
+                signed4(y, 256 * i + 32 * ib + 8 * l, db, GRID_IQ3_S, g0, g1, row[o + 74 + 4 * ib + l])
+
+
+@jit
+def decode_iq1_s(row, y, f16, n16):  # d f16 | qs[32] | qh u16[8]: per 32 values 4 x 3 index bits, scale, shift sign
+    for i in range(row.size // 50):
+        o = 50 * i
+        d = half(row, o, f16)
+        for ib in range(8):
+            qh = np.int64(row[o + 34 + 2 * ib]) | (np.int64(row[o + 35 + 2 * ib]) << 8)
+            dl = d * np.float32(2 * ((qh >> 12) & 7) + 1)
+            delta = -IQ1_DELTA if qh & 0x8000 else IQ1_DELTA
+            for l in range(4):
+                g = np.int64(row[o + 2 + 4 * ib + l]) | (((qh >> (3 * l)) & 7) << 8)
+                yo = 256 * i + 32 * ib + 8 * l
+                for j in range(8):
+                    y[yo + j] = dl * (np.float32(GRID_IQ1_S[g, j]) + delta)
+
+
+@jit
+def decode_iq1_m(row, y, f16, n16):  # qs[32] | qh[16] (a nibble per 8 values) | scales u16[4] (3-bit scales, d)
+    for i in range(row.size // 56):
+        o = 56 * i
+        sc = np.empty(4, np.int64)
+        for k in range(4):
+            sc[k] = np.int64(row[o + 48 + 2 * k]) | (np.int64(row[o + 49 + 2 * k]) << 8)
+        d = f16[(sc[0] >> 12) | ((sc[1] >> 8) & 0xF0) | ((sc[2] >> 4) & 0xF00) | (sc[3] & 0xF000)]
+        for ib in range(8):
+            for l in range(4):
+                dl = d * np.float32(2 * ((sc[ib // 2] >> (6 * (ib % 2) + 3 * (l // 2))) & 7) + 1)
+                nibble = (np.int64(row[o + 32 + 2 * ib + l // 2]) >> (4 * (l % 2))) & 15
+                g = np.int64(row[o + 4 * ib + l]) | ((nibble & 7) << 8)
+                delta = -IQ1_DELTA if nibble & 8 else IQ1_DELTA
+                yo = 256 * i + 32 * ib + 8 * l
+                for j in range(8):
+                    y[yo + j] = dl * (np.float32(GRID_IQ1_S[g, j]) + delta)
+
 @jit
 def decode_row(tid, row, y, f16, n16):
     """Dequantize row: uint8 [row_bytes] into y: float32 [n_cols]."""
@@ -257,6 +411,24 @@ def decode_row(tid, row, y, f16, n16):
         decode_q6_k(row, y, f16, n16)
     elif tid == MXFP4:
         decode_mxfp4(row, y, f16, n16)
+    elif tid == IQ4_NL:
+        decode_iq4_nl(row, y, f16, n16)
+    elif tid == IQ4_XS:
+        decode_iq4_xs(row, y, f16, n16)
+    elif tid == IQ2_XXS:
+        decode_iq2_xxs(row, y, f16, n16)
+    elif tid == IQ2_XS:
+        decode_iq2_xs(row, y, f16, n16)
+    elif tid == IQ2_S:
+        decode_iq2_s(row, y, f16, n16)
+    elif tid == IQ3_XXS:
+        decode_iq3_xxs(row, y, f16, n16)
+    elif tid == IQ3_S:
+        decode_iq3_s(row, y, f16, n16)
+    elif tid == IQ1_S:
+        decode_iq1_s(row, y, f16, n16)
+    elif tid == IQ1_M:
+        decode_iq1_m(row, y, f16, n16)
 
 
 @jit

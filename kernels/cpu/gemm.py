@@ -17,7 +17,7 @@ from kernels.cpu.types import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, X8, fast
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "gemm_int8", "dot_x8")
-INLINED_DIGEST = "e0b6d193b080f7af"
+INLINED_DIGEST = "074c67ea90e27c86"
 
 
 def padded_tokens(n_tokens: int) -> int:

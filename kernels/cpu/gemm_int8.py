@@ -25,7 +25,7 @@ from kernels.cpu.types import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "ir", "dot_int8")
-INLINED_DIGEST = "f603149b03b034af"
+INLINED_DIGEST = "f5215b7cb338ded8"
 
 ROWS = 8  # rows of a tile: the int32 lanes of a 256-bit vector
 TOKENS = 4  # tokens of the micro-kernel's register tile (4 float + 4 int32 accumulators, 8 weight vectors)

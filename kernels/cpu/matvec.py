@@ -13,7 +13,7 @@ from numba.extending import intrinsic  # noqa: E402
 
 from kernels.cpu.claim import claim, count_done, counters, publish, published  # noqa: E402
 from kernels.cpu.dequant import decode_row  # noqa: E402
-from kernels.cpu.dot_float import dot_q5_k  # noqa: E402
+from kernels.cpu.dot_float import dot_fused  # noqa: E402
 from kernels.cpu.dot_int8 import dot8_b32, dot8_q4_k, dot8_q6_k, dot8_q8_0, q4_k_order, quantize_q8  # noqa: E402
 from kernels.cpu.dot_x8 import dot8_x8  # noqa: E402
 from kernels.cpu.ir import prefetch  # noqa: E402
@@ -23,7 +23,7 @@ from kernels.cpu.types import Q4_K, Q6_K, Q8_0, X8, fast  # noqa: E402
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "dequant", "dot_float", "dot_int8", "dot_x8", "ir", "ops")
-INLINED_DIGEST = "a15f1ba5e2d7bf35"
+INLINED_DIGEST = "c81f30eee00cdd28"
 
 # A matvec's rows go in chunks that the threads claim one at a time (claim) until none are left: numba's prange
 # hands each thread an equal share up front, and on the 16-core host one slow thread then held up the region
@@ -57,8 +57,8 @@ def _block_sums(x):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def matvec_fused(w, x, out, f16, n16, n_chunks):
-    """out[t, r] = x[t] . row r of W for Q5_K (FUSED_IDS), the rows in n_chunks parallel chunks.
+def matvec_fused(tid, w, x, out, f16, n16, n_chunks):
+    """out[t, r] = x[t] . row r of W for the FUSED_IDS type tid, the rows in n_chunks parallel chunks.
 
     w: uint8 [n_rows, row_bytes], x: float32 [n_tokens, n_cols], out: float32 [n_tokens, n_rows]."""
     n_rows = w.shape[0]
@@ -67,7 +67,7 @@ def matvec_fused(w, x, out, f16, n16, n_chunks):
     for c in nb.prange(n_chunks):
         for r in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
             for t in range(n_tokens):
-                out[t, r] = dot_q5_k(w[r], x[t], xsum[t], f16, n16)
+                out[t, r] = dot_fused(tid, w[r], x[t], xsum[t], f16, n16)
 
 
 @fast

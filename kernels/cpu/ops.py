@@ -263,6 +263,12 @@ def _glu_one(g, u, gelu, table):
     return (g / (np.float32(1.0) + np.float32(math.exp(-g))) if g > -80.0 else np.float32(0.0)) * u
 
 
+# Compiled here, under its own flags: left to its first caller, a fastmath parallel one (matvec's glu kernels, or
+# test_cpu_regions' fresh copy of one) compiled it with fastmath, numba cached that, and every caller after it
+# took that variant (gemma3's logits moved by up to 1 and test_parity failed in a fresh checkout).
+_glu_one.compile("float32(float32, float32, boolean, float32[::1])")
+
+
 @nb.njit(cache=True, nogil=True, parallel=True)
 def _glu_parallel(gate, up, gelu, table, out):
     for j in nb.prange(gate.shape[0]):

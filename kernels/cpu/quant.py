@@ -9,7 +9,8 @@ dequantizes a whole matrix:
   Q5_0, Q5_1, Q8_0) dot integers: x is quantized once per call to int8 with one float scale per block of 256
   (Q4_K, Q6_K) or 32 (the others), as llama.cpp does on the CPU, so the result is x8 @ dequantize(W).T, x8
   the dequantized int8 x, to float32 rounding; |x8 - x| <= amax/254 per element (amax of its block of x).
-  Other types dot float32 x: Q5_K fused, Q2_K, Q3_K, F16 and BF16 decoded to a float32 row first.
+  Other types dot float32 x: Q5_K, IQ4_NL and IQ4_XS fused, the rest (Q2_K, Q3_K, the other IQ types, F16,
+  BF16) decoded to a float32 row first.
 - MXFP4 (gpt-oss's experts), any number of tokens: mxfp4, x in int8 blocks of 32 with fp16 scales, as
   llama.cpp's q8_0 (so the result is x8 @ dequantize(W).T, x8 those blocks dequantized).
 - many tokens (prompt): the INT8_IDS types go through an int8 GEMM (gemm: x quantized per 32 values for
@@ -128,7 +129,7 @@ def quantized_matmul(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray,
         if qtype.id in INT8_IDS:
             matvecs_int8((qtype.id,), (_read_only(w),), x, (out,), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
         elif qtype.id in FUSED_IDS:
-            matvec_fused(w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
+            matvec_fused(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
         else:
             matvec_decoded(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
     elif qtype.id in INT8_IDS:

@@ -68,6 +68,7 @@ def test_human_summary(gemma3):
     assert "241.39 MiB" in values["file"]
     quant = lines[lines.index(next(l for l in lines if l.startswith("quant mix"))):]
     assert [q[15:].split()[0] for q in quant] == ["Q8_0", "Q5_0", "Q4_K", "Q6_K", "F32"]
+    assert quant[0].endswith(" 8.50 bpw") and quant[-1].endswith("32.00 bpw")
 
 
 def bad_files(tmp_path) -> list[Path]:
@@ -103,8 +104,8 @@ def test_split_model_is_one_model(tmp_path):
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
     assert (got["parts"], got["parameters"], got["context_length"]) == (2, 96, 64)
-    assert got["quant_mix"] == [{"type": "F32", "tensors": 1, "bytes": 256},
-                                {"type": "F16", "tensors": 1, "bytes": 64}]
+    assert got["quant_mix"] == [{"type": "F32", "tensors": 1, "bytes": 256, "bits_per_weight": 32.0},
+                                {"type": "F16", "tensors": 1, "bytes": 64, "bits_per_weight": 16.0}]
     human = info(tmp_path / "tiny-00001-of-00002.gguf").stdout
     assert "GGUF v3, 2 parts)" in human.splitlines()[0]
 

@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.inference.synthetic import Q4_K_M_LAYERS, SHAPES, write_synthetic
-
-LLAMA_K_SHAPES = (2, 256, 512, 4, 2, 64)  # layers, n_embd, n_ff, heads, kv heads, head size: K-quant rows of 256
+from tests.inference.synthetic import IQ4_XS_LAYERS, LLAMA_K_SHAPES, Q4_K_M_LAYERS, SHAPES, write_synthetic
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +45,14 @@ def synth_llama_k(tmp_path_factory):
     rest on their correlation, which a dropped attention brings to 0.80 (test_synthetic.py)."""
     path = tmp_path_factory.mktemp("synth") / "llama_k.gguf"
     write_synthetic(path, "llama", shapes=LLAMA_K_SHAPES, types=Q4_K_M_LAYERS)
+    return path
+
+
+@pytest.fixture(scope="session")
+def synth_llama_iq4_xs(tmp_path_factory):
+    """synth_llama_k's llama with every layer matrix IQ4_XS (llama.cpp's IQ4_XS mix), random blocks."""
+    path = tmp_path_factory.mktemp("synth") / "llama_iq4_xs.gguf"
+    write_synthetic(path, "llama", shapes=LLAMA_K_SHAPES, types=IQ4_XS_LAYERS)
     return path
 
 

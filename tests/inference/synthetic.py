@@ -22,6 +22,7 @@ SHAPES = {
     "qwen35moe": (6, 256, 128, 4, 2, 64),  # n_ff is each expert's width
     "gpt-oss": (2, 256, 128, 8, 2, 64),  # n_ff is each expert's width; q's 8 x 64 rows differ from n_embd
 }
+LLAMA_K_SHAPES = (2, 256, 512, 4, 2, 64)  # a llama whose matrices' rows are whole blocks of 256 (K and IQ quants)
 # gpt-oss: its window and period (layer 0 local, layer 1 global) and rope (YaRN) as the real models state them
 OSS_WINDOW, OSS_ROPE_BASE, OSS_YARN_FACTOR, OSS_YARN_ORIG_CTX = 128, 150000.0, 32.0, 4096
 # The DeltaNet layers of the hybrid models: key heads, value heads (2x: value head h reads key head h % 2, which
@@ -38,9 +39,12 @@ EXPERTS = (16, 4)  # qwen3moe's experts, used per token
 # llama.cpp's Q4_K_M mix of a llama's layer matrices (v and down one step up, as its quantizer does for most layers)
 Q4_K_M_LAYERS = dict(attn_q=T.Q4_K, attn_k=T.Q4_K, attn_v=T.Q6_K, attn_output=T.Q4_K, ffn_gate=T.Q4_K,
                      ffn_up=T.Q4_K, ffn_down=T.Q6_K)
+IQ4_XS_LAYERS = dict.fromkeys(Q4_K_M_LAYERS, T.IQ4_XS)  # llama.cpp's IQ4_XS: every layer matrix IQ4_XS
+# the IQ types random bytes make valid blocks of (any index picks a grid entry), their fp16 d in bytes 0-1
+IQ_TYPES = (T.IQ4_NL, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S)
 
 
-def random_k_quant(rng, shape: tuple, std: float, qtype) -> np.ndarray:
+def random_quant(rng, shape: tuple, std: float, qtype) -> np.ndarray:
     """Random Q4_K / Q5_K / Q6_K blocks (uint8 [..., rows, row bytes]) whose values have mean 0 and the given std.
 
     gguf-py has no quantizer for the K-quants (gguf.quants.quantize raises NotImplementedError), so the blocks
@@ -48,16 +52,20 @@ def random_k_quant(rng, shape: tuple, std: float, qtype) -> np.ndarray:
     scales. Q6_K is w = d * sc * (q - 32) with sc drawn symmetric in [-127, 127]: mean 0. Q4_K / Q5_K is
     w = d * sc * q - dmin * m with sc, m uniform in [0, 63]: dmin = d * E[q] (7.5, 15.5) makes the mean 0.
     d varies by block (x0.5 to x1.5) so that a kernel reading another block's d is seen, and is scaled by the
-    measured std of the dequantized values (models/dequant.py, the bit-exact reference)."""
+    measured std of the dequantized values (models/dequant.py, the bit-exact reference). The IQ_TYPES (gguf-py
+    quantizes none of them either): random bytes, d of random sign so that the mean is 0 (IQ4's 16 values and
+    IQ1's shifted grids are not symmetric)."""
     block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
     n = int(np.prod(shape)) // block_elems
     blocks = rng.integers(0, 256, (n, block_bytes), dtype=np.uint8)
-    u = rng.uniform(0.5, 1.5, n)
+    u = rng.uniform(0.5, 1.5, n) * (rng.choice([-1, 1], n) if qtype in IQ_TYPES else 1)
 
     def set_d(d):
         f16 = lambda x: x.astype("<f2")[:, None].view(np.uint8)  # noqa: E731
         if qtype == T.Q6_K:  # ql[128] | qh[64] | scales[16] (int8) | d
             blocks[:, 208:210] = f16(d)
+        elif qtype in IQ_TYPES:  # d | ...
+            blocks[:, 0:2] = f16(d)
         else:  # d | dmin | scales[12] | (qh[32] for Q5_K) | qs[128]
             blocks[:, 0:2], blocks[:, 2:4] = f16(d), f16(d * (7.5 if qtype == T.Q4_K else 15.5))
 
@@ -82,7 +90,8 @@ def spm_vocab(n_vocab: int = 1024) -> dict:
 def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAYERS, window: int = 16,
                     experts=None, deltanet=DELTANET) -> None:
     """A random {arch} model at path with Q8_0 embeddings, layer matrices of `types` (name -> quant type; the
-    K-quants Q4_K, Q5_K, Q6_K need widths that are multiples of 256, e.g. Q4_K_M_LAYERS):
+    K-quants Q4_K, Q5_K, Q6_K and the IQ types but IQ4_NL need widths that are multiples of 256, e.g.
+    Q4_K_M_LAYERS, IQ4_XS_LAYERS):
     qwen35 / qwen35moe hybrid: DeltaNet layers (deltanet: DELTANET's keys) with a gated full-attention layer every HYBRID_INTERVAL, and
     for qwen35moe experts with a shared expert;
     qwen2 with qkv biases and its own output matrix, qwen3 with q/k norms, gemma3 with q/k and sandwich norms
@@ -151,8 +160,8 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
 
     def mat(name, rows, cols, std, qtype, n_expert=0):
         shape = (n_expert, rows, cols) if n_expert else (rows, cols)
-        if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
-            w.add_tensor(name, random_k_quant(rng, shape, std, qtype), raw_dtype=qtype)
+        if qtype in (T.Q4_K, T.Q5_K, T.Q6_K, *IQ_TYPES):
+            w.add_tensor(name, random_quant(rng, shape, std, qtype), raw_dtype=qtype)
             return
         a = (rng.standard_normal(shape) * std).astype(np.float32)
         if qtype in (T.F32, T.F16):

@@ -10,13 +10,13 @@ from gguf import GGMLQuantizationType as T
 from models.dequant import DEQUANTIZERS
 from tests.inference.gpu_compare import assert_close_logits, random_prompt, reference_logits
 from tests.inference.parity import PROMPTS
-from tests.inference.synthetic import Q4_K_M_LAYERS, random_k_quant
+from tests.inference.synthetic import IQ_TYPES, Q4_K_M_LAYERS, random_quant
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K])
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, *IQ_TYPES], ids=lambda t: t.name)
 @pytest.mark.parametrize("shape, std", [((512, 256), 0.125), ((4, 256, 512), 0.044)])
-def test_random_k_quant_blocks_have_mean_0_and_the_asked_std(qtype, shape, std):
-    raw = random_k_quant(np.random.default_rng(1), shape, std, qtype)
+def test_random_quant_blocks_have_mean_0_and_the_asked_std(qtype, shape, std):
+    raw = random_quant(np.random.default_rng(1), shape, std, qtype)
     block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     assert raw.dtype == np.uint8 and raw.shape == (*shape[:-1], shape[-1] // block_elems * block_bytes)
     w = DEQUANTIZERS[qtype.name](raw.reshape(-1, block_bytes))

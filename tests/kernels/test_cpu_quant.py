@@ -233,7 +233,7 @@ def test_bad_shapes_are_refused():
         quantized_matmuls([w, random_weight("Q6_K", 4, 512)], [TYPES_BY_NAME["Q4_K"], TYPES_BY_NAME["Q6_K"]],
                           np.ones((1, 256), np.float32))
     with pytest.raises(ValueError, match="no CPU kernel"):
-        dequantize_rows(w, TYPES_BY_NAME["IQ2_XXS"], np.array([0]))
+        dequantize_rows(w, TYPES_BY_NAME["TQ1_0"], np.array([0]))
     with pytest.raises(IndexError):
         dequantize_rows(w, TYPES_BY_NAME["Q4_K"], np.array([4]))
 
