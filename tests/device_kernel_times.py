@@ -26,14 +26,10 @@ def _prompt(depth: int) -> list[int]:
     return [100 + i % 1000 for i in range(depth)]
 
 
-def _start(decode, depth: int) -> int:
-    """Where the next decode step goes: depth, or for a recurrent model where its state is (it cannot rewind)."""
-    return decode.be.state_pos if decode.be.conv_state else depth
-
-
 def _step_times(decode, depth: int) -> list[float]:
-    """ms a step of three runs of 200 decode steps from _start(decode, depth), each waited for."""
-    times, pos = [], _start(decode, depth)
+    """ms a step of three runs of 200 decode steps from position depth (a recurrent model: from where its
+    state is), each waited for."""
+    times, pos = [], decode.be.state_pos if decode.be.conv_state else depth
     for _ in range(3):
         decode.wait()
         t = time.perf_counter()
@@ -135,7 +131,7 @@ def doubled(path: str, depth: int = 64) -> None:
     def step_us() -> float:
         decode.graphs.clear()
         seen.clear()
-        decode(True, 0, _start(decode, depth))  # an eager step, then the capture
+        decode(True, 0, depth)  # an eager step, then the capture
         return float(np.median(_step_times(decode, depth))) * 1e3
 
     base = step_us()
