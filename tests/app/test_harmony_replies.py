@@ -4,19 +4,15 @@ effort in the prompt's system message. No file here makes a real model write har
 this process, on a real socket) run a scripted engine (tests/app/scripted_engine.py).
 """
 import json
-import socket
-import threading
-import time
 
 import ollama
 import openai
 import pytest
-import uvicorn
 
 import inference
 from app.cli import main
-from app.cmd_serve import build_app
 from app.server_worker import EngineWorker
+from tests.app.in_process_server import serving
 from tests.app.scripted_engine import ANSWER, REASONING, TEMPLATE, ScriptedEngine
 from tests.models.test_tokenizer import write_vocab_only
 
@@ -44,19 +40,8 @@ def served(tmp_path_factory, smollm2):
     path = write_vocab_only(smollm2, tmp_path_factory.mktemp("oss") / "gpt-oss-20b-mxfp4.gguf",
                             tokenizer__chat_template=TEMPLATE)
     engine = ScriptedEngine(path)
-    worker = EngineWorker(str(path), lambda *a, **k: engine, {}, None, 4)
-    worker.start(None, lambda e: None)
-    sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(build_app(worker, None), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}", engine
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(EngineWorker(str(path), lambda *a, **k: engine, {}, None, 4), None) as url:
+        yield url, engine
 
 
 @pytest.fixture(scope="module")

@@ -2,19 +2,16 @@
 `openai` and `ollama` clients: JSON that validates every time, also at temperature 1; a schema that cannot be
 enforced is a 400; tool_choice "required" gives a call. The server runs in this process (uvicorn on a thread)."""
 import json
-import socket
-import threading
 
 import huggingface_hub.constants
 import jsonschema
 import ollama
 import openai
 import pytest
-import uvicorn
 
-from app.cmd_serve import build_app
 from app.server_worker import EngineWorker
 from inference import load
+from tests.app.in_process_server import serving
 from tests.app.test_run import assert_one_line_error, gguf_chat
 from tests.app.test_tool_calls import TOOLS
 
@@ -31,17 +28,8 @@ ASK = [{"role": "user", "content": "Describe a person as JSON: name, age and moo
 def served(smollm2, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path_factory.mktemp("hub")))  # none pulled
-        worker = EngineWorker(str(smollm2), load, {"device": "cpu"}, 512, 4)
-        worker.start(None, lambda engine: None)
-        sock = socket.create_server(("127.0.0.1", 0))
-        server = uvicorn.Server(uvicorn.Config(build_app(worker, KEY), log_level="warning"))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        while not server.started:
-            thread.join(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-        server.should_exit = True
-        thread.join(10)
+        with serving(EngineWorker(str(smollm2), load, {"device": "cpu"}, 512, 4), KEY) as url:
+            yield url
 
 
 @pytest.fixture(scope="module")

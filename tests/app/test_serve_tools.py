@@ -3,8 +3,6 @@ models with random weights never write a tool call, so the engine here is a scri
 worker's `load` (the seam test_server_prompt uses too): Qwen3's real chat template and a reply chosen by what the
 rendered prompt asks, streamed a few characters at a time, as the engine streams its pieces."""
 import json
-import socket
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,12 +10,11 @@ import huggingface_hub.constants
 import ollama
 import openai
 import pytest
-import uvicorn
 
-from app.cmd_serve import build_app
 from app.server_worker import EngineWorker
 from inference.engine import GenerationStats
 from models.chat_template import ChatTemplate
+from tests.app.in_process_server import serving
 from tests.app.test_tool_calls import TEMPLATES, TOOLS
 
 KEY = "test-key-tools"
@@ -66,16 +63,8 @@ def served(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(home / "hub"))  # no pulled models
         worker = EngineWorker(str(path), lambda model, ctx, progress=None, **options: engine, {}, None, 4)
-        worker.start(None, lambda e: None)
-        sock = socket.create_server(("127.0.0.1", 0))
-        server = uvicorn.Server(uvicorn.Config(build_app(worker, KEY), log_level="warning"))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        while not server.started:
-            thread.join(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", engine
-        server.should_exit = True
-        thread.join(10)
+        with serving(worker, KEY) as url:
+            yield url, engine
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,30 @@
+"""The real server (routes, queue, worker) on a thread of the test process, on a free port of 127.0.0.1: what the
+real openai and ollama clients talk to in tests whose engine is scripted, or shared with the test itself."""
+import contextlib
+import socket
+import threading
+import time
+
+import uvicorn
+
+from app.cmd_serve import build_app
+
+
+@contextlib.contextmanager
+def serving(worker, key: str | None):
+    """Start worker (an EngineWorker) and a server over it with API key `key`; yield the server's base URL; stop the
+    server on leaving."""
+    worker.start(None, lambda engine: None)
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_app(worker, key), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
