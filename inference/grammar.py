@@ -6,9 +6,8 @@ over), so our own GGUF tokenizer feeds it directly. Its mask for one step costs 
 2 cores (BENCHMARKS.md), well under a CPU decode step.
 """
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
-import llguidance
 import numpy as np
 
 from models.errors import UserError
@@ -17,6 +16,14 @@ from models.tokenizer import Tokenizer
 # JSON without free whitespace between its tokens: a model sampled at temperature 1 cannot pad a reply with
 # newlines until max_tokens, and a small model stays on the compact form it was constrained to
 JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+@cache
+def _llguidance():
+    """llguidance, imported with the first grammar: ~130 ms that a run, chat or server start without structured
+    output does not pay (every start imports this module through the engine)."""
+    import llguidance  # noqa: PLC0415
+    return llguidance
 
 
 class GrammarError(UserError, ValueError):
@@ -30,7 +37,7 @@ def json_schema_grammar(schema: dict | None = None) -> str:
     if not isinstance(schema, dict):
         raise GrammarError("a JSON schema must be an object")
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(closed(schema), overrides=JSON_OPTIONS)
+        grammar = _llguidance().LLMatcher.grammar_from_json_schema(closed(schema), overrides=JSON_OPTIONS)
     except ValueError as e:
         raise GrammarError(f"the JSON schema cannot be compiled: {e}") from None
     return checked(grammar, "the JSON schema")
@@ -55,11 +62,11 @@ def closed(schema):
 
 def lark_grammar(lark: str) -> str:
     """The grammar of a Lark text (llguidance's dialect: `%json {schema}` inlines a JSON schema), checked."""
-    return checked(llguidance.LLMatcher.grammar_from_lark(lark), "the grammar")
+    return checked(_llguidance().LLMatcher.grammar_from_lark(lark), "the grammar")
 
 
 def checked(grammar: str, what: str) -> str:
-    error = llguidance.LLMatcher.validate_grammar(grammar, None)
+    error = _llguidance().LLMatcher.validate_grammar(grammar, None)
     if error:
         raise GrammarError(f"{what} cannot be compiled: {' '.join(error.split())}")  # on one line
     return grammar
@@ -82,7 +89,7 @@ class Vocabulary:
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.n_vocab = tokenizer.vocab_size
-        self.ll = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Wrapped(tokenizer)),
+        self.ll = _llguidance().LLTokenizer(_llguidance().TokenizerWrapper(_Wrapped(tokenizer)),
                                          eos_token=sorted(tokenizer.eog_ids))
 
     def token_id(self, text: str) -> int | None:
@@ -91,7 +98,7 @@ class Vocabulary:
 
 
 class _Wrapped:
-    """Our tokenizer in the shape llguidance.TokenizerWrapper reads."""
+    """Our tokenizer in the shape _llguidance().TokenizerWrapper reads."""
 
     def __init__(self, tokenizer: Tokenizer):
         control = tokenizer.control
@@ -116,7 +123,7 @@ class Guide:
     while the reply thinks; then only tokens the grammar allows, and end of generation once it is complete."""
 
     def __init__(self, vocab: Vocabulary, constraint: Constraint):
-        self.matcher = llguidance.LLMatcher(vocab.ll, constraint.grammar)
+        self.matcher = _llguidance().LLMatcher(vocab.ll, constraint.grammar)
         if self.matcher.is_error():
             raise GrammarError(f"the grammar cannot be compiled: {' '.join(self.matcher.get_error().split())}")
         self.vocab = vocab
