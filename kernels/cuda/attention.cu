@@ -135,6 +135,91 @@ __device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint3
     lo = pack_half2(__float2half_rn(x - __half2float(hx)), __float2half_rn(y - __half2float(hy)));
 }
 
+// The steps prefill and decode share. Lane = 4 * gi + ci (fragment layouts above); shared rows are ST halves.
+// A fragments (hi, lo) of k-step kk of the 16 q rows at s_qh, s_ql (shared, [16][ST] each)
+__device__ __forceinline__ void q_fragments(const __half* s_qh, const __half* s_ql, int st, int kk, int gi, int ci,
+                                            uint32_t (&ah)[4], uint32_t (&al)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        int at = (gi + (e & 1) * 8) * st + kk * 16 + (e >> 1) * 8 + 2 * ci;
+        ah[e] = *reinterpret_cast<const uint32_t*>(s_qh + at);
+        al[e] = *reinterpret_cast<const uint32_t*>(s_ql + at);
+    }
+}
+
+// sc += q . k over k-step kk for the 8 keys of n-tile n (their rows at s_k), with both halves of q
+__device__ __forceinline__ void qk_mma(float (&sc)[4], const __half* s_k, int st, int n, int kk, int gi, int ci,
+                                       const uint32_t (&ah)[4], const uint32_t (&al)[4]) {
+    const __half* kr = s_k + (n * 8 + gi) * st + kk * 16 + 2 * ci;
+    uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr);
+    uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 8);
+    mma16816(sc, ah, b0, b1);
+    mma16816(sc, al, b0, b1);
+}
+
+// Online softmax over a tile's scores sc (base 2, already masked: NEG_INF where unseen) for rows gi and gi + 8, whose
+// 4 lanes each hold part of a row: m and l move to the tile, sc becomes p = 2^(s - m), and o (the rows' output
+// accumulators) is rescaled to the new max.
+template <int NK, int NT>
+__device__ __forceinline__ void softmax_tile(float (&sc)[NK][4], float (&m)[2], float (&l)[2], float (&o)[NT][4]) {
+    float mt[2] = {m[0], m[1]}, alpha[2];
+#pragma unroll
+    for (int n = 0; n < NK; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mt[e >> 1] = fmaxf(mt[e >> 1], sc[n][e]);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        mt[half] = fmaxf(mt[half], __shfl_xor_sync(0xffffffffu, mt[half], 1));
+        mt[half] = fmaxf(mt[half], __shfl_xor_sync(0xffffffffu, mt[half], 2));
+        alpha[half] = mt[half] == NEG_INF ? 1.0f : exp2f(m[half] - mt[half]);
+        l[half] *= alpha[half];
+        m[half] = mt[half];
+    }
+#pragma unroll
+    for (int n = 0; n < NK; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float pe = sc[n][e] == NEG_INF ? 0.0f : exp2f(sc[n][e] - mt[e >> 1]);
+            sc[n][e] = pe;
+            l[e >> 1] += pe;  // this lane's part of the row sum; the 4 lanes add up at the end
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+    }
+}
+
+// o += p v over one 16-key k-step: p's C fragments of its two key n-tiles (s0, s1) are its A fragment, split hi +
+// lo; v's 16 key rows start at s_v16 (shared), read transposed by ldmatrix.
+template <int NT>
+__device__ __forceinline__ void pv_mma(float (&o)[NT][4], const float (&s0)[4], const float (&s1)[4],
+                                       const __half* s_v16, int st, int lane) {
+    uint32_t ph[4], pl[4];
+    split_pair(s0[0], s0[1], ph[0], pl[0]);
+    split_pair(s0[2], s0[3], ph[1], pl[1]);
+    split_pair(s1[0], s1[1], ph[2], pl[2]);
+    split_pair(s1[2], s1[3], ph[3], pl[3]);
+    int mat = lane >> 3;  // ldmatrix: lanes 8i..8i+7 address the rows (keys) of matrix i
+    const __half* vr = s_v16 + ((mat & 1) * 8 + (lane & 7)) * st + (mat >> 1) * 8;
+#pragma unroll
+    for (int n = 0; n < NT; n += 2) {
+        uint32_t b[4];  // transposed: B fragments of dims 8n.. (b[0], b[1]) and 8n+8.. (b[2], b[3])
+        unsigned addr = (unsigned)__cvta_generic_to_shared(vr + n * 8);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                     : "r"(addr));
+        mma16816(o[n], ph, b[0], b[1]);
+        mma16816(o[n], pl, b[0], b[1]);
+        mma16816(o[n + 1], ph, b[2], b[3]);
+        mma16816(o[n + 1], pl, b[2], b[3]);
+    }
+}
+
 template <int HD>
 __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const __half* __restrict__ k_cache,
                                             const __half* __restrict__ v_cache, float* __restrict__ out,
@@ -216,27 +301,18 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
 #pragma unroll
         for (int kk = 0; kk < KS; ++kk) {
             uint32_t ah[4], al[4];
+            if constexpr (Q_SHARED) {
+                q_fragments(s_qh, s_ql, ST, kk, gi, ci, ah, al);
+            } else {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                if constexpr (Q_SHARED) {
-                    int at = (gi + (i & 1) * 8) * ST + kk * 16 + (i >> 1) * 8 + 2 * ci;
-                    ah[i] = *reinterpret_cast<const uint32_t*>(s_qh + at);
-                    al[i] = *reinterpret_cast<const uint32_t*>(s_ql + at);
-                } else {
+                for (int i = 0; i < 4; ++i) {
                     ah[i] = qh[Q_SHARED ? 0 : kk][i];
                     al[i] = ql[Q_SHARED ? 0 : kk][i];
                 }
             }
 #pragma unroll
-            for (int n = 0; n < NK; ++n) {
-                const __half* kr = s_k + (n * 8 + gi) * ST + kk * 16 + 2 * ci;
-                uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr);
-                uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 8);
-                mma16816(sc[n], ah, b0, b1);
-                mma16816(sc[n], al, b0, b1);
-            }
+            for (int n = 0; n < NK; ++n) qk_mma(sc[n], s_k, ST, n, kk, gi, ci, ah, al);
         }
-        float mt[2] = {m[0], m[1]};
 #pragma unroll
         for (int n = 0; n < NK; ++n) {
 #pragma unroll
@@ -244,57 +320,12 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
                 int j = kt + n * 8 + 2 * ci + (e & 1), qp = qpos[e >> 1];
                 bool seen = j < k_end && j <= qp && (window <= 0 || qp - j < window);
                 sc[n][e] = seen ? sc[n][e] * scale2 : NEG_INF;
-                mt[e >> 1] = fmaxf(mt[e >> 1], sc[n][e]);
             }
         }
-        float alpha[2];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {  // the 4 lanes of a row hold its scores of the tile
-            mt[half] = fmaxf(mt[half], __shfl_xor_sync(0xffffffffu, mt[half], 1));
-            mt[half] = fmaxf(mt[half], __shfl_xor_sync(0xffffffffu, mt[half], 2));
-            alpha[half] = mt[half] == NEG_INF ? 1.0f : exp2f(m[half] - mt[half]);
-            l[half] *= alpha[half];
-            m[half] = mt[half];
-        }
-#pragma unroll
-        for (int n = 0; n < NK; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float pe = sc[n][e] == NEG_INF ? 0.0f : exp2f(sc[n][e] - mt[e >> 1]);
-                sc[n][e] = pe;
-                l[e >> 1] += pe;  // this lane's part of the row sum; the 4 lanes add up at the end
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
-        }
+        softmax_tile(sc, m, l, o);
         // o += p v: p's C fragments of key n-tiles 2kk, 2kk+1 are the A fragment of k-step kk
 #pragma unroll
-        for (int kk = 0; kk < KEYS / 16; ++kk) {
-            uint32_t ph[4], pl[4];
-            split_pair(sc[2 * kk][0], sc[2 * kk][1], ph[0], pl[0]);
-            split_pair(sc[2 * kk][2], sc[2 * kk][3], ph[1], pl[1]);
-            split_pair(sc[2 * kk + 1][0], sc[2 * kk + 1][1], ph[2], pl[2]);
-            split_pair(sc[2 * kk + 1][2], sc[2 * kk + 1][3], ph[3], pl[3]);
-            int mat = lane >> 3;  // ldmatrix: lanes 8i..8i+7 address the rows (keys) of matrix i
-            const __half* vr = s_v + (kk * 16 + (mat & 1) * 8 + (lane & 7)) * ST + (mat >> 1) * 8;
-#pragma unroll
-            for (int n = 0; n < NT; n += 2) {
-                uint32_t b[4];  // transposed: B fragments of dims 8n.. (b[0], b[1]) and 8n+8.. (b[2], b[3])
-                unsigned addr = (unsigned)__cvta_generic_to_shared(vr + n * 8);
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                             : "r"(addr));
-                mma16816(o[n], ph, b[0], b[1]);
-                mma16816(o[n], pl, b[0], b[1]);
-                mma16816(o[n + 1], ph, b[2], b[3]);
-                mma16816(o[n + 1], pl, b[2], b[3]);
-            }
-        }
+        for (int kk = 0; kk < KEYS / 16; ++kk) pv_mma(o, sc[2 * kk], sc[2 * kk + 1], s_v + kk * 16 * ST, ST, lane);
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -396,74 +427,17 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
 #pragma unroll
         for (int kk = 0; kk < KS; ++kk) {
             uint32_t ah[4], al[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                int at = (gi + (e & 1) * 8) * ST + kk * 16 + (e >> 1) * 8 + 2 * ci;
-                ah[e] = *reinterpret_cast<const uint32_t*>(s_qh + at);
-                al[e] = *reinterpret_cast<const uint32_t*>(s_ql + at);
-            }
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-                const __half* kr = s_k + (n * 8 + gi) * ST + kk * 16 + 2 * ci;
-                uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr);
-                uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 8);
-                mma16816(sc[n], ah, b0, b1);
-                mma16816(sc[n], al, b0, b1);
-            }
-        }
-        float mt[2] = {m[0], m[1]};
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                sc[n][e] = k0 + n * 8 + 2 * ci + (e & 1) < ke ? sc[n][e] * scale2 : NEG_INF;
-                mt[e >> 1] = fmaxf(mt[e >> 1], sc[n][e]);
-            }
-        }
-        float alpha[2];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {  // the 4 lanes of a row hold its scores of the tile
-            mt[half] = fmaxf(mt[half], __shfl_xor_sync(0xffffffffu, mt[half], 1));
-            mt[half] = fmaxf(mt[half], __shfl_xor_sync(0xffffffffu, mt[half], 2));
-            alpha[half] = exp2f(m[half] - mt[half]);  // the tile's first key is always seen: mt is finite
-            l[half] *= alpha[half];
-            m[half] = mt[half];
+            q_fragments(s_qh, s_ql, ST, kk, gi, ci, ah, al);
+            qk_mma(sc[0], s_k, ST, 0, kk, gi, ci, ah, al);
+            qk_mma(sc[1], s_k, ST, 1, kk, gi, ci, ah, al);
         }
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                sc[n][e] = exp2f(sc[n][e] - mt[e >> 1]);
-                l[e >> 1] += sc[n][e];  // this lane's part of the row sum; the 4 lanes add up at the end
-            }
+            for (int e = 0; e < 4; ++e) sc[n][e] = k0 + n * 8 + 2 * ci + (e & 1) < ke ? sc[n][e] * scale2 : NEG_INF;
         }
-        uint32_t ph[4], pl[4];  // p's C fragments of the two key n-tiles are the A fragment of one k-step
-        split_pair(sc[0][0], sc[0][1], ph[0], pl[0]);
-        split_pair(sc[0][2], sc[0][3], ph[1], pl[1]);
-        split_pair(sc[1][0], sc[1][1], ph[2], pl[2]);
-        split_pair(sc[1][2], sc[1][3], ph[3], pl[3]);
-        int mat = lane >> 3;  // ldmatrix: lanes 8i..8i+7 address the rows (keys) of matrix i
-        const __half* vr = s_v + ((mat & 1) * 8 + (lane & 7)) * ST + (mat >> 1) * 8;
-#pragma unroll
-        for (int n = 0; n < NT; n += 2) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
-            o[n + 1][0] *= alpha[0];
-            o[n + 1][1] *= alpha[0];
-            o[n + 1][2] *= alpha[1];
-            o[n + 1][3] *= alpha[1];
-            uint32_t b[4];  // transposed: B fragments of dims 8n.. (b[0], b[1]) and 8n+8.. (b[2], b[3])
-            unsigned addr = (unsigned)__cvta_generic_to_shared(vr + n * 8);
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                         : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                         : "r"(addr));
-            mma16816(o[n], ph, b[0], b[1]);
-            mma16816(o[n], pl, b[0], b[1]);
-            mma16816(o[n + 1], ph, b[2], b[3]);
-            mma16816(o[n + 1], pl, b[2], b[3]);
-        }
+        softmax_tile(sc, m, l, o);
+        pv_mma(o, sc[0], sc[1], s_v, ST, lane);  // the tile's 16 keys are one k-step
     }
     copy_wait<0>();
     __syncthreads();  // every warp is done with its ring: the rings become the merge buffer
