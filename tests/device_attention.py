@@ -51,7 +51,7 @@ def main(n_head: int, n_head_kv: int, head_dim: int, depth: int, variants: list[
             split(grid, (128,), (q, k, v, part, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(depth),
                                  np.int32(0), scale, np.int32(n_splits)), shared_mem=smem)
             combine((n_head,), (512,), (part, out, pos, np.int32(head_dim), np.int32(0), np.int32(n_splits),
-                                        np.int32(depth), out, out, np.int32(0)))
+                                        np.int32(depth), out, out, np.int32(0), np.uint64(0)))
         call()
         err = float(cp.abs(out - reference).max())
         times = []

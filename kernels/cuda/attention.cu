@@ -4,6 +4,8 @@
 //
 // Caches: k_cache, v_cache [n_head_kv, max_ctx, HD] fp16 (one pair per layer), written by kv_write.
 // Masks: a query at position p sees keys j <= p, and with window > 0 only those with p - j < window.
+// Sinks (gpt-oss; null: none): a learned logit a q head adds to its softmax's denominator and nothing to its
+// output, as if one more key scored sinks[h] (not scaled) with a zero value.
 // Both run on the tensor cores (mma.sync, fp16 in, float32 accumulate; float32 q and p split into two fp16
 // halves, so the result keeps float32 accuracy on the fp16 cache). Decode: a block's 16 mma rows are q heads of
 // one kv head, so GQA groups share each key tile.
@@ -39,13 +41,14 @@ __device__ __forceinline__ void copy_wait() { asm volatile("cp.async.wait_group 
 // Decode, pass 2: out [n_head, HD] = combination of the active splits of part. A thread takes 4 dims of
 // every (COMBINE_THREADS * 4 / HD)-th split, so the loads of all splits are in flight together.
 // quantize: out also as q8_1 (xq [n_head * HD], xds [n_head * HD / 32]) for the output projection.
+// The sink, if any, joins here: the splits see only keys.
 // Launch: grid n_head, block COMBINE_THREADS. One block an SM is enough (n_head blocks): without the 1, ptxas
 // aims at 4 blocks an SM (32 registers) and spills.
 #define COMBINE_THREADS 512
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, 1)
     attn_decode_combine(const float* __restrict__ part, float* __restrict__ out, const int* __restrict__ pos,
                         int head_dim, int window, int n_splits, int max_ctx, int8_t* __restrict__ xq,
-                        float2* __restrict__ xds, int quantize) {
+                        float2* __restrict__ xds, int quantize, const float* __restrict__ sinks) {
     wait_prior();
     __shared__ float s_f[64], s_wm[2], s_wl[2];  // n_splits <= 64
     __shared__ __align__(16) float s_acc[COMBINE_THREADS * 4];
@@ -63,7 +66,8 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, 1)
         if ((tid & 31) == 0) s_wm[tid >> 5] = wm;
     }
     __syncthreads();
-    float mx = fmaxf(s_wm[0], s_wm[1]);
+    float sink = sinks ? sinks[blockIdx.x] : NEG_INF;
+    float mx = fmaxf(fmaxf(s_wm[0], s_wm[1]), sink);
     if (tid < 64) {
         float f = ls > 0.0f ? __expf(ms - mx) : 0.0f;
         s_f[tid] = f;
@@ -88,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, 1)
         float sum = 0.0f;
         for (int i = 0; i < groups; ++i) sum += s_acc[i * head_dim + tid];
         int at = blockIdx.x * head_dim + tid;
-        float v = sum / (s_wl[0] + s_wl[1]);
+        float v = sum / (s_wl[0] + s_wl[1] + (sinks ? __expf(sink - mx) : 0.0f));
         out[at] = v;
         if (quantize) store_q8_1(v, at, xq, xds);
     }
@@ -224,7 +228,7 @@ template <int HD>
 __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const __half* __restrict__ k_cache,
                                             const __half* __restrict__ v_cache, float* __restrict__ out,
                                             const int* __restrict__ pos, int n_tok, int n_head, int n_head_kv,
-                                            int max_ctx, int window, float scale) {
+                                            int max_ctx, int window, float scale, const float* __restrict__ sinks) {
     using Shape = PfShape<HD>;
     constexpr int KS = HD / 16;    // k-steps of q.k over the head dims
     constexpr int NT = HD / 8;     // n-tiles of the output
@@ -334,7 +338,8 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
         int r = r_warp + gi + half * 8;
         if (r >= n_rows) continue;
         int t = r / group, hq = h * group + r % group;
-        float inv = 1.0f / l[half];
+        float sink = sinks ? exp2f(sinks[hq] * 1.4426950408889634f - m[half]) : 0.0f;  // m: base 2, as scale2
+        float inv = 1.0f / (l[half] + sink);
         float* orow = out + ((size_t)t * n_head + hq) * HD + 2 * ci;
 #pragma unroll
         for (int n = 0; n < NT; ++n)
@@ -491,9 +496,10 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
     extern "C" __global__ void __launch_bounds__(128, 1)                                                 \
         attn_prefill_##HD(const float* q, const __half* k_cache, const __half* v_cache, float* out,   \
                           const int* pos, int n_tok, int n_head, int n_head_kv, int max_ctx, int window, \
-                          float scale) {                                                                \
+                          float scale, const float* sinks) {                                            \
         wait_prior();                                                                                   \
-        prefill_mma<HD>(q, k_cache, v_cache, out, pos, n_tok, n_head, n_head_kv, max_ctx, window, scale); \
+        prefill_mma<HD>(q, k_cache, v_cache, out, pos, n_tok, n_head, n_head_kv, max_ctx, window, scale, \
+                        sinks);                                                                         \
     }
 
 ATTN(64)

@@ -22,6 +22,7 @@ from kernels.cuda.module import kernel
 from kernels.cuda.quant import DeviceWeight, Q8Vector
 from kernels.cuda.shapes import ATTENTION_HEAD_DIMS as HEAD_DIMS
 
+NULL = np.uint64(0)  # a null pointer argument (kernel arguments that may be absent)
 ATTN_WARPS = 4  # attention.cu: WARPS
 PREFILL_MMA_ROWS = 64  # attention.cu: PF_ROWS
 ARGMAX_THREADS = 1024
@@ -249,9 +250,10 @@ def _check_attention(q_heads: tuple, k_cache, v_cache) -> tuple[int, int, int, i
 
 def attention_decode(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, out: cp.ndarray, pos: cp.ndarray,
                      scratch: cp.ndarray, scale: float, window: int = 0, xq: Q8Vector | None = None,
-                     stream=None) -> None:
+                     sinks: cp.ndarray | None = None, stream=None) -> None:
     """out [n_head, head_dim] = softmax(scale * q k^T) v for one query q [n_head, head_dim] at position pos[0]
     over cached keys 0..pos[0] (its own k and v already written); window > 0: only the last `window`.
+    sinks [n_head] float32 (gpt-oss): each head's softmax also counts a key of logit sinks[h] and value 0.
     Flash-decoding: the keys are split over scratch.shape[1] blocks a kv head at long contexts.
     xq given: out also quantized to q8_1 into xq (for the output projection), in the same launches."""
     if not isinstance(q, cp.ndarray) or q.ndim != 2:
@@ -264,6 +266,8 @@ def attention_decode(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ou
     _check_pos(pos)
     if xq is not None:
         _check_q8(xq, n_head * head_dim)
+    if sinks is not None:
+        _check("sinks", sinks, cp.float32, (n_head,))
     grid = (n_head_kv, n_splits, math.ceil(n_head // n_head_kv / DECODE_ROWS))
     with _stream(stream):
         _decode_kernel(head_dim)(
@@ -273,15 +277,16 @@ def attention_decode(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ou
         kernel("attention.cu", "attn_decode_combine")(
             (n_head,), (512,),
             (scratch, out, pos, np.int32(head_dim), np.int32(window), np.int32(n_splits), np.int32(max_ctx),
-             out if xq is None else xq.qs, out if xq is None else xq.ds, np.int32(xq is not None)))
+             out if xq is None else xq.qs, out if xq is None else xq.ds, np.int32(xq is not None),
+             NULL if sinks is None else sinks))
 
 
 def attention_prefill(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, out: cp.ndarray, pos: cp.ndarray,
-                      scale: float, window: int = 0, stream=None) -> None:
+                      scale: float, window: int = 0, sinks: cp.ndarray | None = None, stream=None) -> None:
     """Causal attention of q [n_tok, n_head, head_dim] (token t at position pos[0] + t, all their k and v
     already in the cache) over keys 0..pos[0]+n_tok-1 -> out [n_tok, n_head, head_dim]; window > 0: only
-    the last `window` keys of each query. On the tensor cores (float32 accuracy: q and p are split into two
-    fp16 halves)."""
+    the last `window` keys of each query; sinks as attention_decode's. On the tensor cores (float32 accuracy:
+    q and p are split into two fp16 halves)."""
     if not isinstance(q, cp.ndarray) or q.ndim != 3:
         raise ValueError("attention_prefill: q must be [n_tok, n_head, head_dim]")
     n_head, n_head_kv, max_ctx, head_dim = _check_attention(q.shape[1:], k_cache, v_cache)
@@ -289,13 +294,16 @@ def attention_prefill(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, o
     _check("q", q, cp.float32, (n_tok, n_head, head_dim))
     _check("out", out, cp.float32, (n_tok, n_head, head_dim))
     _check_pos(pos)
+    if sinks is not None:
+        _check("sinks", sinks, cp.float32, (n_head,))
     grid = (math.ceil(n_tok * (n_head // n_head_kv) / PREFILL_MMA_ROWS), n_head_kv)
     smem = _prefill_smem(head_dim)
     with _stream(stream):
         _prefill_kernel(head_dim)(
             grid, (32 * ATTN_WARPS,),
             (q, k_cache, v_cache, out, pos, np.int32(n_tok), np.int32(n_head), np.int32(n_head_kv),
-             np.int32(max_ctx), np.int32(window), np.float32(scale)), shared_mem=smem)
+             np.int32(max_ctx), np.int32(window), np.float32(scale), NULL if sinks is None else sinks),
+            shared_mem=smem)
 
 
 def _prefill_smem(head_dim: int) -> int:

@@ -278,8 +278,9 @@ def random_cache(cp, rng, n_head_kv, max_ctx, head_dim):
     return cp.asarray(k), cp.asarray(v), k.astype(np.float64), v.astype(np.float64)
 
 
-def ref_attention(q, k, v, positions, scale, window):
-    """q [n, n_head, hd] float64 at positions [n]; k, v [n_kv, T, hd] -> [n, n_head, hd]."""
+def ref_attention(q, k, v, positions, scale, window, sinks=None):
+    """q [n, n_head, hd] float64 at positions [n]; k, v [n_kv, T, hd] -> [n, n_head, hd]. sinks [n_head]: one more
+    logit in each head's softmax, of a zero value (gpt-oss; llama.cpp's soft_max with sinks)."""
     n, n_head, hd = q.shape
     group = n_head // k.shape[0]
     out = np.empty((n, n_head, hd))
@@ -287,9 +288,16 @@ def ref_attention(q, k, v, positions, scale, window):
         lo = max(0, p - window + 1) if window > 0 else 0
         for h in range(n_head):
             s = k[h // group, lo:p + 1] @ q[t, h] * scale
-            w = np.exp(s - s.max())
-            out[t, h] = w @ v[h // group, lo:p + 1] / w.sum()
+            top = s.max() if sinks is None else max(s.max(), sinks[h])
+            w = np.exp(s - top)
+            out[t, h] = w @ v[h // group, lo:p + 1] / (w.sum() + (0.0 if sinks is None else np.exp(sinks[h] - top)))
     return out
+
+
+def random_sinks(rng, n_head, n_keys):
+    """Sink logits that take about half of a softmax over n_keys keys: a score here is ~N(0, 2.25) (k is scaled by
+    1.5), so exp of it is ~3 on average."""
+    return (np.log(3 * n_keys) + rng.standard_normal(n_head)).astype(np.float32)
 
 
 @pytest.mark.parametrize("shape", ATTN_SHAPES, ids=lambda s: f"{s[0]}h{s[1]}kv{s[2]}")
@@ -351,6 +359,43 @@ def test_attention_prefill(cuda, rng, shape, n_tok, p0, window):
     ops.attention_prefill(cp.asarray(q), k_dev, v_dev, out, device_pos(cp, p0), scale, window)
     ref = ref_attention(q.astype(np.float64), k, v, p0 + np.arange(n_tok), scale, window)
     assert rel_err(cp.asnumpy(out), ref) < 1e-5
+
+
+@pytest.mark.parametrize("shape", [(64, 8, 64), (24, 4, 256), (32, 8, 128)], ids=lambda s: f"{s[0]}h{s[1]}kv{s[2]}")
+@pytest.mark.parametrize("n_ctx, window", [(1, 0), (200, 128), (3000, 0)])
+def test_attention_decode_with_sinks(cuda, rng, shape, n_ctx, window):
+    """gpt-oss's sinks (64 heads of 64 a layer, every other one a 128-key window): each head's softmax counts one
+    more logit, of a zero value. Bound 1e-5; without the sinks the output is far from it (the comparison can fail)."""
+    cp, ops = cuda
+    n_head, n_head_kv, head_dim = shape
+    k_dev, v_dev, k, v = random_cache(cp, rng, n_head_kv, 4096, head_dim)
+    q = rng.standard_normal((n_head, head_dim)).astype(np.float32)
+    sinks, scale = random_sinks(rng, n_head, min(n_ctx, window or n_ctx)), 1 / math.sqrt(head_dim)
+    out, plain = nan_like(cp, (n_head, head_dim)), nan_like(cp, (n_head, head_dim))
+    scratch = ops.decode_scratch(n_head, n_head_kv, head_dim)
+    ops.attention_decode(cp.asarray(q), k_dev, v_dev, out, device_pos(cp, n_ctx - 1), scratch, scale, window,
+                         sinks=cp.asarray(sinks))
+    ops.attention_decode(cp.asarray(q), k_dev, v_dev, plain, device_pos(cp, n_ctx - 1), scratch, scale, window)
+    ref = ref_attention(q[None].astype(np.float64), k, v, [n_ctx - 1], scale, window, sinks)[0]
+    assert rel_err(cp.asnumpy(out), ref) < 1e-5
+    assert rel_err(cp.asnumpy(plain), ref) > 1e-2
+
+
+@pytest.mark.parametrize("shape", [(64, 8, 64), (24, 4, 256)], ids=lambda s: f"{s[0]}h{s[1]}kv{s[2]}")
+@pytest.mark.parametrize("n_tok, p0, window", [(37, 0, 0), (100, 150, 128)])
+def test_attention_prefill_with_sinks(cuda, rng, shape, n_tok, p0, window):
+    """As test_attention_decode_with_sinks, for n_tok queries at p0..: bound 1e-5."""
+    cp, ops = cuda
+    n_head, n_head_kv, head_dim = shape
+    k_dev, v_dev, k, v = random_cache(cp, rng, n_head_kv, 512, head_dim)
+    q = rng.standard_normal((n_tok, n_head, head_dim)).astype(np.float32)
+    sinks, scale = random_sinks(rng, n_head, min(p0 + n_tok, window or p0 + n_tok)), 1 / math.sqrt(head_dim)
+    out, plain = nan_like(cp, (n_tok, n_head, head_dim)), nan_like(cp, (n_tok, n_head, head_dim))
+    ops.attention_prefill(cp.asarray(q), k_dev, v_dev, out, device_pos(cp, p0), scale, window, sinks=cp.asarray(sinks))
+    ops.attention_prefill(cp.asarray(q), k_dev, v_dev, plain, device_pos(cp, p0), scale, window)
+    ref = ref_attention(q.astype(np.float64), k, v, p0 + np.arange(n_tok), scale, window, sinks)
+    assert rel_err(cp.asnumpy(out), ref) < 1e-5
+    assert rel_err(cp.asnumpy(plain), ref) > 1e-2
 
 
 # ---- elementwise ----
