@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lease of the device machine for the split engine, as two calls of under 10 minutes each (the machine stays
 # warm ~30 s after a call, so make the second at once). Carry .whl (gguf-py's wheel: `pip download --no-deps
-# --only-binary=:all: --python-version 3.12 -d .whl gguf`) and .carry (tests/device_bench.sh says what).
+# --only-binary=:all: --python-version 3.12 -d .whl gguf`, and pytest-xdist's and execnet's) and .carry (tests/device_bench.sh says what).
 #   bash tests/device_session.sh tests   # installs gguf-py, starts llama.cpp's build, writes the 8b file, GPU tests
 #   bash tests/device_session.sh bench   # llama3-8b q4_k_m at NGL (24 16) and SHARES (0 0.6): ours and llama.cpp
 # TESTS picks the GPU tests (pytest -k; the real models are not on the machine), TEST_PATHS where from (default
@@ -34,10 +34,14 @@ tests)
   setsid bash tests/llamacpp_peer.sh build .carry >"$OUT/peer_build.log" 2>&1 </dev/null &
   f=$tmp/synth/llama3-8b-q4_k_m.gguf  # where device_bench.sh looks for it
   [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m >/dev/null
-  # each test's name and outcome go to the log as it ends, so a run stopped by the timeout still says which failed
+  # each test's name and outcome go to the log as it ends, so a run stopped by the timeout still says which failed;
+  # four workers share the GPU (~3 minutes on an H200), so the test that checks the device's free memory runs alone
+  tests=${TESTS:-not smollm2 and (not gemma3 or synth_gemma3)}
   timeout "${TEST_SECONDS:-480}" python3 -m pytest -m gpu ${TEST_PATHS:-tests/inference tests/kernels} -v -rf \
-    -p no:cacheprovider --durations=10 -k "${TESTS:-not smollm2 and (not gemma3 or synth_gemma3)}" 2>&1 \
-    | tee "$OUT/pytest_gpu.log" | grep -E "FAILED|ERROR|passed|failed|^[0-9.]+s " ;;
+    -p no:cacheprovider --durations=10 -n 4 --dist loadfile -k "($tests) and not grow_memory" 2>&1 \
+    | tee "$OUT/pytest_gpu.log" | grep -E "FAILED|ERROR|passed|failed|^[0-9.]+s "
+  timeout 120 python3 -m pytest -m gpu tests/inference -q -rf -p no:cacheprovider -k "($tests) and grow_memory" 2>&1 \
+    | tee -a "$OUT/pytest_gpu.log" | grep -E "FAILED|ERROR|passed|failed" ;;
 bench)
   NGL=${NGL:-24 16} SHARES=${SHARES:-0 0.6} OUT=$OUT bash tests/device_bench.sh hybrid >"$OUT/hybrid.log" 2>&1
   grep -h "GPU share\|the GPU multiplies\|the GPU reads" "$OUT/hybrid.log" | sort -u
