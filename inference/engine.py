@@ -51,19 +51,14 @@ class NoChatTemplateError(UserError, ValueError):
     pass
 
 
-# architectures the GPU backend cannot run yet (gpt-oss: its kernels take no attention sinks, MXFP4 or biased experts),
-# and the quant types it has no kernels for: a file with a tensor of one runs on the CPU
+# architectures the GPU backend cannot run yet: a file of one runs on the CPU
 CPU_ONLY_ARCHITECTURES = ("gpt-oss",)
-CPU_ONLY_TYPES = ("MXFP4", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 
 
-def gpu_gap(config: ModelConfig, tensors: dict) -> str | None:
+def gpu_gap(config: ModelConfig) -> str | None:
     """What of this model the GPU kernels do not take yet (None: they take all of it): it then runs on the CPU."""
     if config.arch in CPU_ONLY_ARCHITECTURES:
         return f"{config.arch} models"
-    cpu_only = next((t.type.name for t in tensors.values() if t.type.name in CPU_ONLY_TYPES), None)
-    if cpu_only:
-        return f"{cpu_only} weights"
     if config.head_dim not in ATTENTION_HEAD_DIMS:
         return f"attention heads of {config.head_dim} (only {', '.join(map(str, ATTENTION_HEAD_DIMS))})"
     if config.recurrent and any(config.recurrent):
@@ -556,7 +551,7 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
     path = resolve_model(model, progress)
     gguf = open_gguf(path)
     config = config_from_metadata(gguf.metadata)
-    gap = gpu_gap(config, gguf.tensors) if device == "cuda" else None
+    gap = gpu_gap(config) if device == "cuda" else None
     if gap:
         if reason == "":  # auto: the CPU runs it
             device, reason = "cpu", f"the GPU kernels do not take {gap} yet: the CPU runs it"

@@ -20,12 +20,16 @@ SHAPES = [
     (2048, 2048), (512, 2048), (8192, 2048), (2048, 8192), (128256, 2048),  # llama-1b
     (6144, 4096), (28672, 4096),  # llama3-8b q+k+v and gate+up as one matrix each
 ]
-TYPES = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K", "Q3_K", "Q2_K", "F16", "BF16", "F32"]
+TYPES = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K", "Q3_K", "Q2_K", "F16", "BF16", "F32",
+         "MXFP4", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
 
 # byte offsets of the fp16 scale fields inside one block, as in the file
 HALF_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
     "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+    "MXFP4": [],  # an e8m0 byte, set below
+    **dict.fromkeys(["IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"], [0]),
+    "IQ1_M": [],  # the top nibbles of its 4 scale words, set below
 }
 
 
@@ -41,10 +45,18 @@ def random_weight_bytes(qtype: GGMLType, n_rows: int, n_cols: int, xp=np, seed: 
         f = rs.standard_normal((n_rows, n_cols)).astype(np.float32)
         return (f.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     raw = rs.randint(0, 256, size=(n_rows, row_bytes), dtype=np.uint8)
+    if qtype.name == "MXFP4":  # e8m0 scales 2^-9 .. 2^-6 (its 17-byte blocks have no fp16 field)
+        raw.reshape(n_rows, -1, qtype.block_bytes)[:, :, 0] = rs.randint(119, 123, size=(n_rows, row_bytes // 17))
+        return raw
     halves = raw.view(np.uint16).reshape(n_rows, -1, qtype.block_bytes // 2)
     for off in HALF_FIELDS[qtype.name]:
         scale = (rs.standard_normal(halves.shape[:2]) * 0.01).astype(np.float16)
         halves[:, :, off // 2] = scale.view(np.uint16)
+    if qtype.name == "IQ1_M":  # d's 16 bits as the top nibbles of the scale words 24 .. 27 (u16)
+        d = (rs.standard_normal(halves.shape[:2]) * 0.01).astype(np.float16).view(np.uint16)
+        words = halves[:, :, 24:28]
+        for k in range(4):
+            words[:, :, k] = (words[:, :, k] & 0x0FFF) | (((d >> (4 * k)) & 0xF) << 12)
     return raw
 
 

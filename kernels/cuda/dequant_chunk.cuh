@@ -7,15 +7,6 @@
 #pragma once
 #include "quant_dot.cuh"
 
-QD float bits_float(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    union { uint32_t u; float f; } bits = {u};  // type punning through a union: defined by gcc and clang
-    return bits.f;
-#endif
-}
-
 
 // 16 or 32 bytes in registers, read with 16-byte loads; byte i by a shift (i is a constant once unrolled)
 struct Bytes16 {
@@ -199,3 +190,4 @@ QD void chunk(BF16B, const uint8_t* b, const uint8_t*, int, float* v) {
         }
     }
 }
+#include "dequant_chunk_iq.cuh"  // MXFP4 and the IQ types

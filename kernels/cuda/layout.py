@@ -2,8 +2,9 @@
 
 Each ggml block is split into a "bulk" part whose size is a multiple of 16 bytes (the quants, read with
 16-byte loads) and a "meta" part (the fields that broke that alignment, mostly the fp16 scale). A tensor
-[n_rows, row_bytes] becomes bulk [n_rows, n_blocks, bulk] followed by meta [n_rows, n_blocks, meta]:
-the same bytes, reordered, so VRAM stays the file size. kernels/cuda/quant_dot.cuh reads this layout.
+[n_rows, row_bytes] becomes bulk [n_rows, n_blocks, bulk] followed by meta [n_rows, n_blocks, meta] (a block's
+front fields, then its back ones): the same bytes, reordered, so VRAM stays the file size.
+kernels/cuda/quant_dot.cuh reads this layout.
 """
 import numpy as np
 
@@ -21,6 +22,16 @@ META_SPLIT: dict[str, tuple[int, int]] = {
     "Q4_K": (0, 0),  # d dmin scales qs: 144 bytes, kept
     "Q5_K": (0, 0),  # d dmin scales qh qs: 176 bytes, kept
     "Q6_K": (0, 2),  # ql qh scales | d
+    "MXFP4": (1, 0),  # e | qs
+    "IQ4_NL": (2, 0),  # d | qs
+    "IQ4_XS": (8, 0),  # d scales_h scales_l | qs
+    "IQ2_XXS": (2, 0),  # d | qs
+    "IQ2_XS": (2, 8),  # d | qs | scales
+    "IQ2_S": (2, 16),  # d | qs signs | qh scales
+    "IQ3_XXS": (2, 0),  # d | qs signs-and-scales
+    "IQ3_S": (2, 44),  # d | qs | qh signs scales
+    "IQ1_S": (2, 16),  # d | qs | qh
+    "IQ1_M": (0, 24),  # qs | qh scales
     "F32": (0, 0),
     "F16": (0, 0),
     "BF16": (0, 0),
@@ -31,6 +42,8 @@ META_SPLIT: dict[str, tuple[int, int]] = {
 ELEMS_PER_ITEM: dict[str, int] = {
     "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 16,
     "Q2_K": 64, "Q3_K": 64, "Q4_K": 64, "Q5_K": 64, "Q6_K": 64,
+    "MXFP4": 32, "IQ4_NL": 32, "IQ4_XS": 64, "IQ2_XXS": 32, "IQ2_XS": 64, "IQ2_S": 64, "IQ3_XXS": 32, "IQ3_S": 32,
+    "IQ1_S": 32, "IQ1_M": 64,
     "F32": 8, "F16": 8, "BF16": 8,
 }
 
@@ -49,10 +62,12 @@ def repack(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:
     front, back = META_SPLIT[qtype.name]
     if front == back == 0:
         return raw.reshape(-1)
-    blocks = raw.reshape(n_rows, row_bytes // qtype.block_bytes, qtype.block_bytes)
+    n_blocks = row_bytes // qtype.block_bytes
+    blocks = raw.reshape(n_rows, n_blocks, qtype.block_bytes)
     bulk = blocks[:, :, front : qtype.block_bytes - back]
-    meta = blocks[:, :, :front] if front else blocks[:, :, qtype.block_bytes - back :]
     out = raw.reshape(-1).copy()  # array methods only, so a CuPy array repacks on the device too
     out[: bulk.size] = bulk.reshape(-1)
-    out[bulk.size :] = meta.reshape(-1)
+    meta = out[bulk.size :].reshape(n_rows, n_blocks, front + back)  # a view: the front bytes, then the back ones
+    meta[:, :, :front] = blocks[:, :, :front]
+    meta[:, :, front:] = blocks[:, :, qtype.block_bytes - back :]
     return out

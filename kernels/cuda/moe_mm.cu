@@ -223,6 +223,16 @@ MOE_MM(q3_k, Q3_K)
 MOE_MM(q4_k, Q4_K)
 MOE_MM(q5_k, Q5_K)
 MOE_MM(q6_k, Q6_K)
+MOE_MM(mxfp4, MXFP4)
+MOE_MM(iq4_nl, IQ4_NL)
+MOE_MM(iq4_xs, IQ4_XS)
+MOE_MM(iq2_xxs, IQ2_XXS)
+MOE_MM(iq2_xs, IQ2_XS)
+MOE_MM(iq2_s, IQ2_S)
+MOE_MM(iq3_xxs, IQ3_XXS)
+MOE_MM(iq3_s, IQ3_S)
+MOE_MM(iq1_s, IQ1_S)
+MOE_MM(iq1_m, IQ1_M)
 
 // out[t, c] = x[t, c] + sum over slots j (in order) of weights[t, j] * y[t * k + j, c]: a token's k expert rows,
 // weighted, onto the residual. Grid (ceil(n_embd / 256), n_tok), 256 threads.

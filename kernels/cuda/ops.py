@@ -74,8 +74,9 @@ def embed(table: DeviceWeight, ids: cp.ndarray, out: cp.ndarray, scale: float = 
     _check("out", out, cp.float32, (n_tok, table.n_cols))
     name = "embed_" + table.qtype.name.lower()
     args = (table.data, ids, out, np.int32(table.n_rows), np.int32(table.n_cols), np.float32(scale))
+    per_thread = 32 if table.takes_q8 else 1  # a quantized table's thread makes a chunk of 32 columns (embed.cu)
     with _stream(stream):
-        kernel("embed.cu", name)((n_tok, math.ceil(table.n_cols / 256)), (256,), args)
+        kernel("embed.cu", name)((n_tok, math.ceil(table.n_cols / per_thread / 256)), (256,), args)
 
 
 # ---- norms, rope, kv cache ----

@@ -19,6 +19,7 @@ typedef signed char int8_t;
 typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
 #else
 #include <stdint.h>
 #endif
@@ -52,6 +53,15 @@ QD float half_at(const uint8_t* p) {
 
 QD float half_bits(uint32_t bits) {
     return __half2float(__ushort_as_half((unsigned short)bits));
+}
+
+QD float bits_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    union { uint32_t u; float f; } bits = {u};  // type punning through a union: defined by gcc and clang
+    return bits.f;
+#endif
 }
 
 QD int dot16(int a0, int a1, int a2, int a3, uint4 x, int acc) {
@@ -334,6 +344,8 @@ struct Q2_K {
         return half_at(m) * rd - half_at(m + 2) * rm;
     }
 };
+
+#include "quant_dot_iq.cuh"  // MXFP4 and the IQ types
 
 // Partial dot of one row with x over items t, t + stride, ...: a thread's share of the row. w is laid out
 // as bulk [n_rows, nb, T::BULK] then meta [n_rows, nb, T::META] (cuda_layout.py); nb blocks a row.

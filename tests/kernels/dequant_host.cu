@@ -24,6 +24,8 @@ extern "C" int dequant_host(const char* type, const uint8_t* w, float* out, int 
     TYPE("Q4_0", Q4_0) TYPE("Q4_1", Q4_1) TYPE("Q5_0", Q5_0) TYPE("Q5_1", Q5_1) TYPE("Q8_0", Q8_0)
     TYPE("Q2_K", Q2_K) TYPE("Q3_K", Q3_K) TYPE("Q4_K", Q4_K) TYPE("Q5_K", Q5_K) TYPE("Q6_K", Q6_K)
     TYPE("F32", F32B) TYPE("BF16", BF16B)
+    TYPE("MXFP4", MXFP4) TYPE("IQ4_NL", IQ4_NL) TYPE("IQ4_XS", IQ4_XS) TYPE("IQ2_XXS", IQ2_XXS) TYPE("IQ2_XS", IQ2_XS)
+    TYPE("IQ2_S", IQ2_S) TYPE("IQ3_XXS", IQ3_XXS) TYPE("IQ3_S", IQ3_S) TYPE("IQ1_S", IQ1_S) TYPE("IQ1_M", IQ1_M)
 #undef TYPE
     return -1;
 }

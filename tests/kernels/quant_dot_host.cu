@@ -18,7 +18,8 @@ extern "C" int matvec_host(const char* type, const uint8_t* w, const int8_t* xq,
 #define TYPE(T)                                                                                            \
     if (strcmp(type, #T) == 0) return rows<T>(w, xq, ds, out, n_rows, nb), 0;
     TYPE(Q4_0) TYPE(Q4_1) TYPE(Q5_0) TYPE(Q5_1) TYPE(Q8_0) TYPE(Q2_K) TYPE(Q3_K) TYPE(Q4_K) TYPE(Q5_K) TYPE(Q6_K)
-    TYPE(Q6_K_FILE)
+    TYPE(Q6_K_FILE) TYPE(MXFP4) TYPE(IQ4_NL) TYPE(IQ4_XS) TYPE(IQ2_XXS) TYPE(IQ2_XS) TYPE(IQ2_S) TYPE(IQ3_XXS)
+    TYPE(IQ3_S) TYPE(IQ1_S) TYPE(IQ1_M)
 #undef TYPE
     return -1;
 }

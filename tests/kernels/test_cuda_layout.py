@@ -8,7 +8,8 @@ import pytest
 from kernels.cuda.layout import ELEMS_PER_ITEM, META_SPLIT, bulk_meta_bytes, repack
 from models.ggml_types import TYPES_BY_NAME
 
-CUH = (Path(__file__).parents[2] / "kernels" / "cuda" / "quant_dot.cuh").read_text()
+KERNEL_DIR = Path(__file__).parents[2] / "kernels" / "cuda"
+CUH = "".join((KERNEL_DIR / name).read_text() for name in ("quant_dot.cuh", "quant_dot_iq.cuh"))
 QUANT_TYPES = [n for n in META_SPLIT if n not in ("F32", "F16", "BF16")]
 
 
@@ -45,3 +46,24 @@ def test_repack_moves_every_byte_once(name):
             m0 = n_rows * n_blocks * bulk + i * meta
             block_meta = np.concatenate([block[:front], block[qtype.block_bytes - back :]])
             assert np.array_equal(out[m0 : m0 + meta], block_meta)
+
+
+def test_iq_tables_header_is_generated_from_the_references():
+    """kernels/cuda/iq_tables.cuh is what kernels/cuda/iq_tables.py renders from models/ (rerun it after an edit)."""
+    from kernels.cuda.iq_tables import HEADER, render
+
+    assert HEADER.read_text() == render()
+
+
+def test_iq_tables_hold_the_grids(monkeypatch):
+    """The header carries ggml's values, and a changed grid entry changes it."""
+    from kernels.cuda import iq_tables
+    from models.iq_grids import GRIDS
+
+    text = iq_tables.render()
+    assert "0x0808080808080808, 0x080808080808082b" in text  # ggml-common.h's iq2xxs_grid[0], [1]
+    assert "K0 = 0xbfad9881u" in text  # kvalues_iq4nl -127, -104, -83, -65
+    wrong = GRIDS["IQ3_S"].copy()
+    wrong[5, 2] += 2
+    monkeypatch.setattr(iq_tables, "GRIDS", dict(GRIDS, IQ3_S=wrong))
+    assert iq_tables.render() != text

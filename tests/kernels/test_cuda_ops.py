@@ -17,7 +17,8 @@ from models.ggml_types import TYPES_BY_NAME
 
 pytestmark = pytest.mark.gpu
 
-EMBED_TYPES = ["Q8_0", "Q4_K", "Q6_K", "F16", "F32", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K"]
+EMBED_TYPES = ["Q8_0", "Q4_K", "Q6_K", "F16", "F32", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K",
+               "MXFP4", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
 # (n_head, n_head_kv, head_dim): llama3-8b, gemma3-270m, smollm2-135m, a group of 16 (two row chunks), MHA
 ATTN_SHAPES = [(32, 8, 128), (4, 1, 256), (24, 4, 256), (9, 3, 64), (64, 4, 128), (40, 2, 64), (8, 8, 64)]
 

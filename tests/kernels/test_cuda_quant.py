@@ -176,4 +176,4 @@ def test_bad_inputs_raise(cuda):
     with pytest.raises(ValueError, match="out must be"):
         cq.matvec(w, cq.Q8Vector.empty(256), cp.empty(9, dtype=cp.float32))
     with pytest.raises(ValueError, match="no CUDA matvec kernel"):
-        cq.to_device(np.zeros((1, 66), dtype=np.uint8), TYPES_BY_NAME["IQ2_XXS"])
+        cq.to_device(np.zeros((1, 66), dtype=np.uint8), TYPES_BY_NAME["TQ2_0"])

@@ -15,7 +15,8 @@ from models.dequant import dequantize
 from models.ggml_types import TYPES_BY_NAME
 from tests.kernels.host_build import build_host_lib
 
-TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F32", "BF16"]
+TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F32", "BF16", "MXFP4", "IQ4_NL",
+         "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
 
 
 @pytest.fixture(scope="module")

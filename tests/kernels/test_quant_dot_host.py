@@ -72,4 +72,4 @@ def test_q6_k_in_the_files_layout_matches_the_repacked(host_lib, shape):
 
 
 def test_unknown_type_is_refused(host_lib):
-    assert host_lib.matvec_host(b"IQ2_XXS", None, None, None, None, 0, 0) == -1
+    assert host_lib.matvec_host(b"TQ2_0", None, None, None, None, 0, 0) == -1
