@@ -51,16 +51,12 @@ class NoChatTemplateError(UserError, ValueError):
     pass
 
 
-# architectures the GPU backend cannot run yet (gpt-oss: its kernels take no attention sinks, MXFP4 or biased experts),
-# and the quant types it has no kernels for: a file with a tensor of one runs on the CPU
-CPU_ONLY_ARCHITECTURES = ("gpt-oss",)
+# the quant types the GPU backend has no kernels for yet: a file with a tensor of one runs on the CPU
 CPU_ONLY_TYPES = ("MXFP4", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 
 
 def gpu_gap(config: ModelConfig, tensors: dict) -> str | None:
     """What of this model the GPU kernels do not take yet (None: they take all of it): it then runs on the CPU."""
-    if config.arch in CPU_ONLY_ARCHITECTURES:
-        return f"{config.arch} models"
     cpu_only = next((t.type.name for t in tensors.values() if t.type.name in CPU_ONLY_TYPES), None)
     if cpu_only:
         return f"{cpu_only} weights"

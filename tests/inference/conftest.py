@@ -95,6 +95,19 @@ def synth_qwen35moe(tmp_path_factory):
     return _write_small(tmp_path_factory, "qwen35moe")
 
 
+@pytest.fixture(scope="session")
+def synth_gpt_oss(tmp_path_factory):
+    """gpt-oss (synthetic.py: biases on q, k, v, the output, the router and the experts, sinks, a 128-token window on
+    layer 0, YaRN, swiglu_oai) with Q8_0 experts, which the GPU takes until it has MXFP4 kernels, and q, k, output
+    Q8_0 and v Q5_0 (two row groups with biases; q's 8 x 64 rows differ from n_embd)."""
+    from gguf import GGMLQuantizationType as T  # noqa: PLC0415
+
+    path = tmp_path_factory.mktemp("synth") / "gpt-oss.gguf"
+    write_synthetic(path, "gpt-oss", types=dict(attn_q=T.Q8_0, attn_k=T.Q8_0, attn_v=T.Q5_0, attn_output=T.Q8_0),
+                    expert_type=T.Q8_0)
+    return path
+
+
 def _synth(factory, preset: str, ftype: str):
     path = factory.mktemp("synth") / f"{preset}.gguf"
     subprocess.run([sys.executable, SYNTH_GGUF, str(path), "--preset", preset, "--ftype", ftype], check=True)

@@ -88,14 +88,15 @@ def spm_vocab(n_vocab: int = 1024) -> dict:
 
 
 def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAYERS, window: int = 16,
-                    experts=None, deltanet=DELTANET) -> None:
+                    experts=None, deltanet=DELTANET, expert_type=T.MXFP4) -> None:
     """A random {arch} model at path with Q8_0 embeddings, layer matrices of `types` (name -> quant type; the
     K-quants Q4_K, Q5_K, Q6_K and the IQ types but IQ4_NL need widths that are multiples of 256, e.g.
     Q4_K_M_LAYERS, IQ4_XS_LAYERS):
     qwen35 / qwen35moe hybrid: DeltaNet layers (deltanet: DELTANET's keys) with a gated full-attention layer every HYBRID_INTERVAL, and
     for qwen35moe experts with a shared expert;
     qwen2 with qkv biases and its own output matrix, qwen3 with q/k norms, gemma3 with q/k and sandwich norms
-    and a `window`-token sliding window; gpt-oss with its biases, sinks, MXFP4 experts, 128-token window and YaRN
+    and a `window`-token sliding window; gpt-oss with its biases, sinks, experts of expert_type (MXFP4 as published;
+    Q8_0 or Q4_K for the GPU until it takes MXFP4: Q4_K needs an n_ff multiple of 256), 128-token window and YaRN
     (OSS_*); the others tie the output to the embeddings. qwen3moe is qwen3
     with experts = (count, used) in every layer (default EXPERTS), its expert matrices of the ffn_* types, its
     router F32 (as llama.cpp's quantizer leaves it); llama takes experts too (Mixtral's kind: no expert width of
@@ -188,7 +189,7 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
 
     def gpt_oss_layer(p):
         """gpt-oss: biased q, k, v and output, a sink logit per head, post_attention_norm before the experts, a
-        biased router, MXFP4 experts with biases (gate, up [n_expert, ff]; down [n_expert, d])."""
+        biased router, experts of expert_type with biases (gate, up [n_expert, ff]; down [n_expert, d])."""
         vec(p + "attn_norm.weight", d)
         vec(p + "post_attention_norm.weight", d)
         mat(p + "attn_q.weight", nh * hd, d, 2 / np.sqrt(d), types["attn_q"])
@@ -203,9 +204,9 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
         mat(p + "ffn_gate_inp.weight", experts[0], d, 4 / np.sqrt(d), T.F32)
         vec(p + "ffn_gate_inp.bias", experts[0], 0.0, 0.5)
         e = experts[0]
-        mat(p + "ffn_gate_exps.weight", ff, d, 1 / np.sqrt(d), T.MXFP4, e)
-        mat(p + "ffn_up_exps.weight", ff, d, 1 / np.sqrt(d), T.MXFP4, e)
-        mat(p + "ffn_down_exps.weight", d, ff, 2 / np.sqrt(ff), T.MXFP4, e)
+        mat(p + "ffn_gate_exps.weight", ff, d, 1 / np.sqrt(d), expert_type, e)
+        mat(p + "ffn_up_exps.weight", ff, d, 1 / np.sqrt(d), expert_type, e)
+        mat(p + "ffn_down_exps.weight", d, ff, 2 / np.sqrt(ff), expert_type, e)
         w.add_tensor(p + "ffn_gate_exps.bias", (rng.standard_normal((e, ff)) * 0.5).astype(np.float32))
         w.add_tensor(p + "ffn_up_exps.bias", (rng.standard_normal((e, ff)) * 0.5).astype(np.float32))
         w.add_tensor(p + "ffn_down_exps.bias", (rng.standard_normal((e, d)) * 0.1).astype(np.float32))
