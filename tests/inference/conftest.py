@@ -98,13 +98,14 @@ def synth_qwen35moe(tmp_path_factory):
 @pytest.fixture(scope="session")
 def synth_gpt_oss(tmp_path_factory):
     """gpt-oss (synthetic.py: biases on q, k, v, the output, the router and the experts, sinks, a 128-token window on
-    layer 0, YaRN, swiglu_oai) with Q8_0 experts, which the GPU takes until it has MXFP4 kernels, and q, k, output
-    Q8_0 and v Q5_0 (two row groups with biases; q's 8 x 64 rows differ from n_embd)."""
+    layer 0, YaRN, swiglu_oai) with Q8_0 experts, which the GPU takes until it has MXFP4 kernels; q's 8 x 64 rows
+    differ from n_embd. Its layer matrices F16: with Q8_0 ones this random network amplifies the 8-bit rounding of
+    activations past the parity bar (H200: the CPU engine's own int8 path against its float32 reference, 40 steps
+    after a 12-token prompt, mean correlation 0.9985, the GPU's decode steps 0.9987; F16: 0.9998 both)."""
     from gguf import GGMLQuantizationType as T  # noqa: PLC0415
 
     path = tmp_path_factory.mktemp("synth") / "gpt-oss.gguf"
-    write_synthetic(path, "gpt-oss", types=dict(attn_q=T.Q8_0, attn_k=T.Q8_0, attn_v=T.Q5_0, attn_output=T.Q8_0),
-                    expert_type=T.Q8_0)
+    write_synthetic(path, "gpt-oss", expert_type=T.Q8_0)
     return path
 
 
