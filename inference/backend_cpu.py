@@ -74,6 +74,15 @@ def _moe_experts_listed(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weig
     return out
 
 
+def rope_speeds(cfg: ModelConfig, base: float, scale: float, rope_freqs: np.ndarray | None) -> np.ndarray:
+    """The rotation speed of each pair of rotated dims, float64 [rope_dim // 2], for a rope base and scale: YaRN's
+    blend of scaled and unscaled speeds where the model has it (gpt-oss; there are no rope_freqs then), else the
+    speeds divided by rope_freqs (llama3), times scale. Both backends' rope (cos and sin times cfg.rope_mscale)."""
+    if cfg.rope_yarn_orig_ctx:
+        return cpu_ops.yarn_inv_freq(cfg.rope_dim, base, scale, cfg.rope_yarn_orig_ctx)
+    return cpu_ops.rope_inv_freq(cfg.rope_dim, base, rope_freqs) * scale
+
+
 def repacked_matrices(weights: ModelWeights, layers: range) -> dict[int, Repacked]:
     """id(matrix) -> the matrix repacked eight rows at a time (kernels/cpu/repack), for the layers' matrices of the
     types that layout has (Q4_0, Q4_1, Q5_0, Q5_1; experts are left as they are)."""
@@ -208,10 +217,7 @@ class CPUBackend:
         key = (base, scale)
         cfg = self.cfg
         if key not in self._inv_freq:
-            if cfg.rope_yarn_orig_ctx:  # YaRN: a blend of scaled and unscaled speeds (there are no rope_freqs)
-                self._inv_freq[key] = cpu_ops.yarn_inv_freq(cfg.rope_dim, base, scale, cfg.rope_yarn_orig_ctx)
-            else:
-                self._inv_freq[key] = cpu_ops.rope_inv_freq(cfg.rope_dim, base, self._rope_freqs) * scale
+            self._inv_freq[key] = rope_speeds(cfg, base, scale, self._rope_freqs)
         at, cos_sin = self._cos_sin.get(key, (None, None))
         if at != (self.pos, n):  # once a forward pass per base, not for each layer's q and k
             at = (self.pos, n)
@@ -270,8 +276,9 @@ class CPUBackend:
         """activation(gate) * up; up GLU_DONE: gate is that already (matmuls of a decode step's gate and up)."""
         return gate if up is GLU_DONE else cpu_ops.glu(gate, up, self.cfg.activation)
 
-    def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return x + y
+    def add_bias(self, x: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        """x [n, d] + bias [d] on every row (gpt-oss's attention output bias, onto the residual)."""
+        return x + bias
 
     def add_matmul(self, x: np.ndarray, w: QuantMatrix, a: np.ndarray, norm: np.ndarray | None = None) -> np.ndarray:
         """x + W a, W a normalized by norm first when given (sandwich norms); the GPU fuses the add, and so does a

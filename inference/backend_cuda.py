@@ -12,6 +12,7 @@ import cupy as cp
 import cupyx
 import numpy as np
 
+from inference.backend_cpu import rope_speeds
 from inference.host_experts import HostExperts
 from inference.placement import GROUPED_MIN_TOKENS, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, prefill_tile_elems
 from inference.sampling import REPEAT_LAST_N, SamplingParams
@@ -387,14 +388,15 @@ class CUDABackend:
         key = (base, scale)
         if key not in self._inv_freq:
             with self.stream:
-                self._inv_freq[key] = cuda_ops.rope_inv_freq(self.cfg.rope_dim, base, self._rope_freqs) * scale
+                self._inv_freq[key] = cp.asarray(rope_speeds(self.cfg, base, scale, self._rope_freqs))
         if head_norms is not None and q.shape[2] % cuda_ops.HEAD_NORM_MULTIPLE:
             q, k = (self.rms_norm(a, w) for a, w in zip((q, k), head_norms))  # no whole warps for the fused norms
             head_norms = None
         norms = None if head_norms is None else tuple(self._weight(w) for w in head_norms)
         cache = self._cache(layer)
         cuda_ops.rope_kv_write(q, k, v, self._inv_freq[key], self.pos, self.cfg.rope_style == "neox",
-                               *cache, head_norms=norms, eps=self.cfg.rms_eps, stream=self.stream)
+                               *cache, head_norms=norms, eps=self.cfg.rms_eps, mscale=self.cfg.rope_mscale,
+                               stream=self.stream)
         if layer not in self.caches:
             self._give_back(layer, cache)
         return q
@@ -429,16 +431,18 @@ class CUDABackend:
 
     def attention(self, layer: int, q: cp.ndarray, window: int, scale: float,
                   sinks: np.ndarray | None = None) -> cp.ndarray:
-        if sinks is not None:  # gpt-oss: engine.load keeps it on the CPU until the kernels take sinks
-            raise NotImplementedError("attention sinks are not implemented on the GPU yet")
+        """Attention of q [n, heads, head_dim] over the layer's cache; sinks [heads] (gpt-oss): each head's sink logit
+        in its softmax."""
         n, heads, head_dim = q.shape
+        sinks = None if sinks is None else self._weight(sinks)
         out = self._empty((n, heads, head_dim))
         k_cache, v_cache = self._cache(layer)
         if n == 1:
             cuda_ops.attention_decode(q[0], k_cache, v_cache, out[0], self.pos, self._attn_scratch, scale, window,
-                                      xq=self._q8_out(out), stream=self.stream)
+                                      xq=self._q8_out(out), sinks=sinks, stream=self.stream)
         else:
-            cuda_ops.attention_prefill(q, k_cache, v_cache, out, self.pos, scale, window, stream=self.stream)
+            cuda_ops.attention_prefill(q, k_cache, v_cache, out, self.pos, scale, window, sinks=sinks,
+                                       stream=self.stream)
         return out.reshape(n, heads * head_dim)
 
     def _contiguous(self, x: cp.ndarray) -> cp.ndarray:
@@ -498,16 +502,17 @@ class CUDABackend:
         (_experts_grouped)."""
         n = x.shape[0]
         router = self._weight(experts.router)
+        router_bias = None if experts.router_bias is None else self._weight(experts.router_bias)
         ids, weights = self._empty((n, k), cp.int32), self._empty((n, k))
         if n == 1 and router.qtype.name == "F32" and x.shape[1] % 32 == 0 and \
                 x.shape[1] <= cuda_moe.ROUTER_CHUNKS * 4 * 1024:
             h = self._empty(x.shape)
             cuda_moe.norm_router_route(x.reshape(-1), self._weight(norm), self.cfg.rms_eps, router, h.reshape(-1),
                                        self._q8_out(h), self._empty((router.n_rows,)), ids, weights,
-                                       self._route_done, stream=self.stream)
+                                       self._route_done, bias=router_bias, stream=self.stream)
         else:
             h = self.rms_norm(x, norm)
-            cuda_moe.route(self._router_logits(router, h), ids, weights, stream=self.stream)
+            cuda_moe.route(self._router_logits(router, h, router_bias), ids, weights, stream=self.stream)
         if id(experts.gate) in self._dev:
             gate, up, down = (self._dev[id(m)] for m in (experts.gate, experts.up, experts.down))
         elif n >= OFFLOAD_MIN_TOKENS and not any(m.qtype.name in FLOAT_TYPES for m in (experts.gate, experts.up,
@@ -516,44 +521,54 @@ class CUDABackend:
             gate, up, down = self._upload_experts(experts)
         else:
             return self.host_experts.add_moe(self, x, experts, h, ids, weights), h
+        gate_bias, up_bias, down_bias = self.expert_biases(experts)
         if n >= GROUPED_MIN_TOKENS and cuda_moe.grouped_supported(gate, up, down):
-            return self._experts_grouped(x, h, gate, up, down, ids, weights), h
+            return self._experts_grouped(x, h, gate, up, down, ids, weights, (gate_bias, up_bias), down_bias), h
         hq = self._q8(h)
         act = self._empty((n * k, gate.n_rows))
         act_q = self._empty_q8(act.size)
         if gate.qtype == up.qtype and gate.n_rows % 32 == 0:
-            cuda_moe.gate_up_glu(gate, up, ids, hq, act, act_q, self.cfg.activation, stream=self.stream)
+            cuda_moe.gate_up_glu(gate, up, ids, hq, act, act_q, self.cfg.activation, (gate_bias, up_bias),
+                                 stream=self.stream)
         else:
             gate_up = self._empty((2, n * k, gate.n_rows))
-            for i, w in enumerate((gate, up)):
-                cuda_moe.gate_up((w,), ids, hq, gate_up[i:i + 1], stream=self.stream)
+            for i, (w, b) in enumerate(((gate, gate_bias), (up, up_bias))):
+                cuda_moe.gate_up((w,), ids, hq, gate_up[i:i + 1], (b,), stream=self.stream)
             cuda_ops.glu(gate_up[0], gate_up[1], act, self.cfg.activation, xq=act_q, stream=self.stream)
         out = self._empty(x.shape)
-        cuda_moe.down(down, ids, weights, act_q, out, x, stream=self.stream)
+        cuda_moe.down(down, ids, weights, act_q, out, x, down_bias, stream=self.stream)
         return out, h
 
-    def _router_logits(self, router: DeviceWeight, h: cp.ndarray) -> cp.ndarray:
-        """h [n, n_embd] @ router.T: an F32 router in float32 cuBLAS for a prompt chunk (the prompt matmuls'
+    def expert_biases(self, experts: ExpertFFN) -> tuple:
+        """(gate, up, down) biases of the experts on the device (gpt-oss), or Nones."""
+        return tuple(None if b is None else self._weight(b)
+                     for b in (experts.gate_bias, experts.up_bias, experts.down_bias))
+
+    def _router_logits(self, router: DeviceWeight, h: cp.ndarray, bias: cp.ndarray | None) -> cp.ndarray:
+        """h [n, n_embd] @ router.T (+ bias): an F32 router in float32 cuBLAS for a prompt chunk (the prompt matmuls'
         fp16 tiles could flip a near-tie choice against the decode step's), else as any matrix."""
         if h.shape[0] == 1 or router.qtype.name != "F32":
-            return self._matmul(router, h, None)
+            return self._matmul(router, h, bias)
         logits = self._empty((h.shape[0], router.n_rows))
         self._set_cublas_stream()
         with self.stream:
             cuda_prefill.matmul_f32(router.data.view(cp.float32).reshape(router.n_rows, -1), h, logits)
+        if bias is not None:
+            cuda_ops.add_bias(logits, bias, stream=self.stream)
         return logits
 
-    def _experts_grouped(self, x, h, gate, up, down, ids: cp.ndarray, weights: cp.ndarray) -> cp.ndarray:
+    def _experts_grouped(self, x, h, gate, up, down, ids: cp.ndarray, weights: cp.ndarray, gate_up_biases: tuple,
+                         down_bias: cp.ndarray | None) -> cp.ndarray:
         """The experts of a prompt chunk: its (token, slot) pairs sorted by expert on the device, the gate, up
         and glu of each pair in one grouped launch (fp16 out), its down in another, and the k rows of a token
-        weighted and added to x in a third."""
+        weighted and added to x in a third (biases: gpt-oss's, added in the grouped launches)."""
         n, k = weights.shape
         pairs = cuda_moe.sort_pairs(ids, gate.n_expert, stream=self.stream)
         act16 = self._empty((n * k, gate.n_rows), cp.float16)
         y = self._empty((n * k, down.n_rows))
-        cuda_moe.gate_up_glu_grouped(gate, up, self._f16(h), k, pairs, act16, self.cfg.activation,
+        cuda_moe.gate_up_glu_grouped(gate, up, self._f16(h), k, pairs, act16, self.cfg.activation, gate_up_biases,
                                      stream=self.stream)
-        cuda_moe.matmul_grouped(down, act16, 1, pairs, y, stream=self.stream)
+        cuda_moe.matmul_grouped(down, act16, 1, pairs, y, down_bias, stream=self.stream)
         out = self._empty(x.shape)
         cuda_moe.combine(x, y, weights, out, stream=self.stream)
         return out
@@ -561,6 +576,12 @@ class CUDABackend:
     def add(self, x: cp.ndarray, y: cp.ndarray) -> cp.ndarray:
         out = self._empty(x.shape)
         cuda_ops.add(x, y, out, stream=self.stream)
+        return out
+
+    def add_bias(self, x: cp.ndarray, bias: np.ndarray) -> cp.ndarray:
+        """x [n, d] + bias [d] on every row (gpt-oss's attention output bias, onto the residual)."""
+        out = self._empty(x.shape)
+        cuda_ops.add_bias(x, self._weight(bias), out, stream=self.stream)
         return out
 
     def logits(self, w: QuantMatrix, x: cp.ndarray) -> cp.ndarray:
@@ -715,6 +736,7 @@ def _host_tensors(w: ModelWeights, layers: range, host_experts: range = range(0)
             t = getattr(lw, name)
             if isinstance(t, ExpertFFN):
                 yield from (t.router,) if i in host_experts else (t.router, t.gate, t.up, t.down)
+                yield from (b for b in (t.router_bias, t.gate_bias, t.up_bias, t.down_bias) if b is not None)
                 if t.shared is not None:
                     yield from (t.shared.gate_inp, t.shared.down)
             elif isinstance(t, DeltaNetWeights):

@@ -51,14 +51,8 @@ class NoChatTemplateError(UserError, ValueError):
     pass
 
 
-# architectures the GPU backend cannot run yet: a file of one runs on the CPU
-CPU_ONLY_ARCHITECTURES = ("gpt-oss",)
-
-
 def gpu_gap(config: ModelConfig) -> str | None:
     """What of this model the GPU kernels do not take yet (None: they take all of it): it then runs on the CPU."""
-    if config.arch in CPU_ONLY_ARCHITECTURES:
-        return f"{config.arch} models"
     if config.head_dim not in ATTENTION_HEAD_DIMS:
         return f"attention heads of {config.head_dim} (only {', '.join(map(str, ATTENTION_HEAD_DIMS))})"
     if config.recurrent and any(config.recurrent):

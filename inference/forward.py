@@ -45,7 +45,7 @@ def layer(be, cfg: ModelConfig, lw: LayerWeights, i: int, x):
     else:
         a = attention(be, cfg, lw, i, h)
         if lw.attn_output_bias is not None:  # x + (W a + b), the bias added to the residual first (gpt-oss)
-            x = be.add(x, lw.attn_output_bias)
+            x = be.add_bias(x, lw.attn_output_bias)
         x = be.add_matmul(x, lw.attn_output, a, lw.post_attention_norm if cfg.sandwich_norm else None)
 
     if lw.experts is not None:

@@ -101,7 +101,7 @@ class HostExperts:
             hq, x_gpu = be._q8(h), be._empty(x.shape)
             act = be._empty((n_gpu, share[0].n_rows))
             _gpu_share(share, ids[:, k - n_gpu:], weights[:, k - n_gpu:], hq, act, be._empty_q8(act.size), x_gpu, x,
-                       cfg.activation, self.stream)
+                       cfg.activation, self.stream, be.expert_biases(experts))
 
         def run() -> None:  # on the host, once the copies are done
             n_cpu = k - n_gpu
@@ -221,8 +221,10 @@ class _HostExpertsIO:
 
 
 def _gpu_share(share, ids: cp.ndarray, weights: cp.ndarray, hq: Q8Vector, act: cp.ndarray, act_q: Q8Vector,
-               out: cp.ndarray, x: cp.ndarray, activation: str, stream: cp.cuda.Stream) -> None:
+               out: cp.ndarray, x: cp.ndarray, activation: str, stream: cp.cuda.Stream,
+               biases: tuple = (None, None, None)) -> None:
     """out = x + the experts ids [1, n] of a layer's in-place stacks (share: _read_in_place's) weighted by weights
-    [1, n], on hq (q8_1 of the layer's hidden row), launched on stream; act [n, n_ff] and act_q their buffers."""
-    cuda_moe.gate_up_glu(share[0], share[1], ids, hq, act, act_q, activation, stream=stream)
-    cuda_moe.down(share[2], ids, weights, act_q, out, x, stream=stream)
+    [1, n], on hq (q8_1 of the layer's hidden row), launched on stream; act [n, n_ff] and act_q their buffers;
+    biases: the (gate, up, down) biases of the experts on the device (gpt-oss), or Nones."""
+    cuda_moe.gate_up_glu(share[0], share[1], ids, hq, act, act_q, activation, biases[:2], stream=stream)
+    cuda_moe.down(share[2], ids, weights, act_q, out, x, biases[2], stream=stream)

@@ -3,12 +3,12 @@
 #include "ops_common.cuh"
 #include "q8_1.cuh"
 
-// out = act(gate) * up. out may be gate or up.
+// out = glu_value(gate, up, act) (ops_common.cuh). out may be gate or up.
 extern "C" __global__ void glu(const float* gate, const float* up, float* out, int n, int act) {
     wait_prior();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    out[i] = activation(gate[i], act) * up[i];
+    out[i] = glu_value(gate[i], up[i], act);
 }
 
 // glu, and its output quantized to q8_1 (xq [n], xds [n / 32]) for the down projection. n a multiple of 32.
@@ -17,7 +17,7 @@ extern "C" __global__ void glu_q8_1(const float* gate, const float* up, float* o
     wait_prior();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;  // whole warps leave together
-    float v = activation(gate[i], act) * up[i];
+    float v = glu_value(gate[i], up[i], act);
     out[i] = v;
     store_q8_1(v, i, xq, xds);
 }
@@ -29,11 +29,11 @@ extern "C" __global__ void add(const float* a, const float* b, float* out, int n
     if (i < n) out[i] = a[i] + b[i];
 }
 
-// x [n / d, d] += bias [d] on every row.
-extern "C" __global__ void add_bias(float* __restrict__ x, const float* __restrict__ bias, int n, int d) {
+// out [n / d, d] = x + bias [d] on every row; out may be x.
+extern "C" __global__ void add_bias(const float* x, const float* __restrict__ bias, float* out, int n, int d) {
     wait_prior();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] += bias[i % d];
+    if (i < n) out[i] = x[i] + bias[i % d];
 }
 
 // x = cap * tanh(x / cap) in place (gemma2-style final logit softcap).

@@ -192,30 +192,36 @@ MATVEC_F(matvec_bf16, BF16W)
 // layout (expert e's rows are e * n_rows ..), n_total rows in all. A pair p = (token p / k, its slot p % k)
 // runs expert ids[p].
 
-// out[z][p][row] = W_z[ids[p]] . x[p / k], z = 0 .. gridDim.z - 1 the stacks w0, w1 (gate and up, which read
-// the same x): grid (row blocks, pairs, stacks). x: q8_1 of [n_tok, n_cols]; out float32 [gridDim.z, pairs, n_rows].
+// out[z][p][row] = W_z[ids[p]] . x[p / k] (+ b_z[ids[p]][row]), z = 0 .. gridDim.z - 1 the stacks w0, w1 (gate
+// and up, which read the same x) and their biases b0, b1 (float32 [n_expert, n_rows], NULL: none; gpt-oss): grid
+// (row blocks, pairs, stacks). x: q8_1 of [n_tok, n_cols]; out float32 [gridDim.z, pairs, n_rows].
 template <class T>
-__device__ __forceinline__ void moe_matvec_q(const uint8_t* w0, const uint8_t* w1, const int* __restrict__ ids,
-                                             int k, const int8_t* __restrict__ xq, const float2* __restrict__ xds,
-                                             float* out, int n_rows, int n_total, int nb, int tpr) {
+__device__ __forceinline__ void moe_matvec_q(const uint8_t* w0, const uint8_t* w1, const float* b0, const float* b1,
+                                             const int* __restrict__ ids, int k, const int8_t* __restrict__ xq,
+                                             const float2* __restrict__ xds, float* out, int n_rows, int n_total,
+                                             int nb, int tpr) {
     int pair = blockIdx.y;
     size_t x0 = (size_t)(pair / k) * nb * T::QK;
     int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
     float acc = row < n_rows ? row_dot<T>(blockIdx.z ? w1 : w0, ids[pair] * n_rows + row, n_total, nb,
                                           threadIdx.x % tpr, tpr, xq + x0, xds + x0 / 32)
                              : 0.0f;
-    row_store(acc, row, n_rows, tpr, out + ((size_t)blockIdx.z * gridDim.y + pair) * n_rows, out, 0);
+    const float* bias = blockIdx.z ? b1 : b0;
+    float* o = out + ((size_t)blockIdx.z * gridDim.y + pair) * n_rows;
+    row_store(acc, row, n_rows, tpr, o, bias ? bias + (size_t)ids[pair] * n_rows : o, bias != nullptr);
 }
 
-// The same for gate and up at once, and glu: out[p][row] = act(Wg[ids[p]] . x) * (Wu[ids[p]] . x), also as q8_1
-// (oq, ods) for the down projection, in one launch. Block 256: 32 rows of 8 threads, so one warp can quantize
-// the block's 32 outputs; grid (n_rows / 32, pairs). n_rows a multiple of 32.
+// The same for gate and up at once, and glu: out[p][row] = glu_value(Wg[ids[p]] . x + bg, Wu[ids[p]] . x + bu, act)
+// (the biases bg, bu of the expert's row where gate_bias, up_bias are given), also as q8_1 (oq, ods) for the down
+// projection, in one launch. Block 256: 32 rows of 8 threads, so one warp can quantize the block's 32 outputs;
+// grid (n_rows / 32, pairs). n_rows a multiple of 32.
 template <class T>
-__device__ __forceinline__ void moe_gate_up_glu_q(const uint8_t* wg, const uint8_t* wu, const int* __restrict__ ids,
+__device__ __forceinline__ void moe_gate_up_glu_q(const uint8_t* wg, const uint8_t* wu, const float* gate_bias,
+                                                  const float* up_bias, const int* __restrict__ ids,
                                                   int k, const int8_t* __restrict__ xq, const float2* __restrict__ xds,
                                                   float* __restrict__ out, int8_t* __restrict__ oq,
                                                   float2* __restrict__ ods, int n_rows, int n_total, int nb, int act) {
-    __shared__ float v[32];
+    __shared__ float gs[32], us[32];
     int pair = blockIdx.y, r = threadIdx.x >> 3, t = threadIdx.x & 7;
     int row = ids[pair] * n_rows + blockIdx.x * 32 + r;
     size_t x0 = (size_t)(pair / k) * nb * T::QK;
@@ -234,12 +240,15 @@ __device__ __forceinline__ void moe_gate_up_glu_q(const uint8_t* wg, const uint8
         g += __shfl_xor_sync(0xffffffffu, g, o);
         u += __shfl_xor_sync(0xffffffffu, u, o);
     }
-    if (t == 0) v[r] = activation(g, act) * u;
+    if (t == 0) gs[r] = g, us[r] = u;
     __syncthreads();
-    if (threadIdx.x < 32) {
+    if (threadIdx.x < 32) {  // the biases and the glu here, where the loop's registers are free
+        size_t b = (size_t)ids[pair] * n_rows + blockIdx.x * 32 + threadIdx.x;  // [n_expert, n_rows]
+        float v = glu_value(gs[threadIdx.x] + (gate_bias ? gate_bias[b] : 0.0f),
+                            us[threadIdx.x] + (up_bias ? up_bias[b] : 0.0f), act);
         size_t i = (size_t)pair * n_rows + blockIdx.x * 32 + threadIdx.x;
-        out[i] = v[threadIdx.x];
-        store_q8_1(v[threadIdx.x], i, oq, ods);
+        out[i] = v;
+        store_q8_1(v, i, oq, ods);
     }
 }
 
@@ -258,12 +267,13 @@ __device__ __forceinline__ void prefetch_expert_rows(const uint8_t* w, const int
     else prefetch_l2(w + first * nb * bulk, (size_t)rows * nb * bulk);
 }
 
-// out[t][row] = res[t][row] + sum over j < k of weights[p] * W[ids[p]] . x[p], p = t * k + j: the chosen
-// experts' down projections, weighted, summed and added to the residual in one launch (out may be res).
+// out[t][row] = res[t][row] + sum over j < k of weights[p] * (W[ids[p]] . x[p] + bias[ids[p]][row]), p = t * k + j:
+// the chosen experts' down projections (bias float32 [n_expert, n_rows], NULL: none), weighted, summed and added
+// to the residual in one launch (out may be res).
 // grid (row blocks, tokens); a row's items of all k experts are shared out among its tpr threads.
 // x: q8_1 of [n_tok * k, n_cols].
 template <class T>
-__device__ __forceinline__ void moe_down_q(const uint8_t* w, const int* __restrict__ ids,
+__device__ __forceinline__ void moe_down_q(const uint8_t* w, const float* bias, const int* __restrict__ ids,
                                            const float* __restrict__ weights, int k, const int8_t* __restrict__ xq,
                                            const float2* __restrict__ xds, float* out, const float* res,
                                            int n_rows, int n_total, int nb, int tpr) {
@@ -279,6 +289,8 @@ __device__ __forceinline__ void moe_down_q(const uint8_t* w, const int* __restri
             acc += weights[p] * T::dot(w + b * T::BULK, w + (size_t)n_total * nb * T::BULK + b * T::META,
                                        item % T::ITEMS, xq + x0, xds + x0 / 32);
         }
+        if (bias && threadIdx.x % tpr == 0)  // once a row: row_store sums the row's threads
+            for (int j = 0; j < k; ++j) acc += weights[t * k + j] * bias[(size_t)ids[t * k + j] * n_rows + row];
     }
     row_store(acc, row, n_rows, tpr, out + (size_t)t * n_rows, res + (size_t)t * n_rows, 1);
 }
@@ -288,25 +300,28 @@ __device__ __forceinline__ void moe_down_q(const uint8_t* w, const int* __restri
 // Qwen3-30B-A3B's 192 blocks run in one wave on an H100; Q3_K spills at 128 and keeps 1).
 #define MOE_Q(SUFFIX, T, MIN_BLOCKS)                                                                          \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
-        moe_matvec_##SUFFIX(const uint8_t* w0, const uint8_t* w1, const int* ids, int k, const int8_t* xq,    \
-                            const float2* xds, float* out, int n_rows, int n_total, int nb, int tpr) {        \
+        moe_matvec_##SUFFIX(const uint8_t* w0, const uint8_t* w1, const float* b0, const float* b1,           \
+                            const int* ids, int k, const int8_t* xq, const float2* xds, float* out,           \
+                            int n_rows, int n_total, int nb, int tpr) {                                       \
         wait_prior();                                                                                         \
-        moe_matvec_q<T>(w0, w1, ids, k, xq, xds, out, n_rows, n_total, nb, tpr);                              \
+        moe_matvec_q<T>(w0, w1, b0, b1, ids, k, xq, xds, out, n_rows, n_total, nb, tpr);                      \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)                                             \
-        moe_gate_up_glu_##SUFFIX(const uint8_t* wg, const uint8_t* wu, const int* ids, int k,                 \
-                                 const int8_t* xq, const float2* xds, float* out, int8_t* oq, float2* ods,    \
-                                 int n_rows, int n_total, int nb, int act) {                                  \
+        moe_gate_up_glu_##SUFFIX(const uint8_t* wg, const uint8_t* wu, const float* gate_bias,                \
+                                 const float* up_bias, const int* ids, int k, const int8_t* xq,               \
+                                 const float2* xds, float* out, int8_t* oq, float2* ods, int n_rows,          \
+                                 int n_total, int nb, int act) {                                              \
         wait_prior();                                                                                         \
-        moe_gate_up_glu_q<T>(wg, wu, ids, k, xq, xds, out, oq, ods, n_rows, n_total, nb, act);                \
+        moe_gate_up_glu_q<T>(wg, wu, gate_bias, up_bias, ids, k, xq, xds, out, oq, ods, n_rows, n_total, nb,  \
+                             act);                                                                            \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
-        moe_down_##SUFFIX(const uint8_t* w, const int* ids, const float* weights, int k, const int8_t* xq,    \
-                          const float2* xds, float* out, const float* res, int n_rows, int n_total, int nb,   \
-                          int tpr, int prefetch) {                                                            \
+        moe_down_##SUFFIX(const uint8_t* w, const float* bias, const int* ids, const float* weights, int k,   \
+                          const int8_t* xq, const float2* xds, float* out, const float* res, int n_rows,      \
+                          int n_total, int nb, int tpr, int prefetch) {                                       \
         if (prefetch) prefetch_expert_rows(w, ids, k, n_rows, n_total, nb, tpr, T::BULK, T::META);            \
         wait_prior();                                                                                         \
-        moe_down_q<T>(w, ids, weights, k, xq, xds, out, res, n_rows, n_total, nb, tpr);                       \
+        moe_down_q<T>(w, bias, ids, weights, k, xq, xds, out, res, n_rows, n_total, nb, tpr);                 \
     }
 
 MOE_Q(q4_0, Q4_0, 2)

@@ -55,7 +55,8 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_exp
 
 // One token's FFN norm, router and routing in one launch: each block normalizes its own copy of x [n_embd]
 // (h = x / sqrt(mean(x^2) + eps) * norm, as norm_rope.cu's rms_norm_q8_1: x is 8 KB from L2) and dots h with
-// router row blockIdx.x (float32 [n_expert, n_embd]: every multiprocessor reads a share of it); block 0 also
+// router row blockIdx.x (float32 [n_expert, n_embd]: every multiprocessor reads a share of it), plus the router's
+// bias [n_expert] where it has one (gpt-oss; NULL: none); block 0 also
 // stores h and its q8_1 copy (hq4, hds) for the experts' matvecs; the block that finishes last routes the
 // logits (route_token) and sets *done back to 0 for the next launch. n_embd a multiple of 32, at most
 // ROUTER_CHUNKS * 4 * blockDim.x; x, norm, router rows, h 16-byte aligned.
@@ -63,7 +64,8 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_exp
 #define ROUTER_CHUNKS 4
 extern "C" __global__ void __launch_bounds__(1024)
     moe_norm_router_route(const float4* __restrict__ x, const float4* __restrict__ norm, float eps,
-                          const float* __restrict__ router, int n_embd, int n_expert, int k, float4* __restrict__ h,
+                          const float* __restrict__ router, const float* __restrict__ bias, int n_embd, int n_expert,
+                          int k, float4* __restrict__ h,
                           int* __restrict__ hq4, float2* __restrict__ hds, float* logits, int* __restrict__ ids,
                           float* __restrict__ weights, unsigned int* done) {
     if (threadIdx.x == 0) prefetch_l2(router + (size_t)blockIdx.x * n_embd, 4 * (size_t)n_embd);
@@ -98,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
     acc = block_sum_f(acc);
     if (threadIdx.x == 0) {
-        logits[blockIdx.x] = acc;
+        logits[blockIdx.x] = bias ? acc + bias[blockIdx.x] : acc;
         __threadfence();  // the logit is visible before this block counts itself done
         last = atomicAdd(done, 1u) == gridDim.x - 1;
     }

@@ -13,7 +13,7 @@ import numpy as np
 
 from kernels.cuda.layout import ELEMS_PER_ITEM
 from kernels.cuda.module import Kernel, kernel
-from kernels.cuda.ops import GLU_ACTIVATIONS
+from kernels.cuda.ops import GLU_ACTIVATIONS, NULL
 from kernels.cuda.quant import (FLOAT_TYPES, THREADS, DeviceWeight, Q8Vector, default_threads_per_row, matrix_shape,
                                 to_device)
 from models.ggml_types import GGMLType, UnsupportedTypeError
@@ -90,11 +90,23 @@ def route(logits: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, stream=None)
 ROUTER_CHUNKS = 4  # moe.cu: float4 chunks of x a thread of moe_norm_router_route
 
 
+def _check_bias(name: str, bias: cp.ndarray | None, shape: tuple) -> None:
+    """An optional bias (gpt-oss's experts and router): None, or contiguous float32 of the shape."""
+    if bias is not None and (not isinstance(bias, cp.ndarray) or bias.dtype != cp.float32 or bias.shape != shape
+                             or not bias.flags.c_contiguous):
+        raise ValueError(f"{name} must be None or a contiguous float32 CuPy array of shape {shape}")
+
+
+def _ptr(bias: cp.ndarray | None):
+    return NULL if bias is None else bias
+
+
 def norm_router_route(x: cp.ndarray, norm: cp.ndarray, eps: float, router: DeviceWeight, h: cp.ndarray, hq: Q8Vector,
-                      logits: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, done: cp.ndarray, stream=None) -> None:
+                      logits: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, done: cp.ndarray,
+                      bias: cp.ndarray | None = None, stream=None) -> None:
     """One token's FFN norm and router in one launch: h = rms_norm(x [n_embd], norm, eps) (also as q8_1 into
-    hq), logits [n_expert] = router (F32 [n_expert, n_embd]) . h, then route's choice into ids [1, k] and weights
-    [1, k]. done: uint32 [1], zero, and zero again after."""
+    hq), logits [n_expert] = router (F32 [n_expert, n_embd]) . h (+ bias [n_expert]), then route's choice into
+    ids [1, k] and weights [1, k]. done: uint32 [1], zero, and zero again after."""
     n_expert, n_embd, k = router.n_rows, router.n_cols, ids.shape[1]
     threads = -(-n_embd // (4 * ROUTER_CHUNKS * 32)) * 32
     if router.qtype.name != "F32" or n_embd % 32 or threads > 1024:
@@ -107,8 +119,9 @@ def norm_router_route(x: cp.ndarray, norm: cp.ndarray, eps: float, router: Devic
         raise ValueError(f"norm_router_route: logits [{n_expert}], hq of {n_embd} values")
     if not 0 < k <= min(n_expert, MAX_USED) or ids.shape != (1, k) or weights.shape != (1, k):
         raise ValueError(f"norm_router_route: ids and weights must be [1, k], 0 < k <= {min(n_expert, MAX_USED)}")
-    args = (x, norm, np.float32(eps), router.data, np.int32(n_embd), np.int32(n_expert), np.int32(k), h, hq.qs,
-            hq.ds, logits, ids, weights, done)
+    _check_bias("norm_router_route: bias", bias, (n_expert,))
+    args = (x, norm, np.float32(eps), router.data, _ptr(bias), np.int32(n_embd), np.int32(n_expert), np.int32(k), h,
+            hq.qs, hq.ds, logits, ids, weights, done)
     with stream or cp.cuda.get_current_stream():
         kernel("moe.cu", "moe_norm_router_route")((n_expert,), (threads,), args, shared_mem=4 * n_expert)
 
@@ -119,34 +132,48 @@ def _grid_args(w: DeviceExperts, n_items: int, n_matrices: int) -> tuple[int, in
     return (w.n_rows + THREADS // tpr - 1) // (THREADS // tpr), tpr
 
 
-def gate_up(ws: tuple[DeviceExperts, ...], ids: cp.ndarray, xq: Q8Vector, out: cp.ndarray, stream=None) -> None:
-    """out[z, p] = ws[z][ids[p]] . x[p // k] for one or two stacks of one type and shape (gate and up).
+def gate_up(ws: tuple[DeviceExperts, ...], ids: cp.ndarray, xq: Q8Vector, out: cp.ndarray, biases: tuple | None = None,
+            stream=None) -> None:
+    """out[z, p] = ws[z][ids[p]] . x[p // k] (+ biases[z][ids[p]]) for one or two stacks of one type and shape (gate
+    and up).
 
-    ids int32 [n_tok, k]; xq: q8_1 of x [n_tok, n_cols]; out float32 [len(ws), n_tok * k, n_rows]."""
+    ids int32 [n_tok, k]; xq: q8_1 of x [n_tok, n_cols]; out float32 [len(ws), n_tok * k, n_rows]; biases: one a
+    stack, each None or float32 [n_expert, n_rows] (gpt-oss)."""
     w = ws[0]
     n_tok, k = ids.shape
-    if len(ws) not in (1, 2) or any((v.qtype, v.n_rows, v.n_cols) != (w.qtype, w.n_rows, w.n_cols) for v in ws):
-        raise ValueError("gate_up: one or two expert stacks of one type and shape")
+    biases = biases or (None,) * len(ws)
+    if len(ws) not in (1, 2) or any((v.qtype, v.n_rows, v.n_cols) != (w.qtype, w.n_rows, w.n_cols) for v in ws) \
+            or len(biases) != len(ws):
+        raise ValueError("gate_up: one or two expert stacks of one type and shape, a bias (or None) each")
     if xq.qs.size != n_tok * w.n_cols or out.shape != (len(ws), n_tok * k, w.n_rows) or out.dtype != cp.float32:
         raise ValueError(f"gate_up: xq of {n_tok} x {w.n_cols}, out float32 [{len(ws)}, {n_tok * k}, {w.n_rows}]")
+    for b in biases:
+        _check_bias("gate_up: a bias", b, (w.n_expert, w.n_rows))
     blocks, tpr = _grid_args(w, w.n_cols // ELEMS_PER_ITEM[w.qtype.name], len(ws) * n_tok * k)
-    args = (w.weight.data, ws[-1].weight.data, ids, np.int32(k), xq.qs, xq.ds, out, np.int32(w.n_rows),
+    args = (w.weight.data, ws[-1].weight.data, _ptr(biases[0]), _ptr(biases[-1]), ids, np.int32(k), xq.qs, xq.ds, out,
+            np.int32(w.n_rows),
             np.int32(w.weight.n_rows), np.int32(w.n_cols // w.qtype.block_elems), np.int32(tpr))
     with stream or cp.cuda.get_current_stream():
         kernel("matvec.cu", "moe_matvec_" + w.kernels)((blocks, n_tok * k, len(ws)), (THREADS,), args)
 
 
 def gate_up_glu(gate: DeviceExperts, up: DeviceExperts, ids: cp.ndarray, xq: Q8Vector, out: cp.ndarray,
-                out_q: Q8Vector, activation: str, stream=None) -> None:
-    """out[p] = activation(gate[ids[p]] . x[p // k]) * (up[ids[p]] . x[p // k]), and out quantized into out_q, in one
-    launch: the gate, up and glu of the chosen experts. Stacks of one type and shape, n_rows a multiple of 32.
-    ids int32 [n_tok, k]; xq: q8_1 of x [n_tok, n_cols]; out float32 [n_tok * k, n_rows]."""
+                out_q: Q8Vector, activation: str, biases: tuple | None = None, stream=None) -> None:
+    """out[p] = activation(gate[ids[p]] . x[p // k]) * (up[ids[p]] . x[p // k]) (ops.glu's activations), and out
+    quantized into out_q, in one launch: the gate, up and glu of the chosen experts. Stacks of one type and shape,
+    n_rows a multiple of 32. ids int32 [n_tok, k]; xq: q8_1 of x [n_tok, n_cols]; out float32 [n_tok * k, n_rows].
+    biases (gate_bias, up_bias), each None or float32 [n_expert, n_rows]: added to the expert's gate and up rows
+    before the glu (gpt-oss)."""
     n_tok, k = ids.shape
     if (gate.qtype, gate.n_rows, gate.n_cols) != (up.qtype, up.n_rows, up.n_cols) or gate.n_rows % 32:
         raise ValueError("gate_up_glu: gate and up stacks of one type and shape, rows a multiple of 32")
     if xq.qs.size != n_tok * gate.n_cols or out.shape != (n_tok * k, gate.n_rows) or out_q.qs.size != out.size:
         raise ValueError(f"gate_up_glu: xq of {n_tok} x {gate.n_cols}, out and out_q of {n_tok * k} x {gate.n_rows}")
-    args = (gate.weight.data, up.weight.data, ids, np.int32(k), xq.qs, xq.ds, out, out_q.qs, out_q.ds,
+    gate_bias, up_bias = biases or (None, None)
+    for b in (gate_bias, up_bias):
+        _check_bias("gate_up_glu: a bias", b, (gate.n_expert, gate.n_rows))
+    args = (gate.weight.data, up.weight.data, _ptr(gate_bias), _ptr(up_bias), ids, np.int32(k), xq.qs, xq.ds, out,
+            out_q.qs, out_q.ds,
             np.int32(gate.n_rows), np.int32(gate.weight.n_rows), np.int32(gate.n_cols // gate.qtype.block_elems),
             np.int32(GLU_ACTIVATIONS[activation]))
     with stream or cp.cuda.get_current_stream():
@@ -154,8 +181,9 @@ def gate_up_glu(gate: DeviceExperts, up: DeviceExperts, ids: cp.ndarray, xq: Q8V
 
 
 def down(w: DeviceExperts, ids: cp.ndarray, weights: cp.ndarray, xq: Q8Vector, out: cp.ndarray,
-         residual: cp.ndarray, stream=None) -> None:
-    """out[t] = residual[t] + sum over slots j of weights[t, j] * w[ids[t, j]] . x[t * k + j] (out may be residual).
+         residual: cp.ndarray, bias: cp.ndarray | None = None, stream=None) -> None:
+    """out[t] = residual[t] + sum over slots j of weights[t, j] * (w[ids[t, j]] . x[t * k + j] + bias[ids[t, j]])
+    (out may be residual; bias None or float32 [n_expert, n_rows]: gpt-oss).
 
     ids int32 and weights float32 [n_tok, k]; xq: q8_1 of x [n_tok * k, n_cols]; out, residual float32
     [n_tok, n_rows]."""
@@ -165,8 +193,9 @@ def down(w: DeviceExperts, ids: cp.ndarray, weights: cp.ndarray, xq: Q8Vector, o
     for name, a in (("out", out), ("residual", residual)):
         if a.dtype != cp.float32 or a.shape != (n_tok, w.n_rows) or not a.flags.c_contiguous:
             raise ValueError(f"down: {name} must be contiguous float32 ({n_tok}, {w.n_rows}), got {a.dtype} {a.shape}")
+    _check_bias("down: bias", bias, (w.n_expert, w.n_rows))
     blocks, tpr = _grid_args(w, k * w.n_cols // ELEMS_PER_ITEM[w.qtype.name], n_tok)
-    args = (w.weight.data, ids, weights, np.int32(k), xq.qs, xq.ds, out, residual, np.int32(w.n_rows),
+    args = (w.weight.data, _ptr(bias), ids, weights, np.int32(k), xq.qs, xq.ds, out, residual, np.int32(w.n_rows),
             np.int32(w.weight.n_rows), np.int32(w.n_cols // w.qtype.block_elems), np.int32(tpr),
             np.int32(not w.in_host))  # rows in host memory are not asked of L2 ahead
     with stream or cp.cuda.get_current_stream():
@@ -232,13 +261,17 @@ def _grouped_grid(w: DeviceExperts, pairs: SortedPairs) -> tuple[int, int]:
 
 
 def gate_up_glu_grouped(gate: DeviceExperts, up: DeviceExperts, x16: cp.ndarray, k: int, pairs: SortedPairs,
-                        out16: cp.ndarray, activation: str, stream=None) -> None:
+                        out16: cp.ndarray, activation: str, biases: tuple | None = None, stream=None) -> None:
     """out16[p] = activation(gate[e] . x16[p // k]) * (up[e] . x16[p // k]) for every pair p (expert e), float16
-    [n_pairs, n_rows]: the prompt's gate, up and glu in one launch over the sorted pairs (tensor cores)."""
+    [n_pairs, n_rows]: the prompt's gate, up and glu in one launch over the sorted pairs (tensor cores). biases as
+    gate_up_glu's."""
     if (gate.qtype, gate.n_rows, gate.n_cols) != (up.qtype, up.n_rows, up.n_cols):
         raise ValueError("gate_up_glu_grouped: gate and up stacks of one type and shape")
     _check_grouped("gate_up_glu_grouped", gate, x16, pairs.order.size, out16, cp.float16)
-    args = (gate.weight.data, up.weight.data, np.int32(gate.n_rows), np.int32(gate.weight.n_rows),
+    gate_bias, up_bias = biases or (None, None)
+    for b in (gate_bias, up_bias):
+        _check_bias("gate_up_glu_grouped: a bias", b, (gate.n_expert, gate.n_rows))
+    args = (gate.weight.data, up.weight.data, _ptr(gate_bias), _ptr(up_bias), np.int32(gate.n_rows), np.int32(gate.weight.n_rows),
             np.int32(gate.n_cols // gate.qtype.block_elems), x16, np.int32(k), pairs.order, pairs.tiles,
             pairs.n_tiles, out16, np.int32(GLU_ACTIVATIONS[activation]))
     launch, smem = _mm_kernel("moe_mm_glu_" + gate.qtype.name.lower(), 2)
@@ -247,11 +280,13 @@ def gate_up_glu_grouped(gate: DeviceExperts, up: DeviceExperts, x16: cp.ndarray,
 
 
 def matmul_grouped(w: DeviceExperts, x16: cp.ndarray, x_div: int, pairs: SortedPairs, out: cp.ndarray,
-                   stream=None) -> None:
-    """out[p] = w[e] . x16[p // x_div] for every pair p (expert e), float32 [n_pairs, n_rows] (tensor cores).
-    x_div: k when x16 holds the tokens' rows, 1 when it holds the pairs' own (the down projection)."""
+                   bias: cp.ndarray | None = None, stream=None) -> None:
+    """out[p] = w[e] . x16[p // x_div] (+ bias[e]) for every pair p (expert e), float32 [n_pairs, n_rows] (tensor
+    cores). x_div: k when x16 holds the tokens' rows, 1 when it holds the pairs' own (the down projection); bias
+    None or float32 [n_expert, n_rows] (gpt-oss)."""
     _check_grouped("matmul_grouped", w, x16, pairs.order.size, out, cp.float32)
-    args = (w.weight.data, np.int32(w.n_rows), np.int32(w.weight.n_rows), np.int32(w.n_cols // w.qtype.block_elems),
+    _check_bias("matmul_grouped: bias", bias, (w.n_expert, w.n_rows))
+    args = (w.weight.data, _ptr(bias), np.int32(w.n_rows), np.int32(w.weight.n_rows), np.int32(w.n_cols // w.qtype.block_elems),
             x16, np.int32(x_div), pairs.order, pairs.tiles, pairs.n_tiles, out)
     launch, smem = _mm_kernel("moe_mm_" + w.qtype.name.lower(), 1)
     with stream or cp.cuda.get_current_stream():

@@ -109,11 +109,13 @@ __device__ __forceinline__ void load_weight_tile(const uint8_t* __restrict__ w, 
 
 // Dynamic shared memory a block: moe_mm_smem_bytes(NW) (over 48 KB: the launcher raises the kernel's limit).
 // One block: the pairs of tile blockIdx.y (<= BM, one expert e) times rows blockIdx.x * BN .. of e's matrix.
-// NW = 1: out float32 [n_pairs, n_rows] = x[src] . W_e rows. NW = 2 (gate and up): out16 float16
-// [n_pairs, n_rows] = activation(x . gate_e) * (x . up_e). x float16 [*, n_cols]; the x row of sorted pair i
-// is order[i] / x_div (x_div k: the token's hidden state; 1: the pair's own row). Rows are written at the pair.
+// NW = 1: out float32 [n_pairs, n_rows] = x[src] . W_e rows + b0[e]. NW = 2 (gate and up): out16 float16
+// [n_pairs, n_rows] = glu_value(x . gate_e + b0[e], x . up_e + b1[e], act). b0, b1: w0's and w1's biases, float32
+// [n_expert, n_rows] (NULL: none; gpt-oss). x float16 [*, n_cols]; the x row of sorted pair i is order[i] / x_div
+// (x_div k: the token's hidden state; 1: the pair's own row). Rows are written at the pair.
 template <class T, int NW>
 __device__ __forceinline__ void moe_mm(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
+                                       const float* __restrict__ b0, const float* __restrict__ b1,
                                        int n_rows, int n_all, int nb, const __half* __restrict__ x, int x_div,
                                        const int* __restrict__ order, const int4* __restrict__ tiles,
                                        const int* __restrict__ n_tiles, float* __restrict__ out,
@@ -186,13 +188,15 @@ __device__ __forceinline__ void moe_mm(const uint8_t* __restrict__ w0, const uin
                 int row = r0 + wn + 8 * ni + 2 * t;
                 if (row >= n_rows) continue;  // n_rows is even: row + 1 is in range with row
                 float v0 = acc[0][mi][ni][2 * half8], v1 = acc[0][mi][ni][2 * half8 + 1];
-                size_t at = (size_t)p * n_rows + row;
+                size_t at = (size_t)p * n_rows + row, b = (size_t)e * n_rows + row;
+                if (b0) v0 += b0[b], v1 += b0[b + 1];
                 if (NW == 1) {
                     *reinterpret_cast<float2*>(out + at) = make_float2(v0, v1);
                 } else {
                     float u0 = acc[NW - 1][mi][ni][2 * half8], u1 = acc[NW - 1][mi][ni][2 * half8 + 1];
-                    *reinterpret_cast<__half2*>(out16 + at) =
-                        __floats2half2_rn(activation(v0, act) * u0, activation(v1, act) * u1);
+                    if (b1) u0 += b1[b], u1 += b1[b + 1];
+                    *reinterpret_cast<__half2*>(out16 + at) = __floats2half2_rn(glu_value(v0, u0, act),
+                                                                                glu_value(v1, u1, act));
                 }
             }
         }
@@ -200,17 +204,18 @@ __device__ __forceinline__ void moe_mm(const uint8_t* __restrict__ w0, const uin
 
 #define MOE_MM(SUFFIX, T)                                                                                       \
     extern "C" __global__ void __launch_bounds__(MM_THREADS, MM_MIN_BLOCKS)                                     \
-        moe_mm_##SUFFIX(const uint8_t* w, int n_rows, int n_all, int nb, const __half* x, int x_div,            \
-                        const int* order, const int4* tiles, const int* n_tiles, float* out) {                  \
+        moe_mm_##SUFFIX(const uint8_t* w, const float* bias, int n_rows, int n_all, int nb, const __half* x,    \
+                        int x_div, const int* order, const int4* tiles, const int* n_tiles, float* out) {       \
         wait_prior();                                                                                           \
-        moe_mm<T, 1>(w, w, n_rows, n_all, nb, x, x_div, order, tiles, n_tiles, out, nullptr, 0);               \
+        moe_mm<T, 1>(w, w, bias, nullptr, n_rows, n_all, nb, x, x_div, order, tiles, n_tiles, out, nullptr, 0); \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(MM_THREADS, MM_MIN_BLOCKS)                                     \
-        moe_mm_glu_##SUFFIX(const uint8_t* gate, const uint8_t* up, int n_rows, int n_all, int nb,              \
-                            const __half* x, int x_div, const int* order, const int4* tiles,                    \
-                            const int* n_tiles, __half* out16, int act) {                                       \
+        moe_mm_glu_##SUFFIX(const uint8_t* gate, const uint8_t* up, const float* gate_bias,                     \
+                            const float* up_bias, int n_rows, int n_all, int nb, const __half* x, int x_div,    \
+                            const int* order, const int4* tiles, const int* n_tiles, __half* out16, int act) {  \
         wait_prior();                                                                                           \
-        moe_mm<T, 2>(gate, up, n_rows, n_all, nb, x, x_div, order, tiles, n_tiles, nullptr, out16, act);        \
+        moe_mm<T, 2>(gate, up, gate_bias, up_bias, n_rows, n_all, nb, x, x_div, order, tiles, n_tiles, nullptr, \
+                     out16, act);                                                                               \
     }
 
 MOE_MM(q4_0, Q4_0)

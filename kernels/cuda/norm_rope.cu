@@ -102,7 +102,8 @@ extern "C" __global__ void rope(float* __restrict__ q, float* __restrict__ k, co
 
 // The q/k head norms (qwen3, gemma3), rope and kv_write in one launch (three graph nodes less a layer): with
 // head_norm, each head of q and k is first normalized as rms_norm does per head (x / sqrt(mean(x^2) + eps) * w,
-// w = q_norm or k_norm [head_dim]); then q, k rotated in place as rope() does, and the rotated k and v
+// w = q_norm or k_norm [head_dim]); then q, k rotated in place as rope() does, with cos and sin times mscale (YaRN's
+// attention factor, gpt-oss; 1 elsewhere: the rotation of rope() exactly), and the rotated k and v
 // [n_tok, n_head_kv, head_dim] stored as fp16 at positions pos[0] + t of the caches (dropped past max_ctx).
 // Thread i < head_dim / 2 takes pair i when i < n_pairs, else the unrotated dims 2i and 2i+1 (normalized
 // and copied). head_norm needs head_dim a multiple of 64 (block_sum_f's whole warps).
@@ -112,7 +113,7 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
                                          __half* __restrict__ k_cache, __half* __restrict__ v_cache,
                                          const double* __restrict__ inv_freq, const int* __restrict__ pos,
                                          int n_head, int n_head_kv, int head_dim, int n_pairs, int neox,
-                                         int max_ctx, const float* __restrict__ q_norm,
+                                         float mscale, int max_ctx, const float* __restrict__ q_norm,
                                          const float* __restrict__ k_norm, int head_norm, float eps, int heads) {
     wait_prior();
     int i = threadIdx.x, t = blockIdx.x, p = pos[0] + t;
@@ -121,8 +122,8 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
     if (rotated) {
         double s, c;
         sincos((double)p * inv_freq[i], &s, &c);
-        sf = (float)s;
-        cf = (float)c;
+        sf = (float)s * mscale;  // as the CPU's float32 cos and sin times mscale
+        cf = (float)c * mscale;
     }
     int a = rotated && neox ? i : 2 * i, b = rotated && neox ? i + n_pairs : 2 * i + 1;
     int h_end = min(n_head + n_head_kv, (int)(blockIdx.y + 1) * heads);

@@ -178,11 +178,11 @@ def kv_write(k: cp.ndarray, v: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndar
 
 def rope_kv_write(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, inv_freq: cp.ndarray, pos: cp.ndarray, neox: bool,
                   k_cache: cp.ndarray, v_cache: cp.ndarray, head_norms: tuple | None = None, eps: float = 0.0,
-                  stream=None) -> None:
+                  mscale: float = 1.0, stream=None) -> None:
     """rope(q, k, ...) then kv_write(k, v, ...) in one launch (one graph node less a layer), same results.
     head_norms (q_norm, k_norm), float32 [head_dim] each: q and k normalized per head first, as rms_norm(q,
     q_norm, eps) and rms_norm(k, k_norm, eps) would (in the same launch: two nodes less); head_dim a multiple
-    of HEAD_NORM_MULTIPLE."""
+    of HEAD_NORM_MULTIPLE. mscale: the rotated pairs' cos and sin (float32) times it (YaRN's attention factor)."""
     n_head_kv, max_ctx, head_dim = _check_cache(k_cache, v_cache)
     n_tok, n_head = (q.shape[0], q.shape[1]) if isinstance(q, cp.ndarray) and q.ndim == 3 else (-1, -1)
     _check("q", q, cp.float32, (n_tok, n_head, head_dim))
@@ -204,7 +204,7 @@ def rope_kv_write(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, inv_freq: cp.ndar
     grid = (n_tok, math.ceil((n_head + n_head_kv) / heads))
     q_norm, k_norm = head_norms or (inv_freq, inv_freq)  # not read without head_norm
     args = (q, k, v, k_cache, v_cache, inv_freq, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(head_dim),
-            np.int32(n_pairs), np.int32(bool(neox)), np.int32(max_ctx), q_norm, k_norm,
+            np.int32(n_pairs), np.int32(bool(neox)), np.float32(mscale), np.int32(max_ctx), q_norm, k_norm,
             np.int32(head_norms is not None), np.float32(eps), np.int32(heads))
     with _stream(stream):
         kernel("norm_rope.cu", "rope_kv_write")(grid, (head_dim // 2,), args)
@@ -331,12 +331,13 @@ def _check_same(names: str, *arrays) -> int:
     return first.size
 
 
-GLU_ACTIVATIONS = {"silu": 0, "gelu": 1}  # gelu: the tanh approximation
+GLU_ACTIVATIONS = {"silu": 0, "gelu": 1, "swiglu_oai": 2}  # ops_common.cuh glu_value (gelu: the tanh approximation)
 
 
 def glu(gate: cp.ndarray, up: cp.ndarray, out: cp.ndarray, activation: str, xq: Q8Vector | None = None,
         stream=None) -> None:
-    """out = activation(gate) * up, elementwise (same shapes); out may be gate or up.
+    """out = activation(gate) * up, elementwise (same shapes; swiglu_oai: gpt-oss's, as kernels/cpu/ops.glu); out
+    may be gate or up.
     xq given: out also quantized to q8_1 into xq (for the down projection), in the same launch."""
     if activation not in GLU_ACTIVATIONS:
         raise ValueError(f"glu: activation must be one of {list(GLU_ACTIVATIONS)}, got {activation!r}")
@@ -378,15 +379,17 @@ def add(a: cp.ndarray, b: cp.ndarray, out: cp.ndarray, stream=None) -> None:
         kernel("elementwise.cu", "add")(_blocks(n), (256,), (a, b, out, np.int32(n)))
 
 
-def add_bias(x: cp.ndarray, bias: cp.ndarray, stream=None) -> None:
-    """x [..., d] += bias [d] on every row, in place."""
+def add_bias(x: cp.ndarray, bias: cp.ndarray, out: cp.ndarray | None = None, stream=None) -> None:
+    """out [..., d] = x + bias [d] on every row; out (default x: in place) may be x."""
     d = bias.shape[0] if isinstance(bias, cp.ndarray) and bias.ndim == 1 else -1
     _check("bias", bias, cp.float32, (d,))
     if not isinstance(x, cp.ndarray) or x.ndim < 1 or x.shape[-1] != d:
         raise ValueError(f"add_bias: x must end in the bias length {d}")
     _check("x", x, cp.float32, x.shape)
+    out = x if out is None else out
+    _check("out", out, cp.float32, x.shape)
     with _stream(stream):
-        kernel("elementwise.cu", "add_bias")(_blocks(x.size), (256,), (x, bias, np.int32(x.size), np.int32(d)))
+        kernel("elementwise.cu", "add_bias")(_blocks(x.size), (256,), (x, bias, out, np.int32(x.size), np.int32(d)))
 
 
 def softcap(x: cp.ndarray, cap: float, stream=None) -> None:

@@ -64,10 +64,15 @@ __device__ __forceinline__ float4 scaled4(float4 x, float inv, float4 w) {
     return make_float4(x.x * inv * w.x, x.y * inv * w.y, x.z * inv * w.z, x.w * inv * w.w);
 }
 
-// The gate's activation in a gated FFN. act 0: silu, 1: gelu with the tanh approximation (gemma).
-__device__ __forceinline__ float activation(float g, int act) {
-    if (act == 0) return g / (1.0f + expf(-g));
-    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+// A gated FFN's output from its gate g and up u (ops.py GLU_ACTIVATIONS). act 0: silu(g) * u; 1: gelu(g) * u with
+// the tanh approximation (gemma); 2: swiglu_oai (gpt-oss, ggml's with the alpha 1.702 and limit 7 llama.cpp passes):
+// g clamped above at the limit, u to +-limit, g * sigmoid(alpha g) * (u + 1).
+__device__ __forceinline__ float glu_value(float g, float u, int act) {
+    if (act == 0) return g / (1.0f + expf(-g)) * u;
+    if (act == 1) return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
+    g = fminf(g, 7.0f);
+    u = fminf(fmaxf(u, -7.0f), 7.0f);
+    return g / (1.0f + expf(-1.702f * g)) * (u + 1.0f);
 }
 
 #define NEG_INF __int_as_float(0xff800000)

@@ -20,7 +20,8 @@ CTX = 512
 # its random 16 layers amplify the q8_1 rounding of activations (which the GPU matvecs do, as llama.cpp's do)
 # until a row's logits flip sign; the CPU engine does the same once its activations are rounded alike. And its
 # logits, as those of tests/synth_gguf.py's files, barely depend on the input: a comparison of them is blind.
-PARITY_MODELS = ["smollm2", "gemma3", "synth_llama_k", "synth_gemma3", "synth_qwen2", "synth_qwen3moe", "synth_qwen35"]
+PARITY_MODELS = ["smollm2", "gemma3", "synth_llama_k", "synth_gemma3", "synth_qwen2", "synth_qwen3moe", "synth_qwen35",
+                 "synth_gpt_oss"]
 MODELS = PARITY_MODELS + ["synth_1b", "synth_qwen35moe"]
 
 
@@ -36,17 +37,18 @@ def engines(request):
 @pytest.mark.parametrize("engines", PARITY_MODELS, indirect=True)
 def test_teacher_forced_logits_match_cpu(engines, request):
     cpu, gpu, _ = engines
-    for n in (1, 9, 70, 300):  # decode path, the few-token q8 matmul, the fp16 cuBLAS one, two prompt chunks
+    for n in (1, 9, 70, 300):  # decode path, the few-token q8 matmul, the fp16 cuBLAS one, past gpt-oss's window
         ids = teacher_prompt(request, cpu, n, seed=n)
         ours = gpu.logits(ids)
         assert ours.shape == (n, cpu.config.n_vocab) and ours.dtype == np.float32
         assert_close_logits(ours, reference_logits(cpu, ids), f"{cpu.path.name} logits of {n} tokens")
 
 
-@pytest.mark.parametrize("engines", ["synth_qwen3moe"], indirect=True)
+@pytest.mark.parametrize("engines", ["synth_qwen3moe", "synth_gpt_oss"], indirect=True)
 def test_both_expert_prompt_paths_match_cpu(engines, request, monkeypatch):
     """A prompt chunk's experts run grouped by expert (kernels/cuda/moe_mm.cu, tensor cores) or, below
-    GROUPED_MIN_TOKENS, per (token, slot) pair with the decode kernels: both against the CPU engine."""
+    GROUPED_MIN_TOKENS, per (token, slot) pair with the decode kernels: both against the CPU engine (gpt-oss: with
+    the experts' biases and its GLU)."""
     import inference.backend_cuda as backend_cuda
     cpu, gpu, _ = engines
     ids = teacher_prompt(request, cpu, 70, seed=5)
@@ -75,12 +77,13 @@ def test_decode_steps_match_cpu(engines, request):
     assert_close_logits(logits, ref, f"{cpu.path.name} decode steps")
 
 
-@pytest.mark.parametrize("engines", ["synth_qwen35", "synth_qwen35moe"], indirect=True)
+@pytest.mark.parametrize("engines", ["synth_qwen35", "synth_qwen35moe", "synth_gpt_oss"], indirect=True)
 def test_hybrid_layers_match_cpu(engines):
     """Each layer of the hybrids on the GPU (DeltaNet mixers with their states, gated attention, the shared expert)
     given the CPU's input gives the CPU's output (float32 reference), for a decode step, a few tokens and a chunk
     (the chunked delta rule): layer by layer, so that the 8-bit rounding of activations does not compound (on
-    qwen35moe it takes the logits below the bar, see conftest)."""
+    qwen35moe it takes the logits below the bar, see conftest). gpt-oss's layers too: sinks, biases, YaRN, its
+    biased experts against backend_cpu.moe_experts (a decode step's fused kernels, per pair, grouped)."""
     from inference.forward import embed, layer
     from tests.inference.gpu_compare import float_activations
     cpu, gpu, _ = engines
@@ -172,7 +175,7 @@ def test_an_edited_prompt_resumes_from_a_checkpoint_on_the_gpu(engines):
     assert m["corr_mean"] >= 0.999 and m["corr_min"] >= 0.99 and m["decided_mismatches"] == 0, m
 
 
-@pytest.mark.parametrize("engines", ["synth_llama_k", "synth_qwen35", "synth_qwen35moe"], indirect=True)
+@pytest.mark.parametrize("engines", ["synth_llama_k", "synth_qwen35", "synth_qwen35moe", "synth_gpt_oss"], indirect=True)
 def test_a_prompt_in_chunks_gives_the_logits_of_one_chunk(engines, monkeypatch):
     """The placement picks the GPU's prompt chunk (512 tokens, longer where VRAM is left): a prompt in chunks of
     128 (the KV cache, the DeltaNet states and the grouped experts carried across them) gives the teacher-forced
@@ -231,10 +234,11 @@ def test_matmuls_fuse_the_matrices_of_one_type(engines):
                     assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), (w.qtype.name, n)
 
 
-@pytest.mark.parametrize("model", ["synth_llama_k", "synth_gemma3", "synth_qwen3moe", "synth_qwen35"])
+@pytest.mark.parametrize("model", ["synth_llama_k", "synth_gemma3", "synth_qwen3moe", "synth_qwen35", "synth_gpt_oss"])
 def test_2000_tokens_neither_drift_nor_grow_memory(model, request):
-    """2000 sampled tokens through the captured graph: the last step's logits still equal an eager
-    recomputation of the whole sequence (CPU engine), and device memory stays what it was at token 100."""
+    """2000 sampled tokens through the captured graph (gpt-oss: far past its 128-token window): the last step's
+    logits still equal an eager recomputation of the whole sequence (CPU engine), and device memory stays what it
+    was at token 100."""
     import cupy as cp
 
     from inference import load

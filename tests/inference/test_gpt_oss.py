@@ -1,4 +1,4 @@
-"""gpt-oss on the CPU: config, info, the GPU refused, and teacher-forced logits against llama.cpp over prompts
+"""gpt-oss on the CPU: config, info, the GPU refusing its MXFP4 experts, and teacher-forced logits against llama.cpp over prompts
 shorter and longer than its 128-token window.
 
 The file is random (tests/inference/synthetic.py, OSS_*): 2 layers (layer 0 local, layer 1 global), biases
@@ -56,17 +56,6 @@ def test_info_lists_mxfp4(oss_file, capsys):
     assert main(["info", str(oss_file)]) == 0
     out = capsys.readouterr().out
     assert "gpt-oss" in out and "MXFP4" in out, out
-
-
-def test_the_gpu_engine_leaves_gpt_oss_to_the_cpu(oss_file, monkeypatch):
-    """Until the GPU kernels take sinks and MXFP4: --device cuda is refused in one line, auto runs on the CPU."""
-    from inference import engine
-    from inference.engine import DeviceError, load
-    monkeypatch.setattr(engine, "cuda_available", lambda: True)
-    with pytest.raises(DeviceError, match=r"^the GPU kernels do not take gpt-oss models yet: use --device cpu$"):
-        load(oss_file, device="cuda", ctx=64)
-    e = load(oss_file, device="auto", ctx=64)
-    assert e.device == "cpu" and "do not take gpt-oss models yet" in e.placement.summary()
 
 
 def test_logits_match_llama_cpp(engine, oss_file):

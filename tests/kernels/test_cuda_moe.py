@@ -65,39 +65,52 @@ def _ids(n_tok, n_expert, k, seed):
     return np.stack([rng.permutation(n_expert)[:k] for _ in range(n_tok)]).astype(np.int32)
 
 
+def _biases(n, n_expert, rows, seed):
+    """n expert biases float32 [n_expert, rows] as gpt-oss's (std 0.5, about the products' own spread here)."""
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((n_expert, rows)) * 0.5).astype(np.float32) for _ in range(n)]
+
+
 def _rel_err(out, ref):
     assert np.isfinite(out).all(), f"{np.isnan(out).sum()} outputs not written"
     return np.linalg.norm(out - ref) / np.linalg.norm(ref)
 
 
-@pytest.mark.parametrize("n_tok", [1, 5])
+@pytest.mark.parametrize("n_tok, biased", [(1, False), (5, False), (5, True)])
 @pytest.mark.parametrize("name", QUANT_TYPES)
-def test_gate_up_matches_reference(cuda, name, n_tok):
-    """Two stacks (gate, up) of 16 experts [768, 2048] (Qwen3-30B-A3B's expert shape), 4 chosen a token."""
+def test_gate_up_matches_reference(cuda, name, n_tok, biased):
+    """Two stacks (gate, up) of 16 experts [768, 2048] (Qwen3-30B-A3B's expert shape), 4 chosen a token; biased: the
+    up stack's chosen expert's bias added (gpt-oss), the gate's none."""
     cp, cq, moe = cuda
     n_expert, k, rows, cols = 16, 4, 768, 2048
     stacks = [_stack(name, n_expert, rows, cols, seed) for seed in (0, 100)]
     ws = tuple(moe.experts_to_device(raw, qtype) for raw, qtype in stacks)
+    biases = [None, _biases(1, n_expert, rows, 3)[0] if biased else None]
     ids = _ids(n_tok, n_expert, k, n_tok)
     x = np.random.default_rng(1).standard_normal((n_tok, cols)).astype(np.float32)
     xq, x_used = _q8(cp, cq, x)
     out = cp.full((2, n_tok * k, rows), cp.nan, cp.float32)
-    moe.gate_up(ws, cp.asarray(ids), xq, out)
+    moe.gate_up(ws, cp.asarray(ids), xq, out, tuple(None if b is None else cp.asarray(b) for b in biases))
     out = cp.asnumpy(out)
     for z, (raw, qtype) in enumerate(stacks):
         for p in range(n_tok * k):
             ref = _dense(raw, qtype, ids.flat[p]).astype(np.float64) @ x_used[p // k]
+            if biases[z] is not None:
+                ref += biases[z][ids.flat[p]]
             assert _rel_err(out[z, p], ref) < REL_TOL, (name, z, p)
 
 
-@pytest.mark.parametrize("n_tok", [1, 5])
+@pytest.mark.parametrize("n_tok, biased", [(1, False), (5, False), (1, True), (5, True)])
 @pytest.mark.parametrize("name", QUANT_TYPES)
-def test_down_weights_sums_and_adds_the_residual(cuda, name, n_tok):
-    """16 experts [2048, 768], 4 a token: out = residual + the weighted sum of the chosen experts' products."""
+def test_down_weights_sums_and_adds_the_residual(cuda, name, n_tok, biased):
+    """16 experts [2048, 768], 4 a token: out = residual + the weighted sum of the chosen experts' products (biased:
+    each plus its expert's bias, gpt-oss)."""
     cp, cq, moe = cuda
     n_expert, k, rows, cols = 16, 4, 2048, 768
     raw, qtype = _stack(name, n_expert, rows, cols, 7)
     w = moe.experts_to_device(raw, qtype)
+    bias = _biases(1, n_expert, rows, 4)[0] if biased else np.zeros((n_expert, rows), np.float32)
+    bias_dev = cp.asarray(bias) if biased else None
     ids = _ids(n_tok, n_expert, k, 10 + n_tok)
     rng = np.random.default_rng(2)
     weights = rng.dirichlet(np.ones(k), n_tok).astype(np.float32)
@@ -105,15 +118,16 @@ def test_down_weights_sums_and_adds_the_residual(cuda, name, n_tok):
     residual = rng.standard_normal((n_tok, rows)).astype(np.float32)
     xq, x_used = _q8(cp, cq, x)
     out = cp.full((n_tok, rows), cp.nan, cp.float32)
-    moe.down(w, cp.asarray(ids), cp.asarray(weights), xq, out, cp.asarray(residual))
+    moe.down(w, cp.asarray(ids), cp.asarray(weights), xq, out, cp.asarray(residual), bias_dev)
     ref = residual.astype(np.float64)
     for t in range(n_tok):
         for j in range(k):
-            ref[t] += weights[t, j] * (_dense(raw, qtype, ids[t, j]).astype(np.float64) @ x_used[t * k + j])
+            ref[t] += weights[t, j] * (_dense(raw, qtype, ids[t, j]).astype(np.float64) @ x_used[t * k + j]
+                                       + bias[ids[t, j]])
     assert _rel_err(cp.asnumpy(out) - residual, ref - residual) < REL_TOL
     # in place: out is the residual
     res = cp.asarray(residual)
-    moe.down(w, cp.asarray(ids), cp.asarray(weights), xq, res, res)
+    moe.down(w, cp.asarray(ids), cp.asarray(weights), xq, res, res, bias_dev)
     assert _rel_err(cp.asnumpy(res) - residual, ref - residual) < REL_TOL
 
 
@@ -167,13 +181,16 @@ def test_stacks_read_in_place_from_host_memory_match_vram(cuda, name):
     assert _rel_err(ffn(*host[:2], shifted)[1] - cp.asnumpy(residual), out_v - cp.asnumpy(residual)) > 0.1
 
 
-@pytest.mark.parametrize("n_expert, k, n_embd", [(128, 8, 2048), (60, 4, 4096), (8, 2, 1024)])
-def test_norm_router_route_is_the_norm_then_router_then_route(cuda, n_expert, k, n_embd):
-    """One launch: h = rms_norm(x, norm) (and its q8_1 copy), the F32 router's logits of h, then the choice of the
-    block that finishes last, twice in a row (the finished-blocks count goes back to zero)."""
+@pytest.mark.parametrize("n_expert, k, n_embd, biased", [(128, 8, 2048, False), (60, 4, 4096, False), (8, 2, 1024, False),
+                                                         (32, 4, 2880, True)])
+def test_norm_router_route_is_the_norm_then_router_then_route(cuda, n_expert, k, n_embd, biased):
+    """One launch: h = rms_norm(x, norm) (and its q8_1 copy), the F32 router's logits of h (biased: plus the router's
+    bias, gpt-oss-20b's shape), then the choice of the block that finishes last, twice in a row (the finished-blocks
+    count goes back to zero)."""
     cp, cq, moe = cuda
     rng = np.random.default_rng(n_expert)
     router = (rng.standard_normal((n_expert, n_embd)) / 20).astype(np.float32)
+    bias = (rng.standard_normal(n_expert) * 2).astype(np.float32) if biased else np.zeros(n_expert, np.float32)
     norm = rng.uniform(0.5, 1.5, n_embd).astype(np.float32)
     w = cq.to_device(router.view(np.uint8), TYPES_BY_NAME["F32"])
     done = cp.zeros(1, cp.uint32)
@@ -182,35 +199,42 @@ def test_norm_router_route_is_the_norm_then_router_then_route(cuda, n_expert, k,
         h, logits = cp.full(n_embd, cp.nan, cp.float32), cp.full(n_expert, cp.nan, cp.float32)
         hq = cq.Q8Vector(cp.zeros(n_embd, cp.int8), cp.full((n_embd // 32, 2), cp.nan, cp.float32))
         ids, weights = cp.full((1, k), -1, cp.int32), cp.full((1, k), cp.nan, cp.float32)
-        moe.norm_router_route(cp.asarray(x), cp.asarray(norm), 1e-6, w, h, hq, logits, ids, weights, done)
+        moe.norm_router_route(cp.asarray(x), cp.asarray(norm), 1e-6, w, h, hq, logits, ids, weights, done,
+                              cp.asarray(bias) if biased else None)
         ref_h = x.astype(np.float64) / np.sqrt((x.astype(np.float64) ** 2).mean() + 1e-6) * norm
         np.testing.assert_allclose(cp.asnumpy(h), ref_h, rtol=1e-5, atol=1e-6)
         qs, ds = cp.asnumpy(hq.qs).astype(np.float64), cp.asnumpy(hq.ds)
         np.testing.assert_allclose((qs.reshape(-1, 32) * ds[:, :1]).ravel(), ref_h, atol=np.abs(ref_h).max() / 100)
-        np.testing.assert_allclose(cp.asnumpy(logits), router.astype(np.float64) @ ref_h, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(cp.asnumpy(logits), router.astype(np.float64) @ ref_h + bias, rtol=1e-4, atol=1e-4)
         ref_ids, ref_weights = route(cp.asnumpy(logits)[None], k)  # the choice from the logits it computed
         np.testing.assert_array_equal(cp.asnumpy(ids), ref_ids)
         np.testing.assert_allclose(cp.asnumpy(weights), ref_weights, rtol=1e-5, atol=1e-7)
         assert int(done[0]) == 0
 
 
+# the GLUs of the expert kernels: each model's, gpt-oss's with its biases
+GLUS = [("silu", False), ("swiglu_oai", True)]
+
+
+@pytest.mark.parametrize("activation, biased", GLUS, ids=[a for a, _ in GLUS])
 @pytest.mark.parametrize("n_tok", [1, 3])
 @pytest.mark.parametrize("name", QUANT_TYPES)
-def test_gate_up_glu_matches_reference(cuda, name, n_tok):
-    """gate, up and silu(gate) * up of the chosen experts in one launch, and its q8_1 copy, against gate_up's
-    outputs (themselves checked against models/dequant.py above) and glu."""
+def test_gate_up_glu_matches_reference(cuda, name, n_tok, activation, biased):
+    """gate, up and the GLU of the chosen experts in one launch (biased: the experts' gate and up biases added first),
+    and its q8_1 copy, against gate_up's outputs (themselves checked against models/dequant.py above) and glu."""
     cp, cq, moe = cuda
     from kernels.cuda.ops import glu
     n_expert, k, rows, cols = 16, 4, 768, 2048
     ws = tuple(moe.experts_to_device(*_stack(name, n_expert, rows, cols, seed)) for seed in (0, 100))
+    biases = tuple(cp.asarray(b) for b in _biases(2, n_expert, rows, 5)) if biased else None
     ids = cp.asarray(_ids(n_tok, n_expert, k, n_tok))
     xq, _ = _q8(cp, cq, np.random.default_rng(1).standard_normal((n_tok, cols)).astype(np.float32))
     gate_up = cp.empty((2, n_tok * k, rows), cp.float32)
-    moe.gate_up(ws, ids, xq, gate_up)
+    moe.gate_up(ws, ids, xq, gate_up, biases)
     ref = cp.empty((n_tok * k, rows), cp.float32)
-    glu(gate_up[0], gate_up[1], ref, "silu")
+    glu(gate_up[0], gate_up[1], ref, activation)
     out, out_q = cp.full((n_tok * k, rows), cp.nan, cp.float32), cq.Q8Vector.empty(n_tok * k * rows)
-    moe.gate_up_glu(*ws, ids, xq, out, out_q, "silu")
+    moe.gate_up_glu(*ws, ids, xq, out, out_q, activation, biases)
     out, ref = cp.asnumpy(out), cp.asnumpy(ref)
     assert _rel_err(out, ref) < REL_TOL
     back = cp.asnumpy(out_q.qs).astype(np.float64).reshape(-1, 32) * cp.asnumpy(out_q.ds)[:, :1]
@@ -240,30 +264,37 @@ def test_sort_pairs_orders_pairs_by_expert_in_tiles(cuda, n_tok, n_expert, k):
     assert covered == list(range(flat.size))
 
 
+@pytest.mark.parametrize("activation, biased", GLUS, ids=[a for a, _ in GLUS])
 @pytest.mark.parametrize("name", QUANT_TYPES)
-def test_grouped_matmuls_match_reference(cuda, name):
+def test_grouped_matmuls_match_reference(cuda, name, activation, biased):
     """The prompt path's grouped kernels over skewed routing (one expert's pairs fill two tiles, one expert has
     none; 200 rows: a partial row block): each pair's gate, up and glu (fp16 out) and a down product
-    (fp32 out, the pairs' own rows) against models/dequant.py in float64. Planting a wrong row (e * n_rows + r0 + r + 1
-    in load_weight_tile) failed all 10 types (rel err 1.41, or NaN from rows past the stack; H100, 2026-11-25)."""
+    (fp32 out, the pairs' own rows) against models/dequant.py in float64 (biased: each product plus its expert's
+    bias, gpt-oss). Planting a wrong row (e * n_rows + r0 + r + 1 in load_weight_tile) failed all 10 types (rel err
+    1.41, or NaN from rows past the stack; H100, 2026-11-25)."""
     cp, cq, moe = cuda
     from kernels.cpu.ops import glu
     n_tok, n_expert, k, rows, cols = 40, 6, 3, 200, 768
     (g_raw, qtype), (u_raw, _) = (_stack(name, n_expert, rows, cols, seed) for seed in (0, 100))
     gate, up = moe.experts_to_device(g_raw, qtype), moe.experts_to_device(u_raw, qtype)
+    # the products here spread ~0.05 (x / 32): biases of that size, so that a bias left out shows
+    b_gate, b_up, b_down = ([b / 10 for b in _biases(3, n_expert, rows, 6)] if biased else
+                            [np.zeros((n_expert, rows), np.float32)] * 3)
+    dev = (lambda b: cp.asarray(b)) if biased else (lambda b: None)  # noqa: E731
     ids = _skewed_ids(n_tok, n_expert, k, 7)
     pairs = moe.sort_pairs(cp.asarray(ids), n_expert)
     x = (np.random.default_rng(2).standard_normal((n_tok, cols)) / 32).astype(np.float16)  # glu stays in fp16
     act = cp.full((n_tok * k, rows), cp.nan, cp.float16)
-    moe.gate_up_glu_grouped(gate, up, cp.asarray(x), k, pairs, act, "silu")
+    moe.gate_up_glu_grouped(gate, up, cp.asarray(x), k, pairs, act, activation, (dev(b_gate), dev(b_up)))
     down = cp.full((n_tok * k, rows), cp.nan, cp.float32)
     x_pairs = (np.random.default_rng(3).standard_normal((n_tok * k, cols)) / 32).astype(np.float16)
-    moe.matmul_grouped(gate, cp.asarray(x_pairs), 1, pairs, down)
+    moe.matmul_grouped(gate, cp.asarray(x_pairs), 1, pairs, down, dev(b_down))
     dense = {e: (_dense(g_raw, qtype, e).astype(np.float64), _dense(u_raw, qtype, e).astype(np.float64))
              for e in np.unique(ids)}
-    ref_act = glu(*(np.stack([dense[e][z] @ x[p // k] for p, e in enumerate(ids.reshape(-1))]) for z in (0, 1)),
-                  "silu")
-    ref_down = np.stack([dense[e][0] @ x_pairs[p] for p, e in enumerate(ids.reshape(-1))])
+    flat = ids.reshape(-1)
+    ref_act = glu(np.stack([dense[e][0] @ x[p // k] + b_gate[e] for p, e in enumerate(flat)]),
+                  np.stack([dense[e][1] @ x[p // k] + b_up[e] for p, e in enumerate(flat)]), activation)
+    ref_down = np.stack([dense[e][0] @ x_pairs[p] + b_down[e] for p, e in enumerate(flat)])
     assert _rel_err(cp.asnumpy(act).astype(np.float64), ref_act) < 2e-3  # fp16 weights, inputs and outputs
     assert _rel_err(cp.asnumpy(down), ref_down) < 2e-3
 

@@ -270,6 +270,29 @@ def test_rope_kv_write_with_head_norms_equals_the_norms_first(cuda, rng, head_di
     assert np.abs(results[1][0] - q).max() > 0.1  # normalized and rotated, not left as they were
 
 
+@pytest.mark.parametrize("n_tok, p0", [(1, 4321), (9, 100), (40, 3000)])
+def test_rope_kv_write_with_yarn_matches_cpu(cuda, rng, n_tok, p0):
+    """gpt-oss's rope: YaRN's speeds (kernels/cpu/ops.yarn_inv_freq, its synthetic file's base and factor) and cos,
+    sin times mscale, against the CPU's rope_kv_store from the same speeds: q to float32 rounding, k and v in the
+    caches to fp16's; without mscale the q would be far off (the check can fail)."""
+    from kernels.cpu import ops as cpu_ops
+    cp, ops = cuda
+    n_head, n_head_kv, head_dim, max_ctx, mscale = 8, 2, 64, 4400, 1 + 0.1 * math.log(32)
+    inv_freq = cpu_ops.yarn_inv_freq(head_dim, 150000.0, 1 / 32, 4096)
+    q, k, v = (rng.standard_normal((n_tok, n, head_dim)).astype(np.float32) for n in (n_head, n_head_kv, n_head_kv))
+    q_dev, k_dev, v_dev = cp.asarray(q), cp.asarray(k), cp.asarray(v)
+    caches = [cp.zeros((n_head_kv, max_ctx, head_dim), cp.float16) for _ in range(2)]
+    ops.rope_kv_write(q_dev, k_dev, v_dev, cp.asarray(inv_freq), device_pos(cp, p0), True, *caches, mscale=mscale)
+    cos, sin = (a * np.float32(mscale) for a in cpu_ops.rope_cos_sin(p0 + np.arange(n_tok), inv_freq))
+    want = [np.zeros((n_head_kv, max_ctx, head_dim), np.float32) for _ in range(2)]
+    want_q = cpu_ops.rope_kv_store(q, k, v, cos, sin, "neox", *want, p0)
+    assert rel_err(cp.asnumpy(q_dev), want_q) < 1e-6
+    for got, ref in zip(caches, want):
+        np.testing.assert_allclose(cp.asnumpy(got).astype(np.float32), ref.astype(np.float16).astype(np.float32),
+                                   rtol=2e-3, atol=1e-5)
+    assert rel_err(cp.asnumpy(q_dev) / mscale, want_q) > 0.1
+
+
 # ---- attention ----
 
 def random_cache(cp, rng, n_head_kv, max_ctx, head_dim):
@@ -401,19 +424,25 @@ def test_attention_prefill_with_sinks(cuda, rng, shape, n_tok, p0, window):
 
 # ---- elementwise ----
 
-@pytest.mark.parametrize("activation", ["silu", "gelu"])
+@pytest.mark.parametrize("activation", ["silu", "gelu", "swiglu_oai"])
 @pytest.mark.parametrize("shape", [(14336,), (5, 2048)], ids=lambda s: "x".join(map(str, s)))
 def test_glu(cuda, rng, activation, shape):
-    """expf / tanhf in float32 against float64 (gelu cancels in 1 + tanh for negative gate): bound 1e-5."""
+    """expf / tanhf in float32 against float64 (gelu cancels in 1 + tanh for negative gate): bound 1e-5.
+    swiglu_oai (gpt-oss) against kernels/cpu/ops.glu, its gate and up spread past the clamps at +-7."""
+    from kernels.cpu.ops import glu as cpu_glu
     cp, ops = cuda
     gate = (rng.standard_normal(shape) * 4).astype(np.float32)
-    up = rng.standard_normal(shape).astype(np.float32)
+    up = (rng.standard_normal(shape) * (4 if activation == "swiglu_oai" else 1)).astype(np.float32)
     out = nan_like(cp, shape)
     ops.glu(cp.asarray(gate), cp.asarray(up), out, activation)
     g = gate.astype(np.float64)
-    act = g / (1 + np.exp(-g)) if activation == "silu" else \
-        0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
-    assert rel_err(cp.asnumpy(out), act * up) < 1e-5
+    if activation == "swiglu_oai":
+        ref = cpu_glu(gate, up, activation).astype(np.float64)
+    else:
+        act = g / (1 + np.exp(-g)) if activation == "silu" else \
+            0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+        ref = act * up
+    assert rel_err(cp.asnumpy(out), ref) < 1e-5
     out_q, xq = nan_like(cp, shape), poisoned_q8_1(cp, gate.size)
     ops.glu(cp.asarray(gate), cp.asarray(up), out_q, activation, xq=xq)
     np.testing.assert_array_equal(cp.asnumpy(out_q), cp.asnumpy(out))
@@ -428,8 +457,11 @@ def test_add_bias_softcap(cuda, rng):
     ops.add(cp.asarray(a), cp.asarray(b), out)
     np.testing.assert_array_equal(cp.asnumpy(out), a + b)
     bias = rng.standard_normal(4096).astype(np.float32)
-    x = cp.asarray(a)
-    ops.add_bias(x, cp.asarray(bias))
+    x, out = cp.asarray(a), nan_like(cp, (3, 4096))
+    ops.add_bias(x, cp.asarray(bias), out)  # into out, x left as it was
+    np.testing.assert_array_equal(cp.asnumpy(out), a + bias)
+    np.testing.assert_array_equal(cp.asnumpy(x), a)
+    ops.add_bias(x, cp.asarray(bias))  # in place
     np.testing.assert_array_equal(cp.asnumpy(x), a + bias)
     logits = (rng.standard_normal(262144) * 40).astype(np.float32)
     x = cp.asarray(logits)
