@@ -35,13 +35,14 @@ def build_app(worker, api_key: str | None):
     from starlette.exceptions import HTTPException  # noqa: PLC0415
     from starlette.routing import Route  # noqa: PLC0415
 
-    from app import server, server_anthropic, server_ollama, server_openai  # noqa: PLC0415
+    from app import server, server_anthropic, server_ollama, server_openai, server_responses  # noqa: PLC0415
     from app.server_schema import ApiError  # noqa: PLC0415
     routes = [
         Route("/health", server.health), Route("/metrics", server.metrics),
         Route("/v1/chat/completions", server_openai.chat_completions, methods=["POST"]),
         Route("/v1/completions", server_openai.completions, methods=["POST"]),
         Route("/v1/models", server_openai.models),
+        Route("/v1/responses", server_responses.responses, methods=["POST"]),
         Route("/v1/messages", server_anthropic.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", server_anthropic.count_tokens, methods=["POST"]),
         Route("/api/chat", server_ollama.chat, methods=["POST"]),
