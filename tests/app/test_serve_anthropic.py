@@ -108,6 +108,10 @@ def test_tool_round_trip(client, served):
 
 def test_tool_round_trip_streamed(client, served):
     events = sse(served[0], {"model": MODEL, "max_tokens": 256, "messages": ASK, "tools": TOOLS})
+    types = [t for i, t in enumerate(e["type"] for e in events) if i == 0 or t != events[i - 1]["type"]]  # a run: one
+    assert types == ["message_start", "content_block_start", "ping", "content_block_delta", "content_block_stop",
+                     "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
+                     "message_stop"]
     starts = [e["content_block"] for e in events if e["type"] == "content_block_start"]
     assert starts[0] == {"type": "thinking", "thinking": "", "signature": ""}
     assert starts[1]["type"] == "tool_use" and starts[1]["name"] == "get_weather" and starts[1]["input"] == {}
