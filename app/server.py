@@ -1,6 +1,6 @@
 """What the server's routes share: reading a JSON body within limits, a request's reply as it streams from the
-engine worker, the API key, and errors as JSON with one clear message (OpenAI's shape, Ollama's under /api/),
-never a traceback.
+engine worker, the API key, and errors as JSON with one clear message (OpenAI's shape, Ollama's under /api/,
+Anthropic's under /v1/messages), never a traceback.
 """
 import asyncio
 import hmac
@@ -129,10 +129,22 @@ def finish_reason(stats) -> str:
     return "stop" if stats.finish_reason == "stop" else "length"  # "context full" is a length too
 
 
+# Anthropic's error types by HTTP status (its API answers an overloaded server 529; ours says 503, as elsewhere)
+ANTHROPIC_ERRORS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def anthropic_error(status: int, message: str) -> dict:
+    kind = ANTHROPIC_ERRORS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
 def error_response(request: Request, status: int, message: str, type: str = "invalid_request_error",
                    code: str | None = None) -> JSONResponse:
     if request.url.path.startswith("/api/"):  # Ollama's shape, which its clients read
         return JSONResponse({"error": message}, status)
+    if request.url.path.startswith("/v1/messages"):
+        return JSONResponse(anthropic_error(status, message), status)
     return JSONResponse({"error": {"message": message, "type": type, "param": None, "code": code}}, status)
 
 
@@ -151,17 +163,19 @@ async def on_bug(request: Request, e: Exception):
 
 
 class ApiKey:
-    """ASGI middleware: every route but /health wants `Authorization: Bearer KEY`, compared in constant time."""
+    """ASGI middleware: every route but /health wants `Authorization: Bearer KEY` or, as Anthropic's clients send it,
+    `x-api-key: KEY`; compared in constant time."""
 
     def __init__(self, app, key: str):
-        self.app, self.expected = app, b"Bearer " + key.encode()
+        self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] != "/health":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            headers = dict(scope["headers"])
+            bearer, x_api_key = headers.get(b"authorization", b""), headers.get(b"x-api-key", b"")
+            if not (hmac.compare_digest(bearer, b"Bearer " + self.key) or hmac.compare_digest(x_api_key, self.key)):
                 response = error_response(Request(scope), 401, "a valid API key is required: send the header "
-                                          "'Authorization: Bearer KEY'", code="invalid_api_key")
+                                          "'Authorization: Bearer KEY' or 'x-api-key: KEY'", code="invalid_api_key")
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
 

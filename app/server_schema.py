@@ -46,13 +46,14 @@ class GenRequest:
     include_usage: bool = False
     tools: ToolRequest | None = None    # None: no tools for the template, no tool calls parsed
     grammar: str | None = None          # structured output: the answer follows it (inference/grammar.py)
+    count_only: bool = False            # only count the prompt's tokens (Anthropic's count_tokens)
 
 
 _KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
           dict: "an object", type(None): "null"}
 
 
-def _json_type(value) -> str:
+def json_type(value) -> str:
     return _KINDS.get(type(value), type(value).__name__)
 
 
@@ -65,7 +66,7 @@ def get(body: dict, key: str, kind: type, default=None, where: str = ""):
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         ok, value = True, float(value)
     if not ok:
-        raise bad(f"'{where}{key}' must be {_KINDS[kind]} (got {_json_type(value)})")
+        raise bad(f"'{where}{key}' must be {_KINDS[kind]} (got {json_type(value)})")
     return value
 
 
@@ -76,7 +77,7 @@ def number(body: dict, key: str, low: float, high: float, where: str = "") -> fl
     return value
 
 
-def _refuse(key: str, what: str) -> ApiError:
+def refuse(key: str, what: str) -> ApiError:
     return bad(f"'{key}' is not supported by this server ({what})", code="unsupported_parameter")
 
 
@@ -91,7 +92,7 @@ def messages(body: dict, allow_empty: bool = False) -> list[dict]:
     for i, m in enumerate(items):
         where = f"messages[{i}]."
         if not isinstance(m, dict):
-            raise bad(f"'messages[{i}]' must be an object with \"role\" and \"content\" (got {_json_type(m)})")
+            raise bad(f"'messages[{i}]' must be an object with \"role\" and \"content\" (got {json_type(m)})")
         role = get(m, "role", str, where=where)
         if role == "developer":  # OpenAI's newer name for the system role
             role = "system"
@@ -99,7 +100,7 @@ def messages(body: dict, allow_empty: bool = False) -> list[dict]:
             shown = "missing" if role is None else f"'{role}'"
             raise bad(f"'{where}role' must be one of {', '.join(ROLES)} (got {shown})")
         if m.get("images"):
-            raise _refuse(f"{where}images", "the models it runs read text only")
+            raise refuse(f"{where}images", "the models it runs read text only")
         message = {"role": role, "content": _content(m, where, required=role != "assistant")}
         out.append(history_message(m, message, where, out))
     return out
@@ -119,7 +120,7 @@ def _content(m: dict, where: str, required: bool) -> str:
                           "this server reads text only")
             texts.append(part["text"])
         return "".join(texts)
-    raise bad(f"'{where}content' must be a string or a list of text parts (got {_json_type(content)})")
+    raise bad(f"'{where}content' must be a string or a list of text parts (got {json_type(content)})")
 
 
 def stop_strings(value, key: str) -> tuple[str, ...]:
@@ -132,7 +133,7 @@ def stop_strings(value, key: str) -> tuple[str, ...]:
     raise bad(f"'{key}' must be a string or a list of strings")
 
 
-def _sampling(body: dict, where: str = "") -> dict:
+def sampling(body: dict, where: str = "") -> dict:
     """temperature, top_p and the llama.cpp extensions top_k, min_p, repeat_penalty, where given."""
     out = {"temperature": number(body, "temperature", 0, 2, where), "top_p": number(body, "top_p", 0, 1, where),
            "min_p": number(body, "min_p", 0, 1, where), "repeat_penalty": number(body, "repeat_penalty", 0.01, 10, where),
@@ -145,10 +146,10 @@ def _sampling(body: dict, where: str = "") -> dict:
 def _no_additive_penalties(body: dict, where: str = "") -> None:
     for key in ("presence_penalty", "frequency_penalty"):
         if number(body, key, -2, 2, where):
-            raise _refuse(f"{where}{key}", "use 'repeat_penalty', llama.cpp's multiplicative one, e.g. 1.1")
+            raise refuse(f"{where}{key}", "use 'repeat_penalty', llama.cpp's multiplicative one, e.g. 1.1")
 
 
-def _positive(value: int | None, key: str) -> int | None:
+def positive(value: int | None, key: str) -> int | None:
     if value is not None and value < 1:
         raise bad(f"'{key}' must be at least 1 (got {value})")
     return value
@@ -158,29 +159,29 @@ def _openai_common(body: dict) -> dict:
     """What chat and completions share: model, stream, limits, sampling; refuses what we cannot do."""
     _no_additive_penalties(body)
     if get(body, "n", int, 1) != 1:
-        raise _refuse("n", "one choice per request")
+        raise refuse("n", "one choice per request")
     if body.get("logprobs") or body.get("top_logprobs"):
-        raise _refuse("logprobs", "no log probabilities")
+        raise refuse("logprobs", "no log probabilities")
     if body.get("logit_bias"):
-        raise _refuse("logit_bias", "no logit bias")
+        raise refuse("logit_bias", "no logit bias")
     max_tokens = get(body, "max_completion_tokens", int)
     key = "max_completion_tokens" if max_tokens is not None else "max_tokens"
-    max_tokens = _positive(max_tokens if max_tokens is not None else get(body, "max_tokens", int), key)
+    max_tokens = positive(max_tokens if max_tokens is not None else get(body, "max_tokens", int), key)
     stream_options = get(body, "stream_options", dict, {})
     return dict(model=get(body, "model", str), stream=get(body, "stream", bool, False), max_tokens=max_tokens,
-                sampling=_sampling(body), stop=stop_strings(body.get("stop"), "stop"),
+                sampling=sampling(body), stop=stop_strings(body.get("stop"), "stop"),
                 include_usage=get(stream_options, "include_usage", bool, False, where="stream_options."))
 
 
 def openai_chat(body: dict) -> GenRequest:
     if body.get("functions"):
-        raise _refuse("functions", "send them as 'tools', OpenAI's current name")
+        raise refuse("functions", "send them as 'tools', OpenAI's current name")
     effort = get(body, "reasoning_effort", str)
     if effort is not None and effort not in LEVELS:
         raise bad(f"'reasoning_effort' must be one of {', '.join(LEVELS)} (got '{effort}')")
     tools, grammar = tool_request(body, openai=True), response_format(get(body, "response_format", dict, {}))
     if tools and grammar:
-        raise _refuse("response_format", "with 'tools' only when \"tool_choice\" is \"none\"")
+        raise refuse("response_format", "with 'tools' only when \"tool_choice\" is \"none\"")
     return GenRequest(prompt=messages(body), template_vars={} if effort is None else {"reasoning_effort": effort},
                       tools=tools, grammar=grammar, **_openai_common(body))
 
@@ -216,11 +217,11 @@ def openai_completion(body: dict) -> GenRequest:
     if not isinstance(prompt, str) and not (token_ids and prompt):
         raise bad("'prompt' must be a string or a list of token ids (one prompt per request)")
     if get(body, "echo", bool, False):
-        raise _refuse("echo", "the reply comes without its prompt")
+        raise refuse("echo", "the reply comes without its prompt")
     if body.get("suffix"):
-        raise _refuse("suffix", "no fill-in-the-middle")
+        raise refuse("suffix", "no fill-in-the-middle")
     if get(body, "best_of", int, 1) != 1:
-        raise _refuse("best_of", "one choice per request")
+        raise refuse("best_of", "one choice per request")
     return GenRequest(prompt=prompt, grammar=response_format(get(body, "response_format", dict, {})),
                       **_openai_common(body))  # response_format as llama.cpp's server takes it here too
 
@@ -235,18 +236,18 @@ def _ollama_common(body: dict) -> dict:
     _no_additive_penalties(options, where)
     for key, no_op in _OLLAMA_NO_OP.items():
         if get(options, key, float, no_op, where) != no_op:
-            raise _refuse(where + key, "the samplers are llama.cpp's top_k, top_p, min_p and temperature")
+            raise refuse(where + key, "the samplers are llama.cpp's top_k, top_p, min_p and temperature")
     num_predict = get(options, "num_predict", int, where=where)
     if num_predict is not None and num_predict < 1 and num_predict not in (-1, -2):
         raise bad(f"'options.num_predict' must be at least 1, or -1 (no limit) (got {num_predict})")
-    num_ctx = _positive(get(options, "num_ctx", int, where=where), "options.num_ctx")
+    num_ctx = positive(get(options, "num_ctx", int, where=where), "options.num_ctx")
     think = body.get("think")
     if think is not None and not (isinstance(think, bool) or think in LEVELS):
-        shown = f"'{think}'" if isinstance(think, str) else _json_type(think)
+        shown = f"'{think}'" if isinstance(think, str) else json_type(think)
         raise bad(f"'think' must be true, false or one of {', '.join(LEVELS)} (got {shown})")
     return dict(model=get(body, "model", str), stream=get(body, "stream", bool, True),
                 max_tokens=num_predict if num_predict is not None and num_predict > 0 else None,
-                sampling=_sampling(options, where), stop=stop_strings(options.get("stop"), "options.stop"),
+                sampling=sampling(options, where), stop=stop_strings(options.get("stop"), "options.stop"),
                 ctx=num_ctx, grammar=ollama_format(body.get("format")),
                 template_vars={} if think is None else {"enable_thinking": think is not False}
                 | ({"reasoning_effort": think} if isinstance(think, str) else {}))
@@ -259,7 +260,7 @@ def ollama_format(value) -> str | None:
     if value == "json":
         return json_schema_grammar()
     if not isinstance(value, dict):
-        raise bad(f"'format' must be \"json\" or a JSON schema object (got {_json_type(value)})")
+        raise bad(f"'format' must be \"json\" or a JSON schema object (got {json_type(value)})")
     return schema_grammar(value, "format")
 
 
@@ -267,20 +268,20 @@ def ollama_chat(body: dict) -> GenRequest:
     conversation, tools = messages(body, allow_empty=True), tool_request(body, openai=False)
     common = _ollama_common(body)
     if tools and common["grammar"]:
-        raise _refuse("format", "with 'tools' the reply may be a call or text")
+        raise refuse("format", "with 'tools' the reply may be a call or text")
     return GenRequest(prompt=conversation or None, tools=tools, **common)  # no messages: load the model
 
 
 def ollama_generate(body: dict) -> GenRequest:
     prompt, system = get(body, "prompt", str, ""), get(body, "system", str)
     if body.get("images"):
-        raise _refuse("images", "the models it runs read text only")
+        raise refuse("images", "the models it runs read text only")
     if body.get("suffix"):
-        raise _refuse("suffix", "no fill-in-the-middle")
+        raise refuse("suffix", "no fill-in-the-middle")
     if body.get("template"):
-        raise _refuse("template", "the model's own chat template is used")
+        raise refuse("template", "the model's own chat template is used")
     if body.get("tools"):
-        raise _refuse("tools", "tools go to /api/chat")
+        raise refuse("tools", "tools go to /api/chat")
     common = _ollama_common(body)
     if not prompt:
         return GenRequest(prompt=None, **common)  # Ollama's way to load a model
@@ -357,5 +358,32 @@ def _call(c, where: str) -> dict:
             raise bad(f"'{where}.function.arguments' is not valid JSON") from None
     if not isinstance(arguments, dict):
         raise bad(f"'{where}.function.arguments' must be a JSON object")
-    return {"id": c.get("id") if isinstance(c.get("id"), str) else new_call_id(), "type": "function",
-            "function": {"name": function["name"], "arguments": arguments}}
+    return template_call(c.get("id") if isinstance(c.get("id"), str) else new_call_id(), function["name"], arguments)
+
+
+def template_call(call_id: str, name: str, arguments: dict) -> dict:
+    """A tool call in an assistant message as the chat templates read it: its arguments an object."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def tool_result(call_id: str, content: str, earlier: list[dict], where: str) -> dict:
+    """A tool's result as the templates read it, answering the call with call_id in earlier's assistant messages;
+    none with that id is a 400 naming where (Anthropic's and the Responses API's results must answer a call)."""
+    call = next((c for m in earlier for c in m.get("tool_calls", ()) if c["id"] == call_id), None)
+    if call is None:
+        raise bad(f"'{where}' is '{call_id}', but no tool call before it has that id")
+    return {"role": "tool", "content": content, "tool_call_id": call_id, "name": call["function"]["name"]}
+
+
+def flat_tools(body: dict, schema_key: str, choice, parallel: bool) -> ToolRequest | None:
+    """The ToolRequest of tools in the flat shape Anthropic's API and the Responses API send them
+    ({"name", "description", schema_key: {...}}), with tool_choice already in OpenAI chat's terms."""
+    tools = []
+    for i, tool in enumerate(get(body, "tools", list, [])):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise bad(f"'tools[{i}]' must be an object with a \"name\" and \"{schema_key}\"")
+        schema = get(tool, schema_key, dict, {"type": "object", "properties": {}}, where=f"tools[{i}].")
+        tools.append({"type": "function", "function": {"name": tool["name"], "parameters": schema,
+                                                       "description": get(tool, "description", str, "",
+                                                                          where=f"tools[{i}].")}})
+    return tool_request({"tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel}, openai=True)

@@ -153,6 +153,9 @@ class EngineWorker:
             job.send(Started(0, False, load_seconds))
             return
         ids, thinks, tool_format = prompt_ids(engine, r)
+        if r.count_only:
+            job.send(Started(len(ids), thinks, load_seconds))
+            return
         held = constraint(engine, r, thinks, tool_format)  # before Started: a tool schema it cannot compile is a 400
         template = engine.chat_template
         job.send(Started(len(ids), thinks, load_seconds, template is not None and template.speaks_harmony,

@@ -75,6 +75,7 @@ class GenerationStats:
     generation_seconds: float
     finish_reason: str  # "stop", "length", "context full" or "cancelled" (during the prompt)
     context_tokens: int  # tokens in the context after the reply: the prompt (all of it) and the reply, <= n_ctx
+    stop_string: str | None = None  # the stop string that ended the reply (finish_reason "stop"), if one did
 
     @property
     def prompt_tok_s(self) -> float:
@@ -358,7 +359,7 @@ class Engine:
         text = StopScanner(stop)
         generated = 0
         finish = "length"
-        stopped = False  # by a stop string: what follows it is dropped
+        stopped = None  # the stop string that ended the reply: what follows it is dropped
         while generated < max_tokens:
             token = next(tokens)
             if token in eog:  # ends the reply, not a part of it
@@ -389,7 +390,7 @@ class Engine:
         t2 = time.perf_counter()
         # a reply that fills the context ends with a token that has no room in it
         yield GenerationStats(len(ids) - n_reused, t1 - t0, generated, t2 - t1, finish,
-                              min(len(ids) + generated, self.n_ctx))
+                              min(len(ids) + generated, self.n_ctx), stopped)
 
 
 @dataclass
@@ -417,16 +418,16 @@ class StopScanner:
         self.stop = [s for s in stop if s]
         self.held = ""
 
-    def feed(self, text: str, final: bool = False) -> tuple[str, bool]:
-        """(text safe to show, whether a stop string was found)."""
+    def feed(self, text: str, final: bool = False) -> tuple[str, str | None]:
+        """(text safe to show, the stop string found or None)."""
         self.held += text
         for s in self.stop:
             at = self.held.find(s)
             if at >= 0:
-                return self.held[:at], True
+                return self.held[:at], s
         keep = 0 if final else max((_suffix_prefix(self.held, s) for s in self.stop), default=0)
         out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
-        return out, False
+        return out, None
 
 
 def _suffix_prefix(text: str, s: str) -> int:

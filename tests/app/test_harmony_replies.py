@@ -1,10 +1,12 @@
-"""A gpt-oss reply through `run` and through the server's routes, read by OpenAI's and Ollama's own clients: the
-analysis channel on stderr / in `reasoning_content` / `thinking`, the final channel as the answer, and the reasoning
+"""A gpt-oss reply through `run` and through the server's routes, read by OpenAI's, Ollama's and Anthropic's own
+clients: the analysis channel on stderr / in `reasoning_content` / `thinking` / a thinking block / a reasoning item,
+the final channel as the answer, and the reasoning
 effort in the prompt's system message. No file here makes a real model write harmony, so `run` and the server (in
 this process, on a real socket) run a scripted engine (tests/app/scripted_engine.py).
 """
 import json
 
+import anthropic
 import ollama
 import openai
 import pytest
@@ -80,3 +82,26 @@ def test_ollama_gets_the_analysis_as_thinking_and_think_levels_reach_the_templat
     with pytest.raises(ollama.ResponseError, match="'think' must be true, false or one of low, medium, high"):
         oll.chat(model="gpt-oss-20b-mxfp4.gguf", messages=QUESTION, think="max")
     assert "thinking" in oll.show("gpt-oss-20b-mxfp4.gguf").capabilities  # what clients read to offer think
+
+
+def test_anthropic_gets_the_analysis_as_a_thinking_block(served):
+    client = anthropic.Anthropic(base_url=served[0], api_key="none", max_retries=0, timeout=30)
+    r = client.messages.create(model="gpt-oss-20b-mxfp4.gguf", max_tokens=256, messages=QUESTION)
+    assert [b.type for b in r.content] == ["thinking", "text"] and r.stop_reason == "end_turn"
+    assert (r.content[0].thinking, r.content[1].text) == (REASONING, ANSWER)
+    with client.messages.stream(model="gpt-oss-20b-mxfp4.gguf", max_tokens=256, messages=QUESTION) as stream:
+        thinking = "".join(e.delta.thinking for e in stream
+                           if e.type == "content_block_delta" and e.delta.type == "thinking_delta")
+        final = stream.get_final_message()
+    assert thinking == REASONING and final.content[1].text == ANSWER
+
+
+def test_responses_get_the_analysis_as_a_reasoning_item_and_the_effort_reaches_the_template(served, oai):
+    _, engine = served
+    r = oai.responses.create(model="gpt-oss-20b-mxfp4.gguf", input="What is 2+2?", reasoning={"effort": "high"})
+    reasoning, message = r.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == REASONING
+    assert message.type == "message" and r.output_text == ANSWER and engine.reasoning_line() == "Reasoning: high"
+    with oai.responses.stream(model="gpt-oss-20b-mxfp4.gguf", input="What is 2+2?") as stream:
+        assert "".join(e.delta for e in stream if e.type == "response.reasoning_text.delta") == REASONING
+        assert stream.get_final_response().output_text == ANSWER

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from app.server_worker import EngineWorker
-from inference.engine import GenerationStats
+from inference.engine import GenerationStats, StopScanner
 from models.chat_template import ChatTemplate
 from tests.app.in_process_server import serving
 from tests.app.test_tool_calls import TEMPLATES, TOOLS
@@ -46,12 +46,26 @@ class ScriptedEngine:
         self.prompts = []  # (prompt text, special) of each request
 
     def generate(self, ids, max_tokens, stop, cancelled, special=False, **sampling):
+        """The script's reply in 3-character pieces, a piece a token: cut at max_tokens and at a stop string, as the
+        engine cuts it (its StopScanner); a prompt that says FAIL fails after its first piece, as a broken engine."""
         prompt = "".join(map(chr, ids))
         self.prompts.append((prompt, special))
+        self.sampling = sampling  # the last request's
         reply = script(prompt)
-        for i in range(0, len(reply), 3):
-            yield reply[i:i + 3]
-        yield GenerationStats(len(ids), 0.01, len(reply) // 3, 0.01, "stop", len(ids) + len(reply) // 3)
+        pieces = [reply[i:i + 3] for i in range(0, len(reply), 3)]
+        scanner, stopped = StopScanner(stop), None
+        for n, piece in enumerate(pieces[:max_tokens], 1):
+            if n == 2 and "FAIL" in prompt:
+                raise RuntimeError("scripted failure")
+            shown, stopped = scanner.feed(piece)
+            if shown:
+                yield shown
+            if stopped:
+                break
+        if not stopped and (tail := scanner.feed("", final=True)[0]):
+            yield tail
+        finish = "stop" if stopped or n == len(pieces) else "length"
+        yield GenerationStats(len(ids), 0.01, n, 0.01, finish, len(ids) + n, stopped)
 
 
 @pytest.fixture(scope="module")

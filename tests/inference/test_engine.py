@@ -126,18 +126,18 @@ def test_stop_string_ends_the_reply_before_it(smollm2_engine):
     stop = full[len(full) // 2:][:4]  # from the middle of the greedy reply, whatever it says
     assert len(stop) == 4 and full.find(stop) > 0
     text, stats = run(smollm2_engine, "Monday, Tuesday,", max_tokens=12, temperature=0, stop=(stop,))
-    assert text == full[:full.find(stop)] and stats.finish_reason == "stop"
+    assert text == full[:full.find(stop)] and stats.finish_reason == "stop" and stats.stop_string == stop
 
 
 def test_stop_scanner_holds_back_a_possible_stop_string():
     s = StopScanner(["lo W"])
-    assert s.feed("Hel") == ("He", False)  # "l" may begin "lo W"
-    assert s.feed("lo") == ("l", False)  # "lo" may begin "lo W"
-    assert s.feed(" Wo") == ("", True)
+    assert s.feed("Hel") == ("He", None)  # "l" may begin "lo W"
+    assert s.feed("lo") == ("l", None)  # "lo" may begin "lo W"
+    assert s.feed(" Wo") == ("", "lo W")  # which one: Anthropic's stop_sequence
     s = StopScanner(["###"])
-    assert s.feed("a#") == ("a", False)
-    assert s.feed("b") == ("#b", False)
-    assert s.feed("#", final=True) == ("#", False)
+    assert s.feed("a#") == ("a", None)
+    assert s.feed("b") == ("#b", None)
+    assert s.feed("#", final=True) == ("#", None)
 
 
 def test_old_turns_are_dropped_when_asked(smollm2):
