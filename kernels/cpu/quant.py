@@ -40,6 +40,9 @@ from kernels.cpu.types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS,
 from models.ggml_types import GGMLType, UnsupportedTypeError
 
 MATVEC_MAX_TOKENS = 4  # up to this many tokens the matvec kernel beats dequantize + BLAS
+# MXFP4's matmuls round x to int8 blocks of 32 (as llama.cpp's CPU does); the GPU tests' float32 reference
+# (gpu_compare.float_activations) turns this off, and MXFP4 then dequantizes rows as the other decoded types do
+MXFP4_INT8_X = True
 TILE_BYTES = 1 << 23  # float32 bytes of one dequantized tile of rows in the prompt path (few, big BLAS calls)
 
 
@@ -122,7 +125,7 @@ def quantized_matmul(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray,
             _gemms([w], [qtype], x, [out])
     elif qtype.id == F32:
         np.matmul(x, w.view(np.float32).T, out=out)
-    elif qtype.id == MXFP4:
+    elif qtype.id == MXFP4 and MXFP4_INT8_X:
         xq, xd = q8_0_blocks(x)
         matmul_mxfp4(_read_only(w), xq, xd, out, min(n_rows, MATVEC_CHUNKS))
     elif n_tokens <= MATVEC_MAX_TOKENS:

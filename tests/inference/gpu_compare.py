@@ -38,17 +38,18 @@ def teacher_prompt(request, engine, n: int, seed: int = 0) -> list[int]:
 def float_activations(cpu):
     """The CPU engine cpu with x kept in float32 in its matvecs and matmuls: its one-to-four-token kernels, its
     prompts' int8 GEMM and its repacked 4-bit matrices round x to 8 bits for speed (as llama.cpp's CPU does),
-    which a reference must not. The file's layout and dequantize + BLAS instead."""
+    which a reference must not (nor MXFP4's kernel, which takes x in int8 blocks). The file's layout and
+    dequantize + BLAS instead."""
     backends = [be for be, _ in cpu._segments]
-    saved = cpu_quant.MATVEC_MAX_TOKENS, cpu_quant.INT8_IDS, [be._repacked for be in backends]
-    cpu_quant.MATVEC_MAX_TOKENS, cpu_quant.INT8_IDS = 0, ()
+    saved = cpu_quant.MATVEC_MAX_TOKENS, cpu_quant.INT8_IDS, cpu_quant.MXFP4_INT8_X, [be._repacked for be in backends]
+    cpu_quant.MATVEC_MAX_TOKENS, cpu_quant.INT8_IDS, cpu_quant.MXFP4_INT8_X = 0, (), False
     for be in backends:
         be._repacked = {}
     try:
         yield
     finally:
-        cpu_quant.MATVEC_MAX_TOKENS, cpu_quant.INT8_IDS = saved[:2]
-        for be, repacked in zip(backends, saved[2]):
+        cpu_quant.MATVEC_MAX_TOKENS, cpu_quant.INT8_IDS, cpu_quant.MXFP4_INT8_X = saved[:3]
+        for be, repacked in zip(backends, saved[3]):
             be._repacked = repacked
 
 

@@ -37,7 +37,8 @@ def test_pinned_pages_copy_up_and_are_released(mapped):
     assert not pinned.holds(mapped[2 * PAGE:4 * PAGE]) and not pinned.holds(mapped[30 * PAGE:31 * PAGE])
     src = mapped[10 * PAGE + 7:20 * PAGE]
     stream = cp.cuda.Stream(non_blocking=True)
-    dst = cp.zeros(src.size, cp.uint8)
+    with stream:  # zeroed on the copy's stream: a non-blocking stream does not wait for the default one's memset
+        dst = cp.zeros(src.size, cp.uint8)
     copy_up(dst, src, stream)
     stream.synchronize()
     assert np.array_equal(dst.get(), src)
