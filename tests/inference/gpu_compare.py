@@ -59,9 +59,9 @@ def reference_logits(cpu, ids: list[int]) -> np.ndarray:
         return cpu.logits(ids)
 
 
-def assert_close_logits(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
+def assert_close_logits(ours: np.ndarray, ref: np.ndarray, what: str, max_clear_misses: int = 0) -> None:
     """Rows of logits [n, n_vocab]: mean correlation >= 0.999, and the same top-1 wherever ref's best leads
-    its second by more than 0.5."""
+    its second by more than 0.5 (but in max_clear_misses rows)."""
     corr = np.array([np.corrcoef(a, b)[0, 1] for a, b in zip(ours.astype(np.float64), ref.astype(np.float64))])
     top2 = np.sort(ref, axis=1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > 0.5
@@ -70,7 +70,7 @@ def assert_close_logits(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
     print(f"{what}: mean corr {corr.mean():.6f} (min {corr.min():.6f}), max |err| {err:.4f}, "
           f"top-1 {same.mean():.3f} ({clear.sum()} clear rows, {same[clear].mean() if clear.any() else 1:.3f})")
     assert corr.mean() >= 0.999, f"{what}: mean correlation {corr.mean()}"
-    assert same[clear].all(), f"{what}: top-1 differs at rows {np.flatnonzero(clear & ~same)}"
+    assert (clear & ~same).sum() <= max_clear_misses, f"{what}: top-1 differs at rows {np.flatnonzero(clear & ~same)}"
 
 
 def greedy_steps(engine, ids: list[int], n: int) -> tuple[list[int], np.ndarray]:

@@ -236,9 +236,13 @@ def test_matmuls_fuse_the_matrices_of_one_type(engines):
 
 @pytest.mark.parametrize("model", ["synth_llama_k", "synth_gemma3", "synth_qwen3moe", "synth_qwen35", "synth_gpt_oss"])
 def test_2000_tokens_neither_drift_nor_grow_memory(model, request):
-    """2000 sampled tokens through the captured graph (gpt-oss: far past its 128-token window): the last step's
+    """2000 sampled tokens through the captured graph (gpt-oss: far past its 128-token window): the last 16 steps'
     logits still equal an eager recomputation of the whole sequence (CPU engine), and device memory stays what it
-    was at token 100."""
+    was at token 100. Sixteen rows, not one, and on the random gpt-oss file one clear top-1 miss allowed: there a
+    row is noise-bound by 8-bit x and the f16 cache (the CPU's own int8 x against its float32 reference, 2005
+    tokens: 34 rows under 0.999, 3 clear misses in 1632 clear rows; llama.cpp's f16 cache: a decided miss in
+    test_gpt_oss's long prompt; the GPU's 16 rows on the H200: mean 0.99941, one miss). Dropped sinks, YaRN's
+    mscale or the router's bias took the decode test's correlation to 0.954, 0.898, 0.915 (Q8_0 experts)."""
     import cupy as cp
 
     from inference import load
@@ -249,11 +253,15 @@ def test_2000_tokens_neither_drift_nor_grow_memory(model, request):
     steps = gpu._decode.tokens(gpu._prefill(ids, all_logits=False),
                                SamplingParams(temperature=1.0, top_k=40, top_p=1.0, min_p=0.0), 7, ids)
     pool = cp.get_default_memory_pool()
+    last = []  # the last 16 steps' logits [1, n_vocab], each the step on the token just appended
     for i in range(2000):
         ids.append(next(steps))  # and launches the graph step on it
         if i == 100:
             early = (pool.used_bytes(), pool.total_bytes(), cp.cuda.runtime.memGetInfo()[0])
+        if i >= 2000 - 16:
+            cp.cuda.Device().synchronize()
+            last.append(cp.asnumpy(gpu._decode.logits))
     late = (pool.used_bytes(), pool.total_bytes(), cp.cuda.runtime.memGetInfo()[0])
     assert late == early, f"device memory (used, pool, free) grew from {early} to {late}"
-    last = cp.asnumpy(gpu._decode.logits)  # [1, n_vocab]: the step on ids[-1]
-    assert_close_logits(last, reference_logits(cpu, ids)[-1:], f"{path.name} after 2000 graph steps")
+    assert_close_logits(np.concatenate(last), reference_logits(cpu, ids)[-16:], f"{path.name} after 2000 graph steps",
+                        max_clear_misses=1 if model == "synth_gpt_oss" else 0)
