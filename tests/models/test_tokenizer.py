@@ -144,9 +144,9 @@ def test_encodes_100kB_under_half_a_second(model):
     tok, _ = model
     text = ("\n".join(CORPUS) * 40).encode()[:100_000].decode(errors="ignore")
     tok.encode(text[:1000])
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: wall time also counts a shared machine's other processes (0.6 s once)
     tok.encode(text)
-    assert time.perf_counter() - start < 0.5
+    assert time.process_time() - start < 0.5
 
 
 ARRAY_TYPES = {np.dtype(np.int32): GGUFValueType.INT32, np.dtype(np.float32): GGUFValueType.FLOAT32}
