@@ -4,10 +4,14 @@ import contextlib
 import socket
 import threading
 import time
+from pathlib import Path
 
+import huggingface_hub.constants
+import pytest
 import uvicorn
 
 from app.cmd_serve import build_app
+from app.server_worker import EngineWorker
 
 
 @contextlib.contextmanager
@@ -28,3 +32,17 @@ def serving(worker, key: str | None):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@contextlib.contextmanager
+def serving_one(home: Path, model: str, make_engine, key: str | None):
+    """A server whose one model, home/model (a stub file), is the engine make_engine(path) builds, with no pulled
+    models beside it; yields (base URL, engine)."""
+    path = home / model
+    path.write_bytes(b"GGUF")
+    engine = make_engine(path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(home / "hub"))  # no pulled models
+        worker = EngineWorker(str(path), lambda model, ctx, progress=None, **options: engine, {}, None, 4)
+        with serving(worker, key) as url:
+            yield url, engine

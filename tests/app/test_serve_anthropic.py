@@ -12,7 +12,7 @@ import pytest
 
 from app.server_worker import EngineWorker
 from inference import load
-from tests.app.in_process_server import serving
+from tests.app.in_process_server import serving, serving_one
 from tests.app.test_serve_tools import MODEL, ScriptedEngine
 
 KEY = "test-key-anthropic"
@@ -26,15 +26,8 @@ NO_TOOLS_REPLY = "I cannot look that up."  # the script's reply when no tools we
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    home = tmp_path_factory.mktemp("anthropic")
-    path = home / MODEL
-    path.write_bytes(b"GGUF")
-    engine = ScriptedEngine(path)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(home / "hub"))  # no pulled models
-        worker = EngineWorker(str(path), lambda model, ctx, progress=None, **options: engine, {}, None, 4)
-        with serving(worker, KEY) as url:
-            yield url, engine
+    with serving_one(tmp_path_factory.mktemp("anthropic"), MODEL, ScriptedEngine, KEY) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

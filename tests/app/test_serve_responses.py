@@ -12,7 +12,7 @@ import pytest
 
 from app.server_worker import EngineWorker
 from inference import load
-from tests.app.in_process_server import serving
+from tests.app.in_process_server import serving, serving_one
 from tests.app.test_serve_json import PERSON
 from tests.app.test_serve_tools import MODEL, ScriptedEngine
 
@@ -26,15 +26,8 @@ SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    home = tmp_path_factory.mktemp("responses")
-    path = home / MODEL
-    path.write_bytes(b"GGUF")
-    engine = ScriptedEngine(path)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(home / "hub"))  # no pulled models
-        worker = EngineWorker(str(path), lambda model, ctx, progress=None, **options: engine, {}, None, 4)
-        with serving(worker, KEY) as url:
-            yield url, engine
+    with serving_one(tmp_path_factory.mktemp("responses"), MODEL, ScriptedEngine, KEY) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

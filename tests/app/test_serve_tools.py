@@ -6,15 +6,13 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import huggingface_hub.constants
 import ollama
 import openai
 import pytest
 
-from app.server_worker import EngineWorker
 from inference.engine import GenerationStats, StopScanner
 from models.chat_template import ChatTemplate
-from tests.app.in_process_server import serving
+from tests.app.in_process_server import serving_one
 from tests.app.test_tool_calls import TEMPLATES, TOOLS
 
 KEY = "test-key-tools"
@@ -70,15 +68,8 @@ class ScriptedEngine:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    home = tmp_path_factory.mktemp("tools")
-    path = home / MODEL
-    path.write_bytes(b"GGUF")
-    engine = ScriptedEngine(path)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(home / "hub"))  # no pulled models
-        worker = EngineWorker(str(path), lambda model, ctx, progress=None, **options: engine, {}, None, 4)
-        with serving(worker, KEY) as url:
-            yield url, engine
+    with serving_one(tmp_path_factory.mktemp("tools"), MODEL, ScriptedEngine, KEY) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
