@@ -202,14 +202,16 @@ __device__ __forceinline__ void moe_mm(const uint8_t* __restrict__ w0, const uin
         }
 }
 
-#define MOE_MM(SUFFIX, T)                                                                                       \
+// GLU_MIN_BLOCKS: the glu kernel's blocks a multiprocessor (MM_MIN_BLOCKS, or 3 where 4's 128 registers a thread
+// spill: MXFP4's tile loader beside gpt-oss's clamped GLU)
+#define MOE_MM(SUFFIX, T, GLU_MIN_BLOCKS)                                                                       \
     extern "C" __global__ void __launch_bounds__(MM_THREADS, MM_MIN_BLOCKS)                                     \
         moe_mm_##SUFFIX(const uint8_t* w, const float* bias, int n_rows, int n_all, int nb, const __half* x,    \
                         int x_div, const int* order, const int4* tiles, const int* n_tiles, float* out) {       \
         wait_prior();                                                                                           \
         moe_mm<T, 1>(w, w, bias, nullptr, n_rows, n_all, nb, x, x_div, order, tiles, n_tiles, out, nullptr, 0); \
     }                                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS, MM_MIN_BLOCKS)                                     \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS, GLU_MIN_BLOCKS)                                    \
         moe_mm_glu_##SUFFIX(const uint8_t* gate, const uint8_t* up, const float* gate_bias,                     \
                             const float* up_bias, int n_rows, int n_all, int nb, const __half* x, int x_div,    \
                             const int* order, const int4* tiles, const int* n_tiles, __half* out16, int act) {  \
@@ -218,26 +220,26 @@ __device__ __forceinline__ void moe_mm(const uint8_t* __restrict__ w0, const uin
                      out16, act);                                                                               \
     }
 
-MOE_MM(q4_0, Q4_0)
-MOE_MM(q4_1, Q4_1)
-MOE_MM(q5_0, Q5_0)
-MOE_MM(q5_1, Q5_1)
-MOE_MM(q8_0, Q8_0)
-MOE_MM(q2_k, Q2_K)
-MOE_MM(q3_k, Q3_K)
-MOE_MM(q4_k, Q4_K)
-MOE_MM(q5_k, Q5_K)
-MOE_MM(q6_k, Q6_K)
-MOE_MM(mxfp4, MXFP4)
-MOE_MM(iq4_nl, IQ4_NL)
-MOE_MM(iq4_xs, IQ4_XS)
-MOE_MM(iq2_xxs, IQ2_XXS)
-MOE_MM(iq2_xs, IQ2_XS)
-MOE_MM(iq2_s, IQ2_S)
-MOE_MM(iq3_xxs, IQ3_XXS)
-MOE_MM(iq3_s, IQ3_S)
-MOE_MM(iq1_s, IQ1_S)
-MOE_MM(iq1_m, IQ1_M)
+MOE_MM(q4_0, Q4_0, MM_MIN_BLOCKS)
+MOE_MM(q4_1, Q4_1, MM_MIN_BLOCKS)
+MOE_MM(q5_0, Q5_0, MM_MIN_BLOCKS)
+MOE_MM(q5_1, Q5_1, MM_MIN_BLOCKS)
+MOE_MM(q8_0, Q8_0, MM_MIN_BLOCKS)
+MOE_MM(q2_k, Q2_K, MM_MIN_BLOCKS)
+MOE_MM(q3_k, Q3_K, MM_MIN_BLOCKS)
+MOE_MM(q4_k, Q4_K, MM_MIN_BLOCKS)
+MOE_MM(q5_k, Q5_K, MM_MIN_BLOCKS)
+MOE_MM(q6_k, Q6_K, MM_MIN_BLOCKS)
+MOE_MM(mxfp4, MXFP4, 3)
+MOE_MM(iq4_nl, IQ4_NL, MM_MIN_BLOCKS)
+MOE_MM(iq4_xs, IQ4_XS, MM_MIN_BLOCKS)
+MOE_MM(iq2_xxs, IQ2_XXS, MM_MIN_BLOCKS)
+MOE_MM(iq2_xs, IQ2_XS, MM_MIN_BLOCKS)
+MOE_MM(iq2_s, IQ2_S, MM_MIN_BLOCKS)
+MOE_MM(iq3_xxs, IQ3_XXS, MM_MIN_BLOCKS)
+MOE_MM(iq3_s, IQ3_S, MM_MIN_BLOCKS)
+MOE_MM(iq1_s, IQ1_S, MM_MIN_BLOCKS)
+MOE_MM(iq1_m, IQ1_M, MM_MIN_BLOCKS)
 
 // out[t, c] = x[t, c] + sum over slots j (in order) of weights[t, j] * y[t * k + j, c]: a token's k expert rows,
 // weighted, onto the residual. Grid (ceil(n_embd / 256), n_tok), 256 threads.

@@ -172,7 +172,7 @@ struct IQ2_S {
         uint32_t qh = u16_at(m + 2 + 2 * c), sc = u16_at(m + 10 + 2 * c);
         const int8_t* x = xq + 64 * c;
         float r = 0.0f;
-#pragma unroll
+#pragma unroll 2  // unrolled whole, moe_matvec_iq1_m spilled 4 bytes once its expert biases came (gpt-oss)
         for (int j = 0; j < 4; ++j) {  // entries 2j, 2j + 1 of the item: values 16j ..
             uint32_t gw = (j < 2 ? g.x : g.y) >> (16 * (j & 1)), sw = (j < 2 ? sg.x : sg.y) >> (16 * (j & 1));
             uint4 xv = xload16(x + 16 * j);
@@ -267,7 +267,7 @@ struct IQ1_M {
         uint32_t sc = ((c < 2 ? sv.x : sv.y) >> (16 * (c & 1))) & 0xFFFF;  // scales of values 16j .. of the item
         const int8_t* x = xq + 64 * c;
         float r = 0.0f;
-#pragma unroll
+#pragma unroll 2  // unrolled whole, moe_matvec_iq1_m spilled 4 bytes once its expert biases came (gpt-oss)
         for (int j = 0; j < 4; ++j) {  // entries 2j, 2j + 1
             uint32_t g = (j < 2 ? q.x : q.y) >> (16 * (j & 1)), h = qh >> (8 * j);
             uint4 xv = xload16(x + 16 * j);

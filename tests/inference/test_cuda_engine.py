@@ -21,7 +21,7 @@ CTX = 512
 # until a row's logits flip sign; the CPU engine does the same once its activations are rounded alike. And its
 # logits, as those of tests/synth_gguf.py's files, barely depend on the input: a comparison of them is blind.
 PARITY_MODELS = ["smollm2", "gemma3", "synth_llama_k", "synth_gemma3", "synth_qwen2", "synth_qwen3moe", "synth_qwen35",
-                 "synth_gpt_oss"]
+                 "synth_gpt_oss", "synth_llama_iq4_xs"]
 MODELS = PARITY_MODELS + ["synth_1b", "synth_qwen35moe"]
 
 

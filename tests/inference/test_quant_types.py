@@ -7,16 +7,6 @@ from gguf import GGMLQuantizationType as T
 from tests.inference.synthetic import LLAMA_K_SHAPES, Q4_K_M_LAYERS, write_synthetic
 
 
-def test_the_gpu_engine_leaves_iq_files_to_the_cpu(synth_llama_iq4_xs, monkeypatch):
-    from inference import engine
-    from inference.engine import DeviceError, load
-    monkeypatch.setattr(engine, "cuda_available", lambda: True)
-    with pytest.raises(DeviceError, match=r"^the GPU kernels do not take IQ4_XS weights yet: use --device cpu$"):
-        load(synth_llama_iq4_xs, device="cuda", ctx=64)
-    e = load(synth_llama_iq4_xs, device="auto", ctx=64)
-    assert e.device == "cpu" and "the GPU kernels do not take IQ4_XS weights yet" in e.placement.summary()
-
-
 def test_a_type_without_kernels_is_refused_by_name_in_one_line(tmp_path):
     from inference.engine import load
     from models.ggml_types import UnsupportedTypeError
