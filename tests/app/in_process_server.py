@@ -12,6 +12,7 @@ import uvicorn
 
 from app.cmd_serve import build_app
 from app.server_worker import EngineWorker
+from inference import load
 
 
 @contextlib.contextmanager
@@ -35,14 +36,28 @@ def serving(worker, key: str | None):
 
 
 @contextlib.contextmanager
+def no_pulled_models(hub: Path):
+    """The Hub cache at hub (an empty folder): the servers' model lists hold only the model they were started on."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+        yield
+
+
+@contextlib.contextmanager
 def serving_one(home: Path, model: str, make_engine, key: str | None):
     """A server whose one model, home/model (a stub file), is the engine make_engine(path) builds, with no pulled
     models beside it; yields (base URL, engine)."""
     path = home / model
     path.write_bytes(b"GGUF")
     engine = make_engine(path)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(home / "hub"))  # no pulled models
-        worker = EngineWorker(str(path), lambda model, ctx, progress=None, **options: engine, {}, None, 4)
-        with serving(worker, key) as url:
-            yield url, engine
+    worker = EngineWorker(str(path), lambda model, ctx, progress=None, **options: engine, {}, None, 4)
+    with no_pulled_models(home / "hub"), serving(worker, key) as url:
+        yield url, engine
+
+
+@contextlib.contextmanager
+def serving_on_cpu(model: Path, hub: Path, key: str | None):
+    """A server of the real engine on model, on the CPU with a 512-token context, with no pulled models beside it;
+    yields its base URL."""
+    with no_pulled_models(hub), serving(EngineWorker(str(model), load, {"device": "cpu"}, 512, 4), key) as url:
+        yield url

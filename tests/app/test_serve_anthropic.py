@@ -6,13 +6,10 @@ import json
 
 import anthropic
 import httpx
-import huggingface_hub.constants
 import openai
 import pytest
 
-from app.server_worker import EngineWorker
-from inference import load
-from tests.app.in_process_server import serving, serving_one
+from tests.app.in_process_server import serving_on_cpu, serving_one
 from tests.app.test_serve_tools import MODEL, ScriptedEngine
 
 KEY = "test-key-anthropic"
@@ -228,10 +225,8 @@ def test_bearer_token_works_too(served):
 
 @pytest.fixture(scope="module")
 def smol(smollm2, tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path_factory.mktemp("hub")))  # none pulled
-        with serving(EngineWorker(str(smollm2), load, {"device": "cpu"}, 512, 4), None) as url:
-            yield url
+    with serving_on_cpu(smollm2, tmp_path_factory.mktemp("hub"), None) as url:
+        yield url
 
 
 def test_real_engine_answers_as_on_the_openai_route(smol):

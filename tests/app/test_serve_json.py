@@ -3,15 +3,12 @@
 enforced is a 400; tool_choice "required" gives a call. The server runs in this process (uvicorn on a thread)."""
 import json
 
-import huggingface_hub.constants
 import jsonschema
 import ollama
 import openai
 import pytest
 
-from app.server_worker import EngineWorker
-from inference import load
-from tests.app.in_process_server import serving
+from tests.app.in_process_server import serving_on_cpu
 from tests.app.test_run import assert_one_line_error, gguf_chat
 from tests.app.test_tool_calls import TOOLS
 
@@ -26,10 +23,8 @@ ASK = [{"role": "user", "content": "Describe a person as JSON: name, age and moo
 
 @pytest.fixture(scope="module")
 def served(smollm2, tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path_factory.mktemp("hub")))  # none pulled
-        with serving(EngineWorker(str(smollm2), load, {"device": "cpu"}, 512, 4), KEY) as url:
-            yield url
+    with serving_on_cpu(smollm2, tmp_path_factory.mktemp("hub"), KEY) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,11 @@ sent."""
 import json
 
 import httpx
-import huggingface_hub.constants
 import jsonschema
 import openai
 import pytest
 
-from app.server_worker import EngineWorker
-from inference import load
-from tests.app.in_process_server import serving, serving_one
+from tests.app.in_process_server import serving_on_cpu, serving_one
 from tests.app.test_serve_json import PERSON
 from tests.app.test_serve_tools import MODEL, ScriptedEngine
 
@@ -183,10 +180,8 @@ def test_bad_input_is_a_400_in_openais_error_shape(client):
 
 @pytest.fixture(scope="module")
 def smol(smollm2, tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path_factory.mktemp("hub")))  # none pulled
-        with serving(EngineWorker(str(smollm2), load, {"device": "cpu"}, 512, 4), None) as url:
-            yield openai.OpenAI(base_url=url + "/v1", api_key="anything", max_retries=0, timeout=120)
+    with serving_on_cpu(smollm2, tmp_path_factory.mktemp("hub"), None) as url:
+        yield openai.OpenAI(base_url=url + "/v1", api_key="anything", max_retries=0, timeout=120)
 
 
 def test_real_engine_answers_as_on_the_chat_route(smol):
