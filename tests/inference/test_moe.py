@@ -239,13 +239,18 @@ def _check_moe_parity(m: dict) -> None:
     assert m["corr_min"] >= 0.99, m
 
 
-def test_qwen3moe_matches_llama_cpp(moe_engine, moe_oracle):
-    ours = [moe_engine.logits(ids) for ids, _ in moe_oracle]
-    # the comparison sees the input: two different prompts give clearly different logits
+def _moe_parity(engine, cases, what: str) -> dict:
+    """parity of our logits of llama.cpp's cases (oracle_logits) against theirs, once the comparison is seen to
+    see the input: two different prompts give clearly different logits."""
+    ours = [engine.logits(ids) for ids, _ in cases]
     assert np.corrcoef(ours[0][-1], ours[1][-1])[0, 1] < 0.5
-    m = parity(ours, [ref for _, ref in moe_oracle])
-    print("qwen3moe", m)
-    _check_moe_parity(m)
+    m = parity(ours, [ref for _, ref in cases])
+    print(what, m)
+    return m
+
+
+def test_qwen3moe_matches_llama_cpp(moe_engine, moe_oracle):
+    _check_moe_parity(_moe_parity(moe_engine, moe_oracle, "qwen3moe"))
 
 
 def test_llama_with_experts_matches_llama_cpp(tmp_path, smollm2):
@@ -257,12 +262,7 @@ def test_llama_with_experts_matches_llama_cpp(tmp_path, smollm2):
     engine = load(path, device="cpu", ctx=64)
     assert (engine.config.arch, engine.config.n_expert, engine.config.n_expert_used, engine.config.n_ff_exp) == (
         "llama", 8, 2, 128)
-    cases = oracle_logits(path)
-    ours = [engine.logits(ids) for ids, _ in cases]
-    assert np.corrcoef(ours[0][-1], ours[1][-1])[0, 1] < 0.5
-    m = parity(ours, [ref for _, ref in cases])
-    print("llama with experts", m)
-    _check_moe_parity(m)
+    _check_moe_parity(_moe_parity(engine, oracle_logits(path), "llama with experts"))
 
 
 def test_qwen3moe_with_iq4_nl_experts_matches_llama_cpp(tmp_path):
@@ -274,12 +274,7 @@ def test_qwen3moe_with_iq4_nl_experts_matches_llama_cpp(tmp_path):
     experts = dict.fromkeys(["ffn_gate", "ffn_up", "ffn_down"], T.IQ4_NL)
     write_synthetic(path, "qwen3moe", types={**F32_LAYERS, **experts})
     engine = load(path, device="cpu", ctx=64)
-    cases = oracle_logits(path)
-    ours = [engine.logits(ids) for ids, _ in cases]
-    assert np.corrcoef(ours[0][-1], ours[1][-1])[0, 1] < 0.5
-    m = parity(ours, [ref for _, ref in cases])
-    print("qwen3moe, IQ4_NL experts", m)
-    _check_moe_parity(m)
+    _check_moe_parity(_moe_parity(engine, oracle_logits(path), "qwen3moe, IQ4_NL experts"))
 
 
 def test_parity_catches_routing_without_renormalized_weights(moe_engine, moe_oracle, monkeypatch):
