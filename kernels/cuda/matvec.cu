@@ -345,3 +345,4 @@ MOE_Q(iq3_s, IQ3_S, 2)
 MOE_Q(iq1_s, IQ1_S, 2)
 MOE_Q(iq1_m, IQ1_M, 2)
 MOE_Q(q6_k_file, Q6_K_FILE, 2)  // experts read in place from the file's pages in host memory
+MOE_Q(mxfp4_file, MXFP4_FILE, 2)

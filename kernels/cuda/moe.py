@@ -49,8 +49,8 @@ class DeviceExperts:
 
 
 # types whose stacks the decode kernels read in the file's own layout, and those kernels' suffix: Q4_K and Q5_K
-# keep that layout in VRAM too; Q6_K's 210-byte blocks have kernels of their own
-HOST_KERNELS = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k_file"}
+# keep that layout in VRAM too; Q6_K's 210-byte and MXFP4's 17-byte blocks have kernels of their own
+HOST_KERNELS = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k_file", "MXFP4": "mxfp4_file"}
 
 
 def experts_in_host_memory(raw: np.ndarray, qtype: GGMLType) -> DeviceExperts | None:

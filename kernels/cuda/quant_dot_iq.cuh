@@ -100,6 +100,21 @@ struct MXFP4 {
     }
 };
 
+// ---- MXFP4 in the file's layout: its 17-byte blocks e | qs as they are (experts in host memory, read in place over
+// PCIe, as Q6_K_FILE's), so a block's qs lie at any offset: read a byte at a time. 1 item.
+QD uint32_t load4_bytes(const uint8_t* p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+struct MXFP4_FILE {
+    static constexpr int QK = 32, BULK = 17, META = 0, ITEMS = 1;
+    static QD float dot(const uint8_t* b, const uint8_t*, int, const int8_t* xq, const float2* xds) {
+        uint4 q = make_uint4(load4_bytes(b + 1), load4_bytes(b + 5), load4_bytes(b + 9), load4_bytes(b + 13));
+        int s = table16_dot<KvaluesMxfp4>(q, xload16(xq), xload16(xq + 16));
+        return e8m0_half(b[0]) * xds[0].x * (float)s;
+    }
+};
+
 // ---- IQ4_NL: block d(2) qs(16). bulk qs, meta d. 1 item. w = d * kvalues_iq4nl[code]
 struct IQ4_NL {
     static constexpr int QK = 32, BULK = 16, META = 2, ITEMS = 1;

@@ -144,10 +144,10 @@ def test_an_expert_is_read_from_its_own_place(cuda):
     assert np.argmin(errs) == 3 and errs[3] < REL_TOL, errs
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "MXFP4"])
 def test_stacks_read_in_place_from_host_memory_match_vram(cuda, name):
-    """Experts left in pinned host memory in the file's layout (experts_in_host_memory: Q6_K through its own
-    kernels, whose 210-byte blocks lie at even offsets) give what the same stacks in VRAM give: gate, up and glu,
+    """Experts left in pinned host memory in the file's layout (experts_in_host_memory: Q6_K and MXFP4 through
+    kernels of their own, whose 210- and 17-byte blocks lie at even and at any offsets) give what the same stacks in VRAM give: gate, up and glu,
     then the weighted downs, for 3 of 4 chosen slots (a view of the ids, as the GPU's share of a token's experts
     is). A host stack whose bytes were shifted by one block gives a clearly different result (the check can fail)."""
     cp, cq, moe = cuda
@@ -162,7 +162,7 @@ def test_stacks_read_in_place_from_host_memory_match_vram(cuda, name):
         return moe.experts_in_host_memory(pinned, qtype)
 
     host = [in_host(raw, qtype) for raw, qtype in stacks]
-    assert all(w.in_host for w in host) and host[2].kernels == name.lower() + ("_file" if name == "Q6_K" else "")
+    assert all(w.in_host for w in host) and host[2].kernels == name.lower() + ("_file" if name in ("Q6_K", "MXFP4") else "")
     ids = cp.asarray(_ids(1, n_expert, k, 5))[:, 1:]  # slots 1..3
     weights = cp.asarray(np.random.default_rng(3).dirichlet(np.ones(k), 1).astype(np.float32))[:, 1:]
     xq, _ = _q8(cp, cq, np.random.default_rng(1).standard_normal((1, d)).astype(np.float32))
