@@ -57,6 +57,12 @@ def synth_llama_iq4_xs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def synth_tiny_iq3_xxs(tmp_path_factory):
+    """tests/synth_gguf.py's tiny llama in llama-quantize's IQ3_XXS mix: IQ3_XXS, IQ3_S, IQ2_S, Q3_K, Q5_K."""
+    return _synth(tmp_path_factory, "tiny", "iq3_xxs")
+
+
+@pytest.fixture(scope="session")
 def synth_gemma3(tmp_path_factory):
     return _write_small(tmp_path_factory, "gemma3")
 

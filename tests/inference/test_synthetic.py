@@ -1,7 +1,8 @@
 """The synthetic writer's K-quant matrices (tests/inference/synthetic.py) and the Q4_K_M llama of the GPU tests
 (conftest.py's synth_llama_k): values of the asked mean and std, the types llama.cpp's reader sees, logits that
 depend on the input, and a planted fault that the GPU tests' comparison (gpu_compare.assert_close_logits) sees.
-Its CPU engine against llama.cpp: test_parity.py."""
+Its CPU engine against llama.cpp: test_parity.py. The bench writer tests/synth_gguf.py's IQ3_XXS mix: its types and
+blocks."""
 import gguf
 import numpy as np
 import pytest
@@ -30,6 +31,21 @@ def test_the_llama_k_file_holds_the_q4_k_m_mix(synth_llama_k):
         for name, qtype in Q4_K_M_LAYERS.items():
             assert types[f"blk.{i}.{name}.weight"] == qtype, name
     assert set(Q4_K_M_LAYERS.values()) == {T.Q4_K, T.Q6_K}
+
+
+def test_synth_gguf_writes_llama_quantizes_iq3_xxs_mix_with_zero_mean_blocks(synth_tiny_iq3_xxs):
+    """llama.cpp's IQ3_XXS choices for a 2-layer llama with GQA 2, as llama-quantize makes them without an imatrix
+    (llama-quant.cpp): ffn_down Q3_K past the first n_layer/8 (= 0) layers, attn_v IQ3_S below GQA 4."""
+    tensors = {t.name: t for t in gguf.GGUFReader(synth_tiny_iq3_xxs).tensors}
+    mix = {"attn_q": T.IQ2_S, "attn_k": T.IQ2_S, "attn_v": T.IQ3_S, "attn_output": T.IQ3_S, "ffn_gate": T.IQ3_XXS,
+           "ffn_up": T.IQ3_XXS, "ffn_down": T.Q3_K}
+    expected = {"token_embd.weight": T.IQ3_S, "output.weight": T.Q5_K}
+    expected |= {f"blk.{i}.{name}.weight": qtype for i in range(2) for name, qtype in mix.items()}
+    assert {name: tensors[name].tensor_type for name in expected} == expected
+    for name in expected:
+        block_bytes = gguf.GGML_QUANT_SIZES[tensors[name].tensor_type][1]
+        w = DEQUANTIZERS[tensors[name].tensor_type.name](np.asarray(tensors[name].data).reshape(-1, block_bytes))
+        assert np.isfinite(w).all() and abs(w.mean()) < 0.05 * w.std(), (name, w.mean(), w.std())
 
 
 @pytest.fixture(scope="module")
