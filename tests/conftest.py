@@ -3,9 +3,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+# Each pytest-xdist worker gets its share of the cores for numba's and OpenBLAS's threads (set here, before either
+# loads; a user's own setting stays). The README's two workers of two threads each on CI's 2 cores descheduled each
+# other's threads in the middle of a parallel region, where the kernels' claimed chunks and published slots wait
+# on one another: the same kernel tests took 1.5x the CPU time (BENCHMARKS.md, session 21). The GPU machine's
+# workers get several threads each, so the kernels' waits still run concurrently there; CLI processes the tests
+# start inherit the share.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _share = str(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ.setdefault("NUMBA_NUM_THREADS", _share)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", _share)
 
-from models.packaged import gemma3_path, smollm2_path
+import pytest  # noqa: E402  (after the thread counts)
+
+from models.packaged import gemma3_path, smollm2_path  # noqa: E402
 
 
 # The GPU machine has no model packages and takes at most 64 MiB a call: there the files are copied in by
@@ -23,14 +34,24 @@ def gemma3() -> Path:
 
 
 @pytest.fixture(scope="session")
-def cli_kernels_cached(smollm2, gemma3):
+def cli_kernels_cached(smollm2, gemma3, tmp_path_factory):
     """The CLI's CPU kernels for both packaged models compiled once and in numba's on-disk cache, before tests that
     compare two processes' replies. A process that compiled its kernels itself and one that loaded them from the
     cache can choose apart at a near tie (SmolLM2's greedy reply to test_serve's QUESTION, seen on a clean clone:
     "Marseillaise" on a first start, "Marseur" on later ones), so such a comparison holds only once both load
     them. Run in the suite's order, the first CLI test (test_bench) filled the cache first; with tests spread over
-    workers (pytest -n) this fixture does it."""
+    workers (pytest -n) this fixture does it, once a run: the first worker to need it, while the others wait."""
+    import fcntl
+    run_dir = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        run_dir = run_dir.parent  # the run's folder, which all its workers share
+    done = run_dir / "cli_kernels_cached"
     root = Path(__file__).resolve().parents[1]
-    for model, raw in ((smollm2, []), (gemma3, ["--raw"])):
-        subprocess.run([sys.executable, "-m", "app.cli", "run", str(model), *raw, "-p", "Hi", "-n", "2"],
-                       capture_output=True, cwd=root, timeout=600, check=True)
+    with open(run_dir / "cli_kernels_cached.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return
+        for model, raw in ((smollm2, []), (gemma3, ["--raw"])):
+            subprocess.run([sys.executable, "-m", "app.cli", "run", str(model), *raw, "-p", "Hi", "-n", "2"],
+                           capture_output=True, cwd=root, timeout=600, check=True)
+        done.touch()

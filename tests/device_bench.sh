@@ -9,6 +9,9 @@
 #   bash tests/device_bench.sh vram     # its peak VRAM against file size + KV cache + 10%
 #   bash tests/device_bench.sh moe      # Qwen3-30B-A3B's shapes (qwen3moe q4_k_m, 17.3 GiB) all on the GPU
 #   bash tests/device_bench.sh moe_host # the same with all experts / those of 24 layers in host memory
+#   bash tests/device_bench.sh iq_synth # issue 34's IQ files and gpt-oss-20b's, written side by side (~5 minutes)
+#   bash tests/device_bench.sh iq       # llama3-8b in IQ4_XS and IQ2_XXS mixes, Qwen3-30B-A3B in IQ3_XXS, all on the GPU
+#   bash tests/device_bench.sh oss_host # gpt-oss-20b with all experts in host memory (issue 33)
 # With layers on the CPU, where the time goes: python3 tests/device_profile.py FILE N (per-op, per-token), and
 # the host's DRAM and PCIe rates: python3 tests/device_probe.py FILE (see inference/NOTES_gpu.md).
 set -uo pipefail
@@ -84,6 +87,27 @@ moe_host)  # issue 17: experts in host memory (--cpu-moe, --n-cpu-moe 24) next t
         | sed "s/CUDA /CUDA $flags /" | tee -a "$OUT/moe_host_llamacpp.md"
     done
   fi ;;
+iq_synth)  # in parallel, each file's log beside it; the IQ3_XXS mixture as an imatrix file has it (its downs IQ3_XXS)
+  for m in "llama3-8b iq4_xs" "llama3-8b iq2_xxs" "qwen3moe-30b-a3b iq3_xxs --imatrix-mix" "gpt-oss-20b q4_k_m"; do
+    set -- $m; f=$files/$1-$2.gguf
+    [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset "$@" >"$f.log" 2>&1 &
+  done
+  wait; ls -la $files ;;
+iq)  # issue 34: pp512 and tg128 all on the GPU, ours then llama.cpp's
+  peer=$(peer_bench)
+  for f in $files/llama3-8b-iq4_xs.gguf $files/llama3-8b-iq2_xxs.gguf $files/qwen3moe-30b-a3b-iq3_xxs.gguf; do
+    echo "== $f"
+    timeout 240 python3 -m app.cli bench "$f" --device cuda -p 512 -n 128 -r ${REPS:-3} | tail -n 2 | tee -a "$OUT/iq_ours.md"
+    [ -x "$peer" ] && timeout 240 "$peer" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r ${REPS:-3} 2>/dev/null \
+      | grep -E "pp512|tg128" | tee -a "$OUT/iq_llamacpp.md"
+  done ;;
+oss_host)  # issue 33: gpt-oss-20b, all experts in host memory, next to llama.cpp's -ot exps=CPU
+  peer=$(peer_bench)
+  f=$files/gpt-oss-20b-q4_k_m.gguf
+  timeout 300 python3 -m app.cli bench "$f" --device cuda --cpu-moe -p 512 -n 64 -r ${REPS:-3} | tail -n 2 \
+    | tee -a "$OUT/oss_host_ours.md"
+  [ -x "$peer" ] && timeout 300 "$peer" -m "$f" -ngl 99 -fa 1 -ot exps=CPU -t 16 -p 512 -n 64 -r ${REPS:-3} 2>/dev/null \
+    | grep -E "pp512|tg64" | tee -a "$OUT/oss_host_llamacpp.md" ;;
 vram)  # issue 5: peak VRAM of llama3-8b q4_k_m at ctx 4096 (a full 1024-token chunk, then decoding) vs file + KV + 10%
   f=$files/llama3-8b-q4_k_m.gguf
   [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m
@@ -108,5 +132,5 @@ print(f"llama3-8b q4_k_m ctx 4096: peak VRAM in use {peak[0] / 2**30:.3f} GiB (C
       f"file + KV = {(file + kv) / 2**30:.3f} GiB, ratio {peak[0] / (file + kv):.3f} (limit 1.10)")
 PY
   ;;
-*) echo "usage: device_bench.sh synth | run | hybrid | vram" >&2; exit 2 ;;
+*) echo "usage: device_bench.sh synth | run | hybrid | moe | moe_host | iq_synth | iq | oss_host | vram" >&2; exit 2 ;;
 esac
