@@ -33,7 +33,7 @@ from kernels.cpu.dot_int8 import quantize_q8
 from kernels.cpu.gemm import gemm_int8, padded_tokens, quantize_biased
 from kernels.cpu.matvec import (MATVEC_CHUNKS, N_WORKERS, expert_ffn_int8, expert_matvecs_int8, glu_matvecs_int8,
                                 matvec_add_int8, matvec_decoded, matvec_fused, matvecs_int8)
-from kernels.cpu.ops import GELU_TABLE
+from kernels.cpu.ops import ACTIVATIONS, GELU_TABLE
 from kernels.cpu.repack import ROWS, Repacked
 from kernels.cpu.types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, MXFP4, N16
 from models.ggml_types import GGMLType, UnsupportedTypeError
@@ -225,6 +225,7 @@ def expert_matvecs(stacks: tuple[np.ndarray, ...], qtypes: tuple[GGMLType, ...],
 
 
 NO_NORM = np.zeros(0, np.float32)
+NO_BIAS = np.zeros((0, 0), np.float32)
 
 
 class OneTokenExperts:
@@ -235,13 +236,22 @@ class OneTokenExperts:
     (expert_ffn_int8).
 
     stacks: gate, up uint8 [n_expert, n_ff, row_bytes_m], down uint8 [n_expert, n_embd, row_bytes] (a GGUF file's
-    stacks: C-contiguous) of INT8_IDS types qtypes."""
+    stacks: C-contiguous) of INT8_IDS types qtypes; biases: None, or the experts' (gate, up, down) output biases
+    (gpt-oss) [n_expert, n_ff] x 2, [n_expert, n_embd]."""
 
-    def __init__(self, stacks: tuple[np.ndarray, np.ndarray, np.ndarray], qtypes: tuple[GGMLType, GGMLType, GGMLType]):
+    def __init__(self, stacks: tuple[np.ndarray, np.ndarray, np.ndarray], qtypes: tuple[GGMLType, GGMLType, GGMLType],
+                 biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
         n_expert, self.n_ff, self.n_embd = _check_stacks(stacks[:2], qtypes[:2])
         if _check_stacks(stacks[2:], qtypes[2:]) != (n_expert, self.n_embd, self.n_ff):
             raise ValueError(f"the down stack must be {n_expert} experts [{self.n_embd}, {self.n_ff}] as gate and up "
                              f"are [{self.n_ff}, {self.n_embd}], got {qtypes[2].name} {stacks[2].shape}")
+        if biases is None:
+            self.biases = (NO_BIAS,) * 3
+        else:
+            self.biases = tuple(np.ascontiguousarray(b, np.float32) for b in biases)
+            if [b.shape for b in self.biases] != [(n_expert, self.n_ff)] * 2 + [(n_expert, self.n_embd)]:
+                raise ValueError(f"expert biases must be [{n_expert}, {self.n_ff}] x 2, [{n_expert}, {self.n_embd}], "
+                                 f"got {[b.shape for b in self.biases]}")
         # read-only views of their own: the kernels get the shapes checked here, whatever is done to the arrays given
         gate, up, down = (w.view() for w in stacks)
         for v in (gate, up, down):
@@ -251,9 +261,10 @@ class OneTokenExperts:
 
     def ffn(self, h: np.ndarray, ids: np.ndarray, weights: np.ndarray, activation: str,
             out: np.ndarray | None = None) -> np.ndarray:
-        """The sum over slots s of weights[s] * down(activation(gate h) * up h) of expert ids[s]: float32 [1, n_embd],
-        written into out when given. What weights @ expert_matvecs of the downs on ops.glu of expert_matvecs' gate
-        and up gives, to float32 rounding (the same dots, summed in slot order).
+        """The sum over slots s of weights[s] * down(ops.glu(gate h, up h, activation)) of expert ids[s] (each output
+        plus its bias, if any): float32 [1, n_embd], written into out when given. What weights @ expert_matvecs of the
+        downs on ops.glu of expert_matvecs' gate and up gives, to float32 rounding (the same dots, summed in slot
+        order).
 
         h: float32 [1, n_embd], ids: int [k], weights: float [k], out: C-contiguous float32 [1, n_embd] or None."""
         ids, weights = np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32)
@@ -266,7 +277,7 @@ class OneTokenExperts:
         elif out.dtype != np.float32 or out.shape != (1, self.n_embd) or not out.flags.c_contiguous:
             raise ValueError(f"out must be C-contiguous float32 [1, {self.n_embd}], got {out.dtype} {out.shape}")
         expert_ffn_int8(self.gate_up_tids, self.gate_up, self.down_tid, self.down, ids, weights, np.ascontiguousarray(h),
-                        activation == "gelu", GELU_TABLE, out, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
+                        ACTIVATIONS[activation], self.biases, GELU_TABLE, out, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
         return out
 
 
