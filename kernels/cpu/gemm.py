@@ -27,25 +27,28 @@ def padded_tokens(n_tokens: int) -> int:
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def quantize_biased(x, xu, xd, xds):
+def quantize_biased(x, xu, xd, xds, block=32):
     """x: float32 [n_tokens, n_cols] -> xu: uint8 [n_padded, n_cols] = xq + 128, xq int8 to the nearest of x / xd,
-    xd: float32 [n_padded, n_cols // 32] = amax / 127 of each 32 values (as quantize_q8), xds: xd * the sum of xq
-    over the 32. Rows from n_tokens on are zeros (xu 128)."""
+    xd: float32 [n_padded, n_cols // 32] = amax / 127 of each block of values (as quantize_q8; block 256: one amax
+    for 8 groups of 32, llama.cpp's q8_K, which IQ4_XS's dots take there), xds: xd * the sum of xq over each 32.
+    Rows from n_tokens on are zeros (xu 128)."""
     n_tokens = x.shape[0]
+    per = block // 32  # groups of 32 under one scale
     for t in nb.prange(xu.shape[0]):
-        for b in range(xd.shape[1]):
+        for b0 in range(0, xd.shape[1], per):
             amax = np.float32(0)
             if t < n_tokens:
-                for l in range(32):
-                    amax = max(amax, abs(x[t, 32 * b + l]))
+                for l in range(32 * b0, 32 * (b0 + per)):
+                    amax = max(amax, abs(x[t, l]))
             inv = np.float32(127) / amax if amax > 0 else np.float32(0)
-            s = 0
-            for l in range(32):
-                q = np.int32(np.rint(x[t, 32 * b + l] * inv)) if t < n_tokens else np.int32(0)
-                xu[t, 32 * b + l] = np.uint8(q + 128)
-                s += q
-            xd[t, b] = amax / np.float32(127)
-            xds[t, b] = xd[t, b] * np.float32(s)
+            for b in range(b0, b0 + per):
+                s = 0
+                for l in range(32):
+                    q = np.int32(np.rint(x[t, 32 * b + l] * inv)) if t < n_tokens else np.int32(0)
+                    xu[t, 32 * b + l] = np.uint8(q + 128)
+                    s += q
+                xd[t, b] = amax / np.float32(127)
+                xds[t, b] = xd[t, b] * np.float32(s)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)

@@ -35,7 +35,7 @@ from kernels.cpu.matvec import (MATVEC_CHUNKS, N_WORKERS, expert_ffn_int8, exper
                                 matvec_add_int8, matvec_decoded, matvec_fused, matvecs_int8)
 from kernels.cpu.ops import ACTIVATIONS, GELU_TABLE
 from kernels.cpu.repack import ROWS, Repacked
-from kernels.cpu.types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, MXFP4, N16
+from kernels.cpu.types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, IQ4_XS, MXFP4, N16
 from models.ggml_types import GGMLType, UnsupportedTypeError
 
 MATVEC_MAX_TOKENS = 4  # up to this many tokens the matvec kernel beats dequantize + BLAS
@@ -161,14 +161,21 @@ def q8_0_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _gemms(ws: list, qtypes: list[GGMLType], x: np.ndarray, outs: list[np.ndarray]) -> None:
     """outs[m] = x8 @ W_m.T for INT8_IDS matrices (bytes or repacked) sharing x (C-contiguous, checked): x
-    quantized once."""
+    quantized once per kind in use, in blocks of 32 (IQ4_XS: of 256, as llama.cpp's q8_K; MXFP4: scales rounded to
+    fp16, as its q8_0)."""
     n_padded, n_cols = padded_tokens(len(x)), x.shape[1]
-    xu = np.empty((n_padded, n_cols), np.uint8)
-    xd, xds = np.empty((n_padded, n_cols // 32), np.float32), np.empty((n_padded, n_cols // 32), np.float32)
-    quantize_biased(x, xu, xd, xds)
-    xd16 = xd.astype(np.float16).astype(np.float32) if any(q.id == MXFP4 for q in qtypes) else None
-    for w, qtype, out in zip(ws, qtypes, outs):  # MXFP4's x scales rounded to fp16, as llama.cpp's q8_0 (no xds)
-        gemm_int8(*_kernel_args(w, qtype), xu, xd16 if qtype.id == MXFP4 else xd, xds, out, F16_TO_F32, N_WORKERS)
+    xs = {}  # (block, fp16 scales) -> (xu, xd, xds)
+    for w, qtype, out in zip(ws, qtypes, outs):
+        kind = (256 if qtype.id == IQ4_XS else 32, qtype.id == MXFP4)
+        if kind not in xs:
+            if (kind[0], False) not in xs:
+                xu = np.empty((n_padded, n_cols), np.uint8)
+                xd, xds = np.empty((n_padded, n_cols // 32), np.float32), np.empty((n_padded, n_cols // 32), np.float32)
+                quantize_biased(x, xu, xd, xds, kind[0])
+                xs[kind[0], False] = xu, xd, xds
+            xu, xd, xds = xs[kind[0], False]
+            xs[kind] = xu, xd.astype(np.float16).astype(np.float32) if kind[1] else xd, xds  # MXFP4 reads no xds
+        gemm_int8(*_kernel_args(w, qtype), *xs[kind], out, F16_TO_F32, N_WORKERS)
 
 
 def quantized_matvecs_own_rows(ws: list[np.ndarray], qtypes: list[GGMLType], x: np.ndarray) -> list[np.ndarray]:

@@ -26,7 +26,10 @@ def reference(w: np.ndarray, name: str) -> np.ndarray:
 
 
 def x_block(name: str, n_tokens: int) -> int:
-    """The values of x under one scale in the int8 matvec (or GEMM: more tokens) of this weight type."""
+    """The values of x under one scale in the int8 matvec (or GEMM: more tokens) of this weight type (IQ4_XS: 256 in
+    both, as llama.cpp's q8_K)."""
+    if name == "IQ4_XS":
+        return 256
     return 32 if TYPES_BY_NAME[name].id in BLOCK32_IDS or n_tokens > MATVEC_MAX_TOKENS else 256
 
 
