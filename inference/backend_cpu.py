@@ -27,14 +27,13 @@ def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.
     router's choice), written into out (float32 [n, n_embd]) when given. Only the chosen experts are read; of
     several tokens, grouped by expert, so each chosen expert's matrices are read once a call."""
     gate, up, down = experts.gate, experts.up, experts.down
-    # the types with int8 kernels as cpu_quant holds them now, the list its expert checks and quantized_matmuls read:
-    # the GPU tests' float32 reference (gpu_compare.float_activations) empties it to keep x in float32 (three tests,
-    # not all() of a generator: 0.8 us less a call on the 2-core VM)
-    int8 = cpu_quant.INT8_IDS
-    if len(h) == 1 and gate.qtype.id in int8 and up.qtype.id in int8 and down.qtype.id in int8 \
-            and not experts.has_biases and activation in ("silu", "gelu"):
-        # one token: its experts' gate, up and GLU in one kernel call (one parallel region), their downs and the
-        # weighted sum in another, written straight into out
+    # the types with int8 kernels as cpu_quant holds them now, what its expert checks and quantized_matmuls read:
+    # the GPU tests' float32 reference (gpu_compare.float_activations) empties INT8_IDS to keep x in float32 (three
+    # calls, not all() of a generator: 0.8 us less a call on the 2-core VM)
+    int8 = cpu_quant.takes_int8
+    if len(h) == 1 and int8(gate.qtype.id) and int8(up.qtype.id) and int8(down.qtype.id):
+        # one token: its experts' gate, up and GLU, their downs and the weighted sum in one kernel call (one parallel
+        # region), written straight into out; gpt-oss's biases and GLU too
         return experts.one_token.ffn(h, ids[0], weights[0], activation, out)
     y = _moe_experts_listed(experts, h, ids, weights, activation)
     if out is None:
@@ -45,8 +44,8 @@ def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.
 
 def _moe_experts_listed(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.ndarray,
                         activation: str) -> np.ndarray:
-    """moe_experts where its one-token kernels do not apply: a type with no int8 kernel (MXFP4 among them), biases
-    (gpt-oss: added to each expert's gate, up and down outputs), gpt-oss's GLU, or several tokens."""
+    """moe_experts where its one-token kernel does not apply: a type with no int8 kernel, or several tokens. Biases
+    (gpt-oss) are added to each expert's gate, up and down outputs."""
     bias = experts.has_biases
     if len(h) == 1:  # one token: the chosen experts' matrices as a list
         chosen = [(experts.gate.expert(e), experts.up.expert(e), experts.down.expert(e)) for e in ids[0]]

@@ -75,7 +75,8 @@ class ExpertFFN:
         """The stacks as the CPU's one-token expert kernels take them, checked on first use (not every decode
         token: ~10 us a call on the 2-core VM) and kept with this FFN. Only for INT8_IDS types."""
         return OneTokenExperts((self.gate.data, self.up.data, self.down.data),
-                               (self.gate.qtype, self.up.qtype, self.down.qtype))
+                               (self.gate.qtype, self.up.qtype, self.down.qtype),
+                               (self.gate_bias, self.up_bias, self.down_bias) if self.has_biases else None)
 
 
 @dataclass(frozen=True)

@@ -1,32 +1,36 @@
 """Integer dots of quantized rows with int8-quantized x (numba intrinsics that emit LLVM vector IR).
 
 x [n_tokens, n_cols] is quantized once per call: xq int8 (|xq| <= 127) times xd float32, one scale per
-block of x (256 values for Q4_K and Q6_K, as llama.cpp's q8_K; 32 for the BLOCK32_IDS types, as its q8_0),
+block of x (256 values for the K256_IDS types, as llama.cpp's q8_K; 32 for the BLOCK32_IDS types, as its q8_0),
 and xs16, the int16 sums of xq over each 16 (for block minimums and offsets: Q6_K's -32, Q4_0's -8, Q5_0's
 -16). numba computes integers in int64, which hides byte dot products from LLVM's loop vectorizer (a numba
 loop ran 4x slower), so the dots are intrinsics that emit LLVM vector IR: byte products summed in pairs to
 int16 (pmaddubsw, which takes one operand unsigned), the pairs times their scales summed to int32 (pmaddwd).
-Q4_K, Q6_K: a whole super-block of 256 of two rows at a time, as llama.cpp does for one; the 32-value blocks
-one row. Each loops over a row's blocks in IR, scales every block's int32 sums into float accumulators and
-ends in one horizontal sum a row.
+Q4_K, Q6_K, IQ4_XS: a whole super-block of 256 of two rows at a time, as llama.cpp does for one; the 32-value
+blocks one row. Each loops over a row's blocks in IR, scales every block's int32 sums into float accumulators and
+ends in one horizontal sum a row. The 4-bit codebook types (MXFP4, IQ4_NL, IQ4_XS) look their codes' signed values
+up by a byte shuffle (ir.lookup16) and dot them as Q8_0's signed bytes (ir.abs_signed), as llama.cpp's x86 dots
+(ggml_vec_dot_iq4_nl_q8_0, ggml_vec_dot_mxfp4_q8_0, ggml_vec_dot_iq4_xs_q8_K).
 """
 import numpy as np
 from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from kernels.cpu.ir import (array_data, call, fold, fsum, half_ir, i64, ir_loop, load, load_bytes, madd, madd32,
-                            madd_scaled, prefetch, ptr, shuffle, splat, splat_f)
-from kernels.cpu.types import Q4_0, Q4_1, Q5_0, fast
+from kernels.cpu.ir import (abs_signed, array_data, call, fold, fsum, half_ir, i64, ir_loop, load, load_bytes,
+                            lookup16, madd, madd32, madd_scaled, prefetch, ptr, shuffle, splat, splat_f)
+from kernels.cpu.types import IQ4_NL, MXFP4, Q4_0, Q4_1, Q5_0, Q6_K, fast
+from models.dequant import KVALUES_MXFP4
+from models.iq_grids import KVALUES_IQ4NL
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
-INLINED = ("types", "ir")
+INLINED = ("types", "ir", "models.dequant", "models.iq_grids")  # the 4-bit tables: constants
 PREFETCH_BYTES = 2048
 # Q4_K and Q6_K: two cache lines of each row's block this far ahead, as the 32-value blocks' PREFETCH_BYTES. On the
 # 16-core host 2048 read Q4_K from DRAM ~1.3x faster than none, 1024 in between (BENCHMARKS.md, session 15).
 K_PREFETCH_BYTES = 2048
-INLINED_DIGEST = "bb5cacd8442cd276"
+INLINED_DIGEST = "9c6fdfd447dc990b"
 
 
 def _nibbles32(context, builder, row_t, row, off):
@@ -107,6 +111,37 @@ def _q6_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
     return [builder.sub(fold(builder, acc), offset)]
 
 
+def iq4_xs_scales(context, builder, row_t, row, o):
+    """<8 x i16>: ls_j - 32 of the IQ4_XS block at row[o:], its 8 sub-blocks' 6-bit scales (low 4 bits from
+    scales_l[j // 2]'s nibble j % 2, high 2 from bits 2j, 2j + 1 of scales_h), as ggml's dequantize_row_iq4_xs."""
+    v8 = ir.VectorType(ir.IntType(16), 8)
+    low = builder.zext(shuffle(builder, load_bytes(context, builder, row_t, row, builder.add(o, i64(4)), 4), None,
+                               [j // 2 for j in range(8)]), v8)
+    low = builder.and_(builder.lshr(low, v8([4 * (j % 2) for j in range(8)])), v8([0xF] * 8))
+    high = splat(builder, builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(2)), ir.IntType(16))),
+                 8, 16)
+    high = builder.shl(builder.and_(builder.lshr(high, v8([2 * j for j in range(8)])), v8([3] * 8)), v8([4] * 8))
+    return builder.sub(builder.or_(low, high), v8([32] * 8))
+
+
+def _iq4_xs_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
+    """[<8 x i32> summing to sum over its 8 sub-blocks j of (ls_j - 32) * (v . xq)] of the IQ4_XS block at
+    row[o:o + 136] (values v from IQ4_NL's table) and x's block i (xq[256 i:256 i + 256]): each 64 values (two
+    sub-blocks, 32 bytes of codes) looked up, dotted as Q8_0's (abs_signed), their int16 pair sums times the
+    sub-block's scale summed to int32 (pmaddwd), as llama.cpp's ggml_vec_dot_iq4_xs_q8_K does."""
+    scales = iq4_xs_scales(context, builder, row_t, row, o)
+    x0 = builder.mul(i, i64(256))
+    acc = ir.VectorType(ir.IntType(32), 16)([0] * 16)
+    for h in range(4):  # sub-blocks 2h, 2h + 1: codes at qs[32 h:32 h + 32], low nibbles then high of each 16
+        q = load_bytes(context, builder, row_t, row, builder.add(o, i64(8 + 32 * h)), 32)
+        low, high = builder.and_(q, splat(builder, 0xF, 32)), builder.lshr(q, splat(builder, 4, 32))
+        codes = shuffle(builder, low, high, [*range(16), *range(32, 48), *range(16, 32), *range(48, 64)])
+        x = load(context, builder, xq_t, xq, builder.add(x0, i64(64 * h)), 64)
+        unsigned, signed = abs_signed(context, builder, lookup16(context, builder, IQ4_NL_TABLE, codes), x)
+        run_scales = shuffle(builder, scales, None, [2 * h] * 16 + [2 * h + 1] * 16)
+        acc = builder.add(acc, madd_scaled(context, builder, unsigned, signed, run_scales))
+    return [fold(builder, acc)]
+
 
 def _row_at(context, builder, w_t, w, r_t, r, block_bytes):
     """(byte offset of row r, its number of blocks) in w, a C-contiguous uint8 [n_rows, row_bytes]. The dots take
@@ -160,17 +195,24 @@ def _k_rows(block, block_bytes, scales_at):
 # xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq)) a block; Q6_K: xd * d * sum of sc * ((q - 32) . xq)
 dot_q4_k_rows = _k_rows(_q4_k_block, 144, ((0, 1), (2, -1)))
 dot_q6_k_rows = _k_rows(_q6_k_block, 210, ((208, 1),))
+dot_iq4_xs_rows = _k_rows(_iq4_xs_block, 136, ((0, 1),))  # xd * d * sum of (ls - 32) * (v . xq) a block
 
 
 
-def _b32_rows(block_bytes, operands, min_at, offset):
+def _f16_scale(context, builder, row_t, row, o, xd_k, f16_t, f16):
+    """d * xd of a block whose scale d is the f16 at its start (every 32-value type but MXFP4)."""
+    return builder.fmul(half_ir(context, builder, row_t, row, o, f16_t, f16), xd_k)
+
+
+def _b32_rows(block_bytes, operands, min_at, offset, scale=_f16_scale):
     """An intrinsic f(w, ra, rb, xq, xd, xs16, f16) -> (w[ra] . x8, w[rb] . x8) for two rows of a 32-value block
     type's matrix w (C-contiguous uint8 [n_rows, row_bytes]: no row view is made, see _row_at) and one token's x8
     (xq, xd a block, xs16), in one IR loop over the blocks: each block's int32 partial sums times d * xd into a
     float vector a row, its minimum (min_at) or offset (-offset * d), if any, times the sum of xq into a float;
     one horizontal sum a row, where a numba loop paid one a block. Two rows share each block of x (its load, scale
     and sum) and keep two chains in flight. operands(context, builder, row_t, row, o, x) -> (unsigned, signed)
-    <32 x i8> whose products are the block's quants times x."""
+    <32 x i8> whose products are the block's quants times x; scale(context, builder, row_t, row, o, xd_k, f16_t,
+    f16) -> d * xd of the block at o."""
     @intrinsic
     def rows_dot(typingctx, w, ra, rb, xq, xd, xs16, f16):
         def codegen(context, builder, sig, args):
@@ -191,7 +233,7 @@ def _b32_rows(block_bytes, operands, min_at, offset):
                     o = builder.add(base, builder.mul(k, i64(block_bytes)))
                     prefetch(context, builder, row_t, row, builder.add(o, i64(PREFETCH_BYTES)))
                     unsigned, signed = operands(context, builder, row_t, row, o, x)
-                    d = builder.fmul(half_ir(context, builder, row_t, row, o, f16_t, f16), xd_k)
+                    d = scale(context, builder, row_t, row, o, xd_k, f16_t, f16)
                     if min_at is not None:
                         m = half_ir(context, builder, row_t, row, builder.add(o, i64(min_at)), f16_t, f16)
                         acc_s = builder.fadd(acc_s, builder.fmul(builder.fmul(m, xd_k), xsum))
@@ -225,18 +267,48 @@ def _nibbles_at(quants_at, qh_at=None):
 def _q8_0_operands(context, builder, row_t, row, o, x):
     """|q| and x with q's sign, as llama.cpp's x86 Q8_0 dot: pmaddubsw takes one operand unsigned, and
     2 * 128 * 127 keeps its int16 pair sums from saturating (q + 128 would not: 2 * 255 * 127)."""
-    q = load_bytes(context, builder, row_t, row, builder.add(o, i64(2)), 32)
-    zero = splat(builder, 0, 32)
-    negative = builder.icmp_signed("<", q, zero)
-    return builder.select(negative, builder.sub(zero, q), q), builder.select(negative, builder.sub(zero, x), x)
+    return abs_signed(context, builder, load_bytes(context, builder, row_t, row, builder.add(o, i64(2)), 32), x)
 
 
-# (block bytes, its operands, minimum at, offset) of ggml's blocks: d f16 first in each
+def _table_at(table, quants_at):
+    """operands of _b32_rows for 4-bit codes at quants_at (16 bytes: low nibbles, then high, as Q4_0's) into the
+    16 signed values of table, looked up by a byte shuffle (lookup16), dotted as Q8_0's values (|v| <= 127: the
+    pair sums 2 * 127 * 127 stay below pmaddubsw's saturation)."""
+    def operands(context, builder, row_t, row, o, x):
+        codes = _nibbles32(context, builder, row_t, row, builder.add(o, i64(quants_at)))
+        return abs_signed(context, builder, lookup16(context, builder, table, codes), x)
+    return operands
+
+
+def e8m0_half_ir(builder, e):
+    """float32 2^(e - 128) of an MXFP4 block's scale byte e (an i8), exactly as ggml's ggml_e8m0_to_fp32_half:
+    the float's exponent field e - 1, or for e < 2 the subnormal 2^-128, 2^-127."""
+    i32 = ir.IntType(32)
+    e = builder.zext(e, i32)
+    bits = builder.select(builder.icmp_unsigned("<", e, i32(2)), builder.shl(i32(0x00200000), e),
+                          builder.shl(builder.sub(e, i32(1)), i32(23)))
+    return builder.bitcast(bits, ir.FloatType())
+
+
+def _mxfp4_scale(context, builder, row_t, row, o, xd_k, f16_t, f16):
+    """e8m0_half(e) * xd of an MXFP4 block, xd rounded to fp16 as llama.cpp's q8_0 block of x stores it (its CPU
+    dots MXFP4 with q8_0: our experts see the activations its experts see)."""
+    e = builder.load(ptr(context, builder, row_t, row, o, ir.IntType(8)))
+    xd_h = builder.fpext(builder.fptrunc(xd_k, ir.HalfType()), ir.FloatType())
+    return builder.fmul(e8m0_half_ir(builder, e), xd_h)
+
+
+MXFP4_TABLE = [int(v) for v in KVALUES_MXFP4]  # the e2m1 values doubled: 0 1 2 3 4 6 8 12, bit 3 the sign
+IQ4_NL_TABLE = [int(v) for v in KVALUES_IQ4NL]
+
+# (block bytes, its operands, minimum at, offset[, scale]) of ggml's blocks: d f16 first in each but MXFP4's (e8m0)
 dot_q4_0_rows = _b32_rows(18, _nibbles_at(2), None, 8)
 dot_q4_1_rows = _b32_rows(20, _nibbles_at(4), 2, 0)
 dot_q5_0_rows = _b32_rows(22, _nibbles_at(6, 2), None, 16)
 dot_q5_1_rows = _b32_rows(24, _nibbles_at(8, 4), 2, 0)
 dot_q8_0_rows = _b32_rows(34, _q8_0_operands, None, 0)
+dot_iq4_nl_rows = _b32_rows(18, _table_at(IQ4_NL_TABLE, 2), None, 0)
+dot_mxfp4_rows = _b32_rows(17, _table_at(MXFP4_TABLE, 1), None, 0, _mxfp4_scale)
 
 
 @intrinsic
@@ -311,12 +383,15 @@ def dot8_q4_k(w, r0, r1, xq, xd, xs16, out, f16):
 
 
 @fast
-def dot8_q6_k(w, r0, r1, xq, xd, xs16, out, f16):
-    """As dot8_q4_k for Q6_K."""
+def dot8_k256(tid, w, r0, r1, xq, xd, xs16, out, f16):
+    """As dot8_q4_k for Q6_K or IQ4_XS (tid) rows, x in blocks of 256 as it lies (llama.cpp's q8_K)."""
     half_rows = (r1 - r0 + 1) // 2
     for r in range(r0, r0 + half_rows):
         r_b = r + half_rows if r + half_rows < r1 else r
-        out[r], out[r_b] = dot_q6_k_rows(w, r, r_b, xq, xd, xs16, f16)
+        if tid == Q6_K:
+            out[r], out[r_b] = dot_q6_k_rows(w, r, r_b, xq, xd, xs16, f16)
+        else:
+            out[r], out[r_b] = dot_iq4_xs_rows(w, r, r_b, xq, xd, xs16, f16)
 
 
 @fast
@@ -330,8 +405,8 @@ def dot8_q8_0(w, r0, r1, xq, xd, xs16, out, f16):
 
 @fast
 def dot8_b32(tid, w, r0, r1, xq, xd, xs16, out, f16):
-    """As dot8_q8_0 for rows of Q4_0, Q4_1, Q5_0 or Q5_1 (tid): a block is d * (q - 8) (Q4_0), d * (q - 16)
-    (Q5_0), d * q + m (Q4_1, Q5_1)."""
+    """As dot8_q8_0 for rows of Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL or MXFP4 (tid): a block is d * (q - 8) (Q4_0),
+    d * (q - 16) (Q5_0), d * q + m (Q4_1, Q5_1), d * table[q] (IQ4_NL; MXFP4 with its e8m0 scale)."""
     half_rows = (r1 - r0 + 1) // 2
     for r in range(r0, r0 + half_rows):
         r_b = r + half_rows if r + half_rows < r1 else r
@@ -341,5 +416,9 @@ def dot8_b32(tid, w, r0, r1, xq, xd, xs16, out, f16):
             out[r], out[r_b] = dot_q5_0_rows(w, r, r_b, xq, xd, xs16, f16)
         elif tid == Q4_1:
             out[r], out[r_b] = dot_q4_1_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == MXFP4:
+            out[r], out[r_b] = dot_mxfp4_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == IQ4_NL:
+            out[r], out[r_b] = dot_iq4_nl_rows(w, r, r_b, xq, xd, xs16, f16)
         else:
             out[r], out[r_b] = dot_q5_1_rows(w, r, r_b, xq, xd, xs16, f16)

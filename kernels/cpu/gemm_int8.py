@@ -17,15 +17,16 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from kernels.cpu.dot_int8 import _high_bits32, _nibbles32, _row_at
-from kernels.cpu.ir import (array_data, dot4, dot4_many, fma, half_ir, i64, ir_loop, load_bytes, ptr, shuffle, splat,
-                            splat_f)
-from kernels.cpu.types import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
+from kernels.cpu.dot_int8 import (IQ4_NL_TABLE, MXFP4_TABLE, _high_bits32, _nibbles32, _row_at, e8m0_half_ir,
+                                  iq4_xs_scales)
+from kernels.cpu.ir import (abs_signed, array_data, dot4, dot4_many, fma, half_ir, i64, ir_loop, load_bytes,
+                            lookup16, ptr, shuffle, simd, splat, splat_f, vnni)
+from kernels.cpu.types import IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "ir", "dot_int8")
-INLINED_DIGEST = "f5215b7cb338ded8"
+INLINED_DIGEST = "3646e1a22d3e2d33"
 
 ROWS = 8  # rows of a tile: the int32 lanes of a 256-bit vector
 TOKENS = 4  # tokens of the micro-kernel's register tile (4 float + 4 int32 accumulators, 8 weight vectors)
@@ -96,9 +97,37 @@ def _q6_k_group(context, builder, row_t, row, o, j, f16_t, f16):
     return values, scales, None
 
 
+def _table_group(table, quants_at, scale_at):
+    """group function of a 4-bit codebook type: codes at quants_at (16 bytes of group j: low nibbles, then high)
+    looked up in table (lookup16), scale scale_at(context, builder, row_t, row, o, j, f16_t, f16)."""
+    def group(context, builder, row_t, row, o, j, f16_t, f16):
+        codes = _nibbles32(context, builder, row_t, row, builder.add(o, i64(quants_at + 16 * j)))
+        scale = scale_at(context, builder, row_t, row, o, j, f16_t, f16)
+        return lookup16(context, builder, table, codes), [scale], None
+    return group
+
+
+def _f16_d(context, builder, row_t, row, o, j, f16_t, f16):
+    return half_ir(context, builder, row_t, row, o, f16_t, f16)
+
+
+def _e8m0_d(context, builder, row_t, row, o, j, f16_t, f16):
+    """MXFP4's e8m0_half(e) (gemm's x scales come rounded to fp16 for it, as llama.cpp's q8_0)."""
+    return e8m0_half_ir(builder, builder.load(ptr(context, builder, row_t, row, o, ir.IntType(8))))
+
+
+def _iq4_xs_d(context, builder, row_t, row, o, j, f16_t, f16):
+    """d * (ls_j - 32) of sub-block j of an IQ4_XS block."""
+    ls = builder.extract_element(iq4_xs_scales(context, builder, row_t, row, o), i64(j))
+    return builder.fmul(half_ir(context, builder, row_t, row, o, f16_t, f16), builder.sitofp(ls, ir.FloatType()))
+
+
 # type id -> (block bytes, groups of 32 a block, scales a group, has a minimum, group function)
 GROUPS = {**{tid: (spec[0], 1, 1, spec[4] is not None, _block32(tid)) for tid, spec in BLOCKS.items()},
-          Q4_K: (144, 8, 1, True, _q4_k_group), Q6_K: (210, 8, 2, False, _q6_k_group)}
+          Q4_K: (144, 8, 1, True, _q4_k_group), Q6_K: (210, 8, 2, False, _q6_k_group),
+          MXFP4: (17, 1, 1, False, _table_group(MXFP4_TABLE, 1, _e8m0_d)),
+          IQ4_NL: (18, 1, 1, False, _table_group(IQ4_NL_TABLE, 2, _f16_d)),
+          IQ4_XS: (136, 8, 1, False, _table_group(IQ4_NL_TABLE, 8, _iq4_xs_d))}
 
 
 def _pack(tid):
@@ -164,10 +193,14 @@ def _pack(tid):
 
 def _tile(with_min, halves=1, max_abs=128):
     """An intrinsic f(packed, corrs, scales, mins, xu, xd, xds, t0, y): y[j * ROWS + i] = token t0 + j's x8 . row i
-    of a packed tile, for j < TOKENS, over all groups. xu uint8 [n_tokens, n_groups * 32] (xq + 128), xd and xds
-    float32 [n_tokens, n_groups] (xds: xd * the sum of xq over the group; read only with_min); halves: scales a
-    group (2: Q6_K's, one a 16); max_abs: the largest |packed value| of the types it runs (ir.dot4_many: below
-    64, AVX2's pmaddubsw where there is no VNNI)."""
+    of a packed tile, for j < TOKENS, over all groups. xu uint8 [n_tokens, n_groups * 32] (xq + 128, |xq| <= 127),
+    xd and xds float32 [n_tokens, n_groups] (xds: xd * the sum of xq over the group; read only with_min); halves:
+    scales a group (2: Q6_K's, one a 16); max_abs: the largest |packed value| of the types it runs (ir.dot4_many:
+    below 64, AVX2's pmaddubsw of xu where there is no VNNI). Above that (Q8_0, IQ4_NL, IQ4_XS: up to 128), without
+    VNNI but with AVX2, the tile dots x signed (xu ^ 0x80) with the values' signs moved onto it (ir.abs_signed:
+    pmaddubsw of |v| <= 128 and |xq| <= 127 never saturates), as llama.cpp's x86 Q8_0 dot does, and starts its sums
+    at 0, not corrs: generic IR (bytes widened to int32) made IQ4_XS's prompt 3x slower than dequantizing to
+    BLAS on the AVX2-only 2-core VM."""
     @intrinsic
     def tile(typingctx, packed, corrs, scales, mins, xu, xd, xds, t0, y):
         def codegen(context, builder, sig, args):
@@ -175,6 +208,7 @@ def _tile(with_min, halves=1, max_abs=128):
             packed, corrs, scales, mins, xu, xd, xds, t0, y = args
             i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
             v8, f8, b32 = ir.VectorType(i32, 8), ir.VectorType(f32, 8), ir.VectorType(i8, 32)
+            signed_x = 2 * 255 * max_abs > 32767 and simd(context) and not vnni(context)
             n_groups = builder.extract_value(array_data(context, builder, xd_t, xd).shape, 1)
             t0 = context.cast(builder, t0, t0_t, types.int64)
             rows_of = [builder.mul(builder.add(t0, i64(j)), n_groups) for j in range(TOKENS)]  # flat xd index of g 0
@@ -194,9 +228,14 @@ def _tile(with_min, halves=1, max_abs=128):
                     for k in range(8):  # a splat of 4 bytes of x as one int32: against every row's 4 values k
                         x4 = builder.load(ptr(context, builder, xu_t, xu, builder.add(builder.mul(xg, i64(32)),
                                                                                        i64(4 * k)), i32), align=1)
-                        operands.append((builder.bitcast(splat(builder, x4, 8, 32), b32), weights[k]))
-                    sums = [dot4_many(context, builder, corr[h], operands[8 * h // halves:8 * (h + 1) // halves],
-                                      255 * max_abs) for h in range(halves)]
+                        if signed_x:  # xq: its sign moved onto the values' (their |v| are common to the tokens)
+                            x4 = builder.bitcast(splat(builder, builder.xor(x4, i32(-0x7F7F7F80)), 8, 32), b32)
+                            operands.append(abs_signed(context, builder, weights[k], x4))
+                        else:
+                            operands.append((builder.bitcast(splat(builder, x4, 8, 32), b32), weights[k]))
+                    sums = [dot4_many(context, builder, v8([0] * 8) if signed_x else corr[h],
+                                      operands[8 * h // halves:8 * (h + 1) // halves],
+                                      128 * 127 if signed_x else 255 * max_abs) for h in range(halves)]
                     xd_g = splat_f(builder, builder.load(builder.gep(array_data(context, builder, xd_t, xd).data,
                                                                      [xg])), 8)
                     for h in range(halves):
@@ -217,8 +256,9 @@ def _tile(with_min, halves=1, max_abs=128):
     return tile
 
 
-pack_q4_0, pack_q4_1, pack_q5_0, pack_q5_1, pack_q8_0, pack_q4_k, pack_q6_k = (
-    _pack(tid) for tid in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K))
-# the packed values' largest size: Q4_1, Q4_K 15, Q5_1 31 (with a minimum); Q4_0 8, Q5_0 16; Q6_K 32; Q8_0 128
+pack_q4_0, pack_q4_1, pack_q5_0, pack_q5_1, pack_q8_0, pack_q4_k, pack_q6_k, pack_mxfp4, pack_iq4_nl, pack_iq4_xs = (
+    _pack(tid) for tid in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS))
+# the packed values' largest size: Q4_1, Q4_K 15, Q5_1 31 (with a minimum); Q4_0 8, Q5_0 16, MXFP4 12; Q6_K 32;
+# Q8_0 128, IQ4_NL and IQ4_XS 127 (tile_q8_0)
 tile_with_min, tile_no_min, tile_halves = _tile(True, max_abs=31), _tile(False, max_abs=16), _tile(False, 2, 32)
 tile_q8_0 = _tile(False)

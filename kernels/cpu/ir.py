@@ -78,10 +78,11 @@ def simd(context):
 
 def madd_scaled(context, builder, quants, xq, scales):
     """<16 x i32>: lane k = scales[2k] * (q.x of values 4k, 4k+1) + scales[2k+1] * (q.x of values 4k+2, 4k+3)
-    for quants <64 x i8> (unsigned, < 64), xq <64 x i8> (signed), scales <32 x i16>.
+    for quants <64 x i8> (unsigned, < 64; or <= 128 where |xq| <= 127: abs_signed's), xq <64 x i8> (signed),
+    scales <32 x i16>.
 
     The x86 pmaddubsw + pmaddwd pair, 512 bits wide with AVX-512 BW, twice 256 with AVX2, else the same sums
-    in generic IR. pmaddubsw saturates its int16 pair sums, never here: 2 * 63 * 128 < 32767."""
+    in generic IR. pmaddubsw saturates its int16 pair sums, never here: 2 * 63 * 128, 2 * 128 * 127 < 32767."""
     widest = simd(context)
     i16, i32 = ir.IntType(16), ir.IntType(32)
     if widest == "avx512bw":
@@ -223,3 +224,42 @@ def dot4_many(context, builder, acc, operands, max_product):
             total = pair_sums if total is None else builder.add(total, pair_sums)
         acc = builder.add(acc, call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(i32, 8), [total, ones]))
     return acc
+
+
+def lookup16(context, builder, table, codes):
+    """<n x i8>: table[codes[l]] in each lane l, for codes <n x i8> in 0..15 (n a multiple of 32) and table 16
+    Python ints of int8 range (a 4-bit codebook: MXFP4's doubled e2m1 values, IQ4_NL's): x86's byte shuffle
+    (pshufb, the table in each 128-bit half) where there is AVX2, as llama.cpp's CPU looks them up; else 15
+    compares and selects in generic IR. The same bytes either way."""
+    n = codes.type.count
+    b32 = ir.VectorType(ir.IntType(8), 32)
+    if simd(context):
+        parts = [call(builder, "llvm.x86.avx2.pshuf.b", b32, [b32(list(table) * 2), shuffle(builder, codes, None,
+                                                                                         range(h, h + 32))])
+                 for h in range(0, n, 32)]
+        while len(parts) > 1:
+            parts = [shuffle(builder, a, b, range(2 * a.type.count)) for a, b in zip(parts[0::2], parts[1::2])]
+        return parts[0]
+    out = splat(builder, table[0], n)
+    for k in range(1, 16):
+        out = builder.select(builder.icmp_unsigned("==", codes, splat(builder, k, n)), splat(builder, table[k], n), out)
+    return out
+
+
+def abs_signed(context, builder, q, x):
+    """(|q|, x with q's sign) of <n x i8> q, x (n a multiple of 32), whose products are q * x: a byte dot that
+    takes one operand unsigned (pmaddubsw, vpdpbusd) then sums q . x, as llama.cpp's x86 dots of signed quants do
+    (pabsb + psignb where there is AVX2, which zeroes x where q is 0; selects in generic IR). |q| may be 128 (q =
+    -128, as an unsigned byte); x must not be -128."""
+    n = q.type.count
+    zero = splat(builder, 0, n)
+    if simd(context):
+        b32 = ir.VectorType(ir.IntType(8), 32)
+        parts = [call(builder, "llvm.x86.avx2.psign.b", b32, [shuffle(builder, x, None, range(h, h + 32)),
+                                                               shuffle(builder, q, None, range(h, h + 32))])
+                 for h in range(0, n, 32)]
+        while len(parts) > 1:
+            parts = [shuffle(builder, a, b, range(2 * a.type.count)) for a, b in zip(parts[0::2], parts[1::2])]
+        return call(builder, f"llvm.abs.v{n}i8", q.type, [q, ir.Constant(ir.IntType(1), 0)]), parts[0]
+    negative = builder.icmp_signed("<", q, zero)
+    return builder.select(negative, builder.sub(zero, q), q), builder.select(negative, builder.sub(zero, x), x)

@@ -14,16 +14,16 @@ from numba.extending import intrinsic  # noqa: E402
 from kernels.cpu.claim import claim, count_done, counters, publish, published  # noqa: E402
 from kernels.cpu.dequant import decode_row  # noqa: E402
 from kernels.cpu.dot_float import dot_fused  # noqa: E402
-from kernels.cpu.dot_int8 import dot8_b32, dot8_q4_k, dot8_q6_k, dot8_q8_0, q4_k_order, quantize_q8  # noqa: E402
+from kernels.cpu.dot_int8 import dot8_b32, dot8_k256, dot8_q4_k, dot8_q8_0, q4_k_order, quantize_q8  # noqa: E402
 from kernels.cpu.dot_x8 import dot8_x8  # noqa: E402
 from kernels.cpu.ir import prefetch  # noqa: E402
-from kernels.cpu.ops import _glu_one  # noqa: E402
-from kernels.cpu.types import Q4_K, Q6_K, Q8_0, X8, fast  # noqa: E402
+from kernels.cpu.ops import _glu_act, _glu_one  # noqa: E402
+from kernels.cpu.types import IQ4_XS, Q4_K, Q6_K, Q8_0, X8, fast  # noqa: E402
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "dequant", "dot_float", "dot_int8", "dot_x8", "ir", "ops")
-INLINED_DIGEST = "c81f30eee00cdd28"
+INLINED_DIGEST = "505b9ae102e646b7"
 
 # A matvec's rows go in chunks that the threads claim one at a time (claim) until none are left: numba's prange
 # hands each thread an equal share up front, and on the 16-core host one slow thread then held up the region
@@ -73,13 +73,14 @@ def matvec_fused(tid, w, x, out, f16, n16, n_chunks):
 @fast
 def _x_arrays(n_tokens, n_cols, tids):
     """Room for n_tokens rows of n_cols values quantized as the int8 dots of the types tids (INT8_IDS, X8_IDS) read
-    them, once per block size in use: (xq, xd, xs16) in blocks of 256 (Q4_K, Q6_K), xq4 (xq in q4_k_order, Q4_K),
-    (xq8, xd8, xs8) in blocks of 32 (the rest); those no type reads are empty."""
+    them, once per block size in use: (xq, xd, xs16) in blocks of 256 (Q4_K, Q6_K, IQ4_XS), xq4 (xq in q4_k_order,
+    Q4_K), (xq8, xd8, xs8) in blocks of 32 (the rest); those no type reads are empty."""
     k_quant = q4_k = b32 = False
     for tid in tids:
         q4_k |= tid == Q4_K
-        k_quant |= tid == Q4_K or tid == Q6_K
-        b32 |= tid != Q4_K and tid != Q6_K
+        in_256 = tid == Q4_K or tid == Q6_K or tid == IQ4_XS
+        k_quant |= in_256
+        b32 |= not in_256
     nk, n8 = n_cols if k_quant else 0, n_cols if b32 else 0
     xq, xd, xs16 = np.empty((n_tokens, nk), np.int8), np.empty((n_tokens, nk // 256), np.float32), np.empty(
         (n_tokens, nk // 16), np.int16)
@@ -147,8 +148,8 @@ def _dot_rows(tid, w, r0, r1, xs, t0, t1, out, o, f16):
             y = out[o + t - t0]
             if tid == Q4_K:
                 dot8_q4_k(w, ra, rb, xq4[t], xd[t], xs16[t], y, f16)
-            elif tid == Q6_K:
-                dot8_q6_k(w, ra, rb, xq[t], xd[t], xs16[t], y, f16)
+            elif tid == Q6_K or tid == IQ4_XS:
+                dot8_k256(tid, w, ra, rb, xq[t], xd[t], xs16[t], y, f16)
             elif tid == Q8_0:
                 dot8_q8_0(w, ra, rb, xq8[t], xd8[t], xs8[t], y, f16)
             elif tid > X8:
@@ -223,12 +224,14 @@ def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, n_workers, own
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def expert_ffn_int8(gate_up_tids, gate_up, down_tid, down, ids, weights, x, gelu, table, out, f16, n_chunks,
+def expert_ffn_int8(gate_up_tids, gate_up, down_tid, down, ids, weights, x, act, biases, table, out, f16, n_chunks,
                     n_workers):
-    """out[0] = the sum over slots s of weights[s] * down(act(gate x[0]) * up x[0]) of expert ids[s], one token's
+    """out[0] = the sum over slots s of weights[s] * down(glu(gate x[0], up x[0])) of expert ids[s], one token's
     chosen experts in ONE parallel region: ops.glu of expert_matvecs_int8's gate and up, and expert_matvecs_int8
     (own_row) of the downs on that, bit for bit, summed in slot order. Each gate/up chunk multiplies the same rows of
     an expert's gate and up and applies the GLU to them, so the products stay in the core that made them.
+    act: the GLU's code (ops.ACTIVATIONS); biases: (gate, up, down) float32 [n_expert, n_ff] x 2, [n_expert,
+    n_embd], added to each expert's gate, up and down outputs (gpt-oss), or three [0, 0] (none).
 
     The chunks, claimed in this order, are (slot, rows) of gate and up with their GLU, then (slot, rows) of the downs,
     about n_chunks in all in proportion to bytes. The thread that finishes a slot's last gate/up chunk quantizes its
@@ -242,6 +245,8 @@ def expert_ffn_int8(gate_up_tids, gate_up, down_tid, down, ids, weights, x, gelu
     down_tid, down: the same of uint8 [n_expert, n_embd, row_bytes]; ids: int32 [k], weights: float32 [k],
     x: float32 [1, n_embd], table: ops.GELU_TABLE, out: float32 [1, n_embd]."""
     k, n_ff, n_embd = len(ids), gate_up[0].shape[1], down.shape[1]
+    gate_bias, up_bias, down_bias = biases
+    with_bias = down_bias.shape[0] > 0
     _check_ids(ids, down.shape[0])
     xs = _quantize_x(x, gate_up_tids)
     nbytes, rows = np.empty(2 * k, np.int64), np.empty(2 * k, np.int64)
@@ -250,7 +255,7 @@ def expert_ffn_int8(gate_up_tids, gate_up, down_tid, down, ids, weights, x, gelu
         nbytes[k + s], rows[k + s] = down[0].size, n_embd
     first = _chunk_starts(nbytes, rows, n_chunks)
     n_ranges = first[k + 1] - first[k]  # the downs' row ranges, alike for every slot (equal bytes)
-    gate, up, act = np.empty((k, n_ff), np.float32), np.empty((k, n_ff), np.float32), np.empty((k, n_ff), np.float32)
+    gate, up, glu = np.empty((k, n_ff), np.float32), np.empty((k, n_ff), np.float32), np.empty((k, n_ff), np.float32)
     acts = _x_arrays(k, n_ff, (down_tid,))
     ys = np.empty((k, n_embd), np.float32)  # each slot's down dots
     act_chunks_done, act_ready, slots_done = counters(k), counters(k), counters(n_ranges)
@@ -262,16 +267,23 @@ def expert_ffn_int8(gate_up_tids, gate_up, down_tid, down, ids, weights, x, gelu
             if p < k:
                 _dot_rows(gate_up_tids[0], gate_up[0][ids[p]], r0, r1, xs, 0, 1, gate, p, f16)
                 _dot_rows(gate_up_tids[1], gate_up[1][ids[p]], r0, r1, xs, 0, 1, up, p, f16)
+                if with_bias:
+                    for r in range(r0, r1):
+                        gate[p, r] += gate_bias[ids[p], r]
+                        up[p, r] += up_bias[ids[p], r]
                 for r in range(r0, r1):
-                    act[p, r] = _glu_one(gate[p, r], up[p, r], gelu, table)
+                    glu[p, r] = _glu_act(gate[p, r], up[p, r], act, table)
                 if count_done(act_chunks_done, p) == first[p + 1] - first[p] - 1:
-                    _quantize_rows(act, acts, p, p + 1)
+                    _quantize_rows(glu, acts, p, p + 1)
                     publish(act_ready, p)
             else:
                 s = p - k
                 while not published(act_ready, s):
                     pass
                 _dot_rows(down_tid, down[ids[s]], r0, r1, acts, s, s + 1, ys, s, f16)
+                if with_bias:
+                    for r in range(r0, r1):
+                        ys[s, r] += down_bias[ids[s], r]
                 if count_done(slots_done, c - first[p]) == k - 1:
                     for r in range(r0, r1):
                         out[0, r] = weights[0] * ys[0, r]

@@ -283,6 +283,19 @@ def _glu_serial(gate, up, gelu, table, out):
 
 # gpt-oss's GLU (llama.cpp's ggml_swiglu_oai with the alpha and limit its openai-moe graph passes)
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = np.float32(1.702), np.float32(7.0)
+# an activation's code in kernels that take any of the three (matvec.expert_ffn_int8)
+ACTIVATIONS = {"silu": 0, "gelu": 1, "swiglu_oai": 2}
+
+
+@nb.njit(cache=True, nogil=True)
+def _glu_act(g, u, act, table):
+    """glu's value of one gate g and up u for the activation code act (ACTIVATIONS): swiglu_oai as its numpy
+    form computes it, to float32 rounding; silu and gelu _glu_one's."""
+    if act == 2:
+        g = min(g, SWIGLU_OAI_LIMIT)
+        u = min(max(u, -SWIGLU_OAI_LIMIT), SWIGLU_OAI_LIMIT)
+        return g / (np.float32(1.0) + np.float32(math.exp(SWIGLU_OAI_ALPHA * -g))) * (u + np.float32(1.0))
+    return _glu_one(g, u, act == 1, table)
 
 
 def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

@@ -5,14 +5,14 @@ shape (n_cols, n_rows)), or for Q4_0, Q4_1, Q5_0, Q5_1 repacked eight rows at a 
 once at load: the same bytes reordered so a vector dots 8 rows at once, ~2x faster a core). Nothing here
 dequantizes a whole matrix:
 - few tokens (generation): a matrix-vector kernel reads each row's blocks once and dots them with every
-  token's x, chunks of rows claimed by all cores in turn. Q4_K, Q6_K and the types in blocks of 32 (Q4_0, Q4_1,
-  Q5_0, Q5_1, Q8_0) dot integers: x is quantized once per call to int8 with one float scale per block of 256
-  (Q4_K, Q6_K) or 32 (the others), as llama.cpp does on the CPU, so the result is x8 @ dequantize(W).T, x8
-  the dequantized int8 x, to float32 rounding; |x8 - x| <= amax/254 per element (amax of its block of x).
-  Other types dot float32 x: Q5_K, IQ4_NL and IQ4_XS fused, the rest (Q2_K, Q3_K, the other IQ types, F16,
-  BF16) decoded to a float32 row first.
-- MXFP4 (gpt-oss's experts), any number of tokens: mxfp4, x in int8 blocks of 32 with fp16 scales, as
-  llama.cpp's q8_0 (so the result is x8 @ dequantize(W).T, x8 those blocks dequantized).
+  token's x, chunks of rows claimed by all cores in turn. The INT8_IDS types (Q4_K, Q6_K, IQ4_XS; Q4_0, Q4_1,
+  Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 in blocks of 32) dot integers: x is quantized once per call to int8 with one
+  float scale per block of 256 (Q4_K, Q6_K, IQ4_XS) or 32 (the others), as llama.cpp does on the CPU, so the
+  result is x8 @ dequantize(W).T, x8 the dequantized int8 x, to float32 rounding; |x8 - x| <= amax/254 per
+  element (amax of its block of x). MXFP4's x scales are rounded to fp16 as llama.cpp's q8_0 blocks store them
+  (MXFP4_INT8_X). The 4-bit codebook types (MXFP4, IQ4_NL, IQ4_XS) look their values up by a byte shuffle.
+  Other types dot float32 x: Q5_K fused, the rest (Q2_K, Q3_K, the other IQ types, F16, BF16) decoded to a
+  float32 row first.
 - many tokens (prompt): the INT8_IDS types go through an int8 GEMM (gemm: x quantized per 32 values for
   every type, so the result is x8 @ dequantize(W).T too); for the others tiles of rows are dequantized to float32
   and multiplied with numpy BLAS; these and the float32 matvecs match x @ dequantize(W).T to float32 rounding.
@@ -33,16 +33,21 @@ from kernels.cpu.dot_int8 import quantize_q8
 from kernels.cpu.gemm import gemm_int8, padded_tokens, quantize_biased
 from kernels.cpu.matvec import (MATVEC_CHUNKS, N_WORKERS, expert_ffn_int8, expert_matvecs_int8, glu_matvecs_int8,
                                 matvec_add_int8, matvec_decoded, matvec_fused, matvecs_int8)
-from kernels.cpu.mxfp4 import matmul_mxfp4
-from kernels.cpu.ops import GELU_TABLE
+from kernels.cpu.ops import ACTIVATIONS, GELU_TABLE
 from kernels.cpu.repack import ROWS, Repacked
-from kernels.cpu.types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, MXFP4, N16
+from kernels.cpu.types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, IQ4_XS, MXFP4, N16
 from models.ggml_types import GGMLType, UnsupportedTypeError
 
 MATVEC_MAX_TOKENS = 4  # up to this many tokens the matvec kernel beats dequantize + BLAS
 # MXFP4's matmuls round x to int8 blocks of 32 (as llama.cpp's CPU does); the GPU tests' float32 reference
 # (gpu_compare.float_activations) turns this off, and MXFP4 then dequantizes rows as the other decoded types do
 MXFP4_INT8_X = True
+
+
+def takes_int8(tid: int) -> bool:
+    """Whether matrices of type tid take the int8 kernels now (INT8_IDS, which the GPU tests' float32 reference
+    empties; MXFP4 only while MXFP4_INT8_X)."""
+    return tid in INT8_IDS and (tid != MXFP4 or MXFP4_INT8_X)
 TILE_BYTES = 1 << 23  # float32 bytes of one dequantized tile of rows in the prompt path (few, big BLAS calls)
 
 
@@ -125,17 +130,14 @@ def quantized_matmul(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray,
             _gemms([w], [qtype], x, [out])
     elif qtype.id == F32:
         np.matmul(x, w.view(np.float32).T, out=out)
-    elif qtype.id == MXFP4 and MXFP4_INT8_X:
-        xq, xd = q8_0_blocks(x)
-        matmul_mxfp4(_read_only(w), xq, xd, out, min(n_rows, MATVEC_CHUNKS))
     elif n_tokens <= MATVEC_MAX_TOKENS:
-        if qtype.id in INT8_IDS:
+        if takes_int8(qtype.id):
             matvecs_int8((qtype.id,), (_read_only(w),), x, (out,), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
         elif qtype.id in FUSED_IDS:
             matvec_fused(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
         else:
             matvec_decoded(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
-    elif qtype.id in INT8_IDS:
+    elif takes_int8(qtype.id):
         _gemms([w], [qtype], x, [out])
     else:
         tile_rows = max(1, TILE_BYTES // (4 * n_cols))
@@ -149,7 +151,8 @@ def quantized_matmul(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray,
 
 def q8_0_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x [n_tokens, n_cols] (C-contiguous float32) as llama.cpp's q8_0 blocks: (xq int8 [n_tokens, n_cols], xd
-    float32 [n_tokens, n_cols // 32]), x ~ xq times its block's xd, xd rounded to fp16 as a q8_0 block stores it."""
+    float32 [n_tokens, n_cols // 32]), x ~ xq times its block's xd, xd rounded to fp16 as a q8_0 block stores it:
+    x as the MXFP4 kernels see it (they round xd to fp16 themselves; the tests' reference)."""
     xq = np.empty(x.shape, np.int8)
     xd = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
     quantize_q8(x, xq, xd, np.empty((x.shape[0], x.shape[1] // 16), np.int16))
@@ -158,19 +161,27 @@ def q8_0_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _gemms(ws: list, qtypes: list[GGMLType], x: np.ndarray, outs: list[np.ndarray]) -> None:
     """outs[m] = x8 @ W_m.T for INT8_IDS matrices (bytes or repacked) sharing x (C-contiguous, checked): x
-    quantized once."""
+    quantized once per kind in use, in blocks of 32 (IQ4_XS: of 256, as llama.cpp's q8_K; MXFP4: scales rounded to
+    fp16, as its q8_0)."""
     n_padded, n_cols = padded_tokens(len(x)), x.shape[1]
-    xu = np.empty((n_padded, n_cols), np.uint8)
-    xd, xds = np.empty((n_padded, n_cols // 32), np.float32), np.empty((n_padded, n_cols // 32), np.float32)
-    quantize_biased(x, xu, xd, xds)
+    xs = {}  # (block, fp16 scales) -> (xu, xd, xds)
     for w, qtype, out in zip(ws, qtypes, outs):
-        gemm_int8(*_kernel_args(w, qtype), xu, xd, xds, out, F16_TO_F32, N_WORKERS)
+        kind = (256 if qtype.id == IQ4_XS else 32, qtype.id == MXFP4)
+        if kind not in xs:
+            if (kind[0], False) not in xs:
+                xu = np.empty((n_padded, n_cols), np.uint8)
+                xd, xds = np.empty((n_padded, n_cols // 32), np.float32), np.empty((n_padded, n_cols // 32), np.float32)
+                quantize_biased(x, xu, xd, xds, kind[0])
+                xs[kind[0], False] = xu, xd, xds
+            xu, xd, xds = xs[kind[0], False]
+            xs[kind] = xu, xd.astype(np.float16).astype(np.float32) if kind[1] else xd, xds  # MXFP4 reads no xds
+        gemm_int8(*_kernel_args(w, qtype), *xs[kind], out, F16_TO_F32, N_WORKERS)
 
 
 def quantized_matvecs_own_rows(ws: list[np.ndarray], qtypes: list[GGMLType], x: np.ndarray) -> list[np.ndarray]:
     """[quantized_matmul(w, qtype, x[m:m + 1]) for the m-th w]: each matrix by its own row of x, in one parallel
     region when all are INT8_IDS types (a token's chosen experts' down projections), else one call each."""
-    if len(ws) != len(x) or any(q.id not in INT8_IDS for q in qtypes):
+    if len(ws) != len(x) or not all(takes_int8(q.id) for q in qtypes):
         return [quantized_matmul(w, q, x[m:m + 1]) for m, (w, q) in enumerate(zip(ws, qtypes))]
     x = _matmul_args(ws[0], qtypes[0], np.ascontiguousarray(x, np.float32), None)[0]
     outs = tuple(np.empty((1, w.shape[0]), np.float32) for w in ws)
@@ -220,6 +231,10 @@ def expert_matvecs(stacks: tuple[np.ndarray, ...], qtypes: tuple[GGMLType, ...],
     return out
 
 
+NO_NORM = np.zeros(0, np.float32)
+NO_BIAS = np.zeros((0, 0), np.float32)
+
+
 class OneTokenExperts:
     """A mixture-of-experts layer's stacks (gate, up, down) for ONE token's chosen experts, checked and their kernels'
     arguments built once, as OneToken does for a dense layer's matrices: expert_matvecs checks the stacks every call
@@ -228,13 +243,22 @@ class OneTokenExperts:
     (expert_ffn_int8).
 
     stacks: gate, up uint8 [n_expert, n_ff, row_bytes_m], down uint8 [n_expert, n_embd, row_bytes] (a GGUF file's
-    stacks: C-contiguous) of INT8_IDS types qtypes."""
+    stacks: C-contiguous) of INT8_IDS types qtypes; biases: None, or the experts' (gate, up, down) output biases
+    (gpt-oss) [n_expert, n_ff] x 2, [n_expert, n_embd]."""
 
-    def __init__(self, stacks: tuple[np.ndarray, np.ndarray, np.ndarray], qtypes: tuple[GGMLType, GGMLType, GGMLType]):
+    def __init__(self, stacks: tuple[np.ndarray, np.ndarray, np.ndarray], qtypes: tuple[GGMLType, GGMLType, GGMLType],
+                 biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
         n_expert, self.n_ff, self.n_embd = _check_stacks(stacks[:2], qtypes[:2])
         if _check_stacks(stacks[2:], qtypes[2:]) != (n_expert, self.n_embd, self.n_ff):
             raise ValueError(f"the down stack must be {n_expert} experts [{self.n_embd}, {self.n_ff}] as gate and up "
                              f"are [{self.n_ff}, {self.n_embd}], got {qtypes[2].name} {stacks[2].shape}")
+        if biases is None:
+            self.biases = (NO_BIAS,) * 3
+        else:
+            self.biases = tuple(np.ascontiguousarray(b, np.float32) for b in biases)
+            if [b.shape for b in self.biases] != [(n_expert, self.n_ff)] * 2 + [(n_expert, self.n_embd)]:
+                raise ValueError(f"expert biases must be [{n_expert}, {self.n_ff}] x 2, [{n_expert}, {self.n_embd}], "
+                                 f"got {[b.shape for b in self.biases]}")
         # read-only views of their own: the kernels get the shapes checked here, whatever is done to the arrays given
         gate, up, down = (w.view() for w in stacks)
         for v in (gate, up, down):
@@ -244,9 +268,10 @@ class OneTokenExperts:
 
     def ffn(self, h: np.ndarray, ids: np.ndarray, weights: np.ndarray, activation: str,
             out: np.ndarray | None = None) -> np.ndarray:
-        """The sum over slots s of weights[s] * down(activation(gate h) * up h) of expert ids[s]: float32 [1, n_embd],
-        written into out when given. What weights @ expert_matvecs of the downs on ops.glu of expert_matvecs' gate
-        and up gives, to float32 rounding (the same dots, summed in slot order).
+        """The sum over slots s of weights[s] * down(ops.glu(gate h, up h, activation)) of expert ids[s] (each output
+        plus its bias, if any): float32 [1, n_embd], written into out when given. What weights @ expert_matvecs of the
+        downs on ops.glu of expert_matvecs' gate and up gives, to float32 rounding (the same dots, summed in slot
+        order).
 
         h: float32 [1, n_embd], ids: int [k], weights: float [k], out: C-contiguous float32 [1, n_embd] or None."""
         ids, weights = np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(weights, np.float32)
@@ -259,7 +284,7 @@ class OneTokenExperts:
         elif out.dtype != np.float32 or out.shape != (1, self.n_embd) or not out.flags.c_contiguous:
             raise ValueError(f"out must be C-contiguous float32 [1, {self.n_embd}], got {out.dtype} {out.shape}")
         expert_ffn_int8(self.gate_up_tids, self.gate_up, self.down_tid, self.down, ids, weights, np.ascontiguousarray(h),
-                        activation == "gelu", GELU_TABLE, out, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
+                        ACTIVATIONS[activation], self.biases, GELU_TABLE, out, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
         return out
 
 
@@ -269,8 +294,8 @@ def quantized_matmuls(ws: list[np.ndarray | Repacked], qtypes: list[GGMLType], x
     quantized once and all their rows run in one parallel region; more tokens, the INT8_IDS matrices' GEMMs
     share one quantization of x; the other matrices go one call each."""
     few = x.ndim == 2 and len(x) <= MATVEC_MAX_TOKENS
-    fused = [i for i, qtype in enumerate(qtypes) if few and qtype.id in INT8_IDS]
-    gemm = [i for i, qtype in enumerate(qtypes) if x.ndim == 2 and not few and qtype.id in INT8_IDS]
+    fused = [i for i, qtype in enumerate(qtypes) if few and takes_int8(qtype.id)]
+    gemm = [i for i, qtype in enumerate(qtypes) if x.ndim == 2 and not few and takes_int8(qtype.id)]
     outs = [None if i in fused or i in gemm else quantized_matmul(w, qtype, x)
             for i, (w, qtype) in enumerate(zip(ws, qtypes))]
     for i in fused + gemm:
@@ -283,7 +308,6 @@ def quantized_matmuls(ws: list[np.ndarray | Repacked], qtypes: list[GGMLType], x
     return outs
 
 
-NO_NORM = np.zeros(0, np.float32)
 
 
 class OneToken:
@@ -296,7 +320,7 @@ class OneToken:
     otherwise), sharing n_cols."""
 
     def __init__(self, ws: list, qtypes: list[GGMLType]):
-        self.int8 = all(isinstance(w, Repacked) or q.id in INT8_IDS for w, q in zip(ws, qtypes))
+        self.int8 = all(isinstance(w, Repacked) or takes_int8(q.id) for w, q in zip(ws, qtypes))
         shapes = [_shape(w, q) for w, q in zip(ws, qtypes)]
         if len({c for _, c in shapes}) != 1:
             raise ValueError(f"matrices of one x must share n_cols, got {shapes}")

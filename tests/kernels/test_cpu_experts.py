@@ -51,7 +51,8 @@ def test_expert_matvecs_equal_the_per_matrix_path_bit_for_bit(gate_up, down):
 @pytest.mark.parametrize("activation", ["silu", "gelu"])
 @pytest.mark.parametrize("gate_t, up_t, down_t", [("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q4_K", "Q4_K"),
                                                   ("Q8_0", "Q8_0", "Q8_0"), ("Q6_K", "Q6_K", "Q4_0"),
-                                                  ("Q4_1", "Q4_1", "Q5_0"), ("Q4_K", "Q6_K", "Q8_0")])
+                                                  ("Q4_1", "Q4_1", "Q5_0"), ("Q4_K", "Q6_K", "Q8_0"),
+                                                  ("IQ4_XS", "IQ4_XS", "IQ4_NL")])
 def test_one_token_experts_sum_the_downs_as_weights_times_expert_matvecs(gate_t, up_t, down_t, activation):
     """OneTokenExperts.ffn (a decode step's experts: gate/up with the GLU, the downs and their weighted sum in one
     kernel, expert_ffn_int8) gives weights @ expert_matvecs of the downs on cpu_ops.glu of expert_matvecs' gate and up
@@ -62,30 +63,50 @@ def test_one_token_experts_sum_the_downs_as_weights_times_expert_matvecs(gate_t,
     Planted faults, each seen once: the kernel taking weight 1 for slot 1 fails every case here; a slot's activation
     quantized by the thread that finishes its first gate/up chunk instead of its last fails every case here; gelu
     for silu and silu for gelu fails every case here."""
+    _check_one_token_experts((gate_t, up_t, down_t), activation, biased=False)
+
+
+def test_gpt_oss_experts_in_one_kernel_with_their_biases_and_glu():
+    """gpt-oss's experts (MXFP4, a bias on each expert's gate, up and down outputs, its clamped swiglu) through the
+    one-token kernel as any other's: what the per-matrix path with the biases added gives, as above.
+    Planted fault, seen once: the down bias of expert ids[0] added to every slot fails here."""
+    _check_one_token_experts(("MXFP4",) * 3, "swiglu_oai", biased=True)
+
+
+def _check_one_token_experts(names: tuple[str, str, str], activation: str, biased: bool) -> None:
     from kernels.cpu import ops as cpu_ops
     from kernels.cpu.matvec import expert_ffn_int8
     from kernels.cpu.quant import OneTokenExperts, expert_matvecs
     n_expert, ids = 6, np.array([4, 0, 5], np.int32)
-    qtypes = tuple(TYPES_BY_NAME[t] for t in (gate_t, up_t, down_t))
-    stacks = (expert_stack(gate_t, n_expert, 256, 512, 1), expert_stack(up_t, n_expert, 256, 512, 2),
-              expert_stack(down_t, n_expert, 512, 256, 3))
+    qtypes = tuple(TYPES_BY_NAME[t] for t in names)
+    stacks = (expert_stack(names[0], n_expert, 256, 512, 1), expert_stack(names[1], n_expert, 256, 512, 2),
+              expert_stack(names[2], n_expert, 512, 256, 3))
     rng = np.random.default_rng(4)
     h, weights = rng.standard_normal((1, 512), np.float32), rng.uniform(0.1, 1, len(ids)).astype(np.float32)
     # gate values near 1, where silu and gelu differ: random blocks' dots run to hundreds, where both give 0 or g
     h /= np.median(np.abs(expert_matvecs(stacks[:1], qtypes[:1], ids, h)))
-    experts = OneTokenExperts(stacks, qtypes)
+    biases = None
+    if biased:
+        biases = tuple(rng.standard_normal((n_expert, n), np.float32) for n in (256, 256, 512))
+    experts = OneTokenExperts(stacks, qtypes, biases)
     out = np.full((1, 512), np.nan, np.float32)
     assert experts.ffn(h, ids, weights, activation, out) is out
 
-    act = cpu_ops.glu(*expert_matvecs(stacks[:2], qtypes[:2], ids, h), activation)
+    gate, up = expert_matvecs(stacks[:2], qtypes[:2], ids, h)
+    if biased:
+        gate, up = gate + biases[0][ids], up + biases[1][ids]
+    act = cpu_ops.glu(gate, up, activation)
     ys = expert_matvecs(stacks[2:], qtypes[2:], ids, act, own_rows=True)[0]
+    if biased:
+        ys = ys + biases[2][ids]
     bound = len(ids) * np.finfo(np.float32).eps * (np.abs(weights) @ np.abs(ys))
     assert np.all(np.abs(out[0] - weights @ ys) <= bound)
     np.testing.assert_array_equal(experts.ffn(h, ids, weights, activation), out)
     for n_chunks, n_workers in [(1, 3), (6, 1), (7, 2), (64, 3), (300, 4)]:  # one chunk a pair, rows split unevenly
         again = np.full((1, 512), np.nan, np.float32)
         expert_ffn_int8(experts.gate_up_tids, experts.gate_up, experts.down_tid, experts.down, ids, weights, h,
-                        activation == "gelu", GELU_TABLE, again, F16_TO_F32, n_chunks, n_workers)
+                        cpu_ops.ACTIVATIONS[activation], experts.biases, GELU_TABLE, again, F16_TO_F32, n_chunks,
+                        n_workers)
         np.testing.assert_array_equal(again, out, err_msg=str((n_chunks, n_workers)))
 
 

@@ -26,13 +26,16 @@ def reference(w: np.ndarray, name: str) -> np.ndarray:
 
 
 def x_block(name: str, n_tokens: int) -> int:
-    """The values of x under one scale in the int8 matvec (or GEMM: more tokens) of this weight type."""
-    return 32 if TYPES_BY_NAME[name].id in (*BLOCK32_IDS, MXFP4) or n_tokens > MATVEC_MAX_TOKENS else 256
+    """The values of x under one scale in the int8 matvec (or GEMM: more tokens) of this weight type (IQ4_XS: 256 in
+    both, as llama.cpp's q8_K)."""
+    if name == "IQ4_XS":
+        return 256
+    return 32 if TYPES_BY_NAME[name].id in BLOCK32_IDS or n_tokens > MATVEC_MAX_TOKENS else 256
 
 
 def int8_kind(name: str) -> bool:
-    """Whether this type's kernels dot int8-quantized x: the INT8_IDS, and MXFP4 (cpu_mxfp4)."""
-    return TYPES_BY_NAME[name].id in (*INT8_IDS, MXFP4)
+    """Whether this type's kernels dot int8-quantized x (MXFP4's with fp16 scales, q8_0_x)."""
+    return TYPES_BY_NAME[name].id in INT8_IDS
 
 
 def int8_x(x: np.ndarray, block: int) -> np.ndarray:
@@ -73,10 +76,10 @@ def expected(w: np.ndarray, name: str, x: np.ndarray, W: np.ndarray | None = Non
     """(x @ W.T in float64, the error allowed): float32 accumulation, error well under 1e-5 of the sum of
     |terms|, where x is int8_x(x) for the int8 matvecs."""
     W = reference(w, name).astype(np.float64) if W is None else W.astype(np.float64)
-    if TYPES_BY_NAME[name].id in INT8_IDS:
-        x = int8_x(x, x_block(name, len(x)))
-    elif TYPES_BY_NAME[name].id == MXFP4:
+    if TYPES_BY_NAME[name].id == MXFP4:
         x = q8_0_x(x)
+    elif TYPES_BY_NAME[name].id in INT8_IDS:
+        x = int8_x(x, x_block(name, len(x)))
     x = x.astype(np.float64)
     return x @ W.T, 1e-5 * (np.abs(x) @ np.abs(W).T)
 
@@ -144,7 +147,8 @@ def test_int8_error_against_float_x_and_a_wrong_weight_fails(name, n_tokens):
     assert fails(W * 1.001)
     blocks = w.reshape(-1, TYPES_BY_NAME[name].block_bytes).copy()
     quants = {"Q4_K": slice(16, 144), "Q6_K": slice(0, 128), "Q8_0": slice(2, 34), "Q4_0": slice(2, 18),
-              "Q4_1": slice(4, 20), "Q5_0": slice(6, 22), "Q5_1": slice(8, 24), "MXFP4": slice(1, 17)}[name]
+              "Q4_1": slice(4, 20), "Q5_0": slice(6, 22), "Q5_1": slice(8, 24), "MXFP4": slice(1, 17),
+              "IQ4_NL": slice(2, 18), "IQ4_XS": slice(8, 136)}[name]
     if name == "Q8_0":  # the two halves of each block swapped
         blocks[:, quants] = np.roll(blocks[:, quants], 16, axis=1)
     else:  # low and high nibbles swapped
@@ -261,10 +265,11 @@ def test_real_tensors_of_every_type_in_the_packaged_models(model, request):
     assert seen >= ({"Q4_1", "Q8_0"} if model == "smollm2" else {"Q4_K", "Q5_0", "Q6_K", "Q8_0"})
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ4_XS"])
 def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
     """The AVX2 and generic-IR versions of the super-block rows (compiled for CPUs this machine may not be)
-    give the same results as the one the kernels use here, which the tests above hold to x8 @ W.T."""
+    give the same results as the one the kernels use here, which the tests above hold to x8 @ W.T (IQ4_XS: its
+    table looked up by pshufb or by selects, its values' signs moved to x by psignb or by selects)."""
     w = random_weight(name, 2, 2048)
     xq = np.random.default_rng(3).integers(-127, 128, 2048).astype(np.int8)
     xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int16)
@@ -273,7 +278,7 @@ def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
     results = {}
     for simd, ir_name in ((s, ir_names[s]) for s in host_simd_paths()):
         monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
-        rows = cpu_dot_int8.dot_q4_k_rows if name == "Q4_K" else cpu_dot_int8.dot_q6_k_rows
+        rows = getattr(cpu_dot_int8, f"dot_{name.lower()}_rows")
 
         @nb.njit  # not cached: compiled anew under each _simd
         def block_dots(w, xq, xs16):
@@ -286,7 +291,7 @@ def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
         np.testing.assert_array_equal(results[simd], results[""])
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4"])
 def test_block32_rows_agree_on_every_simd_path(name, monkeypatch):
     """The AVX2 (pmaddubsw) and generic-IR versions of the 32-value block rows (for CPUs without AVX-512 VNNI,
     without AVX2) give what the vpdpbusd one the kernels use here gives, lane for lane, so the same floats."""
@@ -434,18 +439,21 @@ def test_one_token_matvecs_match_quantized_matmuls(names):
 
 # the tile cpu_gemm runs each type's packed values through (their size decides how the byte dots may be summed)
 GEMM_TILES = {"Q4_0": "tile_no_min", "Q5_0": "tile_no_min", "Q4_1": "tile_with_min", "Q5_1": "tile_with_min",
-              "Q4_K": "tile_with_min", "Q6_K": "tile_halves", "Q8_0": "tile_q8_0"}
+              "Q4_K": "tile_with_min", "Q6_K": "tile_halves", "Q8_0": "tile_q8_0", "IQ4_XS": "tile_q8_0"}
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "X8_Q4_1", "X8_Q5_0"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "X8_Q4_1", "X8_Q5_0",
+                                  "IQ4_XS"])
 def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
     """The GEMM tile on every byte-dot path this host can compile (vpdpbusd with AVX-512 VNNI; without VNNI,
-    AVX2's pmaddubsw, int16 sums of as many vectors as cannot overflow, where the packed values are small enough,
-    else generic IR; generic IR without AVX2) is x8 @ W.T, W gguf-py's dequantization: for random weights and x,
-    and with every quant at its extremes against x's biased bytes at 0 and 255, the int16 sums' worst cases (Q8_0's
-    quants reach +-127, where 255 * 127 pair sums overflow int16). An AVX2 host runs the AVX2 and generic paths,
+    AVX2's pmaddubsw, int16 sums of as many vectors as cannot overflow, of x's biased bytes where the packed values
+    are small enough, else of x signed with the values' signs moved onto it; generic IR without AVX2) is x8 @ W.T,
+    W gguf-py's dequantization: for random weights and x, and with every quant at its extremes against x's biased
+    bytes at 1 and 255 (quantize_biased's extremes), the int16 sums' worst cases (Q8_0's quants reach +-127, where
+    255 * 127 pair sums overflow int16; IQ4_XS's table -127 and 113). An AVX2 host runs the AVX2 and generic paths,
     an AVX-512 one all of them (its no-VNNI path is AVX2's IR).
-    Planted fault, seen once: tile_q8_0 made as the 4-bit types' (max_abs=16, pmaddubsw sums) fails Q8_0 here."""
+    Planted faults, each seen once: tile_q8_0 made as the 4-bit types' (max_abs=16, pmaddubsw sums of biased x)
+    fails Q8_0 here; the signed path summing two pmaddubsw in int16 (max_product 64 * 127) fails Q8_0 and IQ4_XS."""
     from kernels.cpu.dot_x8 import pack_x8_q4_1, pack_x8_q5_0
     from kernels.cpu.gemm import quantize_biased
     from kernels.cpu.repack import repack
@@ -457,13 +465,13 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
     quantize_biased(x, xu, np.empty((len(x), 64), np.float32), np.empty((len(x), 64), np.float32))
     cases = [(w, xu)]
     scale_at = {"Q4_0": [0, 1], "Q4_1": [0, 1, 2, 3], "Q5_0": [0, 1], "Q5_1": [0, 1, 2, 3], "Q8_0": [0, 1],
-                "Q4_K": list(range(16)), "Q6_K": list(range(192, 210))}[base]  # Q4_K, Q6_K: scales and d kept
+                "Q4_K": list(range(16)), "Q6_K": list(range(192, 210)), "IQ4_XS": list(range(8))}[base]  # scales kept
     fills = (0x00, 0xFF, 0x7F, 0x81) if base == "Q8_0" else (0x00, 0xFF)  # Q8_0's: 0, -1, 127, -127
     for fill in fills:
         extreme = np.full(w.shape, fill, np.uint8)
         for off in range(0, w.shape[1], qtype.block_bytes):
             extreme[:, off + np.array(scale_at)] = w[:, off + np.array(scale_at)]
-        cases += [(extreme, np.full(xu.shape, 255, np.uint8)), (extreme, np.zeros(xu.shape, np.uint8))]
+        cases += [(extreme, np.full(xu.shape, 255, np.uint8)), (extreme, np.ones(xu.shape, np.uint8))]
     if name.startswith("X8_"):
         pack = pack_x8_q4_1 if base == "Q4_1" else pack_x8_q5_0
     else:
@@ -486,11 +494,12 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
             assert np.all(np.abs(got - x8 @ W.T) <= bound), (simd, has_vnni, hex(weight[0, -1]), case_xu[0, 0])
         llvm_ir = next(iter(packed_tile.inspect_llvm().values()))
         assert ("vpdpbusd" in llvm_ir) == has_vnni
-        assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni and base != "Q8_0")
+        assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni)
+        assert ("llvm.x86.avx2.psign.b" in llvm_ir) == (simd != "" and not has_vnni and GEMM_TILES[base] == "tile_q8_0")
 
 
 # Compiled for Skylake-SP (AVX-512 BW without VNNI: a path an AVX2 host cannot run), the assembly of the Q8_0 tile and
-# of the 4-bit types' (whose pmaddubsw sums would saturate on Q8_0's quants)
+# of the 4-bit types' (whose pmaddubsw sums of x's biased bytes would saturate on Q8_0's quants)
 SKYLAKE_SP_ASM = """
 import numba as nb
 from numba import types
@@ -501,15 +510,16 @@ sig = (types.Array(types.uint8, 2, "C", readonly=True), types.Array(types.uint8,
 for tile in (g.tile_q8_0, g.tile_no_min):
     f = _packed_tile(g.pack_q8_0, tile, f16_table=True)
     f.compile(sig)
-    print(f.inspect_asm(sig).count("vpmaddubsw"))
+    asm = f.inspect_asm(sig)
+    print(asm.count("vpmaddubsw"), asm.count("vpsignb"))
 """
 
 
 def test_q8_0_gemm_tile_for_avx512_without_vnni_never_saturates():
     """The Q8_0 GEMM tile as compiled for a CPU with AVX-512 BW but no VNNI (Skylake-SP servers, many cloud VMs)
-    uses no pmaddubsw, whose int16 pair sums saturate on Q8_0's quants (255 * 127 * 2 > 32767): LLVM widens its
-    byte products to pmaddwd's exact ones. The 4-bit types' tile, which does use it, shows the count can see it.
-    Hosts with AVX-512 also run this path against x8 @ W.T (test_gemm_tile_is_x8_w_on_every_path)."""
+    dots x signed, the values' signs moved onto it (vpsignb), so its pmaddubsw pair sums (|q| <= 128 times |xq| <=
+    127) cannot saturate as x's biased bytes would (255 * 127 * 2 > 32767); the 4-bit types' tile dots the biased
+    bytes. Hosts with AVX-512 also run this path against x8 @ W.T (test_gemm_tile_is_x8_w_on_every_path)."""
     import os
     import subprocess
     import sys
@@ -521,8 +531,9 @@ def test_q8_0_gemm_tile_for_avx512_without_vnni_never_saturates():
     r = subprocess.run([sys.executable, "-c", SKYLAKE_SP_ASM], cwd=root, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
-    q8_0, four_bit = map(int, r.stdout.split())
-    assert q8_0 == 0 and four_bit > 0
+    (q8_0_madd, q8_0_sign), (four_bit_madd, four_bit_sign) = (map(int, line.split())
+                                                              for line in r.stdout.splitlines()[:2])
+    assert q8_0_madd > 0 and q8_0_sign > 0 and four_bit_madd > 0 and four_bit_sign == 0
 
 
 @pytest.mark.parametrize("name,repacked", [("Q4_1", True), ("Q5_0", True), ("Q4_K", False), ("Q8_0", False),
