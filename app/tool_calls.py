@@ -220,8 +220,13 @@ class BareJsonFormat(Format):
 
 class MistralFormat(Format):
     """[TOOL_CALLS] then a JSON list of calls (Mistral Nemo, Small 3.1) or NAME[ARGS]{...} (Devstral, Small 3.2:
-    NAME[CALL_ID]id[ARGS]{...}); one [TOOL_CALLS] per call in the newer form."""
+    NAME[CALL_ID]id[ARGS]{...}); one [TOOL_CALLS] per call in the newer form. Both are parsed whatever the
+    template; `named`: the template writes the newer form (the one a reply is held to, tool_grammar.py)."""
     TAG = "[TOOL_CALLS]"
+
+    def __init__(self, tools: list[dict], named: bool = False):
+        super().__init__(tools)
+        self.named = named
     NAMED = re.compile(r"\s*([^\[\s{]+)(?:\[CALL_ID\][A-Za-z0-9]+)?\[ARGS\]")
     NAMING = re.compile(r"\s*[^\[\s{]*(?:\[[A-Z_]*\]?[A-Za-z0-9]*)*")  # what NAMED's text looks like until it is whole
 
@@ -312,7 +317,7 @@ def format_for(template_source: str, tools: list[dict]) -> Format:
     if "<|channel|>" in template_source:
         return HarmonyFormat(tools)
     if "[TOOL_CALLS]" in template_source:
-        return MistralFormat(tools)
+        return MistralFormat(tools, named="[ARGS]" in template_source)
     if "<tool_call>" in template_source and "<function=" in template_source:
         return XmlFormat(tools)
     if "<tool_call>" in template_source:
