@@ -2,12 +2,12 @@
 server's GenRequest: content blocks into the chat template's messages, `tool_use` / `tool_result` blocks into its
 tool calls and results, `tools` and `tool_choice` into a ToolRequest, `output_config.format` into the grammar.
 
-Thinking blocks sent back are accepted and left out of the prompt, as the other routes leave out reasoning; images
+Thinking blocks sent back go to the template as the message's reasoning (app/reasoning.py); images
 and documents are refused by name; a block type we do not know is a 400 naming it. Fields we do not know
 (metadata, cache_control...) are ignored, as on the other routes.
 """
 from app.server_schema import (GenRequest, bad, flat_tools, get, json_type, positive, refuse, sampling,
-                               schema_grammar, stop_strings, template_call, tool_result)
+                               schema_grammar, stop_strings, template_call, tool_result, with_reasoning)
 
 THINKING = ("enabled", "adaptive", "between_tools", "disabled")
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}  # Anthropic's names -> OpenAI's
@@ -111,7 +111,7 @@ def _user(blocks: list, where: str, earlier: list[dict]) -> list[dict]:
 
 
 def _assistant(blocks: list, where: str) -> dict:
-    texts, calls = [], []
+    texts, calls, thinking = [], [], []
     for j, block in enumerate(blocks):
         at = f"{where}.content[{j}]"
         kind = _block(block, at)
@@ -122,9 +122,12 @@ def _assistant(blocks: list, where: str) -> dict:
             if not call_id or not name:
                 raise bad(f"'{at}' must have the \"id\" and \"name\" of its call")
             calls.append(template_call(call_id, name, get(block, "input", dict, {}, where=at + ".")))
-        elif kind not in ("thinking", "redacted_thinking"):  # accepted, and left out as other routes leave it
+        elif kind == "thinking":
+            thinking.append(get(block, "thinking", str, "", where=at + "."))
+        elif kind != "redacted_thinking":  # redacted: Anthropic's encrypted thinking, which no model here can read
             raise bad(f"'{at}' has type '{kind}': an assistant message holds text, thinking and tool_use blocks")
-    return {"role": "assistant", "content": "\n\n".join(texts)} | ({"tool_calls": calls} if calls else {})
+    message = {"role": "assistant", "content": "\n\n".join(texts)} | ({"tool_calls": calls} if calls else {})
+    return with_reasoning(message, "\n\n".join(t for t in thinking if t))
 
 
 def anthropic_tools(body: dict):

@@ -4,14 +4,14 @@ reasoning) into the chat template's messages, function tools in their flat shape
 into the grammar.
 
 Nothing is stored (`store` is taken as false): `previous_response_id` is refused, and the whole conversation comes in
-`input`, as Codex sends it. Reasoning items sent back are accepted and left out of the prompt, as the other routes
-leave out reasoning. Fields we do not know (include, metadata, prompt_cache_key...) are ignored.
+`input`, as Codex sends it. Reasoning items sent back go to the template as the reasoning of the assistant turn
+that follows them (app/reasoning.py). Fields we do not know (include, metadata, prompt_cache_key...) are ignored.
 """
 import json
 
 from app.reasoning import LEVELS
 from app.server_schema import (GenRequest, bad, flat_tools, get, json_type, positive, refuse, sampling,
-                               schema_grammar, template_call, tool_result)
+                               schema_grammar, template_call, tool_result, with_reasoning)
 from inference.grammar import json_schema_grammar
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
@@ -48,7 +48,7 @@ def input_messages(value) -> list[dict]:
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise bad("'input' is required: a string, or a list of items (messages, function calls and their outputs)")
-    out = []
+    out, reasoning = [], []  # reasoning: the items' text, for the assistant turn they come before
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -58,13 +58,16 @@ def input_messages(value) -> list[dict]:
             role = ROLES.get(item.get("role"))
             if role is None:
                 raise bad(f"'{where}.role' must be one of {', '.join(ROLES)}")
-            out.append({"role": role, "content": _text(item.get("content"), where + ".content")})
+            message = {"role": role, "content": _text(item.get("content"), where + ".content")}
+            out.append(with_reasoning(message, "\n\n".join(reasoning)) if role == "assistant" else message)
+            reasoning = []
         elif kind == "function_call":
-            call = _call(item, where)
-            if out and out[-1]["role"] == "assistant":
-                out[-1].setdefault("tool_calls", []).append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            if not (out and out[-1]["role"] == "assistant"):  # calls join the assistant's message before them
+                out.append({"role": "assistant", "content": ""})
+            turn = out[-1]
+            out[-1] = with_reasoning(turn, "\n\n".join([turn.get("reasoning_content") or ""] + reasoning).strip())
+            out[-1].setdefault("tool_calls", []).append(_call(item, where))
+            reasoning = []
         elif kind == "function_call_output":
             call_id = get(item, "call_id", str, where=where + ".")
             if not call_id:
@@ -72,10 +75,22 @@ def input_messages(value) -> list[dict]:
             out.append(tool_result(call_id, _text(item.get("output"), where + ".output"), out, where + ".call_id"))
         elif kind == "item_reference":
             raise refuse(where, "an item_reference needs stored items: send the item itself")
-        elif kind != "reasoning":  # reasoning: accepted, and left out as the other routes leave it
+        elif kind == "reasoning":
+            reasoning += _reasoning(item, where)
+        else:
             raise bad(f"'{where}.type' is '{kind}': this server takes message, function_call, function_call_output "
                       "and reasoning items")
     return out
+
+
+def _reasoning(item: dict, where: str) -> list[str]:
+    """A reasoning item's text: its reasoning_text content (what this server sends), else its summary; an
+    encrypted_content alone (OpenAI's own models') is nothing a model here can read."""
+    parts = get(item, "content", list, where=where + ".") or get(item, "summary", list, [], where=where + ".")
+    texts = [p.get("text") for p in parts if isinstance(p, dict)]
+    if not all(isinstance(t, str) for t in texts) or len(texts) != len(parts):
+        raise bad(f"'{where}' must hold text parts: {{\"type\": \"reasoning_text\", \"text\": ...}}")
+    return [t for t in texts if t]
 
 
 def _text(content, where: str) -> str:

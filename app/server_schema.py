@@ -102,8 +102,16 @@ def messages(body: dict, allow_empty: bool = False) -> list[dict]:
         if m.get("images"):
             raise refuse(f"{where}images", "the models it runs read text only")
         message = {"role": role, "content": _content(m, where, required=role != "assistant")}
+        if role == "assistant":  # its reasoning sent back: OpenAI's (llama.cpp's) name, or Ollama's
+            message = with_reasoning(message, get(m, "reasoning_content", str, where=where)
+                                     or get(m, "thinking", str, where=where))
         out.append(history_message(m, message, where, out))
     return out
+
+
+def with_reasoning(message: dict, reasoning: str | None) -> dict:
+    """An assistant message with the reasoning sent back with it, as the chat templates read it (app/reasoning.py)."""
+    return message | {"reasoning_content": reasoning} if reasoning else message
 
 
 def _content(m: dict, where: str, required: bool) -> str:

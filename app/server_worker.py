@@ -15,7 +15,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.reasoning import effort_vars
+from app.reasoning import effort_vars, history_reasoning
 from app.server_schema import ApiError, GenRequest
 from app.structured import answer_constraint
 from app.tool_calls import Format, HarmonyFormat, format_for
@@ -199,7 +199,7 @@ def prompt_ids(engine, r: GenRequest) -> tuple[list[int], bool, Format | None]:
             messages, tools = with_tools(messages, r.tools, engine.chat_template.source)
             variables = variables | tools
             tool_format = format_for(engine.chat_template.source, tools["tools"])
-        text = engine.chat_template.render(messages, **variables)
+        text = engine.chat_template.render(history_reasoning(engine.chat_template, messages), **variables)
         ids, thinks = engine.tokenizer.encode_prompt(text), text.rstrip().endswith("<think>")
     else:
         ids, thinks = engine.prompt_ids(r.prompt), False

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.app.in_process_server import serving_on_cpu, serving_one
-from tests.app.test_serve_tools import MODEL, ScriptedEngine
+from tests.app.test_serve_tools import KEPT, MODEL, ScriptedEngine
 
 KEY = "test-key-anthropic"
 TOOLS = [{"name": "get_weather", "description": "Get the current weather in a given city",
@@ -93,7 +93,7 @@ def test_tool_round_trip(client, served):
     assert r.content[1].text == "It is 18 C and sunny in Paris."
     prompt = served[1].prompts[-1][0]  # the call and its result went back through the template
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
-    assert "<tool_response>\n18 C, sunny\n</tool_response>" in prompt
+    assert "<tool_response>\n18 C, sunny\n</tool_response>" in prompt and KEPT in prompt  # its reasoning too
 
 
 def test_tool_round_trip_streamed(client, served):

@@ -11,7 +11,7 @@ import pytest
 
 from tests.app.in_process_server import serving_on_cpu, serving_one
 from tests.app.test_serve_json import PERSON
-from tests.app.test_serve_tools import MODEL, ScriptedEngine
+from tests.app.test_serve_tools import KEPT, MODEL, ScriptedEngine
 
 KEY = "test-key-responses"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Get the current weather in a given city",
@@ -97,7 +97,7 @@ def test_function_call_round_trip(client, served):
     assert r.output_text == "It is 18 C and sunny in Paris."
     prompt = served[1].prompts[-1][0]  # the call and its output went back through the template
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
-    assert "<tool_response>\n18 C, sunny\n</tool_response>" in prompt
+    assert "<tool_response>\n18 C, sunny\n</tool_response>" in prompt and KEPT in prompt  # its reasoning too
 
 
 def test_function_call_round_trip_streamed(client, served):
