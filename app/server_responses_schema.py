@@ -3,8 +3,8 @@ GenRequest: `instructions` and `input` (a string, or items: messages, function_c
 reasoning) into the chat template's messages, function tools in their flat shape into a ToolRequest, `text.format`
 into the grammar.
 
-Nothing is stored (`store` is taken as false): `previous_response_id` is refused, and the whole conversation comes in
-`input`, as Codex sends it. Reasoning items sent back go to the template as the reasoning of the assistant turn
+A response's conversation is kept in memory for a later request's `previous_response_id` (app/server_responses.py);
+Reasoning items sent back go to the template as the reasoning of the assistant turn
 that follows them (app/reasoning.py). Fields we do not know (include, metadata, prompt_cache_key...) are ignored.
 """
 import json
@@ -18,16 +18,15 @@ ROLES = {"user": "user", "system": "system", "developer": "system", "assistant":
 TEXT_PARTS = ("input_text", "output_text", "refusal")  # refusal: an assistant part that says why it would not
 
 
-def responses_request(body: dict) -> GenRequest:
-    if body.get("previous_response_id"):
-        raise refuse("previous_response_id", "nothing is stored: send the whole conversation in 'input'")
+def responses_request(body: dict, earlier: list[dict] = ()) -> GenRequest:
+    """body's request; earlier: the items of the response it continues (previous_response_id), before its input."""
     if get(body, "background", bool, False):
         raise refuse("background", "a reply is answered while the request waits, or streamed")
     if get(body, "top_logprobs", int, 0):
         raise refuse("top_logprobs", "no log probabilities")
     instructions = get(body, "instructions", str)
     conversation = ([{"role": "system", "content": instructions}] if instructions else []) + \
-        input_messages(body.get("input"))
+        input_messages(conversation_items(body, list(earlier)), len(earlier))
     tools = responses_tools(body)
     grammar = text_format(get(get(body, "text", dict, {}), "format", dict, where="text."))
     if tools and grammar:
@@ -41,16 +40,24 @@ def responses_request(body: dict) -> GenRequest:
                       tools=tools, grammar=grammar)
 
 
-def input_messages(value) -> list[dict]:
-    """`input` as the chat template's messages: a function_call joins the assistant message before it (as one turn
-    with text and calls), a function_call_output answers a call made before it."""
+def conversation_items(body: dict, earlier: list[dict]) -> list[dict]:
+    """The conversation's items: earlier ones (those of the previous response, input and output, where the request
+    continues one), then `input`'s (a string is one user message)."""
+    value = body.get("input")
     if isinstance(value, str):
-        return [{"role": "user", "content": value}]
+        return earlier + [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise bad("'input' is required: a string, or a list of items (messages, function calls and their outputs)")
+    return earlier + value
+
+
+def input_messages(value: list, earlier: int = 0) -> list[dict]:
+    """Items as the chat template's messages: a function_call joins the assistant message before it (as one turn
+    with text and calls), a function_call_output answers a call made before it. earlier: how many items come from
+    a previous response (an error names the request's own item)."""
     out, reasoning = [], []  # reasoning: the items' text, for the assistant turn they come before
     for i, item in enumerate(value):
-        where = f"input[{i}]"
+        where = f"input[{i - earlier}]"
         if not isinstance(item, dict):
             raise bad(f"'{where}' must be an item object (got {json_type(item)})")
         kind = get(item, "type", str, "message", where=where + ".")

@@ -15,11 +15,13 @@ ROLES = ("system", "user", "assistant", "tool")
 
 
 class ApiError(Exception):
-    """A request the server answers with an error: status, one clear message, OpenAI's type and code."""
+    """A request the server answers with an error: status, one clear message, OpenAI's type, code and param (the
+    field at fault, where OpenAI's API names it)."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", code: str | None = None):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type, code
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
 
 
 def bad(message: str, code: str | None = None) -> ApiError:

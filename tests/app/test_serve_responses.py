@@ -9,6 +9,8 @@ import jsonschema
 import openai
 import pytest
 
+from app.server_responses import ResponseStore
+from app.server_schema import ApiError
 from tests.app.in_process_server import serving_on_cpu, serving_one
 from tests.app.test_serve_json import PERSON
 from tests.app.test_serve_tools import KEPT, MODEL, ScriptedEngine
@@ -147,6 +149,46 @@ def test_max_output_tokens_makes_an_incomplete_response(client, served):
     assert events[-1]["type"] == "response.incomplete" and events[-1]["response"]["status"] == "incomplete"
 
 
+def test_previous_response_id_continues_a_stored_response(client, served):
+    """A tool round trip chained as Codex-style clients chain it: the second request sends only the call's output;
+    the prompt is the one of the whole conversation sent at once (test_function_call_round_trip)."""
+    first = client.responses.create(model=MODEL, input=ASK, tools=TOOLS)
+    assert first.store is True and first.previous_response_id is None
+    call = first.output[1]
+    output = [{"type": "function_call_output", "call_id": call.call_id, "output": "18 C, sunny"}]
+    r = client.responses.create(model=MODEL, previous_response_id=first.id, input=output, tools=TOOLS)
+    assert r.output_text == "It is 18 C and sunny in Paris." and r.previous_response_id == first.id
+    chained = served[1].prompts[-1][0]
+    client.responses.create(model=MODEL, input=ASK + first.output + output, tools=TOOLS)
+    assert chained == served[1].prompts[-1][0] and KEPT in chained
+    events = sse(served[0], {"model": MODEL, "previous_response_id": r.id, "input": "And in Rome?", "tools": TOOLS})
+    done = events[-1]["response"]
+    assert done["status"] == "completed" and done["previous_response_id"] == r.id
+    assert "It is 18 C and sunny in Paris.<|im_end|>\n<|im_start|>user\nAnd in Rome?" in served[1].prompts[-1][0]
+    streamed = client.responses.create(model=MODEL, previous_response_id=done["id"], input="Thanks!")  # kept too
+    assert "<|im_start|>user\nAnd in Rome?" in served[1].prompts[-1][0] and streamed.status == "completed"
+
+
+def test_an_unknown_or_unstored_previous_response_is_openais_400(client):
+    r = client.responses.create(model=MODEL, input="Hello", store=False)
+    assert r.store is False
+    for unknown in (r.id, "resp_123"):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=MODEL, input="Hello", previous_response_id=unknown)
+        assert e.value.body == {"message": f"Previous response with id '{unknown}' not found.",
+                                "type": "invalid_request_error", "param": "previous_response_id",
+                                "code": "previous_response_not_found"}
+
+
+def test_the_store_keeps_the_last_responses():
+    store = ResponseStore(size=2)
+    for response_id in ("resp_a", "resp_b", "resp_c"):
+        store.put(response_id, [{"role": "user", "content": response_id}])
+    assert store.get("resp_c") == [{"role": "user", "content": "resp_c"}] and store.get("resp_b")
+    with pytest.raises(ApiError, match="Previous response with id 'resp_a' not found."):
+        store.get("resp_a")  # the oldest, evicted
+
+
 def test_an_engine_failure_mid_stream_is_response_failed(served):
     events = sse(served[0], {"model": MODEL, "input": "FAIL"})
     assert events[-1]["type"] == "response.failed" and events[-2]["type"] == "response.output_text.delta"
@@ -161,8 +203,6 @@ def test_bad_input_is_a_400_in_openais_error_shape(client):
         assert e.value.status_code == 400 and e.value.body["type"] == "invalid_request_error"
         return e.value.body["message"]
 
-    assert "'previous_response_id' is not supported by this server (nothing is stored" in refused(
-        input="Hello", previous_response_id="resp_123")
     assert refused(input=ASK + [{"type": "function_call_output", "call_id": "nope", "output": "18 C"}]) == \
         "'input[1].call_id' is 'nope', but no tool call before it has that id"
     assert refused(input=[{"type": "computer_call_output", "call_id": "x"}]).startswith(
