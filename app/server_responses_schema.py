@@ -11,7 +11,7 @@ import json
 
 from app.reasoning import LEVELS
 from app.server_schema import (GenRequest, bad, flat_tools, get, json_type, positive, refuse, sampling,
-                               schema_grammar, template_call, tool_result, with_reasoning)
+                               schema_grammar, system_first, template_call, tool_result, with_reasoning)
 from inference.grammar import json_schema_grammar
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
@@ -25,8 +25,8 @@ def responses_request(body: dict, earlier: list[dict] = ()) -> GenRequest:
     if get(body, "top_logprobs", int, 0):
         raise refuse("top_logprobs", "no log probabilities")
     instructions = get(body, "instructions", str)
-    conversation = ([{"role": "system", "content": instructions}] if instructions else []) + \
-        input_messages(conversation_items(body, list(earlier)), len(earlier))
+    conversation = system_first(([{"role": "system", "content": instructions}] if instructions else []) +
+                                input_messages(conversation_items(body, list(earlier)), len(earlier)))
     tools = responses_tools(body)
     grammar = text_format(get(get(body, "text", dict, {}), "format", dict, where="text."))
     if tools and grammar:

@@ -111,6 +111,16 @@ def messages(body: dict, allow_empty: bool = False) -> list[dict]:
     return out
 
 
+def system_first(messages: list[dict]) -> list[dict]:
+    """messages with one system message, first, as chat templates take it (Qwen3.5's refuses any other): those that
+    open the conversation joined, a paragraph each (Codex's instructions, then its developer message), later ones
+    as user messages where they stand (Codex's developer notes, Claude Code's system reminders between turns), so
+    that the prompt's beginning, and the KV cache of it, stays the same from turn to turn."""
+    n = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    head = [{"role": "system", "content": "\n\n".join(m["content"] for m in messages[:n])}] if n > 1 else messages[:n]
+    return head + [m | {"role": "user"} if m["role"] == "system" else m for m in messages[n:]]
+
+
 def with_reasoning(message: dict, reasoning: str | None) -> dict:
     """An assistant message with the reasoning sent back with it, as the chat templates read it (app/reasoning.py)."""
     return message | {"reasoning_content": reasoning} if reasoning else message

@@ -10,9 +10,11 @@ import openai
 import pytest
 
 from app.server_responses import ResponseStore
+from app.server_responses_schema import responses_request
 from app.server_schema import ApiError
 from tests.app.in_process_server import serving_on_cpu, serving_one
 from tests.app.test_serve_json import PERSON
+from tests.app.test_reasoning_history import server_prompt
 from tests.app.test_serve_tools import KEPT, MODEL, ScriptedEngine
 
 KEY = "test-key-responses"
@@ -187,6 +189,38 @@ def test_the_store_keeps_the_last_responses():
     assert store.get("resp_c") == [{"role": "user", "content": "resp_c"}] and store.get("resp_b")
     with pytest.raises(ApiError, match="Previous response with id 'resp_a' not found."):
         store.get("resp_a")  # the oldest, evicted
+
+
+# A Codex CLI turn as it sends one to a local model (codex-rs's Responses request: its instructions, a developer
+# message, the environment as a user message, function tools only, store false, streamed)
+CODEX = {"model": MODEL, "instructions": "You are Codex, a coding agent.", "input": [
+    {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>sandboxed"
+                                                                                         "</permissions>"}]},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<environment_context>\n  <cwd>"
+                                                                                   "/repo</cwd>\n</environment_context>"}]},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is the weather in Paris?"}]}],
+    "tools": [{"type": "function", "name": "get_weather", "description": "The weather in a city", "strict": False,
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                              "additionalProperties": False}}],
+    "tool_choice": "auto", "parallel_tool_calls": False, "reasoning": None, "store": False, "stream": True,
+    "include": [], "prompt_cache_key": "0197c0de", "text": {"verbosity": "low"}}
+
+
+def test_a_codex_turn_and_its_tool_round_trip(served):
+    events = sse(served[0], CODEX)
+    assert events[-1]["type"] == "response.completed"  # what Codex waits for, else it retries
+    items = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [i["type"] for i in items] == ["reasoning", "function_call"]
+    prompt = served[1].prompts[-1][0]
+    assert prompt.startswith("<|im_start|>system\nYou are Codex, a coding agent.\n\n<permissions>sandboxed"
+                             "</permissions>")  # one system message, as templates take it
+    codex_echo = [items[0] | {"encrypted_content": None}, items[1]]  # Codex sends the items back as it got them
+    output = {"type": "function_call_output", "call_id": items[1]["call_id"], "output": "18 C, sunny"}
+    events = sse(served[0], CODEX | {"input": CODEX["input"] + codex_echo + [output]})
+    assert events[-1]["response"]["output"][-1]["content"][0]["text"] == "It is 18 C and sunny in Paris."
+    assert KEPT in served[1].prompts[-1][0]
+    # Qwen3.5's template refuses a system message after the first one: Codex's first turn renders
+    assert "<permissions>sandboxed</permissions>" in server_prompt("Qwen3.5-4B", responses_request(CODEX))
 
 
 def test_an_engine_failure_mid_stream_is_response_failed(served):
