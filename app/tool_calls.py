@@ -156,9 +156,14 @@ class XmlFormat(TaggedFormat):
         return arguments
 
 
+# Python's spelling of JSON's literals: the XML templates write a value that is no object or list with `| string`,
+# so the models learnt True, False and None (llama.cpp's parser reads them too)
+PYTHON_LITERALS = {"True": True, "False": False, "None": None}
+
+
 def _typed(text: str, schema: dict):
     """A parameter's text as its schema's type says: a string stays text, anything else is read as JSON where it
-    parses (a number, true, an object...), else kept as text."""
+    parses (a number, true, an object...) or as a Python literal (True), else kept as text."""
     kinds = schema.get("type", "string")
     kinds = kinds if isinstance(kinds, list) else [kinds]
     if "string" in kinds:
@@ -166,7 +171,7 @@ def _typed(text: str, schema: dict):
     try:
         return json.loads(text)
     except ValueError:
-        return text
+        return PYTHON_LITERALS.get(text.strip(), text)
 
 
 class BareJsonFormat(Format):

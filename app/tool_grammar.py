@@ -88,7 +88,8 @@ def _xml(tools: list[dict], more: str) -> str:
     """<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>, as the
     Qwen3.5 and Qwen3-Coder templates write a call: the tool's properties in the schema's order, its required ones
     always. A string's value is free text up to the parameter's end tag (XmlFormat reads it as text) within its
-    minLength and maxLength, an enum of strings one of them, any other value JSON of its schema."""
+    minLength and maxLength, an enum of strings one of them, a boolean True or False as the templates write it, any
+    other value JSON of its schema."""
     rules = [f'start: call{more}', "call: " + " | ".join(f"f{i}" for i in range(len(tools)))]
     for i, t in enumerate(tools):
         schema = t["parameters"]
@@ -113,6 +114,8 @@ def _xml_value(rule: str, spec, rules: list[str]) -> str:
     """The grammar of one parameter's value and end tag (rules gains the value's own rule where it needs one)."""
     spec = spec if isinstance(spec, dict) else {}
     kinds = spec.get("type", "string")
+    if kinds == "boolean":  # as the templates write it (tool_calls.PYTHON_LITERALS)
+        return f'("True" | "False") {_text(END_PARAMETER)}'
     if "string" not in (kinds if isinstance(kinds, list) else [kinds]):
         return f"{_json(closed(spec))} {_text(END_PARAMETER)}"
     if isinstance(spec.get("enum"), list) and all(isinstance(v, str) for v in spec["enum"]):

@@ -29,7 +29,8 @@ CONVERT = {"type": "function", "function": {"name": "convert", "description": "C
                                                            "properties": {"unit": {"enum": ["C", "F"]},
                                                                           "degrees": {"type": "integer",
                                                                                       "minimum": 0,
-                                                                                      "maximum": 999}}}}}
+                                                                                      "maximum": 999},
+                                                                          "exact": {"type": "boolean"}}}}}
 TOOLS = [WEATHER, CONVERT]
 # where each format's free text ends (harmony's analysis; an XML string parameter)
 FORMATS = {"Mistral-Small-3.2-24B-Instruct-2506": None, "mistralai-Mistral-Nemo-Instruct-2407": None,
