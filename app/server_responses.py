@@ -102,7 +102,8 @@ class Response:
                 "instructions": b.get("instructions"), "max_output_tokens": b.get("max_output_tokens"),
                 "model": self.reply.model, "output": output, "parallel_tool_calls": b.get("parallel_tool_calls", True),
                 "previous_response_id": self.previous,
-                "reasoning": b.get("reasoning") or {"effort": None, "summary": None}, "store": self.store is not None, "temperature": b.get("temperature"), "top_p": b.get("top_p"),
+                "reasoning": b.get("reasoning") or {"effort": None, "summary": None}, "store": self.store is not None,
+                "temperature": b.get("temperature"), "top_p": b.get("top_p"),
                 "text": b.get("text") or {"format": {"type": "text"}}, "tool_choice": b.get("tool_choice", "auto"),
                 "tools": b.get("tools") or [], "truncation": "disabled", "usage": usage,
                 "metadata": b.get("metadata") or {}}

@@ -39,7 +39,8 @@ OPENAI = {"messages": [
     {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!", "reasoning_content": EARLIER},
     {"role": "user", "content": "Weather in Paris?"},
     {"role": "assistant", "content": None, "reasoning_content": NOW, "tool_calls": [
-        {"id": "call00001", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"id": "call00001", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
     {"role": "tool", "tool_call_id": "call00001", "content": "18 C, sunny"}]}
 OLLAMA = {"model": "m", "messages": [
     {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!", "thinking": EARLIER},

@@ -64,7 +64,7 @@ def claude_code(messages: list[dict], cch: str) -> dict:
     with cache_control, tools with JSON Schema's $schema, metadata, a large max_tokens, streamed."""
     tool = TOOLS[0] | {"input_schema": TOOLS[0]["input_schema"] | {
         "$schema": "http://json-schema.org/draft-07/schema#", "additionalProperties": False}}
-    return dict(model=MODEL, max_tokens=32000, extra_body={"temperature": 1}, metadata={"user_id": "user_abc_session_1"},
+    return dict(model=MODEL, max_tokens=32000, extra_body={"temperature": 1}, metadata={"user_id": "user_abc_1"},
                 system=[{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.37; cch={cch};"},
                         {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
                 tools=[tool], messages=messages)

@@ -194,10 +194,10 @@ def test_the_store_keeps_the_last_responses():
 # A Codex CLI turn as it sends one to a local model (codex-rs's Responses request: its instructions, a developer
 # message, the environment as a user message, function tools only, store false, streamed)
 CODEX = {"model": MODEL, "instructions": "You are Codex, a coding agent.", "input": [
-    {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>sandboxed"
-                                                                                         "</permissions>"}]},
-    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<environment_context>\n  <cwd>"
-                                                                                   "/repo</cwd>\n</environment_context>"}]},
+    {"type": "message", "role": "developer",
+     "content": [{"type": "input_text", "text": "<permissions>sandboxed</permissions>"}]},
+    {"type": "message", "role": "user",
+     "content": [{"type": "input_text", "text": "<environment_context>\n  <cwd>/repo</cwd>\n</environment_context>"}]},
     {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is the weather in Paris?"}]}],
     "tools": [{"type": "function", "name": "get_weather", "description": "The weather in a city", "strict": False,
                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
