@@ -53,6 +53,7 @@ def build_app(worker, api_key: str | None):
     app = Starlette(routes=routes, exception_handlers={ApiError: server.on_api_error,
                                                        HTTPException: server.on_http_error, Exception: server.on_bug})
     app.state.worker = worker
+    app.state.responses = server_responses.ResponseStore()  # for the Responses API's previous_response_id
     return server.ApiKey(app, api_key) if api_key else app
 
 

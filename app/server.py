@@ -140,16 +140,16 @@ def anthropic_error(status: int, message: str) -> dict:
 
 
 def error_response(request: Request, status: int, message: str, type: str = "invalid_request_error",
-                   code: str | None = None) -> JSONResponse:
+                   code: str | None = None, param: str | None = None) -> JSONResponse:
     if request.url.path.startswith("/api/"):  # Ollama's shape, which its clients read
         return JSONResponse({"error": message}, status)
     if request.url.path.startswith("/v1/messages"):
         return JSONResponse(anthropic_error(status, message), status)
-    return JSONResponse({"error": {"message": message, "type": type, "param": None, "code": code}}, status)
+    return JSONResponse({"error": {"message": message, "type": type, "param": param, "code": code}}, status)
 
 
 async def on_api_error(request: Request, e: ApiError):
-    return error_response(request, e.status, e.message, e.type, e.code)
+    return error_response(request, e.status, e.message, e.type, e.code, e.param)
 
 
 async def on_http_error(request: Request, e: HTTPException):

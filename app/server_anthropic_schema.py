@@ -2,15 +2,19 @@
 server's GenRequest: content blocks into the chat template's messages, `tool_use` / `tool_result` blocks into its
 tool calls and results, `tools` and `tool_choice` into a ToolRequest, `output_config.format` into the grammar.
 
-Thinking blocks sent back are accepted and left out of the prompt, as the other routes leave out reasoning; images
-and documents are refused by name; a block type we do not know is a 400 naming it. Fields we do not know
-(metadata, cache_control...) are ignored, as on the other routes.
+Thinking blocks sent back go to the template as the message's reasoning (app/reasoning.py); system messages
+between turns (Claude Code's reminders) as user messages where they stand (server_schema.system_first); Claude
+Code's billing line, a system block that changes every request, is left out. Images and documents are refused by
+name; a block type we do not know is a 400 naming it. Fields we do not know (metadata, cache_control...) are
+ignored, as on the other routes.
 """
 from app.server_schema import (GenRequest, bad, flat_tools, get, json_type, positive, refuse, sampling,
-                               schema_grammar, stop_strings, template_call, tool_result)
+                               schema_grammar, stop_strings, system_first, template_call, tool_result,
+                               with_reasoning)
 
 THINKING = ("enabled", "adaptive", "between_tools", "disabled")
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}  # Anthropic's names -> OpenAI's
+BILLING = "x-anthropic-billing-header:"  # the system block Claude Code opens with, for Anthropic's billing
 
 
 def anthropic_request(body: dict, count_only: bool = False) -> GenRequest:
@@ -18,7 +22,7 @@ def anthropic_request(body: dict, count_only: bool = False) -> GenRequest:
     max_tokens = positive(get(body, "max_tokens", int), "max_tokens")
     if max_tokens is None and not count_only:
         raise bad("'max_tokens' is required: the most tokens the reply may have")
-    conversation = system_messages(body.get("system")) + messages(get(body, "messages", list))
+    conversation = system_first(system_messages(body.get("system")) + messages(get(body, "messages", list)))
     tools = anthropic_tools(body)
     grammar = output_format(get(get(body, "output_config", dict, {}), "format", dict, where="output_config."))
     if tools and grammar:
@@ -36,14 +40,16 @@ def system_messages(system) -> list[dict]:
         return []
     if not isinstance(system, str | list):
         raise bad(f"'system' must be a string or a list of text blocks (got {json_type(system)})")
+    if isinstance(system, list):  # Claude Code's billing line changes every request: kept, no prompt is reused
+        system = [b for b in system if not (isinstance(b, dict) and str(b.get("text")).startswith(BILLING))]
     text = system if isinstance(system, str) else _text(system, "system")
     return [{"role": "system", "content": text}] if text else []
 
 
 def messages(items: list | None) -> list[dict]:
-    """Anthropic's user and assistant messages as the chat template takes them: a user message's tool_result
-    blocks become tool messages (before its text, as Anthropic wants them first), an assistant message's tool_use
-    blocks its tool_calls."""
+    """Anthropic's messages as the chat template takes them: a user message's tool_result blocks become tool
+    messages (before its text, as Anthropic wants them first), an assistant message's tool_use blocks its
+    tool_calls; a system message (Anthropic's mid-conversation instructions) its text."""
     if items is None:
         raise bad("'messages' is required: a list of {\"role\", \"content\"} objects")
     if not items:
@@ -54,13 +60,17 @@ def messages(items: list | None) -> list[dict]:
         if not isinstance(m, dict):
             raise bad(f"'{where}' must be an object with \"role\" and \"content\" (got {json_type(m)})")
         role, content = get(m, "role", str, where=where + "."), m.get("content")
-        if role not in ("user", "assistant"):
-            raise bad(f"'{where}.role' must be \"user\" or \"assistant\" (got {'missing' if role is None else role})")
+        if role not in ("user", "assistant", "system"):
+            raise bad(f"'{where}.role' must be \"user\", \"assistant\" or \"system\" (got "
+                      f"{'missing' if role is None else role})")
         if isinstance(content, str):
             content = [{"type": "text", "text": content}]
         if not isinstance(content, list):
             raise bad(f"'{where}.content' must be a string or a list of content blocks (got {json_type(content)})")
-        out += _user(content, where, out) if role == "user" else [_assistant(content, where)]
+        if role == "system":  # between turns, as Claude Code sends its reminders
+            out.append({"role": "system", "content": _text(content, where + ".content")})
+        else:
+            out += _user(content, where, out) if role == "user" else [_assistant(content, where)]
     if items[-1].get("role") == "assistant":
         raise bad("the last message is the assistant's: this server does not continue a prefilled reply (the reply "
                   "is a new turn); end with a user message")
@@ -111,7 +121,7 @@ def _user(blocks: list, where: str, earlier: list[dict]) -> list[dict]:
 
 
 def _assistant(blocks: list, where: str) -> dict:
-    texts, calls = [], []
+    texts, calls, thinking = [], [], []
     for j, block in enumerate(blocks):
         at = f"{where}.content[{j}]"
         kind = _block(block, at)
@@ -122,9 +132,12 @@ def _assistant(blocks: list, where: str) -> dict:
             if not call_id or not name:
                 raise bad(f"'{at}' must have the \"id\" and \"name\" of its call")
             calls.append(template_call(call_id, name, get(block, "input", dict, {}, where=at + ".")))
-        elif kind not in ("thinking", "redacted_thinking"):  # accepted, and left out as other routes leave it
+        elif kind == "thinking":
+            thinking.append(get(block, "thinking", str, "", where=at + "."))
+        elif kind != "redacted_thinking":  # redacted: Anthropic's encrypted thinking, which no model here can read
             raise bad(f"'{at}' has type '{kind}': an assistant message holds text, thinking and tool_use blocks")
-    return {"role": "assistant", "content": "\n\n".join(texts)} | ({"tool_calls": calls} if calls else {})
+    message = {"role": "assistant", "content": "\n\n".join(texts)} | ({"tool_calls": calls} if calls else {})
+    return with_reasoning(message, "\n\n".join(t for t in thinking if t))
 
 
 def anthropic_tools(body: dict):

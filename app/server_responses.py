@@ -5,19 +5,26 @@ response.in_progress; per item output_item.added, content_part.added, the text's
 (response.output_text.*, response.reasoning_text.*), content_part.done, output_item.done (a call:
 function_call_arguments.delta and .done); then response.completed, or response.incomplete at max_output_tokens.
 An error once the stream began is response.failed.
+
+A response is kept (unless the request says `store: false`) for a later request that continues it by
+`previous_response_id`, as Codex-style clients chain turns: the last MAX_STORED responses' conversations, in memory,
+the oldest evicted first; an unknown or evicted id is OpenAI's 400 previous_response_not_found.
 """
 import itertools
 import json
 import time
 import uuid
+from collections import OrderedDict
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from app.reply_blocks import Block, reply_blocks, whole_blocks
 from app.server import Reply, read_json, start_reply
-from app.server_responses_schema import responses_request
-from app.server_schema import ApiError
+from app.server_responses_schema import conversation_items, responses_request
+from app.server_schema import ApiError, get
+
+MAX_STORED = 256  # responses kept for previous_response_id; items are shared between a chain's entries, not copied
 
 ID_PREFIX = {"reasoning": "rs", "text": "msg", "call": "fc"}
 TEXT_EVENTS = {"reasoning": "response.reasoning_text", "text": "response.output_text"}
@@ -58,12 +65,35 @@ def final_status(reply: Reply) -> str:
     return "completed" if reply.calls or reply.stats.finish_reason == "stop" else "incomplete"
 
 
-class Response:
-    """One response's object as the API gives it at each stage: the request's settings echoed, the output so far."""
+class ResponseStore:
+    """The conversations (input items, then output items) of the last `size` responses, by response id."""
 
-    def __init__(self, body: dict, reply: Reply):
-        self.body, self.reply = body, reply
+    def __init__(self, size: int = MAX_STORED):
+        self.size, self.items = size, OrderedDict()
+
+    def put(self, response_id: str, items: list[dict]) -> None:
+        self.items[response_id] = items
+        while len(self.items) > self.size:
+            self.items.popitem(last=False)
+
+    def get(self, response_id: str) -> list[dict]:
+        if response_id not in self.items:
+            raise ApiError(400, f"Previous response with id '{response_id}' not found.",
+                           code="previous_response_not_found", param="previous_response_id")
+        return self.items[response_id]
+
+
+class Response:
+    """One response's object as the API gives it at each stage: the request's settings echoed, the output so far.
+    done(output) keeps its conversation in store (None: not kept)."""
+
+    def __init__(self, body: dict, reply: Reply, previous: str | None, items: list[dict], store: ResponseStore | None):
+        self.body, self.reply, self.previous, self.items, self.store = body, reply, previous, items, store
         self.id, self.created = new_id("resp"), int(time.time())
+
+    def done(self, output: list[dict]) -> None:
+        if self.store is not None:
+            self.store.put(self.id, self.items + output)
 
     def object(self, status: str, output: list[dict], usage: dict | None = None) -> dict:
         b = self.body
@@ -71,8 +101,9 @@ class Response:
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "instructions": b.get("instructions"), "max_output_tokens": b.get("max_output_tokens"),
                 "model": self.reply.model, "output": output, "parallel_tool_calls": b.get("parallel_tool_calls", True),
-                "previous_response_id": None, "reasoning": b.get("reasoning") or {"effort": None, "summary": None},
-                "store": False, "temperature": b.get("temperature"), "top_p": b.get("top_p"),
+                "previous_response_id": self.previous,
+                "reasoning": b.get("reasoning") or {"effort": None, "summary": None}, "store": self.store is not None,
+                "temperature": b.get("temperature"), "top_p": b.get("top_p"),
                 "text": b.get("text") or {"format": {"type": "text"}}, "tool_choice": b.get("tool_choice", "auto"),
                 "tools": b.get("tools") or [], "truncation": "disabled", "usage": usage,
                 "metadata": b.get("metadata") or {}}
@@ -80,13 +111,18 @@ class Response:
 
 async def responses(request: Request):
     body = await read_json(request)
-    r = responses_request(body)
+    store: ResponseStore = request.app.state.responses
+    previous = get(body, "previous_response_id", str)
+    earlier = store.get(previous) if previous else []
+    r = responses_request(body, earlier)
     reply = await start_reply(request, r)
-    response = Response(body, reply)
+    response = Response(body, reply, previous, conversation_items(body, earlier),
+                        store if get(body, "store", bool, True) else None)
     if r.stream:
         return StreamingResponse(events(response), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     output = [output_item(b, new_id(ID_PREFIX[b.kind]), done=True) for b in await whole_blocks(reply)]
+    response.done(output)
     return JSONResponse(response.object(final_status(reply), output, usage(reply)))
 
 
@@ -135,4 +171,5 @@ async def events(response: Response):
         yield event({"type": "response.failed", "response": failed})
         return
     status = final_status(response.reply)
+    response.done(output)
     yield event({"type": f"response.{status}", "response": response.object(status, output, usage(response.reply))})

@@ -3,31 +3,30 @@ GenRequest: `instructions` and `input` (a string, or items: messages, function_c
 reasoning) into the chat template's messages, function tools in their flat shape into a ToolRequest, `text.format`
 into the grammar.
 
-Nothing is stored (`store` is taken as false): `previous_response_id` is refused, and the whole conversation comes in
-`input`, as Codex sends it. Reasoning items sent back are accepted and left out of the prompt, as the other routes
-leave out reasoning. Fields we do not know (include, metadata, prompt_cache_key...) are ignored.
+A response's conversation is kept in memory for a later request's `previous_response_id` (app/server_responses.py);
+Reasoning items sent back go to the template as the reasoning of the assistant turn
+that follows them (app/reasoning.py). Fields we do not know (include, metadata, prompt_cache_key...) are ignored.
 """
 import json
 
 from app.reasoning import LEVELS
 from app.server_schema import (GenRequest, bad, flat_tools, get, json_type, positive, refuse, sampling,
-                               schema_grammar, template_call, tool_result)
+                               schema_grammar, system_first, template_call, tool_result, with_reasoning)
 from inference.grammar import json_schema_grammar
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text", "refusal")  # refusal: an assistant part that says why it would not
 
 
-def responses_request(body: dict) -> GenRequest:
-    if body.get("previous_response_id"):
-        raise refuse("previous_response_id", "nothing is stored: send the whole conversation in 'input'")
+def responses_request(body: dict, earlier: list[dict] = ()) -> GenRequest:
+    """body's request; earlier: the items of the response it continues (previous_response_id), before its input."""
     if get(body, "background", bool, False):
         raise refuse("background", "a reply is answered while the request waits, or streamed")
     if get(body, "top_logprobs", int, 0):
         raise refuse("top_logprobs", "no log probabilities")
     instructions = get(body, "instructions", str)
-    conversation = ([{"role": "system", "content": instructions}] if instructions else []) + \
-        input_messages(body.get("input"))
+    conversation = system_first(([{"role": "system", "content": instructions}] if instructions else []) +
+                                input_messages(conversation_items(body, list(earlier)), len(earlier)))
     tools = responses_tools(body)
     grammar = text_format(get(get(body, "text", dict, {}), "format", dict, where="text."))
     if tools and grammar:
@@ -41,16 +40,24 @@ def responses_request(body: dict) -> GenRequest:
                       tools=tools, grammar=grammar)
 
 
-def input_messages(value) -> list[dict]:
-    """`input` as the chat template's messages: a function_call joins the assistant message before it (as one turn
-    with text and calls), a function_call_output answers a call made before it."""
+def conversation_items(body: dict, earlier: list[dict]) -> list[dict]:
+    """The conversation's items: earlier ones (those of the previous response, input and output, where the request
+    continues one), then `input`'s (a string is one user message)."""
+    value = body.get("input")
     if isinstance(value, str):
-        return [{"role": "user", "content": value}]
+        return earlier + [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise bad("'input' is required: a string, or a list of items (messages, function calls and their outputs)")
-    out = []
+    return earlier + value
+
+
+def input_messages(value: list, earlier: int = 0) -> list[dict]:
+    """Items as the chat template's messages: a function_call joins the assistant message before it (as one turn
+    with text and calls), a function_call_output answers a call made before it. earlier: how many items come from
+    a previous response (an error names the request's own item)."""
+    out, reasoning = [], []  # reasoning: the items' text, for the assistant turn they come before
     for i, item in enumerate(value):
-        where = f"input[{i}]"
+        where = f"input[{i - earlier}]"
         if not isinstance(item, dict):
             raise bad(f"'{where}' must be an item object (got {json_type(item)})")
         kind = get(item, "type", str, "message", where=where + ".")
@@ -58,13 +65,16 @@ def input_messages(value) -> list[dict]:
             role = ROLES.get(item.get("role"))
             if role is None:
                 raise bad(f"'{where}.role' must be one of {', '.join(ROLES)}")
-            out.append({"role": role, "content": _text(item.get("content"), where + ".content")})
+            message = {"role": role, "content": _text(item.get("content"), where + ".content")}
+            out.append(with_reasoning(message, "\n\n".join(reasoning)) if role == "assistant" else message)
+            reasoning = []
         elif kind == "function_call":
-            call = _call(item, where)
-            if out and out[-1]["role"] == "assistant":
-                out[-1].setdefault("tool_calls", []).append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            if not (out and out[-1]["role"] == "assistant"):  # calls join the assistant's message before them
+                out.append({"role": "assistant", "content": ""})
+            turn = out[-1]
+            out[-1] = with_reasoning(turn, "\n\n".join([turn.get("reasoning_content") or ""] + reasoning).strip())
+            out[-1].setdefault("tool_calls", []).append(_call(item, where))
+            reasoning = []
         elif kind == "function_call_output":
             call_id = get(item, "call_id", str, where=where + ".")
             if not call_id:
@@ -72,10 +82,22 @@ def input_messages(value) -> list[dict]:
             out.append(tool_result(call_id, _text(item.get("output"), where + ".output"), out, where + ".call_id"))
         elif kind == "item_reference":
             raise refuse(where, "an item_reference needs stored items: send the item itself")
-        elif kind != "reasoning":  # reasoning: accepted, and left out as the other routes leave it
+        elif kind == "reasoning":
+            reasoning += _reasoning(item, where)
+        else:
             raise bad(f"'{where}.type' is '{kind}': this server takes message, function_call, function_call_output "
                       "and reasoning items")
     return out
+
+
+def _reasoning(item: dict, where: str) -> list[str]:
+    """A reasoning item's text: its reasoning_text content (what this server sends), else its summary; an
+    encrypted_content alone (OpenAI's own models') is nothing a model here can read."""
+    parts = get(item, "content", list, where=where + ".") or get(item, "summary", list, [], where=where + ".")
+    texts = [p.get("text") for p in parts if isinstance(p, dict)]
+    if not all(isinstance(t, str) for t in texts) or len(texts) != len(parts):
+        raise bad(f"'{where}' must hold text parts: {{\"type\": \"reasoning_text\", \"text\": ...}}")
+    return [t for t in texts if t]
 
 
 def _text(content, where: str) -> str:

@@ -15,11 +15,13 @@ ROLES = ("system", "user", "assistant", "tool")
 
 
 class ApiError(Exception):
-    """A request the server answers with an error: status, one clear message, OpenAI's type and code."""
+    """A request the server answers with an error: status, one clear message, OpenAI's type, code and param (the
+    field at fault, where OpenAI's API names it)."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", code: str | None = None):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type, code
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
 
 
 def bad(message: str, code: str | None = None) -> ApiError:
@@ -102,8 +104,26 @@ def messages(body: dict, allow_empty: bool = False) -> list[dict]:
         if m.get("images"):
             raise refuse(f"{where}images", "the models it runs read text only")
         message = {"role": role, "content": _content(m, where, required=role != "assistant")}
+        if role == "assistant":  # its reasoning sent back: OpenAI's (llama.cpp's) name, or Ollama's
+            message = with_reasoning(message, get(m, "reasoning_content", str, where=where)
+                                     or get(m, "thinking", str, where=where))
         out.append(history_message(m, message, where, out))
     return out
+
+
+def system_first(messages: list[dict]) -> list[dict]:
+    """messages with one system message, first, as chat templates take it (Qwen3.5's refuses any other): those that
+    open the conversation joined, a paragraph each (Codex's instructions, then its developer message), later ones
+    as user messages where they stand (Codex's developer notes, Claude Code's system reminders between turns), so
+    that the prompt's beginning, and the KV cache of it, stays the same from turn to turn."""
+    n = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    head = [{"role": "system", "content": "\n\n".join(m["content"] for m in messages[:n])}] if n > 1 else messages[:n]
+    return head + [m | {"role": "user"} if m["role"] == "system" else m for m in messages[n:]]
+
+
+def with_reasoning(message: dict, reasoning: str | None) -> dict:
+    """An assistant message with the reasoning sent back with it, as the chat templates read it (app/reasoning.py)."""
+    return message | {"reasoning_content": reasoning} if reasoning else message
 
 
 def _content(m: dict, where: str, required: bool) -> str:

@@ -15,10 +15,10 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.reasoning import effort_vars
+from app.reasoning import effort_vars, history_reasoning
 from app.server_schema import ApiError, GenRequest
 from app.structured import answer_constraint
-from app.tool_calls import Format, format_for
+from app.tool_calls import Format, HarmonyFormat, format_for
 from app.tool_grammar import tool_call_grammar
 from app.tool_prompt import with_tools
 from inference.grammar import Constraint
@@ -199,7 +199,7 @@ def prompt_ids(engine, r: GenRequest) -> tuple[list[int], bool, Format | None]:
             messages, tools = with_tools(messages, r.tools, engine.chat_template.source)
             variables = variables | tools
             tool_format = format_for(engine.chat_template.source, tools["tools"])
-        text = engine.chat_template.render(messages, **variables)
+        text = engine.chat_template.render(history_reasoning(engine.chat_template, messages), **variables)
         ids, thinks = engine.tokenizer.encode_prompt(text), text.rstrip().endswith("<think>")
     else:
         ids, thinks = engine.prompt_ids(r.prompt), False
@@ -213,10 +213,12 @@ def prompt_ids(engine, r: GenRequest) -> tuple[list[int], bool, Format | None]:
 
 def constraint(engine, r: GenRequest, thinks: bool, tool_format: Format | None) -> Constraint | None:
     """What the reply is held to: the request's JSON (response_format, format), or calls only where tool_choice
-    asks for them (in a format with a grammar, tool_grammar.py); None: free text."""
+    asks for them (tool_grammar.py); None: free text."""
     grammar = r.grammar
     if r.tools and r.tools.choice != "auto":
-        grammar = tool_call_grammar(tool_format, r.tools, "tools" in engine.chat_template.source)
+        grammar = tool_call_grammar(tool_format, r.tools, "tools" in engine.chat_template.source, engine.tokenizer)
+        if isinstance(tool_format, HarmonyFormat):  # its grammar holds the analysis before the call too
+            return Constraint(grammar)
     if grammar is None:
         return None
     chat = isinstance(r.prompt, list) and r.prompt and isinstance(r.prompt[0], dict)

@@ -156,9 +156,14 @@ class XmlFormat(TaggedFormat):
         return arguments
 
 
+# Python's spelling of JSON's literals: the XML templates write a value that is no object or list with `| string`,
+# so the models learnt True, False and None (llama.cpp's parser reads them too)
+PYTHON_LITERALS = {"True": True, "False": False, "None": None}
+
+
 def _typed(text: str, schema: dict):
     """A parameter's text as its schema's type says: a string stays text, anything else is read as JSON where it
-    parses (a number, true, an object...), else kept as text."""
+    parses (a number, true, an object...) or as a Python literal (True), else kept as text."""
     kinds = schema.get("type", "string")
     kinds = kinds if isinstance(kinds, list) else [kinds]
     if "string" in kinds:
@@ -166,7 +171,7 @@ def _typed(text: str, schema: dict):
     try:
         return json.loads(text)
     except ValueError:
-        return text
+        return PYTHON_LITERALS.get(text.strip(), text)
 
 
 class BareJsonFormat(Format):
@@ -220,8 +225,13 @@ class BareJsonFormat(Format):
 
 class MistralFormat(Format):
     """[TOOL_CALLS] then a JSON list of calls (Mistral Nemo, Small 3.1) or NAME[ARGS]{...} (Devstral, Small 3.2:
-    NAME[CALL_ID]id[ARGS]{...}); one [TOOL_CALLS] per call in the newer form."""
+    NAME[CALL_ID]id[ARGS]{...}); one [TOOL_CALLS] per call in the newer form. Both are parsed whatever the
+    template; `named`: the template writes the newer form (the one a reply is held to, tool_grammar.py)."""
     TAG = "[TOOL_CALLS]"
+
+    def __init__(self, tools: list[dict], named: bool = False):
+        super().__init__(tools)
+        self.named = named
     NAMED = re.compile(r"\s*([^\[\s{]+)(?:\[CALL_ID\][A-Za-z0-9]+)?\[ARGS\]")
     NAMING = re.compile(r"\s*[^\[\s{]*(?:\[[A-Z_]*\]?[A-Za-z0-9]*)*")  # what NAMED's text looks like until it is whole
 
@@ -312,7 +322,7 @@ def format_for(template_source: str, tools: list[dict]) -> Format:
     if "<|channel|>" in template_source:
         return HarmonyFormat(tools)
     if "[TOOL_CALLS]" in template_source:
-        return MistralFormat(tools)
+        return MistralFormat(tools, named="[ARGS]" in template_source)
     if "<tool_call>" in template_source and "<function=" in template_source:
         return XmlFormat(tools)
     if "<tool_call>" in template_source:

@@ -2,8 +2,7 @@
 transformers pass it, or a system note where the template takes none.
 
 tool_choice "required" or a named function is asked for in the prompt (a system note; a named choice also
-shows the model that tool alone) and, in the formats tool_grammar.py has a grammar for, enforced by constrained
-decoding; in the others a reply may still answer in text.
+shows the model that tool alone) and enforced by constrained decoding (tool_grammar.py).
 """
 import json
 

@@ -18,8 +18,9 @@ class ScriptedEngine:
         self.path, self.n_ctx, self.config = path, 4096, SimpleNamespace(n_ctx_train=4096)
         self.placement, self.gpu_share = SimpleNamespace(layers=range(2), n_gpu_layers=0), None
         self.chat_template = ChatTemplate(TEMPLATE, "<|startoftext|>", "<|return|>")
-        self.tokenizer = SimpleNamespace(encode_prompt=lambda text: [ord(c) for c in text])
+        self.tokenizer = SimpleNamespace(encode_prompt=lambda text: [ord(c) for c in text], vocab={})  # no tag a token
         self.prompts = []
+        self.constraint = None  # the last reply's
 
     def summary(self) -> str:
         return "scripted: no layers"
@@ -44,6 +45,7 @@ class ScriptedEngine:
     def generate(self, prompt, max_tokens=512, chat_template=None, template_vars=None, **sampling):
         ids = self.prompt_ids(prompt, chat_template, template_vars)
         self.prompts.append("".join(map(chr, ids)))
+        self.constraint = sampling.get("constraint")
         yield from (REPLY[i:i + 3] for i in range(0, len(REPLY), 3))
         yield GenerationStats(len(ids), 0.01, len(REPLY), 0.01, "stop", len(ids) + len(REPLY))
 

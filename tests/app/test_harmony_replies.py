@@ -71,6 +71,18 @@ def test_openai_gets_the_analysis_as_reasoning_content_and_the_effort_reaches_th
         oai.chat.completions.create(model="gpt-oss-20b-mxfp4.gguf", messages=QUESTION, reasoning_effort="minimal")
 
 
+def test_tool_choice_required_holds_the_reply_from_its_analysis_on_and_bad_parameters_are_a_400(served, oai):
+    _, engine = served
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    oai.chat.completions.create(model="gpt-oss-20b-mxfp4.gguf", messages=QUESTION, tools=[tool], tool_choice="required")
+    assert engine.constraint is not None and engine.constraint.after == ""  # not only its final channel
+    tool["function"]["parameters"] = {"type": "strng"}
+    with pytest.raises(openai.BadRequestError, match="'tools' cannot be enforced .*Invalid type: strng"):
+        oai.chat.completions.create(model="gpt-oss-20b-mxfp4.gguf", messages=QUESTION, tools=[tool],
+                                    tool_choice={"type": "function", "function": {"name": "get_weather"}})
+
+
 def test_ollama_gets_the_analysis_as_thinking_and_think_levels_reach_the_template(served, oll):
     _, engine = served
     r = oll.chat(model="gpt-oss-20b-mxfp4.gguf", messages=QUESTION, think="low")

@@ -9,8 +9,10 @@ import httpx
 import openai
 import pytest
 
+from app.server_anthropic_schema import anthropic_request
 from tests.app.in_process_server import serving_on_cpu, serving_one
-from tests.app.test_serve_tools import MODEL, ScriptedEngine
+from tests.app.test_reasoning_history import server_prompt
+from tests.app.test_serve_tools import KEPT, MODEL, ScriptedEngine
 
 KEY = "test-key-anthropic"
 TOOLS = [{"name": "get_weather", "description": "Get the current weather in a given city",
@@ -57,6 +59,42 @@ def test_plain_reply(client, served):
     assert r.usage.input_tokens == len(prompt) and r.usage.output_tokens == 8  # a character a token; 3 a piece
 
 
+def claude_code(messages: list[dict], cch: str) -> dict:
+    """A request as Claude Code sends it: its billing line (a new cch each request) and its prompt as system blocks
+    with cache_control, tools with JSON Schema's $schema, metadata, a large max_tokens, streamed."""
+    tool = TOOLS[0] | {"input_schema": TOOLS[0]["input_schema"] | {
+        "$schema": "http://json-schema.org/draft-07/schema#", "additionalProperties": False}}
+    return dict(model=MODEL, max_tokens=32000, extra_body={"temperature": 1}, metadata={"user_id": "user_abc_1"},
+                system=[{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.37; cch={cch};"},
+                        {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+                tools=[tool], messages=messages)
+
+
+def test_a_claude_code_round_trip_keeps_the_prompts_beginning(client, served):
+    """Claude Code's billing line is left out (it changes every request: no prompt could reuse the cache), and a
+    system reminder between turns is a user message where it stands (Qwen3.5's template takes no second system
+    message), so that each request's prompt starts with the one before."""
+    ask = [{"role": "user", "content": [{"type": "text", "text": ASK[0]["content"],
+                                         "cache_control": {"type": "ephemeral"}}]}]
+    with client.messages.stream(**claude_code(ask, "fa690")) as stream:
+        first = stream.get_final_message()
+    assert first.stop_reason == "tool_use"
+    before = served[1].prompts[-1][0]
+    assert before.startswith("<|im_start|>system\nYou are Claude Code.") and "billing" not in before
+    call = first.content[-1]
+    history = ask + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                                   "content": "18 C, sunny"}]},
+                     {"role": "system", "content": "<system-reminder>Be brief.</system-reminder>"}]
+    with client.messages.stream(**claude_code(history, "0b1c2")) as stream:
+        assert stream.get_final_message().content  # the script calls again: its last user turn is the reminder
+    after = served[1].prompts[-1][0]
+    assert after.startswith(before)
+    assert "<|im_start|>user\n<system-reminder>Be brief.</system-reminder><|im_end|>" in after
+    body = claude_code(history, "0b1c2")
+    assert "<system-reminder>" in server_prompt("Qwen3.5-4B", anthropic_request(body | body.pop("extra_body")))
+
+
 def test_streamed_reply_is_anthropics_event_sequence(client, served):
     events = sse(served[0], {"model": MODEL, "max_tokens": 64, "messages": HI})
     types = [e["type"] for e in events]
@@ -93,7 +131,7 @@ def test_tool_round_trip(client, served):
     assert r.content[1].text == "It is 18 C and sunny in Paris."
     prompt = served[1].prompts[-1][0]  # the call and its result went back through the template
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
-    assert "<tool_response>\n18 C, sunny\n</tool_response>" in prompt
+    assert "<tool_response>\n18 C, sunny\n</tool_response>" in prompt and KEPT in prompt  # its reasoning too
 
 
 def test_tool_round_trip_streamed(client, served):

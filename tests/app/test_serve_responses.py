@@ -9,9 +9,13 @@ import jsonschema
 import openai
 import pytest
 
+from app.server_responses import ResponseStore
+from app.server_responses_schema import responses_request
+from app.server_schema import ApiError
 from tests.app.in_process_server import serving_on_cpu, serving_one
 from tests.app.test_serve_json import PERSON
-from tests.app.test_serve_tools import MODEL, ScriptedEngine
+from tests.app.test_reasoning_history import server_prompt
+from tests.app.test_serve_tools import KEPT, MODEL, ScriptedEngine
 
 KEY = "test-key-responses"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Get the current weather in a given city",
@@ -97,7 +101,7 @@ def test_function_call_round_trip(client, served):
     assert r.output_text == "It is 18 C and sunny in Paris."
     prompt = served[1].prompts[-1][0]  # the call and its output went back through the template
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
-    assert "<tool_response>\n18 C, sunny\n</tool_response>" in prompt
+    assert "<tool_response>\n18 C, sunny\n</tool_response>" in prompt and KEPT in prompt  # its reasoning too
 
 
 def test_function_call_round_trip_streamed(client, served):
@@ -147,6 +151,78 @@ def test_max_output_tokens_makes_an_incomplete_response(client, served):
     assert events[-1]["type"] == "response.incomplete" and events[-1]["response"]["status"] == "incomplete"
 
 
+def test_previous_response_id_continues_a_stored_response(client, served):
+    """A tool round trip chained as Codex-style clients chain it: the second request sends only the call's output;
+    the prompt is the one of the whole conversation sent at once (test_function_call_round_trip)."""
+    first = client.responses.create(model=MODEL, input=ASK, tools=TOOLS)
+    assert first.store is True and first.previous_response_id is None
+    call = first.output[1]
+    output = [{"type": "function_call_output", "call_id": call.call_id, "output": "18 C, sunny"}]
+    r = client.responses.create(model=MODEL, previous_response_id=first.id, input=output, tools=TOOLS)
+    assert r.output_text == "It is 18 C and sunny in Paris." and r.previous_response_id == first.id
+    chained = served[1].prompts[-1][0]
+    client.responses.create(model=MODEL, input=ASK + first.output + output, tools=TOOLS)
+    assert chained == served[1].prompts[-1][0] and KEPT in chained
+    events = sse(served[0], {"model": MODEL, "previous_response_id": r.id, "input": "And in Rome?", "tools": TOOLS})
+    done = events[-1]["response"]
+    assert done["status"] == "completed" and done["previous_response_id"] == r.id
+    assert "It is 18 C and sunny in Paris.<|im_end|>\n<|im_start|>user\nAnd in Rome?" in served[1].prompts[-1][0]
+    streamed = client.responses.create(model=MODEL, previous_response_id=done["id"], input="Thanks!")  # kept too
+    assert "<|im_start|>user\nAnd in Rome?" in served[1].prompts[-1][0] and streamed.status == "completed"
+
+
+def test_an_unknown_or_unstored_previous_response_is_openais_400(client):
+    r = client.responses.create(model=MODEL, input="Hello", store=False)
+    assert r.store is False
+    for unknown in (r.id, "resp_123"):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=MODEL, input="Hello", previous_response_id=unknown)
+        assert e.value.body == {"message": f"Previous response with id '{unknown}' not found.",
+                                "type": "invalid_request_error", "param": "previous_response_id",
+                                "code": "previous_response_not_found"}
+
+
+def test_the_store_keeps_the_last_responses():
+    store = ResponseStore(size=2)
+    for response_id in ("resp_a", "resp_b", "resp_c"):
+        store.put(response_id, [{"role": "user", "content": response_id}])
+    assert store.get("resp_c") == [{"role": "user", "content": "resp_c"}] and store.get("resp_b")
+    with pytest.raises(ApiError, match="Previous response with id 'resp_a' not found."):
+        store.get("resp_a")  # the oldest, evicted
+
+
+# A Codex CLI turn as it sends one to a local model (codex-rs's Responses request: its instructions, a developer
+# message, the environment as a user message, function tools only, store false, streamed)
+CODEX = {"model": MODEL, "instructions": "You are Codex, a coding agent.", "input": [
+    {"type": "message", "role": "developer",
+     "content": [{"type": "input_text", "text": "<permissions>sandboxed</permissions>"}]},
+    {"type": "message", "role": "user",
+     "content": [{"type": "input_text", "text": "<environment_context>\n  <cwd>/repo</cwd>\n</environment_context>"}]},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is the weather in Paris?"}]}],
+    "tools": [{"type": "function", "name": "get_weather", "description": "The weather in a city", "strict": False,
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                              "additionalProperties": False}}],
+    "tool_choice": "auto", "parallel_tool_calls": False, "reasoning": None, "store": False, "stream": True,
+    "include": [], "prompt_cache_key": "0197c0de", "text": {"verbosity": "low"}}
+
+
+def test_a_codex_turn_and_its_tool_round_trip(served):
+    events = sse(served[0], CODEX)
+    assert events[-1]["type"] == "response.completed"  # what Codex waits for, else it retries
+    items = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [i["type"] for i in items] == ["reasoning", "function_call"]
+    prompt = served[1].prompts[-1][0]
+    assert prompt.startswith("<|im_start|>system\nYou are Codex, a coding agent.\n\n<permissions>sandboxed"
+                             "</permissions>")  # one system message, as templates take it
+    codex_echo = [items[0] | {"encrypted_content": None}, items[1]]  # Codex sends the items back as it got them
+    output = {"type": "function_call_output", "call_id": items[1]["call_id"], "output": "18 C, sunny"}
+    events = sse(served[0], CODEX | {"input": CODEX["input"] + codex_echo + [output]})
+    assert events[-1]["response"]["output"][-1]["content"][0]["text"] == "It is 18 C and sunny in Paris."
+    assert KEPT in served[1].prompts[-1][0]
+    # Qwen3.5's template refuses a system message after the first one: Codex's first turn renders
+    assert "<permissions>sandboxed</permissions>" in server_prompt("Qwen3.5-4B", responses_request(CODEX))
+
+
 def test_an_engine_failure_mid_stream_is_response_failed(served):
     events = sse(served[0], {"model": MODEL, "input": "FAIL"})
     assert events[-1]["type"] == "response.failed" and events[-2]["type"] == "response.output_text.delta"
@@ -161,8 +237,6 @@ def test_bad_input_is_a_400_in_openais_error_shape(client):
         assert e.value.status_code == 400 and e.value.body["type"] == "invalid_request_error"
         return e.value.body["message"]
 
-    assert "'previous_response_id' is not supported by this server (nothing is stored" in refused(
-        input="Hello", previous_response_id="resp_123")
     assert refused(input=ASK + [{"type": "function_call_output", "call_id": "nope", "output": "18 C"}]) == \
         "'input[1].call_id' is 'nope', but no tool call before it has that id"
     assert refused(input=[{"type": "computer_call_output", "call_id": "x"}]).startswith(

@@ -19,6 +19,7 @@ KEY = "test-key-tools"
 MODEL = "scripted-qwen3.gguf"
 CALL = '<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{}"}}}}\n</tool_call>'
 THINKING = "<think>\nThe user wants the weather.\n</think>\n\n"
+KEPT = THINKING + "<tool_call>"  # the call's reasoning, sent back, in the next prompt (Qwen3 keeps this turn's)
 
 
 def script(prompt: str) -> str:
@@ -116,7 +117,7 @@ def test_openai_tool_round_trip(oai, served):
     assert r.choices[0].message.content == "It is 18 C and sunny in Paris." and r.choices[0].finish_reason == "stop"
     prompt = served[1].prompts[-1][0]  # the call and its result went back through the template
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
-    assert "<tool_response>\n18 C, sunny\n</tool_response>" in prompt
+    assert "<tool_response>\n18 C, sunny\n</tool_response>" in prompt and KEPT in prompt
 
 
 def test_openai_tool_round_trip_streamed(oai):
@@ -186,3 +187,4 @@ def test_ollama_tool_round_trip(oll, served):
     r = oll.chat(model=MODEL, messages=history, tools=TOOLS)
     assert r.message.content == "It is 18 C and sunny in Paris." and not r.message.tool_calls
     assert "<tool_response>\n18 C, sunny\n</tool_response>" in served[1].prompts[-1][0]
+    assert KEPT in served[1].prompts[-1][0]  # its thinking went back

@@ -1,12 +1,13 @@
 """Where the grammar starts in a reply, by the chat template (app/structured.py), and the tool-call grammars of
-tool_choice "required" / a named function (app/tool_grammar.py) against replies written as each format writes them."""
+tool_choice "required" / a named function (app/tool_grammar.py) against replies written as each format writes them
+(the Mistral, XML and harmony ones: test_tool_grammar.py)."""
 import json
 
 import pytest
 
 from app.server_schema import ApiError, ToolRequest
 from app.structured import HARMONY_FINAL, answer_constraint
-from app.tool_calls import BareJsonFormat, HermesFormat, MistralFormat, split_tool_calls
+from app.tool_calls import BareJsonFormat, HermesFormat, split_tool_calls
 from app.tool_grammar import tool_call_grammar
 from inference.grammar import Constraint, Guide, vocabulary
 from models.chat_template import ChatTemplate
@@ -52,19 +53,19 @@ CALL = {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}
     (BareJsonFormat, False, '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Rome"}}]}'),
 ])
 def test_tool_call_grammars_take_the_formats_calls(vocab, fmt, takes_tools, text):
-    grammar = tool_call_grammar(fmt(TOOLS), ToolRequest(TOOLS, "required"), takes_tools)
+    grammar = tool_call_grammar(fmt(TOOLS), ToolRequest(TOOLS, "required"), takes_tools, vocab.tokenizer)
     assert follows(vocab, grammar, text)
     assert split_tool_calls(fmt(TOOLS), text)[1]  # and the parser finds the calls in it
 
 
 def test_a_named_choice_allows_that_tool_alone(vocab):
-    grammar = tool_call_grammar(HermesFormat(TOOLS), ToolRequest(TOOLS, "python", parallel=False), True)
+    grammar = tool_call_grammar(HermesFormat(TOOLS), ToolRequest(TOOLS, "python", parallel=False), True,
+                                vocab.tokenizer)
     with pytest.raises(AssertionError, match="refused"):
         follows(vocab, grammar, '<tool_call>\n{"name":"get_weather","arguments":{"city":"Rome"}}\n</tool_call>')
 
 
-def test_formats_without_a_grammar_and_bad_parameters():
-    assert tool_call_grammar(MistralFormat(TOOLS), ToolRequest(TOOLS, "required"), True) is None
+def test_bad_parameters_are_a_400(vocab):
     bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "strng"}}}]
     with pytest.raises(ApiError, match="'tools' cannot be enforced .* Invalid type: strng"):
-        tool_call_grammar(HermesFormat(bad), ToolRequest(bad, "required"), True)
+        tool_call_grammar(HermesFormat(bad), ToolRequest(bad, "required"), True, vocab.tokenizer)
