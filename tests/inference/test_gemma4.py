@@ -139,3 +139,20 @@ def test_the_gpu_refuses_it_in_one_line_and_auto_runs_it_on_the_cpu(dense_file, 
     from tests.inference.cpu_fallback import load_refused_by_the_gpu
     load_refused_by_the_gpu(dense_file, monkeypatch, "gemma4's layers of their own head sizes and counts, KV-shared "
                             "layers, an unweighted norm of v", ctx=64)
+
+
+def test_info_shows_the_layer_pattern(dense_file, capsys):
+    import json
+
+    from app.cli import main
+    from app.cmd_info import layer_pattern
+    assert main(["info", str(dense_file)]) == 0
+    rows = {line[:15].strip(): line[15:] for line in capsys.readouterr().out.splitlines()}
+    assert rows["layers"] == ("7 (SSGSGSG; S: a sliding window of 16 tokens, G: global; the last 2 reuse earlier "
+                              "layers' K/V)")
+    assert rows["heads"] == "4 sliding, 2 global (kv 2 sliding, 1 global), head dim 128 (sliding 64)"
+    assert rows["feed-forward"] == "256, 256, 256, 256, 256, 512, 512"
+    assert layer_pattern("SSSSSG" * 10) == "SSSSSG x10"  # Gemma 4 31B's 60 layers
+    assert main(["info", str(dense_file), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["layer_pattern"], info["sliding_window"], info["shared_kv_layers"]) == ("SSGSGSG", 16, 2)
