@@ -118,6 +118,10 @@ class CPUBackend:
     this backend's matrices for one token while the CPU does the rest (None: the CPU does all)."""
 
     prefill_chunk = 256  # prompt tokens a forward: bounds the attention scores to [heads, 256, ctx]
+    # a sliding-window layer's cache is a ring of window + prefill_chunk + ring_slack positions (when that is less than
+    # the context, and no GPU reads the caches): it holds what a chunk's tokens see, and the last ring_slack or so
+    # tokens can be taken back (a regenerated reply) without the prompt running again (can_resume)
+    ring_slack = 1024
     _repacked: dict[int, Repacked] = {}  # set in __init__; empty here for a backend made without it (tests' op checks)
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None,
@@ -129,8 +133,12 @@ class CPUBackend:
         # the attention layers' caches, each of its layer's heads (gemma4's KV-shared layers have none: they read
         # their kv_source's)
         attention = [i for i in self.layers if not cfg.is_recurrent(i) and cfg.has_kv(i)]
-        self.k_cache = {i: lazy_zeros((cfg.layer_heads(i)[1], n_ctx, cfg.layer_heads(i)[2])) for i in attention}
-        self.v_cache = {i: lazy_zeros((cfg.layer_heads(i)[1], n_ctx, cfg.layer_heads(i)[3])) for i in attention}
+        ring = cfg.sliding_window + self.prefill_chunk + self.ring_slack
+        self.ring = ring if ring < n_ctx and not with_gpu and any(cfg.layer_window(i) for i in attention) else 0
+        self.slots = {i: self.ring if self.ring and cfg.layer_window(i) else n_ctx for i in attention}
+        self._ring_pos = np.full(self.ring, -1)  # the position each row of the rings holds
+        self.k_cache = {i: lazy_zeros((cfg.layer_heads(i)[1], self.slots[i], cfg.layer_heads(i)[2])) for i in attention}
+        self.v_cache = {i: lazy_zeros((cfg.layer_heads(i)[1], self.slots[i], cfg.layer_heads(i)[3])) for i in attention}
         # the recurrent layers' states (kernels/cpu/deltanet): the context of those layers, at state_pos tokens
         recurrent = [i for i in self.layers if cfg.is_recurrent(i)]
         self.conv_state = {i: np.zeros((cfg.ssm_conv_kernel - 1, cfg.ssm_conv_dim), np.float32) for i in recurrent}
@@ -159,6 +167,9 @@ class CPUBackend:
     def set_input(self, tokens: np.ndarray, pos: int) -> None:
         self.tokens = np.asarray(tokens, np.int32)
         self.pos = pos
+        if self.ring:  # the rows the forward of these tokens writes
+            written = np.arange(pos, pos + len(tokens))
+            self._ring_pos[written % self.ring] = written
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -248,11 +259,18 @@ class CPUBackend:
             return cpu_ops.rope_rotate(q, cos, sin, self.cfg.rope_style)
         # one call: rope_rotate's arithmetic for q and k and the two cache writes (were four calls, three copies)
         return cpu_ops.rope_kv_store(q, k, v, cos, sin, self.cfg.rope_style, self.k_cache[layer],
-                                     self.v_cache[layer], self.pos)
+                                     self.v_cache[layer], self.pos, self.slots[layer] < self.n_ctx)
 
     def attention(self, layer: int, q: np.ndarray, window: int, scale: float,
                   sinks: np.ndarray | None = None) -> np.ndarray:
-        return cpu_ops.attention(q, self.k_cache[layer], self.v_cache[layer], self.pos, window, scale, sinks)
+        return cpu_ops.attention(q, self.k_cache[layer], self.v_cache[layer], self.pos, window, scale, sinks,
+                                 self.slots[layer] < self.n_ctx)
+
+    def can_resume(self, keep: int) -> bool:
+        """Whether a prompt can go on after the first keep cached tokens: the rings still hold the window before
+        position keep (later tokens overwrite it)."""
+        need = np.arange(max(0, keep - self.cfg.sliding_window + 1), keep)
+        return not self.ring or bool((self._ring_pos[need % self.ring] == need).all())
 
     def sigmoid_mul(self, a: np.ndarray, gate: np.ndarray) -> np.ndarray:
         """a [n, d] * sigmoid(gate) (its d values in any shape): the attention output's gate (qwen35)."""

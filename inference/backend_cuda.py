@@ -170,6 +170,10 @@ class CUDABackend:
             raise RuntimeError(f"the recurrent state is at token {self.state_pos}, not at {pos}")
         self.state_pos = pos + n
 
+    def can_resume(self, keep: int) -> bool:
+        """Its caches hold the whole context (no rings): a prompt can go on after any cached tokens."""
+        return True
+
     def recurrent_state(self) -> dict:
         """A host copy of its recurrent layers' states, layer -> (position, conv, delta): a checkpoint. The
         copies are queued on the stream into pinned memory and not waited for (a 27B prompt's end waited ~126 ms

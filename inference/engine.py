@@ -257,7 +257,10 @@ class Engine:
     def _rewind(self, ids: list[int], keep: int) -> int:
         """Where a prompt ids whose first keep tokens are cached can start: keep where nothing recurrent stands in
         the way (attention's cache is overwritten from there), else the end of the last checkpoint inside those
-        keep tokens, whose state is restored (0: the start, nothing to restore)."""
+        keep tokens, whose state is restored (0: the start, nothing to restore). A sliding window's ring that no
+        longer holds the window before keep (overwritten by later tokens) sends the prompt to its start too."""
+        if keep < len(self._cached) and not all(be.can_resume(keep) for be, _ in self._segments):
+            return 0
         if not any(self.config.recurrent) or keep == len(self._cached):
             return keep  # the recurrent state is after the cached tokens, where the prompt goes on
         inside = [c for c in self._checkpoints if len(c.tokens) <= keep and c.tokens == ids[:len(c.tokens)]]

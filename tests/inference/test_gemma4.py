@@ -4,7 +4,9 @@ with experts beside the dense FFN; with per-layer embeddings.
 
 The files are random, F32 layer matrices (llama.cpp then computes in float32 as we do: see test_moe.py) and the
 made-up 1024-token vocabulary (a small output head: these tests take seconds). Their prompts of 64 tokens are four
-sliding windows long. The comparison must see what it checks: three faults planted below fail it.
+sliding windows long, and the engine's sliding layers keep rings of RING positions (the window, a prompt chunk of
+CHUNK and 4 more), which the prompts go round. The comparison must see what it checks: three faults planted below
+fail it.
 """
 import numpy as np
 import pytest
@@ -18,6 +20,8 @@ from tests.inference.parity import PROMPTS, oracle_logits, parity
 from tests.inference.synthetic import F16_LAYERS, GEMMA4_HEADS, GEMMA4_KINDS, GEMMA4_WINDOW, write_synthetic
 
 F32_LAYERS = dict.fromkeys(F16_LAYERS, T.F32)
+CHUNK, SLACK = 16, 4
+RING = GEMMA4_WINDOW + CHUNK + SLACK
 
 
 def _write(tmp_path_factory, kind: str):
@@ -42,8 +46,14 @@ def dense_oracle(dense_file):
 
 
 def _load(path):
+    """The CPU engine of path with rings of RING positions in its sliding layers."""
     from inference import load
-    return load(path, device="cpu", ctx=64)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(CPUBackend, "prefill_chunk", CHUNK)
+        m.setattr(CPUBackend, "ring_slack", SLACK)
+        engine = load(path, device="cpu", ctx=64)
+    engine._be.prefill_chunk = CHUNK  # the ring's size counted on it
+    return engine
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +101,7 @@ def test_logits_match_llama_cpp(gemma4_file, gemma4_engine):
     cases = oracle_logits(gemma4_file, PROMPTS[:4])
     assert all(len(ids) >= 4 * GEMMA4_WINDOW for ids, _ in cases)
     engine = gemma4_engine
+    assert engine._be.ring == RING and engine._be.k_cache[0].shape[1] == RING < len(cases[0][0])
     ours = [engine.logits(ids) for ids, _ in cases]
     assert np.corrcoef(ours[0][-1], ours[1][-1])[0, 1] < 0.5, "the logits barely depend on the input"
     m = parity(ours, [ref for _, ref in cases])
@@ -156,3 +167,19 @@ def test_info_shows_the_layer_pattern(dense_file, capsys):
     assert main(["info", str(dense_file), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert (info["layer_pattern"], info["sliding_window"], info["shared_kv_layers"]) == ("SSGSGSG", 16, 2)
+
+
+def test_a_prompt_resumes_where_the_rings_still_hold_its_window(dense_file, dense_oracle):
+    """A prompt that shares a cached prompt's first tokens goes on after them where the rings still hold the window
+    before them, and starts over where later tokens have overwritten it: its logits are a fresh run's either way."""
+    engine = _load(dense_file)
+    ids = dense_oracle[0][0]
+    for keep in (60, 20):  # the rings hold positions 28..63 after the 64 tokens: 45..59 before 60, not 5..19
+        engine.logits(ids)
+        engine._cached = list(ids)
+        other = ids[:keep] + dense_oracle[1][0][keep:]
+        resumed = engine._prefill(other, all_logits=True)
+        start = engine._prefill_start
+        fresh = engine.logits(other)[-len(resumed):]
+        np.testing.assert_allclose(resumed, fresh, rtol=0, atol=1e-4 * np.abs(fresh).max())
+        assert start == (keep if keep == 60 else 0)
