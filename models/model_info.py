@@ -12,7 +12,7 @@ from models.gguf import GGUFModel
 
 # tokenizer.ggml.model -> the algorithm it names
 TOKENIZER_KINDS = {"llama": "SentencePiece", "gpt2": "BPE", "bert": "WordPiece", "t5": "Unigram",
-                   "rwkv": "RWKV", "plamo2": "PLaMo-2", "none": "none"}
+                   "rwkv": "RWKV", "plamo2": "PLaMo-2", "gemma4": "BPE (SentencePiece-style)", "none": "none"}
 
 
 @dataclass(frozen=True)
