@@ -452,7 +452,9 @@ def _suffix_prefix(text: str, s: str) -> int:
 
 def _default_ctx(cfg: ModelConfig, file_size: int) -> int:
     """The model's context, capped so the KV cache fits in half the memory left after the weights."""
-    per_token = len(cfg.attention_layers) * cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * 4
+    # each attention layer's own heads (gemma4's differ by kind); KV-shared layers add none
+    per_token = sum(kv * (hd + vd) * 4 for kv, hd, vd in (cfg.layer_heads(i)[1:] for i in cfg.attention_layers
+                                                            if cfg.has_kv(i)))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     fits = max(256, (memory // 2 - file_size) // per_token)
     return int(min(cfg.n_ctx_train, fits))
