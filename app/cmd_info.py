@@ -53,9 +53,10 @@ def format_info(i) -> str:
     def opt(v) -> str:
         return "?" if v is None else str(v)
 
-    heads = opt(i.head_count) + ("" if i.head_count_kv is None else f" (kv {i.head_count_kv})")
+    heads = by_layer(i.head_count, i.layer_pattern) + (
+        "" if i.head_count_kv is None else f" (kv {by_layer(i.head_count_kv, i.layer_pattern)})")
     if i.head_dim is not None:
-        heads += f", head dim {i.head_dim}"
+        heads += f", head dim {i.head_dim}" + (f" (sliding {i.head_dim_swa})" if i.head_dim_swa else "")
     tokenizer = "?" if i.tokenizer_model is None else f"{i.tokenizer_kind} ({i.tokenizer_model}"
     if i.tokenizer_model is not None:
         tokenizer += f", pre {i.tokenizer_pre})" if i.tokenizer_pre else ")"
@@ -66,6 +67,10 @@ def format_info(i) -> str:
         kinds = [f"{i.deltanet_layers} Gated DeltaNet, {trunk - i.deltanet_layers} attention"] if i.deltanet_layers else []
         kinds += [f"{i.nextn_layers} MTP"] if i.nextn_layers else []
         layers += f" ({', '.join(kinds)})"
+    if i.layer_pattern:
+        layers += f" ({layer_pattern(i.layer_pattern)}"
+        layers += f"; S: a sliding window of {i.sliding_window} tokens, G: global" + (
+            f"; the last {i.shared_kv_layers} reuse earlier layers' K/V" if i.shared_kv_layers else "") + ")"
     rows = [
         ("file", f"{i.path} ({mib(i.file_size)}, GGUF v{i.gguf_version}{parts})"),
         ("architecture", opt(i.architecture) + (f" ({i.name})" if i.name else "")),
@@ -74,7 +79,8 @@ def format_info(i) -> str:
         ("layers", layers),
         ("heads", heads),
         ("embedding", opt(i.embedding_length)),
-        ("feed-forward", opt(i.feed_forward_length)),
+        ("feed-forward", by_layer(i.feed_forward_length, None)),
+        *([("per-layer emb", f"{i.embedding_length_per_layer} a layer")] if i.embedding_length_per_layer else []),
         *([("experts", f"{i.expert_count}, {opt(i.expert_used_count)} used a token, FFN {opt(i.expert_feed_forward_length)} "
                        f"each; {mib(i.expert_bytes)} ({i.expert_bytes / i.file_size:.0%} of the file)"),
            ("active", f"{count(i.active_parameters)} parameters a token")] if i.expert_count else []),
@@ -90,6 +96,29 @@ def format_info(i) -> str:
         tensors = f"{q.tensors} tensor" + ("" if q.tensors == 1 else "s")
         lines.append(f"{label:<{width}}  {q.type:<7} {tensors:>12}  {mib(q.bytes):>11}  {q.bits_per_weight:5.2f} bpw")
     return "\n".join(lines)
+
+
+def by_layer(value: int | list[int] | None, pattern: str | None) -> str:
+    """A count a file gives once or per layer: one value where the layers agree, one for each kind of layer where
+    those agree (pattern: layer_pattern's S and G), else the list."""
+    if not isinstance(value, list):
+        return "?" if value is None else str(value)
+    if len(set(value)) == 1:
+        return str(value[0])
+    if pattern and len(pattern) == len(value):
+        kinds = {k: {v for v, p in zip(value, pattern) if p == k} for k in "SG"}
+        if all(len(vs) == 1 for vs in kinds.values()):
+            return f"{kinds['S'].pop()} sliding, {kinds['G'].pop()} global"
+    return ", ".join(map(str, value))
+
+
+def layer_pattern(pattern: str) -> str:
+    """A layer pattern ("SSSSSGSSSSSG") as its shortest repeating unit times its count ("SSSSSG x2"), a pattern that
+    does not repeat as it is."""
+    for n in range(1, len(pattern) // 2 + 1):
+        if len(pattern) % n == 0 and pattern[:n] * (len(pattern) // n) == pattern:
+            return f"{pattern[:n]} x{len(pattern) // n}"
+    return pattern
 
 
 def mib(n: int) -> str:

@@ -31,7 +31,8 @@ def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.
     # the GPU tests' float32 reference (gpu_compare.float_activations) empties INT8_IDS to keep x in float32 (three
     # calls, not all() of a generator: 0.8 us less a call on the 2-core VM)
     int8 = cpu_quant.takes_int8
-    if len(h) == 1 and int8(gate.qtype.id) and int8(up.qtype.id) and int8(down.qtype.id):
+    if len(h) == 1 and int8(gate.qtype.id) and int8(up.qtype.id) and int8(down.qtype.id) \
+            and gate.data.flags.c_contiguous and up.data.flags.c_contiguous:  # not views of one gate_up stack
         # one token: its experts' gate, up and GLU, their downs and the weighted sum in one kernel call (one parallel
         # region), written straight into out; gpt-oss's biases and GLU too
         return experts.one_token.ffn(h, ids[0], weights[0], activation, out)
@@ -73,13 +74,15 @@ def _moe_experts_listed(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weig
     return out
 
 
-def rope_speeds(cfg: ModelConfig, base: float, scale: float, rope_freqs: np.ndarray | None) -> np.ndarray:
-    """The rotation speed of each pair of rotated dims, float64 [rope_dim // 2], for a rope base and scale: YaRN's
-    blend of scaled and unscaled speeds where the model has it (gpt-oss; there are no rope_freqs then), else the
-    speeds divided by rope_freqs (llama3), times scale. Both backends' rope (cos and sin times cfg.rope_mscale)."""
+def rope_speeds(cfg: ModelConfig, rope: tuple[float, float, int, bool], rope_freqs: np.ndarray | None) -> np.ndarray:
+    """The rotation speed of each pair of rotated dims, float64 [rope_dim // 2], for a layer's rope (ModelConfig's
+    layer_rope: base, scale, rotated dims, whether rope_freqs apply): YaRN's blend of scaled and unscaled speeds where
+    the model has it (gpt-oss; there are no rope_freqs then), else the speeds divided by rope_freqs (llama3; gemma4's
+    global layers), times scale. Both backends' rope (cos and sin times cfg.rope_mscale)."""
+    base, scale, dim, with_freqs = rope
     if cfg.rope_yarn_orig_ctx:
-        return cpu_ops.yarn_inv_freq(cfg.rope_dim, base, scale, cfg.rope_yarn_orig_ctx)
-    return cpu_ops.rope_inv_freq(cfg.rope_dim, base, rope_freqs) * scale
+        return cpu_ops.yarn_inv_freq(dim, base, scale, cfg.rope_yarn_orig_ctx)
+    return cpu_ops.rope_inv_freq(dim, base, rope_freqs if with_freqs else None) * scale
 
 
 def repacked_matrices(weights: ModelWeights, layers: range) -> dict[int, Repacked]:
@@ -114,6 +117,10 @@ class CPUBackend:
     this backend's matrices for one token while the CPU does the rest (None: the CPU does all)."""
 
     prefill_chunk = 256  # prompt tokens a forward: bounds the attention scores to [heads, 256, ctx]
+    # a sliding-window layer's cache is a ring of window + prefill_chunk + ring_slack positions (when that is less than
+    # the context, and no GPU reads the caches): it holds what a chunk's tokens see, and the last ring_slack or so
+    # tokens can be taken back (a regenerated reply) without the prompt running again (can_resume)
+    ring_slack = 1024
     _repacked: dict[int, Repacked] = {}  # set in __init__; empty here for a backend made without it (tests' op checks)
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None,
@@ -122,9 +129,15 @@ class CPUBackend:
         self.n_ctx = n_ctx
         self.layers = range(cfg.n_layers) if layers is None else layers
         self.share = None
-        attention = [i for i in self.layers if not cfg.is_recurrent(i)]
-        self.k_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.head_dim)) for i in attention}
-        self.v_cache = {i: lazy_zeros((cfg.n_kv_heads, n_ctx, cfg.v_head_dim)) for i in attention}
+        # the attention layers' caches, each of its layer's heads (gemma4's KV-shared layers have none: they read
+        # their kv_source's)
+        attention = [i for i in self.layers if not cfg.is_recurrent(i) and cfg.has_kv(i)]
+        ring = cfg.sliding_window + self.prefill_chunk + self.ring_slack
+        self.ring = ring if ring < n_ctx and not with_gpu and any(cfg.layer_window(i) for i in attention) else 0
+        self.slots = {i: self.ring if self.ring and cfg.layer_window(i) else n_ctx for i in attention}
+        self._ring_pos = np.full(self.ring, -1)  # the position each row of the rings holds
+        self.k_cache = {i: lazy_zeros((cfg.layer_heads(i)[1], self.slots[i], cfg.layer_heads(i)[2])) for i in attention}
+        self.v_cache = {i: lazy_zeros((cfg.layer_heads(i)[1], self.slots[i], cfg.layer_heads(i)[3])) for i in attention}
         # the recurrent layers' states (kernels/cpu/deltanet): the context of those layers, at state_pos tokens
         recurrent = [i for i in self.layers if cfg.is_recurrent(i)]
         self.conv_state = {i: np.zeros((cfg.ssm_conv_kernel - 1, cfg.ssm_conv_dim), np.float32) for i in recurrent}
@@ -132,8 +145,8 @@ class CPUBackend:
         self.state_pos = {i: 0 for i in recurrent}
         self.tokens = np.zeros(0, np.int32)  # [n] the tokens of this step
         self.pos = 0  # position of tokens[0]
-        self._inv_freq = {}  # (base, scale) -> [rope_dim // 2]
-        self._cos_sin = {}  # (base, scale) -> ((pos, n), (cos, sin) [n, rope_dim // 2]) of the last positions
+        self._inv_freq = {}  # a layer's rope (ModelConfig.layer_rope) -> [rope_dim // 2]
+        self._cos_sin = {}  # a layer's rope -> ((pos, n), (cos, sin) [n, rope_dim // 2]) of the last positions
         self._rope_freqs = weights.rope_freqs
         # the output head's bytes copied to anonymous memory when this backend runs the head (no GPU part): the
         # largest matrix, read whole every token (Gemma 3 270M: 178 MB, ~40% of a token), read ~13% faster from
@@ -153,6 +166,9 @@ class CPUBackend:
     def set_input(self, tokens: np.ndarray, pos: int) -> None:
         self.tokens = np.asarray(tokens, np.int32)
         self.pos = pos
+        if self.ring:  # the rows the forward of these tokens writes
+            written = np.arange(pos, pos + len(tokens))
+            self._ring_pos[written % self.ring] = written
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -211,12 +227,12 @@ class CPUBackend:
             ys = quantized_matmuls([self._repacked.get(id(w), w.data) for w in ws], [w.qtype for w in ws], x)
         return tuple(y + b if b is not None else y for y, b in zip(ys, biases or (None,) * len(ws)))
 
-    def _rope_cos_sin(self, base: float, scale: float, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """cos, sin [n, rope_dim // 2] of positions pos..pos+n-1 for this rope base and scale."""
-        key = (base, scale)
+    def _rope_cos_sin(self, rope: tuple, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin [n, rope_dim // 2] of positions pos..pos+n-1 for a layer's rope (ModelConfig.layer_rope)."""
+        key = rope
         cfg = self.cfg
         if key not in self._inv_freq:
-            self._inv_freq[key] = rope_speeds(cfg, base, scale, self._rope_freqs)
+            self._inv_freq[key] = rope_speeds(cfg, rope, self._rope_freqs)
         at, cos_sin = self._cos_sin.get(key, (None, None))
         if at != (self.pos, n):  # once a forward pass per base, not for each layer's q and k
             at = (self.pos, n)
@@ -226,19 +242,34 @@ class CPUBackend:
             self._cos_sin[key] = at, cos_sin
         return cos_sin
 
-    def rope_kv_write(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, base: float,
-                      scale: float, head_norms: tuple | None = None) -> np.ndarray:
-        """q and k rotated for positions pos..pos+n-1, k and v stored in the cache; returns the rotated q.
-        head_norms (q_norm, k_norm): q and k normalized per head first (qwen3, gemma3)."""
+    def rope_kv_write(self, layer: int, q: np.ndarray, k: np.ndarray | None, v: np.ndarray | None, rope: tuple,
+                      head_norms: tuple | None = None) -> np.ndarray:
+        """q and k rotated for positions pos..pos+n-1 by the layer's rope (ModelConfig.layer_rope), k and v stored in
+        layer's cache; returns the rotated q. k and v None: q alone (gemma4's KV-shared layers). head_norms (q_norm,
+        k_norm[, v_norm]): q, k (and v: gemma4) normalized per head first (qwen3, gemma3)."""
         if head_norms is not None:
-            q, k = self.rms_norm(q, head_norms[0]), self.rms_norm(k, head_norms[1])
+            q = self.rms_norm(q, head_norms[0])
+            if k is not None:
+                k = self.rms_norm(k, head_norms[1])
+                if len(head_norms) > 2:
+                    v = self.rms_norm(v, head_norms[2])
+        cos, sin = self._rope_cos_sin(rope, len(q))
+        if k is None:
+            return cpu_ops.rope_rotate(q, cos, sin, self.cfg.rope_style)
         # one call: rope_rotate's arithmetic for q and k and the two cache writes (were four calls, three copies)
-        return cpu_ops.rope_kv_store(q, k, v, *self._rope_cos_sin(base, scale, len(q)), self.cfg.rope_style,
-                                     self.k_cache[layer], self.v_cache[layer], self.pos)
+        return cpu_ops.rope_kv_store(q, k, v, cos, sin, self.cfg.rope_style, self.k_cache[layer],
+                                     self.v_cache[layer], self.pos, self.slots[layer] < self.n_ctx)
 
     def attention(self, layer: int, q: np.ndarray, window: int, scale: float,
                   sinks: np.ndarray | None = None) -> np.ndarray:
-        return cpu_ops.attention(q, self.k_cache[layer], self.v_cache[layer], self.pos, window, scale, sinks)
+        return cpu_ops.attention(q, self.k_cache[layer], self.v_cache[layer], self.pos, window, scale, sinks,
+                                 self.slots[layer] < self.n_ctx)
+
+    def can_resume(self, keep: int) -> bool:
+        """Whether a prompt can go on after the first keep cached tokens: the rings still hold the window before
+        position keep (later tokens overwrite it)."""
+        need = np.arange(max(0, keep - self.cfg.sliding_window + 1), keep)
+        return not self.ring or bool((self._ring_pos[need % self.ring] == need).all())
 
     def sigmoid_mul(self, a: np.ndarray, gate: np.ndarray) -> np.ndarray:
         """a [n, d] * sigmoid(gate) (its d values in any shape): the attention output's gate (qwen35)."""
@@ -275,6 +306,12 @@ class CPUBackend:
         """activation(gate) * up; up GLU_DONE: gate is that already (matmuls of a decode step's gate and up)."""
         return gate if up is GLU_DONE else cpu_ops.glu(gate, up, self.cfg.activation)
 
+    def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return x + y
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        return x * np.float32(s)
+
     def add_bias(self, x: np.ndarray, bias: np.ndarray) -> np.ndarray:
         """x [n, d] + bias [d] on every row (gpt-oss's attention output bias, onto the residual)."""
         return x + bias
@@ -290,16 +327,24 @@ class CPUBackend:
         return x + (self.rms_norm(y, norm) if norm is not None else y)
 
     def add_moe(self, x: np.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> np.ndarray:
-        """x + the mixture of experts on h = rms_norm(x [n, n_embd], norm): each token's k chosen experts' GLU
-        outputs, weighted (the router's logits biased where it has a bias: gpt-oss)."""
+        """x + moe(x, ...)."""
+        return x + self.moe(x, experts, norm, k)
+
+    def moe(self, x: np.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> np.ndarray:
+        """The mixture of experts on h = rms_norm(x [n, n_embd], norm): each token's k chosen experts' GLU outputs,
+        weighted (the router's logits biased where it has a bias: gpt-oss; the router reading its own norm of x and
+        each expert's output scaled where it has them: gemma4)."""
         h = self.rms_norm(x, norm)
-        ids, weights = cpu_ops.route(self.matmul(experts.router, h, experts.router_bias), k)  # [n, k] each
+        routed = h if experts.router_norm is None else self.rms_norm(x, experts.router_norm)
+        ids, weights = cpu_ops.route(self.matmul(experts.router, routed, experts.router_bias), k)  # [n, k] each
+        if experts.down_scale is not None:  # a scale of expert e's output is one of its weight
+            weights = weights * experts.down_scale[ids]
         y = moe_experts(experts, h, ids, weights, self.cfg.activation)
         sh = experts.shared
         if sh is not None:  # every token's shared expert, scaled by sigmoid(gate_inp . h) (qwen35moe)
             gate, up = self.matmuls((sh.gate, sh.up), h)
             y += self.matmul(sh.down, self.glu(gate, up)) / (1 + np.exp(-self.matmul(sh.gate_inp, h)))
-        return x + y
+        return y
 
     def logits(self, w: QuantMatrix, x: np.ndarray) -> np.ndarray:
         data = self._head[1] if self._head is not None and self._head[0] is w.data else w.data

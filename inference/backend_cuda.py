@@ -170,6 +170,10 @@ class CUDABackend:
             raise RuntimeError(f"the recurrent state is at token {self.state_pos}, not at {pos}")
         self.state_pos = pos + n
 
+    def can_resume(self, keep: int) -> bool:
+        """Its caches hold the whole context (no rings): a prompt can go on after any cached tokens."""
+        return True
+
     def recurrent_state(self) -> dict:
         """A host copy of its recurrent layers' states, layer -> (position, conv, delta): a checkpoint. The
         copies are queued on the stream into pinned memory and not waited for (a 27B prompt's end waited ~126 ms
@@ -379,16 +383,17 @@ class CUDABackend:
             cuda_ops.add_bias(out, bias, stream=self.stream)
         return out
 
-    def rope_kv_write(self, layer: int, q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, base: float,
-                      scale: float, head_norms: tuple | None = None) -> cp.ndarray:
+    def rope_kv_write(self, layer: int, q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, rope: tuple,
+                      head_norms: tuple | None = None) -> cp.ndarray:
         """q [n, heads, head_dim] and k (normalized per head first with head_norms) rotated in place for
-        positions pos..pos+n-1, then k and v stored in the layer's cache, in one launch; returns q (a copy where q
-        was a strided view: q taken from its output gate)."""
+        positions pos..pos+n-1 by the layer's rope (ModelConfig.layer_rope), then k and v stored in the layer's
+        cache, in one launch; returns q (a copy where q was a strided view: q taken from its output gate). Not
+        gemma4's q alone or v's norm: engine.gpu_gap keeps gemma4 on the CPU."""
         q = self._contiguous(q)
-        key = (base, scale)
+        key = rope
         if key not in self._inv_freq:
             with self.stream:
-                self._inv_freq[key] = cp.asarray(rope_speeds(self.cfg, base, scale, self._rope_freqs))
+                self._inv_freq[key] = cp.asarray(rope_speeds(self.cfg, rope, self._rope_freqs))
         if head_norms is not None and q.shape[2] % cuda_ops.HEAD_NORM_MULTIPLE:
             q, k = (self.rms_norm(a, w) for a, w in zip((q, k), head_norms))  # no whole warps for the fused norms
             head_norms = None

@@ -53,6 +53,15 @@ class NoChatTemplateError(UserError, ValueError):
 
 def gpu_gap(config: ModelConfig) -> str | None:
     """What of this model the GPU kernels do not take yet (None: they take all of it): it then runs on the CPU."""
+    # gemma4's ops the CUDA backend has no kernels for yet (its rope_kv_write neither norms v nor ropes q alone)
+    gemma4 = [what for what, used in (
+        ("layers of their own head sizes and counts", config.head_dim_local or config.n_heads_by_layer
+         or config.n_kv_heads_by_layer or config.n_ff_by_layer),
+        ("KV-shared layers", config.kv_shared_layers), ("an unweighted norm of v", config.v_norm),
+        ("per-layer embeddings", config.n_embd_per_layer),
+        ("experts beside a dense FFN", config.dense_with_experts and config.n_expert)) if used]
+    if gemma4:
+        return f"{config.arch}'s {', '.join(gemma4)}"
     if config.head_dim not in ATTENTION_HEAD_DIMS:
         return f"attention heads of {config.head_dim} (only {', '.join(map(str, ATTENTION_HEAD_DIMS))})"
     if config.recurrent and any(config.recurrent):
@@ -248,7 +257,10 @@ class Engine:
     def _rewind(self, ids: list[int], keep: int) -> int:
         """Where a prompt ids whose first keep tokens are cached can start: keep where nothing recurrent stands in
         the way (attention's cache is overwritten from there), else the end of the last checkpoint inside those
-        keep tokens, whose state is restored (0: the start, nothing to restore)."""
+        keep tokens, whose state is restored (0: the start, nothing to restore). A sliding window's ring that no
+        longer holds the window before keep (overwritten by later tokens) sends the prompt to its start too."""
+        if keep < len(self._cached) and not all(be.can_resume(keep) for be, _ in self._segments):
+            return 0
         if not any(self.config.recurrent) or keep == len(self._cached):
             return keep  # the recurrent state is after the cached tokens, where the prompt goes on
         inside = [c for c in self._checkpoints if len(c.tokens) <= keep and c.tokens == ids[:len(c.tokens)]]
@@ -440,7 +452,9 @@ def _suffix_prefix(text: str, s: str) -> int:
 
 def _default_ctx(cfg: ModelConfig, file_size: int) -> int:
     """The model's context, capped so the KV cache fits in half the memory left after the weights."""
-    per_token = len(cfg.attention_layers) * cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * 4
+    # each attention layer's own heads (gemma4's differ by kind); KV-shared layers add none
+    per_token = sum(kv * (hd + vd) * 4 for kv, hd, vd in (cfg.layer_heads(i)[1:] for i in cfg.attention_layers
+                                                            if cfg.has_kv(i)))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     fits = max(256, (memory // 2 - file_size) // per_token)
     return int(min(cfg.n_ctx_train, fits))

@@ -3,6 +3,8 @@
 A model may run in segments on different devices (placement.py: the first layers on the CPU, the rest on
 the GPU): each segment is a backend and the layers it holds, and only the hidden state crosses between them.
 """
+import math
+
 from models.config import ModelConfig
 from inference.weights import DeltaNetWeights, LayerWeights, ModelWeights
 
@@ -12,20 +14,35 @@ def embed(be, cfg: ModelConfig, w: ModelWeights):
     return be.embed(w.token_embd, cfg.embed_scale)
 
 
+def per_layer_inputs(be, cfg: ModelConfig, w: ModelWeights, x):
+    """gemma4's per-layer embeddings (E2B/E4B) of be.tokens, embedded as x [n, n_embd]: [n, n_layers,
+    n_embd_per_layer], layer i's slice the sum of the token's table row (times sqrt(n_embd_per_layer)) and x's
+    projection (over sqrt(n_embd), rms-normed a slice at a time), over sqrt(2) (llama.cpp's
+    project_per_layer_inputs)."""
+    pl, n, m = w.per_layer, len(x), cfg.n_embd_per_layer
+    table = be.embed(pl.token_embd, math.sqrt(m)).reshape(n, cfg.n_layers, m)
+    proj = be.scale(be.matmul(pl.model_proj, x), 1 / math.sqrt(cfg.n_embd)).reshape(n, cfg.n_layers, m)
+    return be.scale(be.add(be.rms_norm(proj, pl.proj_norm), table), 1 / math.sqrt(2))
+
+
 def attention(be, cfg: ModelConfig, lw: LayerWeights, i: int, h):
-    """Attention of layer i on h [n, n_embd] (normed), filling its KV cache: [n, n_heads * v_head_dim]."""
+    """Attention of layer i on h [n, n_embd] (normed), filling its KV cache (gemma4's KV-shared layers: reading
+    an earlier layer's, cfg.kv_source): [n, n_heads * v_head_dim]."""
     n = len(h)
-    q, k, v = be.matmuls(lw.qkv, h, lw.qkv_bias)
-    gate = None
+    heads, kv_heads, head_dim, v_head_dim = cfg.layer_heads(i)
+    qkv = be.matmuls(lw.qkv, h, lw.qkv_bias)  # q, and k and v or k alone (v is k's rows) where the layer makes them
+    q, gate, k, v = qkv[0], None, None, None
     if cfg.attn_output_gate:  # q's rows hold each head's q, then its gate: strided views [n, n_heads, head_dim]
-        q, gate = q.reshape(n, cfg.n_heads, 2, cfg.head_dim).transpose(2, 0, 1, 3)
+        q, gate = q.reshape(n, heads, 2, head_dim).transpose(2, 0, 1, 3)
     else:
-        q = q.reshape(n, cfg.n_heads, cfg.head_dim)
-    k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
-    v = v.reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
-    head_norms = (lw.attn_q_norm, lw.attn_k_norm) if cfg.qk_norm else None
-    q = be.rope_kv_write(i, q, k, v, cfg.layer_rope_base(i), cfg.layer_rope_scale(i), head_norms)
-    a = be.attention(i, q, cfg.layer_window(i), cfg.softmax_scale, lw.attn_sinks)
+        q = q.reshape(n, heads, head_dim)
+    if len(qkv) > 1:
+        k = qkv[1].reshape(n, kv_heads, head_dim)
+        v = qkv[2].reshape(n, kv_heads, v_head_dim) if len(qkv) > 2 else k  # k before its norm and rope
+    head_norms = (lw.attn_q_norm, lw.attn_k_norm) + ((lw.v_norm,) if cfg.v_norm else ()) if cfg.qk_norm else None
+    cache = cfg.kv_source(i)
+    q = be.rope_kv_write(cache, q, k, v, cfg.layer_rope(i), head_norms)
+    a = be.attention(cache, q, cfg.layer_window(i), cfg.softmax_scale, lw.attn_sinks)
     return a if gate is None else be.sigmoid_mul(a, gate)
 
 
@@ -36,9 +53,23 @@ def delta_net(be, dn: DeltaNetWeights, i: int, h):
     return be.delta_net(i, dn, qkv, z, alpha, beta)
 
 
-def layer(be, cfg: ModelConfig, lw: LayerWeights, i: int, x):
+def ffn(be, cfg: ModelConfig, lw: LayerWeights, x):
+    """x + the layer's FFN on x [n, n_embd]: dense, experts, or (gemma4) both side by side."""
+    if lw.experts is not None and lw.ffn_gate is None:
+        return be.add_moe(x, lw.experts, lw.ffn_norm, cfg.n_expert_used)
+    h = be.rms_norm(x, lw.ffn_norm)
+    gate, up = be.matmuls(lw.gate_up, h)
+    if lw.experts is None:
+        return be.add_matmul(x, lw.ffn_down, be.glu(gate, up), lw.post_ffw_norm if cfg.sandwich_norm else None)
+    # gemma4: the dense FFN's output and the experts' (on their own norm of x), each normed, their sum normed
+    dense = be.rms_norm(be.matmul(lw.ffn_down, be.glu(gate, up)), lw.post_ffw_norm_1)
+    routed = be.rms_norm(be.moe(x, lw.experts, lw.pre_ffw_norm_2, cfg.n_expert_used), lw.post_ffw_norm_2)
+    return be.add(x, be.rms_norm(be.add(dense, routed), lw.post_ffw_norm))
+
+
+def layer(be, cfg: ModelConfig, lw: LayerWeights, i: int, x, per_layer=None):
     """Layer i on x [n, n_embd] for the tokens at positions be.pos.., filling its KV cache or carrying its
-    recurrent state on."""
+    recurrent state on; per_layer: per_layer_inputs' [n, n_layers, n_embd_per_layer] (gemma4 E2B/E4B)."""
     h = be.rms_norm(x, lw.attn_norm)
     if lw.delta_net is not None:
         x = be.add_matmul(x, lw.delta_net.out, delta_net(be, lw.delta_net, i, h))
@@ -47,17 +78,16 @@ def layer(be, cfg: ModelConfig, lw: LayerWeights, i: int, x):
         if lw.attn_output_bias is not None:  # x + (W a + b), the bias added to the residual first (gpt-oss)
             x = be.add_bias(x, lw.attn_output_bias)
         x = be.add_matmul(x, lw.attn_output, a, lw.post_attention_norm if cfg.sandwich_norm else None)
+    x = ffn(be, cfg, lw, x)
+    if lw.per_layer is not None:  # x + rms_norm(proj (gelu(inp_gate x) * the layer's input), post_norm)
+        pl = lw.per_layer
+        x = be.add_matmul(x, pl.proj, be.glu(be.matmul(pl.inp_gate, x), per_layer[:, i]), pl.post_norm)
+    return x if lw.output_scale is None else be.scale(x, lw.output_scale)
 
-    if lw.experts is not None:
-        return be.add_moe(x, lw.experts, lw.ffn_norm, cfg.n_expert_used)
-    h = be.rms_norm(x, lw.ffn_norm)
-    gate, up = be.matmuls(lw.gate_up, h)
-    return be.add_matmul(x, lw.ffn_down, be.glu(gate, up), lw.post_ffw_norm if cfg.sandwich_norm else None)
 
-
-def layers(be, cfg: ModelConfig, w: ModelWeights, x, indices: range):
+def layers(be, cfg: ModelConfig, w: ModelWeights, x, indices: range, per_layer=None):
     for i in indices:
-        x = layer(be, cfg, w.layers[i], i, x)
+        x = layer(be, cfg, w.layers[i], i, x, per_layer)
     return x
 
 
@@ -73,8 +103,13 @@ def forward(segments, cfg: ModelConfig, w: ModelWeights, all_logits: bool = Fals
 
     segments: (backend, layer range) pairs in order, covering every layer; the first embeds the tokens, each
     next one takes the hidden state over (be.receive), and the last gives the logits (see head)."""
-    x = None
+    x = per_layer = None
     for be, indices in segments:
-        x = embed(be, cfg, w) if x is None else be.receive(x)
-        x = layers(be, cfg, w, x, indices)
+        if x is None:
+            x = embed(be, cfg, w)
+            per_layer = per_layer_inputs(be, cfg, w, x) if w.per_layer is not None else None
+        else:
+            x = be.receive(x)
+            per_layer = be.receive(per_layer) if per_layer is not None else None
+        x = layers(be, cfg, w, x, indices, per_layer)
     return head(be, cfg, w, x, all_logits)

@@ -65,6 +65,10 @@ class ExpertFFN:
     gate_bias: np.ndarray | None = None  # ffn_gate_exps.bias [n_expert, n_ff_exp]
     up_bias: np.ndarray | None = None  # ffn_up_exps.bias [n_expert, n_ff_exp]
     down_bias: np.ndarray | None = None  # ffn_down_exps.bias [n_expert, n_embd]
+    # gemma4: the router reads rms_norm(x, router_norm), the residual's norm times ffn_gate_inp.scale / sqrt(n_embd)
+    # (not the experts' normed input), and expert e's output is scaled by down_scale[e] (ffn_down_exps.scale)
+    router_norm: np.ndarray | None = None  # [n_embd]
+    down_scale: np.ndarray | None = None  # [n_expert]
 
     @property
     def has_biases(self) -> bool:
@@ -99,11 +103,29 @@ class DeltaNetWeights:
 
 
 @dataclass(frozen=True)
+class PerLayerInput:
+    """A layer's use of its per-layer embedding (gemma4 E2B/E4B): x += rms_norm(proj (gelu(inp_gate x) * e), post_norm)
+    with e the layer's slice of ModelWeights.per_layer's input."""
+    inp_gate: QuantMatrix  # inp_gate [n_embd_per_layer, n_embd]
+    proj: QuantMatrix  # proj [n_embd, n_embd_per_layer]
+    post_norm: np.ndarray  # [n_embd]
+
+
+@dataclass(frozen=True)
+class PerLayerEmbeddings:
+    """Every layer's input from the token (gemma4 E2B/E4B): a table row of n_layers slices, and a projection of
+    the embedded token (forward.per_layer_inputs)."""
+    token_embd: QuantMatrix  # per_layer_token_embd [n_vocab, n_layers * n_embd_per_layer]
+    model_proj: QuantMatrix  # per_layer_model_proj [n_layers * n_embd_per_layer, n_embd]
+    proj_norm: np.ndarray  # per_layer_proj_norm [n_embd_per_layer]
+
+
+@dataclass(frozen=True)
 class LayerWeights:
     attn_norm: np.ndarray  # [n_embd]
     attn_q: QuantMatrix | None  # [n_heads * head_dim, n_embd] ([n_heads * 2 * head_dim] with an output gate); None
-    attn_k: QuantMatrix | None  # [n_kv_heads * head_dim, n_embd]                   in a recurrent layer
-    attn_v: QuantMatrix | None  # [n_kv_heads * v_head_dim, n_embd]
+    attn_k: QuantMatrix | None  # [n_kv_heads * head_dim, n_embd]      in a recurrent layer; gemma4: k and v None in a
+    attn_v: QuantMatrix | None  # [n_kv_heads * v_head_dim, n_embd]    KV-shared layer, v None where v is k's rows
     attn_output: QuantMatrix | None  # [n_embd, n_heads * v_head_dim]
     ffn_norm: np.ndarray  # [n_embd]
     ffn_gate: QuantMatrix | None  # [n_ff, n_embd]; None where the layer has experts
@@ -120,15 +142,23 @@ class LayerWeights:
     post_attention_norm: np.ndarray | None = None  # [n_embd] (gemma3)
     post_ffw_norm: np.ndarray | None = None  # [n_embd]
     delta_net: DeltaNetWeights | None = None  # in place of the attention matrices (cfg.is_recurrent)
+    # gemma4
+    v_norm: np.ndarray | None = None  # [head_dim] of ones: v's rms norm has no weight (cfg.v_norm)
+    post_ffw_norm_1: np.ndarray | None = None  # [n_embd] the dense FFN's output norm beside experts
+    pre_ffw_norm_2: np.ndarray | None = None  # [n_embd] the experts' input norm
+    post_ffw_norm_2: np.ndarray | None = None  # [n_embd] the experts' output norm
+    per_layer: PerLayerInput | None = None
+    output_scale: float | None = None  # layer_output_scale: the layer's output (the whole residual) times this
 
-    # The matrices forward() multiplies by one activation in one be.matmuls call (a backend may fuse them)
+    # The matrices forward() multiplies by one activation in one be.matmuls call (a backend may fuse them): q, k, v,
+    # those the layer has (gemma4: q alone in a KV-shared layer, q and k where v is k)
     @property
-    def qkv(self) -> tuple[QuantMatrix, QuantMatrix, QuantMatrix]:
-        return self.attn_q, self.attn_k, self.attn_v
+    def qkv(self) -> tuple[QuantMatrix, ...]:
+        return tuple(m for m in (self.attn_q, self.attn_k, self.attn_v) if m is not None)
 
     @property
-    def qkv_bias(self) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
-        return self.attn_q_bias, self.attn_k_bias, self.attn_v_bias
+    def qkv_bias(self) -> tuple[np.ndarray | None, ...]:
+        return (self.attn_q_bias, self.attn_k_bias, self.attn_v_bias)[:len(self.qkv)]
 
     @property
     def gate_up(self) -> tuple[QuantMatrix, QuantMatrix]:
@@ -142,6 +172,7 @@ class ModelWeights:
     output_norm: np.ndarray  # [n_embd]
     output: QuantMatrix  # [n_vocab, n_embd]; token_embd itself when the file ties them
     rope_freqs: np.ndarray | None  # [rope_dim // 2] divisors of the rope frequencies (llama 3.1+)
+    per_layer: PerLayerEmbeddings | None = None  # gemma4 E2B/E4B
 
 
 def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
@@ -188,12 +219,23 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
                                    f"{cfg.n_expert} experts of {n} values)")
         return m.data.view(np.float32)
 
+    def dense(p: str, n_ff: int) -> dict:
+        return dict(ffn_gate=matrix(p + "ffn_gate.weight", n_ff, cfg.n_embd),
+                    ffn_up=matrix(p + "ffn_up.weight", n_ff, cfg.n_embd),
+                    ffn_down=matrix(p + "ffn_down.weight", cfg.n_embd, n_ff))
+
     def ffn(p: str) -> dict:
-        """The layer's FFN: dense matrices, or the router and experts (and a shared expert where the arch has one)."""
+        """The layer's FFN: dense matrices, or the router and experts (and a shared expert where the arch has one;
+        gemma4: the dense FFN, and experts beside it where the layer has a router)."""
+        i = int(p.split(".")[1])
+        if cfg.dense_with_experts:
+            with_experts = cfg.n_expert and (p + "ffn_gate_inp.weight") in model.tensors
+            return dense(p, cfg.layer_ff(i)) | (dict(
+                experts=gemma4_experts(p), post_ffw_norm_1=vector(p + "post_ffw_norm_1.weight", cfg.n_embd),
+                pre_ffw_norm_2=vector(p + "pre_ffw_norm_2.weight", cfg.n_embd),
+                post_ffw_norm_2=vector(p + "post_ffw_norm_2.weight", cfg.n_embd)) if with_experts else {})
         if not cfg.n_expert:
-            return dict(ffn_gate=matrix(p + "ffn_gate.weight", cfg.n_ff, cfg.n_embd),
-                        ffn_up=matrix(p + "ffn_up.weight", cfg.n_ff, cfg.n_embd),
-                        ffn_down=matrix(p + "ffn_down.weight", cfg.n_embd, cfg.n_ff))
+            return dense(p, cfg.layer_ff(i))
         shared = None
         if cfg.n_ff_shexp:
             gate_inp = vector(p + "ffn_gate_inp_shexp.weight", cfg.n_embd)
@@ -214,6 +256,27 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
             up=experts(p + "ffn_up_exps.weight", cfg.n_ff_exp, cfg.n_embd),
             down=experts(p + "ffn_down_exps.weight", cfg.n_embd, cfg.n_ff_exp), shared=shared, **biases))
 
+    def gemma4_experts(p: str) -> ExpertFFN:
+        """gemma4's experts: gate and up in one stack (ffn_gate_up_exps, gate's rows first: views of it, each expert's
+        rows contiguous) or two, the router's input norm and the experts' output scales."""
+        ff = cfg.n_ff_exp
+        if p + "ffn_gate_up_exps.weight" in model.tensors:
+            gate_up = experts(p + "ffn_gate_up_exps.weight", 2 * ff, cfg.n_embd)
+            gate, up = (QuantExperts(gate_up.data[:, rows], gate_up.qtype, ff, cfg.n_embd)
+                        for rows in (slice(0, ff), slice(ff, 2 * ff)))
+        else:
+            gate, up = (experts(p + f"ffn_{n}_exps.weight", ff, cfg.n_embd) for n in ("gate", "up"))
+        return ExpertFFN(router=matrix(p + "ffn_gate_inp.weight", cfg.n_expert, cfg.n_embd), gate=gate, up=up,
+                         down=experts(p + "ffn_down_exps.weight", cfg.n_embd, ff),
+                         router_norm=vector(p + "ffn_gate_inp.scale", cfg.n_embd) / np.float32(np.sqrt(cfg.n_embd)),
+                         down_scale=vector(p + "ffn_down_exps.scale", cfg.n_expert))
+
+    def per_layer_input(p: str) -> PerLayerInput:
+        n = cfg.n_embd_per_layer
+        return PerLayerInput(inp_gate=matrix(p + "inp_gate.weight", n, cfg.n_embd),
+                             proj=matrix(p + "proj.weight", cfg.n_embd, n),
+                             post_norm=vector(p + "post_norm.weight", cfg.n_embd))
+
     def delta_net(p: str) -> DeltaNetWeights:
         hv, s, conv_dim = cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_conv_dim
         conv = matrix(p + "ssm_conv1d.weight", conv_dim, cfg.ssm_conv_kernel)
@@ -226,15 +289,27 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
             norm=vector(p + "ssm_norm.weight", s), out=matrix(p + "ssm_out.weight", cfg.n_embd, hv * s))
 
     def attention(p: str) -> dict:
-        if cfg.is_recurrent(int(p.split(".")[1])):
+        i = int(p.split(".")[1])
+        if cfg.is_recurrent(i):
             return dict(attn_q=None, attn_k=None, attn_v=None, attn_output=None, delta_net=delta_net(p))
-        q_rows = cfg.n_heads * cfg.head_dim * (2 if cfg.attn_output_gate else 1)  # q and its gate, per head
+        heads, kv_heads, head_dim, v_head_dim = cfg.layer_heads(i)
+        q_rows = heads * head_dim * (2 if cfg.attn_output_gate else 1)  # q and its gate, per head
+        has_kv = cfg.has_kv(i)  # gemma4's KV-shared layers: their file may hold K/V matrices, which go unused
+        # gemma4: no attn_v where v is k's projection (HF attention_k_eq_v)
+        v_optional = cfg.arch == "gemma4" and (p + "attn_v.weight") not in model.tensors
         return dict(attn_q=matrix(p + "attn_q.weight", q_rows, cfg.n_embd),
-                    attn_k=matrix(p + "attn_k.weight", kv_dim, cfg.n_embd),
-                    attn_v=matrix(p + "attn_v.weight", v_dim, cfg.n_embd),
-                    attn_output=matrix(p + "attn_output.weight", cfg.n_embd, cfg.n_heads * cfg.v_head_dim))
+                    attn_k=matrix(p + "attn_k.weight", kv_heads * head_dim, cfg.n_embd) if has_kv else None,
+                    attn_v=matrix(p + "attn_v.weight", kv_heads * v_head_dim, cfg.n_embd)
+                    if has_kv and not v_optional else None,
+                    attn_output=matrix(p + "attn_output.weight", cfg.n_embd, heads * v_head_dim),
+                    v_norm=np.ones(v_head_dim, np.float32) if cfg.v_norm else None)
 
-    kv_dim, v_dim = cfg.n_kv_heads * cfg.head_dim, cfg.n_kv_heads * cfg.v_head_dim
+    def output_scale(p: str) -> float | None:
+        s = tensor(p + "layer_output_scale.weight", optional=True)
+        if s is not None and (not isinstance(s, np.ndarray) or s.shape != (1,)):
+            raise TensorShapeError(f"tensor '{p}layer_output_scale.weight' must be one F32 value")
+        return None if s is None else float(s[0])
+
     # the pre-FFN norm: qwen35 and gpt-oss files name it post_attention_norm (llama.cpp's LLM_TENSOR_ATTN_POST_NORM)
     ffn_norm = "post_attention_norm.weight" if cfg.arch in ("qwen35", "qwen35moe", "gpt-oss") else "ffn_norm.weight"
     layers = []
@@ -253,9 +328,11 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
             attn_output_bias=vector(p + "attn_output.bias", cfg.n_embd) if cfg.arch == "gpt-oss" else None,
             attn_sinks=vector(p + "attn_sinks.weight", cfg.n_heads) if cfg.attn_sinks else None,
             attn_q_norm=tensor(p + "attn_q_norm.weight") if cfg.qk_norm and not recurrent else None,
-            attn_k_norm=tensor(p + "attn_k_norm.weight") if cfg.qk_norm and not recurrent else None,
+            attn_k_norm=tensor(p + "attn_k_norm.weight") if cfg.qk_norm and not recurrent and cfg.has_kv(i) else None,
             post_attention_norm=tensor(p + "post_attention_norm.weight") if cfg.sandwich_norm else None,
             post_ffw_norm=tensor(p + "post_ffw_norm.weight") if cfg.sandwich_norm else None,
+            per_layer=per_layer_input(p) if cfg.n_embd_per_layer else None,
+            output_scale=output_scale(p),
         ))
     token_embd = matrix("token_embd.weight", cfg.n_vocab, cfg.n_embd)
     output = tensor("output.weight", optional=True)  # absent: tied to the embeddings (SmolLM2, Gemma)
@@ -266,4 +343,8 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
         output=matrix("output.weight", cfg.n_vocab, cfg.n_embd) if output is not None else token_embd,
         rope_freqs=(np.array(cfg.text_rope_divisors()) if cfg.rope_sections
                     else tensor("rope_freqs.weight", optional=True)),
+        per_layer=PerLayerEmbeddings(
+            token_embd=matrix("per_layer_token_embd.weight", cfg.n_vocab, cfg.n_layers * cfg.n_embd_per_layer),
+            model_proj=matrix("per_layer_model_proj.weight", cfg.n_layers * cfg.n_embd_per_layer, cfg.n_embd),
+            proj_norm=vector("per_layer_proj_norm.weight", cfg.n_embd_per_layer)) if cfg.n_embd_per_layer else None,
     )

@@ -12,7 +12,7 @@ from models.gguf import GGUFModel
 
 # tokenizer.ggml.model -> the algorithm it names
 TOKENIZER_KINDS = {"llama": "SentencePiece", "gpt2": "BPE", "bert": "WordPiece", "t5": "Unigram",
-                   "rwkv": "RWKV", "plamo2": "PLaMo-2", "none": "none"}
+                   "rwkv": "RWKV", "plamo2": "PLaMo-2", "gemma4": "BPE (SentencePiece-style)", "none": "none"}
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,16 @@ class ModelInfo:
     deltanet_layers: int  # layers whose token mixer is a Gated DeltaNet (qwen35), not attention
     nextn_layers: int  # multi-token-prediction blocks counted in block_count, not part of the forward pass
     embedding_length: int | None
-    feed_forward_length: int | None
+    feed_forward_length: int | list[int] | None  # gemma4 E2B/E4B: one a layer
     head_count: int | list[int] | None  # a few architectures store one value per layer
     head_count_kv: int | list[int] | None
     head_dim: int | None
+    # layers of two kinds (gemma4: the file's pattern array): "S" a sliding-window layer, "G" global, one a layer
+    layer_pattern: str | None
+    sliding_window: int | None
+    head_dim_swa: int | None  # the sliding layers' head size where it differs (gemma4)
+    shared_kv_layers: int  # the last layers that reuse an earlier layer's K/V (gemma4)
+    embedding_length_per_layer: int  # per-layer embeddings' size (gemma4 E2B/E4B), 0 for none
     tokenizer_model: str | None
     tokenizer_kind: str | None
     tokenizer_pre: str | None
@@ -85,6 +91,8 @@ def summarize(model: GGUFModel) -> ModelInfo:
     head_dim = arch_int("attention.key_length")
     if head_dim is None and isinstance(heads, int) and heads and embd:
         head_dim = embd // heads
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    pattern = "".join("S" if s else "G" for s in pattern) if isinstance(pattern, np.ndarray) else None
     return ModelInfo(
         path=str(model.path), file_size=model.file_size, parts=len(model.files), gguf_version=model.version,
         architecture=arch, name=_str(meta.get("general.name")), parameters=params,
@@ -92,9 +100,11 @@ def summarize(model: GGUFModel) -> ModelInfo:
         context_length=arch_int("context_length"), block_count=arch_int("block_count"),
         deltanet_layers=len({name.split(".")[1] for name in model.tensors if name.endswith(".ssm_a")}),
         nextn_layers=arch_int("nextn_predict_layers") or 0,
-        embedding_length=embd, feed_forward_length=arch_int("feed_forward_length"),
+        embedding_length=embd, feed_forward_length=_int_or_ints(meta.get(f"{arch}.feed_forward_length")),
         head_count=heads, head_count_kv=_int_or_ints(meta.get(f"{arch}.attention.head_count_kv")),
-        head_dim=head_dim, tokenizer_model=tok_model, tokenizer_kind=TOKENIZER_KINDS.get(tok_model, tok_model),
+        head_dim=head_dim, layer_pattern=pattern, sliding_window=arch_int("attention.sliding_window"),
+        head_dim_swa=arch_int("attention.key_length_swa"), shared_kv_layers=arch_int("attention.shared_kv_layers") or 0,
+        embedding_length_per_layer=arch_int("embedding_length_per_layer_input") or 0, tokenizer_model=tok_model, tokenizer_kind=TOKENIZER_KINDS.get(tok_model, tok_model),
         tokenizer_pre=_str(meta.get("tokenizer.ggml.pre")), vocab_size=vocab,
         expert_count=n_expert or None, expert_used_count=n_used if n_expert else None,
         expert_feed_forward_length=(arch_int("expert_feed_forward_length") or arch_int("feed_forward_length"))

@@ -5,10 +5,15 @@ The Rust `tokenizers` library does the work, configured the way llama.cpp (src/l
 - "llama": SentencePiece-style BPE. llama.cpp merges the adjacent pair whose concatenation is the vocab
   token with the highest score, so the merge list is every split of a token into two vocab tokens,
   best score first; characters outside the vocab fall back to <0xXX> byte tokens.
+- "gemma4": BPE with the file's merges over the raw UTF-8 text, spaces written as ▁ (no prefix), split only at
+  newlines; a run of newlines is its one token where the vocab has it (such tokens are split out first; a longer
+  run is merged as any text is); <0xXX> byte tokens for what is outside the vocab; BOS always added (llama.cpp's
+  override for Gemma 4).
 Control, unknown and user-defined tokens are split out of the text first, as llama.cpp does (control and
 unknown ones only with parse_special).
 """
 import codecs
+import re
 import threading
 
 import numpy as np
@@ -148,9 +153,9 @@ class Tokenizer:
 
     def __init__(self, metadata: dict):
         kind = metadata.get("tokenizer.ggml.model")
-        if kind not in ("gpt2", "llama"):
+        if kind not in ("gpt2", "llama", "gemma4"):
             raise TokenizerError(f"unsupported tokenizer model '{kind}' (tokenizer.ggml.model); "
-                                 "supported: gpt2 (byte-level BPE), llama (SentencePiece)")
+                                 "supported: gpt2 (byte-level BPE), llama (SentencePiece), gemma4 (BPE on ▁ text)")
         self.kind = kind
         tokens = metadata.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
@@ -169,12 +174,16 @@ class Tokenizer:
             self.pre = pre_tokenizer_for(metadata.get("tokenizer.ggml.pre"))
             bos, eos, add_space_prefix, add_bos = 11, 11, False, self.pre.add_bos
             self.clean_spaces = self.pre.clean_spaces
+        elif kind == "gemma4":  # no default ids: the file's
+            self.pre = None
+            bos, eos, add_space_prefix, add_bos = None, None, False, True
+            self.clean_spaces = True
         else:
             self.pre = None
             bos, eos, add_space_prefix, add_bos = 1, 2, True, True
             self.clean_spaces = False
         self.add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", add_space_prefix))
-        self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos))
+        self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos)) or kind == "gemma4"
         self.add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
         self.bos_id = self._special_id(metadata, "bos", bos)
         self.eos_id = self._special_id(metadata, "eos", eos)
@@ -194,6 +203,7 @@ class Tokenizer:
         # A byte the vocab lacks stays a symbol in llama.cpp's BPE, blocking merges across it, and is dropped at
         # the end; tokenizers would drop it first. Stand-in ids past the vocab keep it until encode drops them.
         self._missing_bytes = [c for c in BYTE_OF_CHAR if c not in vocab] if kind == "gpt2" else []
+        self._metadata = metadata
         try:
             self._rust = self._build(metadata)
         except BaseException as e:  # tokenizers reports some bad input as a Rust panic, a BaseException
@@ -201,6 +211,10 @@ class Tokenizer:
                 raise
             raise TokenizerError(f"cannot build the tokenizer from this file: {e}") from None
         self._encode_lock = threading.Lock()  # encode_special_tokens is state on the shared Rust object
+        # gemma4: runs of newlines longer than the vocab's longest, which llama.cpp merges as any text
+        longest = max((len(t) for t in self.tokens if t and not t.strip("\n")), default=0) if kind == "gemma4" else 0
+        self._long_newlines = re.compile(f"(\n{{{longest + 1},}})") if longest else None
+        self._merges_only = None  # the tokenizer without the newline runs split out first, made when one comes
         self._pieces: dict[tuple[int, bool], bytes] = {}
 
     @property
@@ -254,17 +268,24 @@ class Tokenizer:
                     not all(c in "0123456789abcdefABCDEF" for c in text[3:5]):
                 raise TokenizerError(f"byte token {i} is '{text}', expected <0xXX>")
 
-    def _build(self, metadata) -> RustTokenizer:
+    def _build(self, metadata, newline_tokens: bool = True) -> RustTokenizer:
+        merges = metadata.get("tokenizer.ggml.merges")
+        if self.kind in ("gpt2", "gemma4") and (not isinstance(merges, list)
+                                                or not all(isinstance(m, str) for m in merges)):
+            raise TokenizerError(f"tokenizer.ggml.merges is missing or not a list of strings ({self.kind} needs it)")
+        newlines = []  # gemma4: runs of newlines the vocab has, split out whole
         if self.kind == "gpt2":
-            merges = metadata.get("tokenizer.ggml.merges")
-            if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
-                raise TokenizerError("tokenizer.ggml.merges is missing or not a list of strings (gpt2 needs it)")
             vocab = {**self.vocab, **{c: len(self.tokens) + k for k, c in enumerate(self._missing_bytes)}}
             model = models.BPE(vocab, _bpe_merges(merges, self.vocab), ignore_merges=self.pre.ignore_merges)
             rust = RustTokenizer(model)
             rust.pre_tokenizer = pre_tokenizers.Sequence(
                 [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in self.pre.regexes]
                 + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        elif self.kind == "gemma4":
+            rust = RustTokenizer(models.BPE(self.vocab, _bpe_merges(merges, self.vocab), byte_fallback=True))
+            rust.normalizer = normalizers.Replace(" ", SPM_SPACE)
+            rust.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
+            newlines = [i for t, i in self.vocab.items() if t and not t.strip("\n")] if newline_tokens else []
         else:
             rust = RustTokenizer(models.BPE(self.vocab, spm_merges(self.tokens, self.scores), byte_fallback=True))
             steps = [normalizers.Replace(" ", SPM_SPACE)]
@@ -273,7 +294,7 @@ class Tokenizer:
             rust.normalizer = normalizers.Sequence(steps)
         special = self.control | (self.types == USER_DEFINED)
         rust.add_tokens([AddedToken(self.tokens[i], special=bool(self.control[i]), normalized=False)
-                         for i in np.flatnonzero(special)])
+                         for i in sorted({*np.flatnonzero(special), *newlines})])
         return rust
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -281,13 +302,27 @@ class Tokenizer:
         such as <|im_end|> in the text become those tokens (for rendered chat prompts, never for user text)."""
         with self._encode_lock:
             self._rust.encode_special_tokens = not parse_special
-            ids = self._rust.encode(text, add_special_tokens=False).ids
+            if self._long_newlines is not None and self._long_newlines.search(text):
+                ids = self._encode_long_newlines(text)
+            else:
+                ids = self._rust.encode(text, add_special_tokens=False).ids
         if self._missing_bytes:
             ids = [i for i in ids if i < len(self.tokens)]
         if add_special and self.add_bos:
             ids.insert(0, self.bos_id)
         if add_special and self.add_eos:
             ids.append(self.eos_id)
+        return ids
+
+    def _encode_long_newlines(self, text: str) -> list[int]:
+        """gemma4's ids of a text with runs of newlines longer than any newline token: the runs merged as llama.cpp
+        merges them (its pre-split makes each run a word of its own), the rest as encode does."""
+        if self._merges_only is None:
+            self._merges_only = self._build(self._metadata, newline_tokens=False)
+        ids = []
+        for k, piece in enumerate(self._long_newlines.split(text)):  # the runs at odd places
+            if piece:
+                ids += (self._merges_only if k % 2 else self._rust).encode(piece, add_special_tokens=False).ids
         return ids
 
     def encode_prompt(self, prompt: str) -> list[int]:
@@ -313,7 +348,7 @@ class Tokenizer:
         if kind == USER_DEFINED:
             return text.encode()
         if kind == NORMAL:
-            return text.replace(SPM_SPACE, " ").encode() if self.kind == "llama" else _bpe_piece(text)
+            return text.replace(SPM_SPACE, " ").encode() if self.kind != "gpt2" else _bpe_piece(text)
         if kind == BYTE:
             return bytes([int(text[3:5], 16)])
         return b""

@@ -104,24 +104,27 @@ def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> 
 
 @_jit
 def _rope_kv_store(q, k, v, cos, sin, neox, k_cache, v_cache, pos, q_out):
+    slots = k_cache.shape[1]  # a ring's (see rope_kv_store): position p in slot p % slots; else p < slots
     for t in range(q.shape[0]):
         for h in range(q.shape[1]):
             _rotate_into(q[t, h], cos[t], sin[t], neox, q_out[t, h])
         for h in range(k.shape[1]):
-            _rotate_into(k[t, h], cos[t], sin[t], neox, k_cache[h, pos + t])
-            v_cache[h, pos + t, :] = v[t, h]
+            _rotate_into(k[t, h], cos[t], sin[t], neox, k_cache[h, (pos + t) % slots])
+            v_cache[h, (pos + t) % slots, :] = v[t, h]
 
 
 def rope_kv_store(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str,
-                  k_cache: np.ndarray, v_cache: np.ndarray, pos: int) -> np.ndarray:
+                  k_cache: np.ndarray, v_cache: np.ndarray, pos: int, ring: bool = False) -> np.ndarray:
     """q and k [n, heads, head_dim] rotated as rope_rotate does (_rotate_into: the same floats), k into
     k_cache [n_kv, n_ctx, head_dim] at positions pos..pos+n-1 and v [n, n_kv, vd] into v_cache, in one call;
     returns the rotated q. A decode step's rope of q, of k and the two cache writes were four calls and three
-    copies."""
+    copies. ring: the caches are rings of a sliding window (position p in slot p % their length, which must hold
+    the n new positions), where a cache of the whole context must hold position pos + n - 1."""
     (n, _, d), (n_k, h_k, d_k), (n_v, h_v, d_v) = q.shape, k.shape, v.shape
     (h_kc, t_kc, d_kc), (h_vc, t_vc, d_vc), (n_c, half) = k_cache.shape, v_cache.shape, cos.shape
+    end = n if ring else pos + n
     if not (n == n_k == n_v == n_c and h_k == h_kc and d == d_k == d_kc and h_v == h_vc and d_v == d_vc
-            and 0 <= pos and pos + n <= t_kc and pos + n <= t_vc and sin.shape == cos.shape and 2 * half <= d):
+            and 0 <= pos and end <= t_kc and t_kc == t_vc and sin.shape == cos.shape and 2 * half <= d):
         raise ValueError(f"rope_kv_store: q {q.shape}, k {k.shape}, v {v.shape} at {pos} do not fit the caches "
                          f"{k_cache.shape}, {v_cache.shape} or cos {cos.shape}")
     q_out = np.empty(q.shape, np.float32)
@@ -136,11 +139,11 @@ def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, style: str)
 
 
 @nb.njit(cache=True, nogil=True, fastmath=True)
-def _attend(q, k, v, i, h, pos0, start, window, scale, sinks, out):
+def _attend(q, k, v, i, h, pos0, start, window, scale, sinks, ring, out):
     """out[i, h] for query i, head h: softmax(q . keys) . values over the keys it sees; sinks (empty: none) [n_heads]
-    a logit per head that joins the softmax with no value (gpt-oss). Rows are taken as 1-d views of C-contiguous
-    arrays so the dot and the value sum vectorize (strided 3-d indexing did not: 32 heads x 640 keys took 2.6 ms
-    on one core)."""
+    a logit per head that joins the softmax with no value (gpt-oss); ring > 0: key j in row j % ring (a sliding
+    window's ring). Rows are taken as 1-d views of C-contiguous arrays so the dot and the value sum vectorize
+    (strided 3-d indexing did not: 32 heads x 640 keys took 2.6 ms on one core)."""
     kv = h // (q.shape[1] // k.shape[0])
     p = pos0 + i
     lo = max(start, p - window + 1) if window > 0 else start
@@ -148,7 +151,7 @@ def _attend(q, k, v, i, h, pos0, start, window, scale, sinks, out):
     scores = np.empty(p + 1 - lo, np.float32)
     best = sinks[h] if sinks.size else -np.inf
     for j in range(lo, p + 1):
-        kj = kh[j]
+        kj = kh[j % ring if ring else j]
         s = np.float32(0.0)
         for d in range(qh.shape[0]):
             s += qh[d] * kj[d]
@@ -161,22 +164,22 @@ def _attend(q, k, v, i, h, pos0, start, window, scale, sinks, out):
         total += scores[j]
     acc = np.zeros(vh.shape[1], np.float32)
     for j in range(scores.shape[0]):
-        w, vj = scores[j] / total, vh[lo + j]
+        w, vj = scores[j] / total, vh[(lo + j) % ring if ring else lo + j]
         for d in range(acc.shape[0]):
             acc[d] += w * vj[d]
     out[i, h] = acc
 
 
 @_jit
-def _attention_loop(q, k, v, pos0, start, window, scale, sinks, out):  # q [n, H, hd], out [n, H, vd]
+def _attention_loop(q, k, v, pos0, start, window, scale, sinks, ring, out):  # q [n, H, hd], out [n, H, vd]
     for hh in range(q.shape[0] * q.shape[1]):
-        _attend(q, k, v, hh // q.shape[1], hh % q.shape[1], pos0, start, window, scale, sinks, out)
+        _attend(q, k, v, hh // q.shape[1], hh % q.shape[1], pos0, start, window, scale, sinks, ring, out)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True)
-def _attention_loop_parallel(q, k, v, pos0, start, window, scale, sinks, out):
+def _attention_loop_parallel(q, k, v, pos0, start, window, scale, sinks, ring, out):
     for hh in nb.prange(q.shape[0] * q.shape[1]):
-        _attend(q, k, v, hh // q.shape[1], hh % q.shape[1], pos0, start, window, scale, sinks, out)
+        _attend(q, k, v, hh // q.shape[1], hh % q.shape[1], pos0, start, window, scale, sinks, ring, out)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
@@ -206,14 +209,15 @@ NO_SINKS = np.zeros(0, np.float32)
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, window: int, scale: float,
-              sinks: np.ndarray | None = None) -> np.ndarray:
+              sinks: np.ndarray | None = None, ring: bool = False) -> np.ndarray:
     """Causal grouped-query attention of n new queries against the cache.
 
     q [n, n_heads, hd] at positions pos0..pos0+n-1; k [n_kv, >= T, hd] and v [n_kv, >= T, vd] hold positions
     0..T-1 with T = pos0 + n: pass the whole cache (C-contiguous), not a slice, so the decode loop vectorizes.
     window > 0: a query at p sees only keys j with p - j < window. sinks: float32 [n_heads], a logit per head in
     each softmax's sum (not scaled, no value: it only takes weight from the keys), as llama.cpp's
-    ggml_soft_max_add_sinks. Returns [n, n_heads * vd].
+    ggml_soft_max_add_sinks. ring: k and v are rings of the window (rope_kv_store's: position j in row j % their
+    length), which hold the window behind the first query and the n new positions. Returns [n, n_heads * vd].
     """
     n, n_heads, hd = q.shape
     n_kv, vd, T = v.shape[0], v.shape[2], pos0 + n
@@ -226,10 +230,15 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, window: in
         out = np.empty((n, n_heads, vd), np.float32)
         work = n * n_heads * (T - start) * hd
         loop = _attention_loop_parallel if work >= ATTENTION_PARALLEL_WORK else _attention_loop
-        loop(np.ascontiguousarray(q, np.float32), k, v, pos0, start, window, np.float32(scale), sinks, out)
+        loop(np.ascontiguousarray(q, np.float32), k, v, pos0, start, window, np.float32(scale), sinks,
+             k.shape[1] if ring else 0, out)
         return out.reshape(n, n_heads * vd)
     group = n_heads // n_kv
-    k, v = k[:, start:T], v[:, start:T]
+    if ring:  # the keys start..T-1 in order, gathered from the ring's rows
+        rows = np.arange(start, T) % k.shape[1]
+        k, v = k[:, rows], v[:, rows]
+    else:
+        k, v = k[:, start:T], v[:, start:T]
     qg = q.reshape(n, n_kv, group, hd).transpose(1, 2, 0, 3).reshape(n_kv, group * n, hd)
     scores = qg @ k.transpose(0, 2, 1)  # [n_kv, group * n, T - start]: row r of the flat rows is head r // n
     _causal_softmax(scores.reshape(-1, T - start), n, pos0, start, window, np.float32(scale), sinks)

@@ -18,6 +18,7 @@ SHAPES = {
     "qwen3moe": (2, 256, 128, 8, 2, 64),  # n_ff is each expert's width
     "llama": (2, 256, 128, 8, 2, 32),  # with experts (Mixtral's kind): n_ff is each expert's width
     "gemma3": (6, 256, 512, 2, 1, 256),
+    "gemma4": (0, 256, 256, 0, 0, 0),  # n_embd and the FFN's (and experts') width: GEMMA4_* say the rest
     "qwen35": (6, 256, 512, 4, 2, 64),  # heads, kv heads, head size: the attention layers'
     "qwen35moe": (6, 256, 128, 4, 2, 64),  # n_ff is each expert's width
     "gpt-oss": (2, 256, 128, 8, 2, 64),  # n_ff is each expert's width; q's 8 x 64 rows differ from n_embd
@@ -32,6 +33,17 @@ DELTANET = dict(k_heads=2, v_heads=4, state=64, conv=4)
 HYBRID_INTERVAL = 3
 HYBRID_ROPE_DIMS = 16
 SHARED_EXPERT_FF = 192
+# gemma4's three kinds of file (layer pattern: S sliding, G global; the last `shared` layers read the K/V of the last
+# S and G before them; experts (count, used) beside the dense FFN; per-layer embeddings of this size), its sliding and
+# global layers' (heads, kv heads, head size), the global layers' rotated share of a head (llama.cpp's "proportional"
+# rope: rope_freqs of 1e30 stop the rest), the window, and the layers that scale their output (layer_output_scale)
+GEMMA4_KINDS = {
+    "dense": dict(pattern="SSGSGSG", shared=2, experts=None, per_layer=0),
+    "moe": dict(pattern="SGSG", shared=0, experts=(8, 2), per_layer=0),
+    "per_layer": dict(pattern="SGSGSG", shared=2, experts=None, per_layer=32),
+}
+GEMMA4_HEADS = dict(S=(4, 2, 64), G=(2, 1, 128))
+GEMMA4_ROTATED, GEMMA4_WINDOW, GEMMA4_SCALED_LAYERS = 0.25, 16, (1, 3)
 # Layer matrices F16 for parity with llama.cpp: it rounds activations to 8 bits for quantized weights, and a
 # random network amplifies that noise far more than a trained one (top-1 agreement fell to 94% with Q8_0).
 F16_LAYERS = dict.fromkeys(["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"], T.F16)
@@ -88,7 +100,7 @@ def spm_vocab(n_vocab: int = 1024) -> dict:
 
 
 def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAYERS, window: int = 16,
-                    experts=None, deltanet=DELTANET) -> None:
+                    experts=None, deltanet=DELTANET, gemma4: str = "dense") -> None:
     """A random {arch} model at path with Q8_0 embeddings, layer matrices of `types` (name -> quant type; the
     K-quants Q4_K, Q5_K, Q6_K and the IQ types but IQ4_NL need widths that are multiples of 256, e.g.
     Q4_K_M_LAYERS, IQ4_XS_LAYERS):
@@ -99,7 +111,9 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     (OSS_*); the others tie the output to the embeddings. qwen3moe is qwen3
     with experts = (count, used) in every layer (default EXPERTS), its expert matrices of the ffn_* types, its
     router F32 (as llama.cpp's quantizer leaves it); llama takes experts too (Mixtral's kind: no expert width of
-    its own). The vocabulary is vocab_from's (a GGUF file), else spm_vocab()'s."""
+    its own). gemma4: one of GEMMA4_KINDS (layers, FFN width and experts from there, n_embd from SHAPES; the KV-shared
+    layers' FFN twice as wide, and with K/V matrices of their own that llama.cpp leaves unused, so that a forward that
+    uses them is seen). The vocabulary is vocab_from's (a GGUF file), else spm_vocab()'s."""
     rng = np.random.default_rng(0)
     experts = experts or (EXPERTS if arch in ("qwen3moe", "qwen35moe", "gpt-oss") else None)
     oss = arch == "gpt-oss"
@@ -107,16 +121,39 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     src = open_gguf(vocab_from).metadata if vocab_from else spm_vocab()
     n_vocab = len(src["tokenizer.ggml.tokens"])
     L, d, ff, nh, nkv, hd = shapes or SHAPES[arch]
+    g4 = GEMMA4_KINDS[gemma4] if arch == "gemma4" else None
+    if g4:
+        L, experts = len(g4["pattern"]), g4["experts"]
 
     w = GGUFWriter(str(path), arch)
     w.add_context_length(2048)
     w.add_embedding_length(d)
     w.add_block_count(L)
-    w.add_feed_forward_length(ff)
-    w.add_head_count(nh)
-    w.add_head_count_kv(nkv)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
+    if g4:
+        pattern, first_shared = g4["pattern"], L - g4["shared"]
+        layer_ff = [ff * (2 if i >= first_shared else 1) for i in range(L)]
+        w.add_array("gemma4.feed_forward_length", layer_ff)
+        w.add_array("gemma4.attention.head_count", [GEMMA4_HEADS[k][0] for k in pattern])
+        w.add_array("gemma4.attention.head_count_kv", [GEMMA4_HEADS[k][1] for k in pattern])
+        w.add_key_length(GEMMA4_HEADS["G"][2])
+        w.add_value_length(GEMMA4_HEADS["G"][2])
+        w.add_uint32("gemma4.attention.key_length_swa", GEMMA4_HEADS["S"][2])
+        w.add_uint32("gemma4.attention.value_length_swa", GEMMA4_HEADS["S"][2])
+        w.add_rope_dimension_count(GEMMA4_HEADS["G"][2])
+        w.add_uint32("gemma4.rope.dimension_count_swa", GEMMA4_HEADS["S"][2])
+        w.add_float32("gemma4.rope.freq_base_swa", 10000.0)
+        w.add_sliding_window(GEMMA4_WINDOW)
+        w.add_array("gemma4.attention.sliding_window_pattern", [k == "S" for k in pattern])
+        w.add_uint32("gemma4.attention.shared_kv_layers", g4["shared"])
+        w.add_uint32("gemma4.embedding_length_per_layer_input", g4["per_layer"])
+        if gemma4 != "dense":  # the dense file leaves it out: llama.cpp's default of 30
+            w.add_float32("gemma4.final_logit_softcapping", 20.0)
+    else:
+        w.add_feed_forward_length(ff)
+        w.add_head_count(nh)
+        w.add_head_count_kv(nkv)
+        w.add_key_length(hd)
+        w.add_value_length(hd)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(OSS_ROPE_BASE if oss else 1e6)
     if arch == "gemma3":
@@ -130,7 +167,7 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     if experts:
         w.add_expert_count(experts[0])
         w.add_expert_used_count(experts[1])
-        if arch in ("qwen3moe", "qwen35moe", "gpt-oss"):
+        if arch in ("qwen3moe", "qwen35moe", "gpt-oss", "gemma4"):
             w.add_expert_feed_forward_length(ff)
     if hybrid:
         dn = deltanet
@@ -210,11 +247,58 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
         w.add_tensor(p + "ffn_up_exps.bias", (rng.standard_normal((e, ff)) * 0.5).astype(np.float32))
         w.add_tensor(p + "ffn_down_exps.bias", (rng.standard_normal((e, d)) * 0.1).astype(np.float32))
 
+    def gemma4_layer(p, i):
+        """gemma4: heads of the layer's kind (S, G), V taken from K in the global layers (no attn_v), norms as the
+        file stores them (no +1 added when read), the dense FFN (and the MoE kind's experts beside it, gate and up
+        in one stack, a scale per expert, the router's input scale), the per-layer embedding's gate and projection."""
+        kind = g4["pattern"][i]
+        h, hkv, hdl = GEMMA4_HEADS[kind]
+        for n in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            vec(p + f"{n}.weight", d, 1.0, 0.3)
+        mat(p + "attn_q.weight", h * hdl, d, 2 / np.sqrt(d), types["attn_q"])
+        mat(p + "attn_k.weight", hkv * hdl, d, 2 / np.sqrt(d), types["attn_k"])
+        if kind == "S":
+            mat(p + "attn_v.weight", hkv * hdl, d, 1 / np.sqrt(d), types["attn_v"])
+        mat(p + "attn_output.weight", d, h * hdl, 1 / np.sqrt(h * hdl), types["attn_output"])
+        vec(p + "attn_q_norm.weight", hdl)
+        vec(p + "attn_k_norm.weight", hdl)
+        if i in GEMMA4_SCALED_LAYERS:
+            w.add_tensor(p + "layer_output_scale.weight", np.array([0.7], np.float32))
+        f = layer_ff[i]
+        mat(p + "ffn_gate.weight", f, d, 1 / np.sqrt(d), types["ffn_gate"])
+        mat(p + "ffn_up.weight", f, d, 1 / np.sqrt(d), types["ffn_up"])
+        mat(p + "ffn_down.weight", d, f, 1 / np.sqrt(f), types["ffn_down"])
+        if experts:
+            e = experts[0]
+            mat(p + "ffn_gate_inp.weight", e, d, 2, T.F32)  # its input is the residual's rms norm / sqrt(n_embd)
+            vec(p + "ffn_gate_inp.scale", d, 1.0, 0.3)
+            for n in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                vec(p + f"{n}.weight", d, 1.0, 0.3)
+            mat(p + "ffn_gate_up_exps.weight", 2 * ff, d, 1 / np.sqrt(d), types["ffn_gate"], e)
+            mat(p + "ffn_down_exps.weight", d, ff, 1 / np.sqrt(ff), types["ffn_down"], e)
+            vec(p + "ffn_down_exps.scale", e, 1.0, 0.5)
+        if g4["per_layer"]:
+            mat(p + "inp_gate.weight", g4["per_layer"], d, 1 / np.sqrt(d), types["ffn_gate"])
+            mat(p + "proj.weight", d, g4["per_layer"], 1 / np.sqrt(g4["per_layer"]), types["ffn_down"])
+            vec(p + "post_norm.weight", d, 1.0, 0.3)
+
     mat("token_embd.weight", n_vocab, d, 0.5, T.Q8_0)
+    if g4:
+        rotated = int(GEMMA4_HEADS["G"][2] * GEMMA4_ROTATED / 2)
+        w.add_tensor("rope_freqs.weight", np.array([1.0] * rotated + [1e30] * (GEMMA4_HEADS["G"][2] // 2 - rotated),
+                                                   np.float32))
+        if g4["per_layer"]:
+            n_pl = g4["per_layer"]
+            mat("per_layer_token_embd.weight", n_vocab, n_pl * L, 1.0, T.Q8_0)
+            mat("per_layer_model_proj.weight", n_pl * L, d, 1 / np.sqrt(d), T.F16)
+            vec("per_layer_proj_norm.weight", n_pl, 1.0, 0.3)
     for i in range(L):
         p = f"blk.{i}."
         if oss:
             gpt_oss_layer(p)
+            continue
+        if g4:
+            gemma4_layer(p, i)
             continue
         vec(p + "attn_norm.weight", d)
         if hybrid:  # qwen35 names its pre-FFN norm post_attention_norm
@@ -261,7 +345,9 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
         # an expert's output is weighted by ~1/used: twice the scale keeps the FFN's part of the residual
         mat(p + f"ffn_down{suffix}.weight", d, ff, (2 if e else 1) / np.sqrt(ff), types["ffn_down"], e)
     vec("output_norm.weight", d)
-    if arch in ("qwen2", "gpt-oss"):  # gpt-oss has an output matrix of its own (llama.cpp requires it)
+    # gpt-oss has an output matrix of its own (llama.cpp requires it); gemma4's files tie it, but tied to the random
+    # embeddings the logits' top-1 is the input token whatever the layers do (conftest's synth_llama_k)
+    if arch in ("qwen2", "gpt-oss", "gemma4"):
         mat("output.weight", n_vocab, d, 0.5, T.Q8_0)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -153,16 +153,10 @@ def _greedy(engine, ids, n):
 def test_a_deltanet_shape_the_gpu_kernels_do_not_take_runs_on_the_cpu(tmp_path, smollm2, monkeypatch):
     """DeltaNet heads of 32 and a conv of 3 taps (the GPU kernels take 64 / 128 and 4): --device cuda is refused in
     one line, auto runs on the CPU and says why, and the CPU engine's logits still match llama.cpp's."""
-    from inference import engine as engine_module
-    from inference.engine import DeviceError, load
+    from tests.inference.cpu_fallback import load_refused_by_the_gpu
     path = tmp_path / "qwen35-s32.gguf"
     write_synthetic(path, "qwen35", vocab_from=smollm2, types=F32_LAYERS, deltanet=DELTANET | dict(state=32, conv=3))
-    monkeypatch.setattr(engine_module, "cuda_available", lambda: True)
-    with pytest.raises(DeviceError, match=r"^the GPU kernels do not take DeltaNet heads of 32 \(only 64, 128\) yet: use "
-                                          r"--device cpu$"):
-        load(path, device="cuda", ctx=256)
-    e = load(path, device="auto", ctx=256)
-    assert e.device == "cpu" and "do not take DeltaNet heads of 32" in e.placement.summary()
+    e = load_refused_by_the_gpu(path, monkeypatch, "DeltaNet heads of 32 (only 64, 128)", ctx=256)
     theirs = oracle_logits(path)
     m = parity([e.logits(ids) for ids, _ in theirs], [t for _, t in theirs])
     assert m["corr_mean"] >= 0.999 and m["corr_min"] >= 0.99, m

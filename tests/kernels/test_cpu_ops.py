@@ -150,3 +150,27 @@ def test_rope_kv_store_refuses_what_does_not_fit():
         cpu_ops.rope_kv_store(q, k, v, cos, sin, "normal", *caches, 16)
     with pytest.raises(ValueError, match="do not fit"):
         cpu_ops.rope_kv_store(q, np.zeros((1, 3, 8), np.float32), v, cos, sin, "normal", *caches, 0)
+
+
+@pytest.mark.parametrize("pos0,n", [(30, 1), (30, 3), (27, 9)])  # the loop kernel and BLAS, past the ring's end
+def test_attention_over_a_ring_is_attention_over_the_whole_cache(pos0, n):
+    """A sliding window's ring (rope_kv_store's: position p in row p % rows) gives what the cache of every position
+    gives, where its rows hold the window before the first query and the new positions."""
+    rng = np.random.default_rng(pos0 + n)
+    n_heads, n_kv, hd, window, rows = 4, 2, 8, 6, 16
+    q = rng.standard_normal((n, n_heads, hd)).astype(np.float32)
+    k = rng.standard_normal((n_kv, pos0 + n, hd)).astype(np.float32)
+    v = rng.standard_normal((n_kv, pos0 + n, hd)).astype(np.float32)
+    ring_k, ring_v = np.full((n_kv, rows, hd), np.nan, np.float32), np.full((n_kv, rows, hd), np.nan, np.float32)
+    kept = np.arange(pos0 + n - rows, pos0 + n)
+    ring_k[:, kept % rows], ring_v[:, kept % rows] = k[:, kept], v[:, kept]
+    want = cpu_ops.attention(q, k, v, pos0, window, 0.3)
+    np.testing.assert_allclose(cpu_ops.attention(q, ring_k, ring_v, pos0, window, 0.3, ring=True), want, rtol=1e-5)
+    # rope_kv_store writes a ring's rows: position p in row p % rows
+    cos, sin = cpu_ops.rope_cos_sin(np.arange(pos0, pos0 + n), cpu_ops.rope_inv_freq(hd, 10000.0))
+    new_k, new_v = (rng.standard_normal((n, n_kv, hd)).astype(np.float32) for _ in range(2))
+    cpu_ops.rope_kv_store(q, new_k, new_v, cos, sin, "neox", ring_k, ring_v, pos0, ring=True)
+    rows_written = np.arange(pos0, pos0 + n) % rows
+    np.testing.assert_array_equal(ring_v[:, rows_written], new_v.transpose(1, 0, 2))
+    want_k = cpu_ops.rope_rotate(new_k, cos, sin, "neox").transpose(1, 0, 2)
+    np.testing.assert_array_equal(ring_k[:, rows_written], want_k)

@@ -172,3 +172,29 @@ def test_which_templates_speak_harmony_and_take_a_reasoning_effort():
     assert not qwen35.speaks_harmony and "reasoning_effort" not in qwen35.variables
     assert "enable_thinking" in qwen35.variables
     assert not any(ChatTemplate(t).speaks_harmony for t in BUILTIN_TEMPLATES.values())
+
+
+GEMMA4 = [  # a system prompt, two turns, the first reply with its reasoning (which the template leaves out)
+    {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4", "reasoning_content": "Add them."}, {"role": "user", "content": "And 3+3?"}]
+
+
+@pytest.mark.parametrize("messages", [GEMMA4, GEMMA4[1:], CONVERSATIONS[2]])
+@pytest.mark.parametrize("thinking", [None, True])
+def test_gemma4_template_renders_as_llama_cpp_python(messages, thinking):
+    """Gemma 4's template (llama.cpp's models/templates/google-gemma-4-31B-it.jinja, copied here): the system prompt
+    in a system turn (with <|think|> at its top when thinking is asked for, a system turn of its own then), turns
+    as <|turn>role ... <turn|>, earlier replies without their reasoning, and the reply opened with an empty thought
+    channel unless thinking is on."""
+    from pathlib import Path
+    source = (Path(__file__).parent / "templates" / "google-gemma-4-31B-it.jinja").read_text()
+    template = ChatTemplate(source, "<bos>", "<turn|>")
+    extra = {} if thinking is None else {"enable_thinking": thinking}
+    ours = template.render(messages, **extra)
+    reference = Jinja2ChatFormatter(source, eos_token="<turn|>", bos_token="<bos>", add_generation_prompt=True)
+    assert ours == reference(messages=messages, **extra).prompt
+    assert ours.startswith("<bos><|turn>system\n<|think|>\n" if thinking else "<bos><|turn>")
+    assert ours.endswith("<|turn>model\n" if thinking else "<|turn>model\n<|channel>thought\n<channel|>")
+    assert "Add them" not in ours and "enable_thinking" in template.variables
+    if messages is GEMMA4 and not thinking:
+        assert ours.startswith("<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nWhat is 2+2?<turn|>\n")
