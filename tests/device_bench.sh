@@ -90,7 +90,7 @@ moe_host)  # issue 17: experts in host memory (--cpu-moe, --n-cpu-moe 24) next t
 iq_synth)  # in parallel, each file's log beside it; the IQ3_XXS mixture as an imatrix file has it (its downs IQ3_XXS)
   for m in "llama3-8b iq4_xs" "llama3-8b iq2_xxs" "qwen3moe-30b-a3b iq3_xxs --imatrix-mix" "gpt-oss-20b q4_k_m"; do
     set -- $m; f=$files/$1-$2.gguf
-    [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset "$@" >"$f.log" 2>&1 &
+    [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset "$1" --ftype "$2" "${@:3}" >"$f.log" 2>&1 &
   done
   wait; ls -la $files ;;
 iq)  # issue 34: pp512 and tg128 all on the GPU, ours then llama.cpp's
