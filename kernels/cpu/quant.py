@@ -13,15 +13,16 @@ dequantizes a whole matrix:
   (MXFP4_INT8_X). The 4-bit codebook types (MXFP4, IQ4_NL, IQ4_XS) look their values up by a byte shuffle.
   Other types dot float32 x: Q5_K fused, the rest (Q2_K, Q3_K, the other IQ types, F16, BF16) decoded to a
   float32 row first.
-- many tokens (prompt): the INT8_IDS types go through an int8 GEMM (gemm: x quantized per 32 values for
-  every type, so the result is x8 @ dequantize(W).T too); for the others tiles of rows are dequantized to float32
-  and multiplied with numpy BLAS; these and the float32 matvecs match x @ dequantize(W).T to float32 rounding.
+- many tokens (prompt): the INT8_IDS types go through an int8 GEMM (gemm: x quantized per 32 values, IQ4_XS's
+  per 256 as llama.cpp's q8_K, so the result is x8 @ dequantize(W).T too); for the others tiles of rows are
+  dequantized to float32 and multiplied with numpy BLAS; these and the float32 matvecs match x @ dequantize(W).T
+  to float32 rounding.
 
 Kernels compile once per argument layout and are cached on disk (numba cache=True); w is meant to be a
 read-only view of the file's mmap: a writable w is a second signature, compiled (and cached) apart.
 
 This module is the entry (checks, dispatch, the prompt path); the kernels live by what they do:
-types (type ids, shared values), dequant (bit-exact decoders), dot_float (Q5_K's float32-x dot),
+types (type ids, shared values), dequant (bit-exact decoders), dot_float (float32-x dots: Q5_K's, IQ4's),
 ir + dot_int8 (int8-x dots as LLVM IR intrinsics), repack + dot_x8 (the layout of 8 rows and its
 dots), matvec (the parallel drivers), gemm_int8 + gemm (the prompt's int8 GEMM); cache says how an
 edit to one reaches the cached kernels of the others.
