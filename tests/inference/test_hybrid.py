@@ -356,19 +356,22 @@ def test_gpu_share_of_host_experts_in_the_captured_step(synth_qwen3moe_k, monkey
     assert_graph_replay_equals_eager(host, eager)
 
 
-def test_qwen35moe_experts_on_the_host(synth_qwen35moe):
-    """Qwen3.5's mixture with every routed expert on the host (the shared expert, the DeltaNet layers and their
-    states stay on the GPU): prompt logits and decode steps against the all-GPU engine's (its logits against the
-    CPU's float32 reference amplify 8-bit rounding: see conftest's synth_qwen35moe), and the captured step with its
-    host work bit-equal to the eager one."""
+@pytest.mark.parametrize("model", ["synth_qwen35moe", "synth_gpt_oss"])
+def test_mixture_experts_on_the_host(model, request):
+    """Every routed expert on the host, against the all-GPU engine: Qwen3.5's mixture (the shared expert, the
+    DeltaNet layers and their states stay on the GPU) and gpt-oss (MXFP4 experts with biases and swiglu_oai, the
+    GPU's share read in place from the file: moe_*_mxfp4_file). Prompt logits (200 tokens for gpt-oss: past its
+    128-token window) and decode steps (against the CPU's float32 reference the logits amplify 8-bit rounding: see
+    conftest's synth_qwen35moe), and the captured step with its host work bit-equal to the eager one."""
     from inference import load
-    gpu = load(synth_qwen35moe, device="cuda", ctx=CTX)
-    host = load(synth_qwen35moe, device="cuda", ctx=CTX, cpu_moe="all")
-    eager = load(synth_qwen35moe, device="cuda", ctx=CTX, cpu_moe="all", cuda_graph=False)
+    path = request.getfixturevalue(model)
+    gpu = load(path, device="cuda", ctx=CTX)
+    host = load(path, device="cuda", ctx=CTX, cpu_moe="all")
+    eager = load(path, device="cuda", ctx=CTX, cpu_moe="all", cuda_graph=False)
     assert host.placement.cpu_expert_layers == host.config.n_layers
-    ids = random_prompt(gpu, 40, seed=4)
-    assert_close_logits(host.logits(ids), gpu.logits(ids), "qwen35moe, experts on the host (a prompt uploads them)")
-    assert_decode_close(host, gpu, ids, 20, 8, "qwen35moe host experts decode vs all-GPU")
+    ids = random_prompt(gpu, 200 if model == "synth_gpt_oss" else 40, seed=4)
+    assert_close_logits(host.logits(ids), gpu.logits(ids), f"{model}, experts on the host (a prompt uploads them)")
+    assert_decode_close(host, gpu, ids, 20, 8, f"{model} host experts decode vs all-GPU")
     assert_graph_replay_equals_eager(host, eager)
 
 
