@@ -109,8 +109,8 @@ class _Wrapped:
         self.special_token_ids = [int(i) for i in np.flatnonzero(control)]
         self._tokenizer = tokenizer
 
-    def __call__(self, text: bytes) -> list[int]:
-        return self._tokenizer.encode(text.decode("utf-8", errors="replace"), add_special=False)
+    def __call__(self, text: bytes) -> list[int]:  # the bytes a grammar forces, inside the reply
+        return self._tokenizer.encode_continuation(text.decode("utf-8", errors="replace"))
 
 
 @lru_cache(maxsize=2)

@@ -215,6 +215,7 @@ class Tokenizer:
         longest = max((len(t) for t in self.tokens if t and not t.strip("\n")), default=0) if kind == "gemma4" else 0
         self._long_newlines = re.compile(f"(\n{{{longest + 1},}})") if longest else None
         self._merges_only = None  # the tokenizer without the newline runs split out first, made when one comes
+        self._no_space_prefix = None  # the tokenizer of encode_continuation where add_space_prefix, made when asked
         self._pieces: dict[tuple[int, bool], bytes] = {}
 
     @property
@@ -268,7 +269,7 @@ class Tokenizer:
                     not all(c in "0123456789abcdefABCDEF" for c in text[3:5]):
                 raise TokenizerError(f"byte token {i} is '{text}', expected <0xXX>")
 
-    def _build(self, metadata, newline_tokens: bool = True) -> RustTokenizer:
+    def _build(self, metadata, newline_tokens: bool = True, space_prefix: bool = True) -> RustTokenizer:
         merges = metadata.get("tokenizer.ggml.merges")
         if self.kind in ("gpt2", "gemma4") and (not isinstance(merges, list)
                                                 or not all(isinstance(m, str) for m in merges)):
@@ -289,7 +290,7 @@ class Tokenizer:
         else:
             rust = RustTokenizer(models.BPE(self.vocab, spm_merges(self.tokens, self.scores), byte_fallback=True))
             steps = [normalizers.Replace(" ", SPM_SPACE)]
-            if self.add_space_prefix:  # llama.cpp adds the space to every piece of text after a special token
+            if self.add_space_prefix and space_prefix:  # llama.cpp adds it to every text after a special token
                 steps.insert(0, normalizers.Prepend(SPM_SPACE))
             rust.normalizer = normalizers.Sequence(steps)
         special = self.control | (self.types == USER_DEFINED)
@@ -313,6 +314,18 @@ class Tokenizer:
         if add_special and self.add_eos:
             ids.append(self.eos_id)
         return ids
+
+    def encode_continuation(self, text: str) -> list[int]:
+        """Ids of text as the continuation of a text before it: no BOS, control-token texts as text, and no space
+        prefix (an SPM vocabulary's "▁" before a text of its own). A grammar engine tokenizes the bytes its grammar
+        forces with this: with the prefix, '{' became the bytes of " {" and the first of them was allowed."""
+        if not self.add_space_prefix:
+            return self.encode(text, add_special=False)
+        with self._encode_lock:
+            if self._no_space_prefix is None:
+                self._no_space_prefix = self._build(self._metadata, space_prefix=False)
+            self._no_space_prefix.encode_special_tokens = True
+            return self._no_space_prefix.encode(text, add_special_tokens=False).ids
 
     def _encode_long_newlines(self, text: str) -> list[int]:
         """gemma4's ids of a text with runs of newlines longer than any newline token: the runs merged as llama.cpp

@@ -36,6 +36,20 @@ def test_the_mask_allows_the_schemas_json_and_then_only_the_end(tok):
     assert set(np.flatnonzero(end)) == set(tok.eog_ids)
 
 
+def test_a_sentencepiece_vocabulary_with_a_space_prefix_gets_the_forced_bytes_themselves():
+    """An SPM vocabulary that prefixes a text with its space (llama 2 style, and tests' synthetic files): the bytes a
+    grammar forces are tokenized without that prefix, so the first mask of a JSON reply allows '{' itself (a byte
+    token here) and each token the masks allow is accepted. With the prefix, '{' was tokenized as the bytes of
+    " {" and the mask allowed the first byte of the space's encoding (0xE2), which the grammar then refused."""
+    from tests.inference.synthetic import spm_vocab
+    spm = Tokenizer(spm_vocab())
+    assert spm.add_space_prefix and spm.encode("{", add_special=False)[0] != spm.vocab["<0x7B>"]
+    guide = Guide(vocabulary(spm), Constraint(json_schema_grammar(SCHEMA)))
+    assert set(np.flatnonzero(guide.mask())) == {spm.vocab["<0x7B>"]}
+    for _ in range(6):  # the forced '{"n":' a byte at a time, then a digit
+        guide.accept(int(np.flatnonzero(guide.mask())[0]))
+
+
 def test_a_token_outside_the_grammar_is_refused(tok):
     guide = Guide(vocabulary(tok), Constraint(json_schema_grammar(SCHEMA)))
     with pytest.raises(RuntimeError, match="outside the grammar"):
