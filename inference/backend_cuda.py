@@ -16,6 +16,7 @@ from inference.backend_cpu import rope_speeds
 from inference.host_experts import HostExperts
 from inference.placement import GROUPED_MIN_TOKENS, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, prefill_tile_elems
 from inference.sampling import REPEAT_LAST_N, SamplingParams
+from inference.step_pieces import StepPieces
 from inference.weights import DeltaNetWeights, ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
 from kernels.cpu import ops as cpu_ops
 from kernels.cuda import deltanet as cuda_deltanet, host as cuda_host, moe as cuda_moe, ops as cuda_ops, prefill as cuda_prefill
@@ -129,7 +130,13 @@ class CUDABackend:
         # the file's pages a prompt chunk uploads, pinned where they lie so that it copies them up directly
         uploaded = list(_uploaded_from_host(weights, range(self.layers.start), host_experts))
         self._pinned = cuda_host.pin_in_place(uploaded) if uploaded else None
-        self.host_experts = HostExperts(self.stream, cfg, weights, host_experts, self._pinned)
+        self.pieces = StepPieces(self.stream)  # a captured decode step's graphs and the host work between them
+        self.host_experts = HostExperts(self.stream, cfg, weights, host_experts, self._pinned, self.pieces)
+        # constrained decoding: the tokens the grammar allows next, one bit each (token i: bit i % 32 of word i // 32),
+        # written by the host (pinned) and copied up by the step that samples (mask_logits)
+        self.allowed_host = cupyx.zeros_pinned((cfg.n_vocab + 31) // 32, dtype=np.uint32)
+        with self.stream:
+            self.allowed = cp.zeros(self.allowed_host.shape, dtype=cp.uint32)
         self._inv_freq = {}  # (base, scale) -> float64 [rope_dim // 2]
         self._prefill_scratch = None  # cuda_prefill.Scratch, grown to the largest chunk seen
         self.ids = self.token  # [n] int32 the tokens of this forward
@@ -616,6 +623,12 @@ class CUDABackend:
         else:
             cuda_ops.sample(logits, self._sample_scratch, self.fparams, self.iparams, self.token, self.history,
                             self.pos, stream=self.stream)
+
+    def mask_logits(self, logits: cp.ndarray) -> None:
+        """logits [n_vocab] of the tokens allowed_host leaves out to -inf, before sample (its copy up is a node of
+        the captured step: the host writes allowed_host before the step's piece that holds it is launched)."""
+        cuda_host.copy_up(self.allowed, self.allowed_host, self.stream)
+        cuda_ops.mask_logits(logits, self.allowed, stream=self.stream)
 
     def read_token(self) -> int:
         return int(self.token.get(stream=self.stream)[0])

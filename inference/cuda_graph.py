@@ -14,6 +14,11 @@ With experts on the host (GPU layers whose experts stay in host memory), the GPU
 graphs, and between them the host's work (the CPU runs a layer's chosen experts), which host_point of the
 backend's host_experts marks (host_experts.py); a replay launches each graph and calls each piece of host work,
 which waits for its layer's choice to reach the host (the GPU's share of those experts runs on meanwhile).
+
+A constrained reply (a grammar: inference/grammar.py) has its own captured step, split the same way (step_pieces):
+the model's graph, then the host's work (the grammar takes the token just read and writes the next token's mask
+into pinned memory) while the GPU runs that graph, then a graph that copies the mask up, applies it to the logits
+and samples. The mask costs the step the launch of a second graph, not its own time.
 """
 from collections.abc import Iterator
 
@@ -22,6 +27,7 @@ import numpy as np
 from inference.backend_cpu import CPUBackend
 from inference.backend_cuda import CUDABackend
 from inference.forward import embed, head, layers
+from inference.grammar import Guide
 from inference.sampling import SamplingParams
 from inference.weights import ModelWeights
 from kernels.cuda.module import programmatic_launches
@@ -36,20 +42,30 @@ class DecodeStep:
         self.cfg = cfg
         self.weights = weights
         self.use_graph = use_graph
-        self.graphs = {}  # greedy (bool) -> the captured step: cupy.cuda.Graph pieces and host work between them
+        # (greedy, masked) -> the captured step: cupy.cuda.Graph pieces and host work between them
+        self.graphs = {}
         self.logits = None  # [1, n_vocab] in the arena: the latest step's logits (the same buffer every step)
+        self.guide = None  # the constrained reply's grammar state (tokens() sets it)
 
-    def _gpu_part(self, greedy: bool):
+    def _gpu_part(self, greedy: bool, masked: bool):
         be = self.be
         be.begin_step()
         x = be.staged() if self.cpu else embed(be, self.cfg, self.weights)
         logits = head(be, self.cfg, self.weights, layers(be, self.cfg, self.weights, x, be.layers))
+        if masked:
+            be.pieces.host_point(self._write_mask)
+            be.mask_logits(logits[0])
         be.sample(logits[0], greedy)
         return logits
 
-    def __call__(self, greedy: bool, token: int, pos: int) -> None:
+    def _write_mask(self) -> None:
+        """The next token's mask into the backend's pinned words, where the step's next graph copies it from."""
+        self.guide.mask_bits(self.be.allowed_host)
+
+    def __call__(self, greedy: bool, token: int, pos: int, masked: bool = False) -> None:
         """Run one step on token at pos (the host does not wait for the GPU). The GPU part reads both from its
-        own buffers, where the last step's sampler left them; the CPU part takes them from the host."""
+        own buffers, where the last step's sampler left them; the CPU part takes them from the host. masked: the
+        step samples among the tokens self.guide allows (it has taken the token in)."""
         if self.be.conv_state:  # the recurrent states take this token in (in place, in the graph too)
             if self.be.state_pos != pos:
                 raise RuntimeError(f"the recurrent state is at token {self.be.state_pos}, not at {pos}")
@@ -58,7 +74,7 @@ class DecodeStep:
             self.cpu.set_input(np.array([token], np.int32), pos)
             x = layers(self.cpu, self.cfg, self.weights, embed(self.cpu, self.cfg, self.weights), self.cpu.layers)
             self.be.stage(x)
-        pieces = self.graphs.get(greedy)
+        pieces = self.graphs.get((greedy, masked))
         if pieces is not None:
             for piece in pieces:
                 if callable(piece):  # host work: it waits for what it needs of the graphs before it
@@ -66,25 +82,25 @@ class DecodeStep:
                 else:
                     piece.launch(self.be.stream)
             return
-        self.logits = self._gpu_part(greedy)
+        self.logits = self._gpu_part(greedy, masked)
         if self.use_graph:
             stream = self.be.stream
-            self.be.host_experts.begin_pieces()
+            self.be.pieces.begin()
             stream.begin_capture()
             try:
                 with programmatic_launches():  # each kernel's launch overlaps the one ahead (cuda_module)
-                    logits = self._gpu_part(greedy)
+                    logits = self._gpu_part(greedy, masked)
             finally:
-                pieces = self.be.host_experts.end_pieces(stream.end_capture())
+                pieces = self.be.pieces.end(stream.end_capture())
             assert logits.data.ptr == self.logits.data.ptr, "the captured step must reuse the warm-up's buffers"
-            self.graphs[greedy] = pieces
+            self.graphs[(greedy, masked)] = pieces
 
     def wait(self) -> None:
         """Until the device has done everything asked of it."""
         self.be.stream.synchronize()
 
     def tokens(self, logits, params: SamplingParams, seed: int | None, history: list[int],
-               max_tokens: int | None = None) -> Iterator[int]:
+               max_tokens: int | None = None, guide: Guide | None = None) -> Iterator[int]:
         """The tokens after history (at most max_tokens), sampled on the device from logits [1, n_vocab] (the
         last forward's, of history's last token). The step on each token but the last is launched before the
         token is handed out, so the GPU runs it while the caller handles the token (detokenizing, stop strings)
@@ -92,15 +108,21 @@ class DecodeStep:
         every layer and expert on the GPU, the step is queued even before its token is read back).
         A caller that stops early (end of generation, a stop string)
         leaves one step done for nothing: its cache row lies past the engine's cached tokens, so a later
-        prompt overwrites it before anything reads it."""
+        prompt overwrites it before anything reads it.
+        guide: each token is among those its grammar allows, and taken in by it before the next is sampled."""
         greedy = params.temperature <= 0 and params.repeat_penalty == 1.0  # argmax; else the sampler kernel
+        masked, self.guide = guide is not None, guide
         self.be.start_sampling(params, seed, history)
+        if masked:
+            self._write_mask()
+            self.be.mask_logits(logits[0])
         self.be.sample(logits[0], greedy)
         pos = len(history)  # of the token read next
         end = self.be.n_ctx if max_tokens is None else min(self.be.n_ctx, pos + max_tokens - 1)
         # a step that needs no host work reads its token on the device: it is queued before that token is read,
         # so the GPU goes on from one step to the next without waiting for the host to read, return and launch
-        ahead = self.cpu is None and not self.be.host_experts.layers
+        # (a constrained step needs the token on the host first: its grammar takes it in before the next mask)
+        ahead = self.cpu is None and not self.be.host_experts.layers and not masked
         while True:
             if ahead:
                 self.be.mark_sampled()
@@ -109,7 +131,9 @@ class DecodeStep:
                 token = self.be.read_sampled(pos)
             else:
                 token = self.be.read_token()
+                if masked:
+                    guide.accept(token)
                 if pos < end:
-                    self(greedy, token, pos)
+                    self(greedy, token, pos, masked)
             pos += 1
             yield token

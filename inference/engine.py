@@ -276,9 +276,9 @@ class Engine:
 
     def _host_tokens(self, logits, params: SamplingParams, seed: int | None, history: list[int],
                      guide: Guide | None = None) -> Iterator[int]:
-        """The tokens after history, sampled on the host from logits [1, n_vocab] (of history's last token; on
-        the GPU copied to the host each step), among those guide's grammar allows. Each next() after the first
-        runs the model on the token before it (the caller caches it first)."""
+        """The CPU engine's tokens after history, sampled from logits [1, n_vocab] (of history's last token), among
+        those guide's grammar allows. Each next() after the first runs the model on the token before it (the
+        caller caches it first)."""
         sampler = Sampler(params, seed)
         history = list(history)
         while True:
@@ -288,7 +288,7 @@ class Engine:
                 guide.accept(token)
             yield token
             history.append(token)
-            for be, _ in self._segments:  # one CPU backend; on the GPU its segments, as a short prompt runs
+            for be, _ in self._segments:
                 be.set_input(np.array([token], np.int32), len(self._cached) - 1)
             logits = forward(self._segments, self.config, self._weights)
 
@@ -342,9 +342,8 @@ class Engine:
         chat format's tool calls.
         constraint: the reply follows its grammar (inference/grammar.py), token by token; it then ends with
         finish_reason "stop" once the grammar is complete, or "length" at max_tokens before that (an unfinished
-        text, as OpenAI's API returns it). On the GPU such a reply takes the slower host path: each step runs
-        eagerly (not the decode graph) and its logits are copied to the host, masked and sampled there; an
-        unconstrained reply keeps the graph."""
+        text, as OpenAI's API returns it). On the GPU such a reply has its own captured step, which applies the
+        grammar's mask on the device (cuda_graph.DecodeStep)."""
         guide = Guide(vocabulary(self.tokenizer), constraint) if constraint else None
         if drop_old_turns and isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
             ids = self._fit_messages(prompt, chat_template, min(max_tokens, self.n_ctx // 2), template_vars)
@@ -363,8 +362,8 @@ class Engine:
         if self._decode:
             self._decode.wait()  # the GPU works asynchronously: count the prompt's time in its stats
         t1 = time.perf_counter()
-        if self._decode and not guide:
-            tokens = self._decode.tokens(logits, params, seed, ids, max_tokens)
+        if self._decode:
+            tokens = self._decode.tokens(logits, params, seed, ids, max_tokens, guide)
         else:
             tokens = self._host_tokens(logits, params, seed, ids, guide)
         detok = self.tokenizer.stream(special, at_start=False)  # a reply continues its prompt: " Paris" keeps its space
@@ -394,7 +393,7 @@ class Engine:
             tail, _ = text.feed(detok.flush(), final=True)
             if tail:
                 yield tail
-        if self._decode and not guide and getattr(self._be, "state_pos", 0) == len(self._cached) + 1:
+        if self._decode and getattr(self._be, "state_pos", 0) == len(self._cached) + 1:
             # the GPU ran the step on the last token before handing it out (DecodeStep.tokens): a recurrent state
             # cannot leave it out again, so it belongs to the context (a chat's next prompt often starts with it)
             self._cached.append(token)

@@ -140,11 +140,19 @@ class Guide:
         """Which tokens may come next: bool [n_vocab], or None: any."""
         if self.state == "thinking":
             return None
-        self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.vocab.n_vocab].view(bool)
+        self.mask_bits(self._bits)
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.vocab.n_vocab].view(bool)
+
+    def mask_bits(self, bits: np.ndarray) -> None:
+        """The same as 32-bit words (token i: bit i % 32 of word i // 32) written into bits[:ceil(n_vocab / 32)]
+        (the GPU's sampler reads them): every token's bit set while the reply thinks."""
+        words = bits[:len(self._bits)].view(np.uint32)
+        if self.state == "thinking":
+            words.fill(0xFFFFFFFF)
+            return
+        self.matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
         if self.state == "may think":
-            allowed[self.think_id] = True
-        return allowed
+            words[self.think_id // 32] |= np.uint32(1 << (self.think_id % 32))
 
     def accept(self, token: int) -> None:
         """The token sampled; one the grammar did not allow (a mask left out) is the engine's fault: RuntimeError."""

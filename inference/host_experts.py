@@ -6,8 +6,8 @@ down into pinned buffers, then a word that tells the host they are there; the co
 count measured at load), queued on the stream after those copies, reading their stacks in place from the file's
 pinned pages over PCIe: two readers of host memory instead of one. The cores' sum comes back up and is added to
 the GPU's. Host work cannot be captured, so a captured step is pieces: graphs with the host's work between them
-(host_point; cuda_graph.DecodeStep replays them). A prompt chunk the backend does not upload the experts for reads
-h, ids and weights back and waits for the cores.
+(host_point, step_pieces.py; cuda_graph.DecodeStep replays them). A prompt chunk the backend does not upload the
+experts for reads h, ids and weights back and waits for the cores.
 """
 import time
 from dataclasses import dataclass
@@ -17,6 +17,7 @@ import cupyx
 import numpy as np
 
 from inference.backend_cpu import moe_experts
+from inference.step_pieces import StepPieces
 from inference.weights import ExpertFFN, ModelWeights
 from kernels.cuda import moe as cuda_moe, ops as cuda_ops
 from kernels.cuda.host import PinnedPages, copy_down, copy_up
@@ -36,14 +37,15 @@ CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM = 91  # cudaDevAttrCanUseHostPointerForR
 
 class HostExperts:
     """For a CUDABackend, the experts of its layers that stay in host memory (maybe none): add_moe runs a layer's
-    chosen ones, host_point puts host work into a step, begin_pieces and end_pieces frame a captured step.
+    chosen ones, host_point puts host work into a step.
 
     stream: the backend's, where its steps run and are captured; pinned: its pinned file pages (None: none),
     which hold the layers' stacks where they could be pinned."""
 
     def __init__(self, stream: cp.cuda.Stream, cfg: ModelConfig, weights: ModelWeights, layers: range,
-                 pinned: PinnedPages | None):
+                 pinned: PinnedPages | None, pieces: StepPieces):
         self.stream = stream
+        self.pieces = pieces  # the backend's: a captured step's graphs and host work
         self.layers, self.k = layers, cfg.n_expert_used
         self.io = _HostExpertsIO.empty(cfg) if layers else None  # a step's experts on the host
         self._one = cp.ones(1, cp.int32)  # copied into io.handed after a layer's choice
@@ -60,7 +62,6 @@ class HostExperts:
         if self.in_place:
             self.gpu_slots = (self._fastest_gpu_slots(cfg, weights) if HOST_EXPERTS_GPU_SLOTS is None
                               else min(HOST_EXPERTS_GPU_SLOTS, self.k - 1))
-        self._pieces = None  # while a decode step is captured: its graphs so far and the host work between them
 
     def describe(self) -> str | None:
         """Who runs a token's host experts (run --verbose), or None without any."""
@@ -155,15 +156,9 @@ class HostExperts:
     def host_point(self, work) -> None:
         """Host work in the middle of a decode step, once the stream has handed the host a layer's choice (the
         copy into io.handed; the host waits for that copy, not for the stream, so that kernels queued after it run
-        on while the host works): done now, or while a decode step is captured, the graph so far ended, work kept
-        as the next piece (it waits for the hand-over itself) and the capture goes on (see begin_pieces)."""
-        if self._pieces is None:
-            self._wait_handed()
-            work()
-            return
-        self._pieces.append(self.stream.end_capture())
-        self._pieces.append(lambda: (self._wait_handed(), work()))
-        self.stream.begin_capture()
+        on while the host works): done now, or, while a decode step is captured, kept as a piece of it that waits
+        for the hand-over itself (step_pieces)."""
+        self.pieces.host_point(lambda: (self._wait_handed(), work()))
 
     def _wait_handed(self) -> None:
         """Until the stream's copy into io.handed has landed (spinning: a layer's wait is tens of microseconds),
@@ -174,16 +169,6 @@ class HostExperts:
             if time.monotonic() - t > HAND_OVER_SECONDS and self.stream.done:
                 raise RuntimeError("host experts: the GPU's step ended without handing a layer's choice over")
         handed[0, 0] = 0
-
-    def begin_pieces(self) -> None:
-        """A decode step is about to be captured: host_point splits it into pieces."""
-        self._pieces = []
-
-    def end_pieces(self, last) -> list:
-        """The captured step's pieces in order: graphs (launch them) and host work (call it: it waits for its
-        layer's hand-over); last: the graph captured after the last host point."""
-        pieces, self._pieces = self._pieces + [last], None
-        return pieces
 
 
 def _read_in_place(experts: ExpertFFN, pinned: PinnedPages):

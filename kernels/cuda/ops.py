@@ -432,6 +432,16 @@ def argmax(logits: cp.ndarray, scratch: cp.ndarray, token: cp.ndarray, history: 
                                              np.int32(history.size), pos))
 
 
+def mask_logits(logits: cp.ndarray, allowed: cp.ndarray, stream=None) -> None:
+    """logits [n_vocab] of the tokens allowed (uint32 [ceil(n_vocab / 32)], token i bit i % 32 of word i // 32)
+    leaves out set to -inf, in place: a grammar's mask before argmax or sample."""
+    n_vocab = logits.shape[0] if isinstance(logits, cp.ndarray) and logits.ndim == 1 else -1
+    _check("logits", logits, cp.float32, (n_vocab,))
+    _check("allowed", allowed, cp.uint32, ((n_vocab + 31) // 32,))
+    with _stream(stream):
+        kernel("sample.cu", "mask_logits")((-(-n_vocab // 256),), (256,), (logits, np.int32(n_vocab), allowed))
+
+
 def sample_scratch(n_vocab: int) -> cp.ndarray:
     """Zeroed scratch of sample(): uint64 [ceil(n_vocab / 4096) + 1, 64], the blocks' candidates and, in the
     last row, the count of finished blocks (the sampler sets it back to 0 each call)."""

@@ -76,6 +76,14 @@ extern "C" __global__ void argmax_final(const u64* __restrict__ part, int n_part
     if (threadIdx.x == 0) emit(best ? key_id(best) : 0, token, history, n_hist, pos);
 }
 
+// Constrained decoding: x [n] of the tokens allowed leaves out to -inf (token i: bit i % 32 of word i / 32, set
+// where the grammar allows it), before either sampler. Launch: grid ceil(n / 256), block 256.
+extern "C" __global__ void mask_logits(float* __restrict__ x, int n, const uint32_t* __restrict__ allowed) {
+    wait_prior();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && !((allowed[i >> 5] >> (i & 31)) & 1u)) x[i] = NEG_INF;
+}
+
 // ---- sampling ----
 #define CHUNK 4096  // logits a block of sample takes; also the most candidates its last block merges
 #define K_MAX 64    // candidates kept: top_k is capped here (top_k <= 0 means K_MAX)

@@ -7,6 +7,7 @@ tokens); each step's mask is timed, and so is what our sampler adds (bits to boo
     python tests/inference/bench_mask.py                       # llguidance, in the project's venv
     python tests/inference/bench_mask.py --dump /tmp/vocab.pkl  # the vocabulary and tokens, for another engine's venv
     python tests/inference/bench_mask.py --engine xgrammar --load /tmp/vocab.pkl
+    python tests/inference/bench_mask.py --model F.gguf --device cuda  # a reply's tok/s, constrained vs free
 """
 import argparse
 import json
@@ -106,12 +107,43 @@ def bench_xgrammar(pieces, eos, ids, encode):
     return setup, compile_s, step
 
 
+def bench_replies(model: Path, device: str, runs: int, n: int) -> None:
+    """Decode tok/s of n-token replies to one prompt, free and constrained by SCHEMA, alternated runs times (after
+    one of each, which captures their steps): the mask's cost per token as a user's request pays it. Greedy, so a
+    model of random weights repeats itself inside the schema's strings rather than ending early."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from inference import load
+    from inference.grammar import Constraint, json_schema_grammar
+    engine = load(model, device=device, ctx=1024)
+    constraint = Constraint(json_schema_grammar(SCHEMA))
+    ask = "Describe a person as JSON: name, age, languages and address."
+    prompt = [{"role": "user", "content": ask}] if engine.chat_template else ask
+    rates = {"free": [], "constrained": []}
+    for r in range(runs + 1):
+        for kind, c in (("free", None), ("constrained", constraint)):
+            *_, stats = engine.generate(prompt, max_tokens=n, temperature=0, constraint=c)
+            if r:
+                rates[kind].append(stats.generation_tok_s)
+            print(f"{kind}: {stats.generated_tokens} tokens, {stats.generation_tok_s:.1f} tok/s ({stats.finish_reason})"
+                  + ("" if r else " (warm-up)"), flush=True)
+    free, constrained = statistics.median(rates["free"]), statistics.median(rates["constrained"])
+    print(f"{model.name} on {device}: free {free:.1f} tok/s, constrained {constrained:.1f} tok/s (medians of {runs}): "
+          f"{100 * (free / constrained - 1):.1f}% more time a token constrained")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", default="llguidance", choices=["llguidance", "xgrammar"])
     ap.add_argument("--dump", type=Path)
     ap.add_argument("--load", type=Path)
+    ap.add_argument("--model", type=Path, help="time replies of this model instead (bench_replies)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("-n", type=int, default=128, help="tokens a reply")
     args = ap.parse_args()
+    if args.model:
+        bench_replies(args.model, args.device, args.runs, args.n)
+        return
     if args.load:
         (pieces, eos, ids), encode = pickle.loads(args.load.read_bytes()), None
     else:

@@ -36,6 +36,23 @@ def test_the_mask_allows_the_schemas_json_and_then_only_the_end(tok):
     assert set(np.flatnonzero(end)) == set(tok.eog_ids)
 
 
+def test_the_gpus_mask_words_are_the_hosts_mask(tok):
+    """mask_bits, the words the GPU's sampler reads (token i: bit i % 32 of word i // 32), hold the same tokens as
+    mask() at each step, into a buffer longer than the vocabulary's words (a model's n_vocab may be padded), and
+    every token while the reply thinks."""
+    guide = Guide(vocabulary(tok), Constraint(json_schema_grammar(SCHEMA), after="</think>"))
+    n_words = (tok.vocab_size + 31) // 32
+    words = np.zeros(n_words + 2, np.uint32)
+    for text in ("ok </think>", '{"n":42}'):
+        for token in tok.encode(text, add_special=False):
+            guide.mask_bits(words)
+            unpacked = np.unpackbits(words.view(np.uint8), bitorder="little").view(bool)
+            mask = guide.mask()
+            assert np.array_equal(unpacked[:tok.vocab_size], np.ones(tok.vocab_size, bool) if mask is None else mask)
+            assert not words[n_words:].any() and unpacked[token]
+            guide.accept(token)
+
+
 def test_a_sentencepiece_vocabulary_with_a_space_prefix_gets_the_forced_bytes_themselves():
     """An SPM vocabulary that prefixes a text with its space (llama 2 style, and tests' synthetic files): the bytes a
     grammar forces are tokenized without that prefix, so the first mask of a JSON reply allows '{' itself (a byte

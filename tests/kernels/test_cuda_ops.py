@@ -606,6 +606,28 @@ def test_sample_frequencies_match_reference(cuda, rng, params):
     assert chi2 < dof + 6 * math.sqrt(2 * dof) + 10, f"chi2 {chi2:.1f} with {dof} bins"
 
 
+def test_masked_logits_sample_only_allowed_tokens(cuda, rng):
+    """mask_logits leaves the allowed tokens' logits as they are and the others -inf; after it, argmax picks the
+    best allowed token and sample() draws only allowed ones, even where fewer than its 64 candidates are allowed
+    (the rest of its candidates are -inf) and with the repetition penalty on."""
+    cp, ops = cuda
+    n_vocab = 40000  # not a multiple of 32: the last word's high bits name no token
+    logits = rng.standard_normal(n_vocab).astype(np.float32) * 3
+    allowed = np.zeros(n_vocab, bool)
+    allowed[rng.choice(n_vocab, 7, replace=False)] = True
+    words = np.packbits(np.pad(allowed, (0, -n_vocab % 32)), bitorder="little").view(np.uint32)
+    masked = cp.asarray(logits)
+    ops.mask_logits(masked, cp.asarray(words))
+    out = cp.asnumpy(masked)
+    assert np.array_equal(out[allowed], logits[allowed]) and np.all(out[~allowed] == -np.inf)
+    token, hist, pos = sampler_buffers(cp, ops, 70)
+    ops.argmax(masked, ops.argmax_scratch(), token, hist, pos)
+    assert int(token[0]) == np.flatnonzero(allowed)[np.argmax(logits[allowed])]
+    params = dict(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.3, seed=7)
+    tokens = draw(cp, ops, masked, params, 100, 400, rng.choice(np.flatnonzero(allowed), 64).astype(np.int32))
+    assert set(tokens.tolist()) <= set(np.flatnonzero(allowed).tolist()) and len(set(tokens.tolist())) > 1
+
+
 # ---- one decode step captured as a graph ----
 
 def test_decode_chain_captures_and_replays(cuda, rng):
