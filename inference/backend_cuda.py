@@ -12,14 +12,16 @@ import cupy as cp
 import cupyx
 import numpy as np
 
+from inference import backend_cuda_moe
 from inference.backend_cpu import rope_speeds
+from inference.backend_cuda_moe import stacks
 from inference.host_experts import HostExperts
-from inference.placement import GROUPED_MIN_TOKENS, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, prefill_tile_elems
+from inference.placement import OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, prefill_tile_elems
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.weights import DeltaNetWeights, ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
 from kernels.cpu import ops as cpu_ops
 from kernels.cuda import deltanet as cuda_deltanet, host as cuda_host, moe as cuda_moe, ops as cuda_ops, prefill as cuda_prefill
-from kernels.cuda.quant import (FLOAT_TYPES, DeviceWeight, Q8Vector, matvec, matvec_pair, pairs_in_one_launch,
+from kernels.cuda.quant import (DeviceWeight, Q8Vector, matvec, matvec_pair, pairs_in_one_launch,
                                  quantize_q8_1, to_device)
 from models.config import ModelConfig
 
@@ -348,15 +350,6 @@ class CUDABackend:
         self.stream.synchronize()
         return raw
 
-    def _upload_experts(self, experts: ExpertFFN) -> tuple:
-        """A host layer's expert stacks in VRAM for one prompt chunk, as llama.cpp does for weights in host
-        memory: ~0.34 GB a layer of Qwen3-30B-A3B over PCIe beats the CPU multiplying 128 experts' matrices."""
-        def up(stack: QuantExperts) -> cuda_moe.DeviceExperts:
-            raw = self._upload(stack.data).reshape(-1, stack.data.shape[2])
-            with self.stream:
-                return cuda_moe.DeviceExperts(to_device(raw, stack.qtype), stack.data.shape[0])
-        return tuple(up(stack) for stack in _stacks(experts))
-
     def add_matmul(self, x: cp.ndarray, w: QuantMatrix, a: cp.ndarray, norm: np.ndarray | None = None) -> cp.ndarray:
         """x + W a, W a normalized by norm first when given (sandwich norms); one launch in a one-token step."""
         if norm is not None:
@@ -488,95 +481,8 @@ class CUDABackend:
         return out
 
     def add_moe(self, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> cp.ndarray:
-        """x + the mixture of experts on h = rms_norm(x [n, n_embd], norm) (_add_routed), and the shared expert's
-        output gated by sigmoid(gate_inp . h) where the layer has one (qwen35moe)."""
-        out, h = self._add_routed(x, experts, norm, k)
-        sh = experts.shared
-        if sh is None:
-            return out
-        gate, up = self.matmuls((sh.gate, sh.up), h)
-        y = self.matmul(sh.down, self.glu(gate, up))
-        cuda_ops.add_sigmoid_scaled(out, y, self.matmul(sh.gate_inp, h), out, stream=self.stream)
-        return out
-
-    def _add_routed(self, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> tuple:
-        """(x + the routed experts' weighted sum, h) for h = rms_norm(x [n, n_embd], norm) (kernels/cuda/moe.py): the router's
-        logits and the choice of k experts a token, kept on the device, then the experts' FFNs. One token
-        (decode): the norm, router and choice in one launch, the chosen experts' gate, up and glu in one, then
-        their down projections weighted, summed and added to x in one. A prompt chunk: grouped by expert
-        (_experts_grouped)."""
-        n = x.shape[0]
-        router = self._weight(experts.router)
-        router_bias = None if experts.router_bias is None else self._weight(experts.router_bias)
-        ids, weights = self._empty((n, k), cp.int32), self._empty((n, k))
-        if n == 1 and router.qtype.name == "F32" and x.shape[1] % 32 == 0 and \
-                x.shape[1] <= cuda_moe.ROUTER_CHUNKS * 4 * 1024:
-            h = self._empty(x.shape)
-            cuda_moe.norm_router_route(x.reshape(-1), self._weight(norm), self.cfg.rms_eps, router, h.reshape(-1),
-                                       self._q8_out(h), self._empty((router.n_rows,)), ids, weights,
-                                       self._route_done, bias=router_bias, stream=self.stream)
-        else:
-            h = self.rms_norm(x, norm)
-            cuda_moe.route(self._router_logits(router, h, router_bias), ids, weights, stream=self.stream)
-        if id(experts.gate) in self._dev:
-            gate, up, down = (self._dev[id(m)] for m in (experts.gate, experts.up, experts.down))
-        elif n >= OFFLOAD_MIN_TOKENS and not any(m.qtype.name in FLOAT_TYPES for m in (experts.gate, experts.up,
-                                                                                      experts.down)):
-            # this layer's experts stay on the host: up for this chunk (float experts have no GPU kernels)
-            gate, up, down = self._upload_experts(experts)
-        else:
-            return self.host_experts.add_moe(self, x, experts, h, ids, weights), h
-        gate_bias, up_bias, down_bias = self.expert_biases(experts)
-        if n >= GROUPED_MIN_TOKENS and cuda_moe.grouped_supported(gate, up, down):
-            return self._experts_grouped(x, h, gate, up, down, ids, weights, (gate_bias, up_bias), down_bias), h
-        hq = self._q8(h)
-        act = self._empty((n * k, gate.n_rows))
-        act_q = self._empty_q8(act.size)
-        if gate.qtype == up.qtype and gate.n_rows % 32 == 0:
-            cuda_moe.gate_up_glu(gate, up, ids, hq, act, act_q, self.cfg.activation, (gate_bias, up_bias),
-                                 stream=self.stream)
-        else:
-            gate_up = self._empty((2, n * k, gate.n_rows))
-            for i, (w, b) in enumerate(((gate, gate_bias), (up, up_bias))):
-                cuda_moe.gate_up((w,), ids, hq, gate_up[i:i + 1], (b,), stream=self.stream)
-            cuda_ops.glu(gate_up[0], gate_up[1], act, self.cfg.activation, xq=act_q, stream=self.stream)
-        out = self._empty(x.shape)
-        cuda_moe.down(down, ids, weights, act_q, out, x, down_bias, stream=self.stream)
-        return out, h
-
-    def expert_biases(self, experts: ExpertFFN) -> tuple:
-        """(gate, up, down) biases of the experts on the device (gpt-oss), or Nones."""
-        return tuple(None if b is None else self._weight(b)
-                     for b in (experts.gate_bias, experts.up_bias, experts.down_bias))
-
-    def _router_logits(self, router: DeviceWeight, h: cp.ndarray, bias: cp.ndarray | None) -> cp.ndarray:
-        """h [n, n_embd] @ router.T (+ bias): an F32 router in float32 cuBLAS for a prompt chunk (the prompt matmuls'
-        fp16 tiles could flip a near-tie choice against the decode step's), else as any matrix."""
-        if h.shape[0] == 1 or router.qtype.name != "F32":
-            return self._matmul(router, h, bias)
-        logits = self._empty((h.shape[0], router.n_rows))
-        self._set_cublas_stream()
-        with self.stream:
-            cuda_prefill.matmul_f32(router.data.view(cp.float32).reshape(router.n_rows, -1), h, logits)
-        if bias is not None:
-            cuda_ops.add_bias(logits, bias, stream=self.stream)
-        return logits
-
-    def _experts_grouped(self, x, h, gate, up, down, ids: cp.ndarray, weights: cp.ndarray, gate_up_biases: tuple,
-                         down_bias: cp.ndarray | None) -> cp.ndarray:
-        """The experts of a prompt chunk: its (token, slot) pairs sorted by expert on the device, the gate, up
-        and glu of each pair in one grouped launch (fp16 out), its down in another, and the k rows of a token
-        weighted and added to x in a third (biases: gpt-oss's, added in the grouped launches)."""
-        n, k = weights.shape
-        pairs = cuda_moe.sort_pairs(ids, gate.n_expert, stream=self.stream)
-        act16 = self._empty((n * k, gate.n_rows), cp.float16)
-        y = self._empty((n * k, down.n_rows))
-        cuda_moe.gate_up_glu_grouped(gate, up, self._f16(h), k, pairs, act16, self.cfg.activation, gate_up_biases,
-                                     stream=self.stream)
-        cuda_moe.matmul_grouped(down, act16, 1, pairs, y, down_bias, stream=self.stream)
-        out = self._empty(x.shape)
-        cuda_moe.combine(x, y, weights, out, stream=self.stream)
-        return out
+        """x + the mixture of experts on rms_norm(x [n, n_embd], norm) (backend_cuda_moe)."""
+        return backend_cuda_moe.add_moe(self, x, experts, norm, k)
 
     def add(self, x: cp.ndarray, y: cp.ndarray) -> cp.ndarray:
         out = self._empty(x.shape)
@@ -705,10 +611,6 @@ def row_groups(ws: tuple[QuantMatrix, ...], biases: tuple | None, place=to_devic
     return groups
 
 
-def _stacks(experts: ExpertFFN) -> tuple[QuantExperts, QuantExperts, QuantExperts]:
-    return experts.gate, experts.up, experts.down
-
-
 def _uploaded_from_host(w: ModelWeights, cpu_layers: range, host_experts: range):
     """The host bytes a prompt chunk uploads: the CPU layers' matrices and expert stacks (lent layers) and the
     stacks of the host experts of this backend's layers (_upload_experts). Nothing else may be handed to CuPy
@@ -721,9 +623,9 @@ def _uploaded_from_host(w: ModelWeights, cpu_layers: range, host_experts: range)
             if isinstance(t := getattr(lw, name), QuantMatrix):
                 yield t.data
         if lw.experts is not None:
-            yield from (stack.data for stack in _stacks(lw.experts))
+            yield from (stack.data for stack in stacks(lw.experts))
     for i in host_experts:
-        yield from (stack.data for stack in _stacks(w.layers[i].experts))
+        yield from (stack.data for stack in stacks(w.layers[i].experts))
 
 
 def _host_tensors(w: ModelWeights, layers: range, host_experts: range = range(0)):

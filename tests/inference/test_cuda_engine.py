@@ -49,11 +49,11 @@ def test_both_expert_prompt_paths_match_cpu(engines, request, monkeypatch):
     """A prompt chunk's experts run grouped by expert (kernels/cuda/moe_mm.cu, tensor cores) or, below
     GROUPED_MIN_TOKENS, per (token, slot) pair with the decode kernels: both against the CPU engine (gpt-oss: with
     the experts' biases and its GLU)."""
-    import inference.backend_cuda as backend_cuda
+    import inference.backend_cuda_moe as backend_cuda_moe
     cpu, gpu, _ = engines
     ids = teacher_prompt(request, cpu, 70, seed=5)
     grouped = gpu.logits(ids)
-    monkeypatch.setattr(backend_cuda, "GROUPED_MIN_TOKENS", len(ids) + 1)  # every chunk per pair
+    monkeypatch.setattr(backend_cuda_moe, "GROUPED_MIN_TOKENS", len(ids) + 1)  # every chunk per pair
     per_pair = gpu.logits(ids)
     ref = reference_logits(cpu, ids)
     assert_close_logits(grouped, ref, "experts grouped")
