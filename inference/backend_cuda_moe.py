@@ -26,23 +26,49 @@ def add_moe(be, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> 
 
 def add_routed(be, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> tuple:
     """(x + the routed experts' weighted sum, h) for h = rms_norm(x [n, n_embd], norm) (kernels/cuda/moe.py): the
-    router's logits and the choice of k experts a token, kept on the device, then the experts' FFNs. One token
-    (decode): the norm, router and choice in one launch, the chosen experts' gate, up and glu in one, then
-    their down projections weighted, summed and added to x in one. A prompt chunk: grouped by expert
-    (experts_grouped)."""
+    router's logits and the choice of k experts a token, kept on the device (choose), then the experts' FFNs
+    (add_experts)."""
+    h, ids, weights = choose(be, x, experts, norm, k)
+    return add_experts(be, x, experts, h, ids, weights), h
+
+
+def moe(be, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> cp.ndarray:
+    """The routed experts' weighted sum alone [n, n_embd] on rms_norm(x, norm) (gemma4's, beside its dense FFN): as
+    add_routed's, added to zeros."""
+    h, ids, weights = choose(be, x, experts, norm, k)
+    zeros = be._empty(x.shape)
+    cp.cuda.runtime.memsetAsync(zeros.data.ptr, 0, zeros.nbytes, be.stream.ptr)  # a memset node when captured
+    return add_experts(be, zeros, experts, h, ids, weights)
+
+
+def choose(be, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> tuple:
+    """(h = rms_norm(x [n, n_embd], norm), ids int32 [n, k], weights [n, k]): the router's choice of k experts a token.
+    One token: the norm, router and choice in one launch. gemma4: the router reads its own norm of x (router_norm)
+    and each chosen weight is scaled by its expert's output scale."""
     n = x.shape[0]
     router = be._weight(experts.router)
     router_bias = None if experts.router_bias is None else be._weight(experts.router_bias)
     ids, weights = be._empty((n, k), cp.int32), be._empty((n, k))
     if n == 1 and router.qtype.name == "F32" and x.shape[1] % 32 == 0 and \
-            x.shape[1] <= cuda_moe.ROUTER_CHUNKS * 4 * 1024:
+            x.shape[1] <= cuda_moe.ROUTER_CHUNKS * 4 * 1024 and experts.router_norm is None:
         h = be._empty(x.shape)
         cuda_moe.norm_router_route(x.reshape(-1), be._weight(norm), be.cfg.rms_eps, router, h.reshape(-1),
                                    be._q8_out(h), be._empty((router.n_rows,)), ids, weights,
                                    be._route_done, bias=router_bias, stream=be.stream)
     else:
         h = be.rms_norm(x, norm)
-        cuda_moe.route(router_logits(be, router, h, router_bias), ids, weights, stream=be.stream)
+        routed = h if experts.router_norm is None else be.rms_norm(x, experts.router_norm)
+        cuda_moe.route(router_logits(be, router, routed, router_bias), ids, weights, stream=be.stream)
+    if experts.down_scale is not None:
+        cuda_moe.scale_weights(ids, weights, be._weight(experts.down_scale), stream=be.stream)
+    return h, ids, weights
+
+
+def add_experts(be, x: cp.ndarray, experts: ExpertFFN, h: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray):
+    """x + the chosen experts' FFNs on h, weighted. One token (decode): the chosen experts' gate, up and glu in one
+    launch, then their down projections weighted, summed and added to x in one. A prompt chunk: grouped by expert
+    (experts_grouped). Experts in host memory: uploaded for a long prompt chunk, else run by the CPU (host_experts)."""
+    n, k = ids.shape
     if id(experts.gate) in be._dev:
         gate, up, down = (be._dev[id(m)] for m in (experts.gate, experts.up, experts.down))
     elif n >= OFFLOAD_MIN_TOKENS and not any(m.qtype.name in FLOAT_TYPES for m in (experts.gate, experts.up,
@@ -50,10 +76,10 @@ def add_routed(be, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) 
         # this layer's experts stay on the host: up for this chunk (float experts have no GPU kernels)
         gate, up, down = upload_experts(be, experts)
     else:
-        return be.host_experts.add_moe(be, x, experts, h, ids, weights), h
+        return be.host_experts.add_moe(be, x, experts, h, ids, weights)
     gate_bias, up_bias, down_bias = expert_biases(be, experts)
     if n >= GROUPED_MIN_TOKENS and cuda_moe.grouped_supported(gate, up, down):
-        return experts_grouped(be, x, h, gate, up, down, ids, weights, (gate_bias, up_bias), down_bias), h
+        return experts_grouped(be, x, h, gate, up, down, ids, weights, (gate_bias, up_bias), down_bias)
     hq = be._q8(h)
     act = be._empty((n * k, gate.n_rows))
     act_q = be._empty_q8(act.size)
@@ -67,7 +93,7 @@ def add_routed(be, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) 
         cuda_ops.glu(gate_up[0], gate_up[1], act, be.cfg.activation, xq=act_q, stream=be.stream)
     out = be._empty(x.shape)
     cuda_moe.down(down, ids, weights, act_q, out, x, down_bias, stream=be.stream)
-    return out, h
+    return out
 
 
 def expert_biases(be, experts: ExpertFFN) -> tuple:
@@ -108,14 +134,17 @@ def experts_grouped(be, x, h, gate, up, down, ids: cp.ndarray, weights: cp.ndarr
 
 
 def upload_experts(be, experts: ExpertFFN) -> tuple:
-    """A host layer's expert stacks in VRAM for one prompt chunk, as llama.cpp does for weights in host
-    memory: ~0.34 GB a layer of Qwen3-30B-A3B over PCIe beats the CPU multiplying 128 experts' matrices."""
-    def up(stack: QuantExperts) -> cuda_moe.DeviceExperts:
-        raw = be._upload(stack.data).reshape(-1, stack.data.shape[2])
+    """A host layer's expert stacks (gate, up, down) in VRAM for one prompt chunk, as llama.cpp does for weights in
+    host memory: ~0.34 GB a layer of Qwen3-30B-A3B over PCIe beats the CPU multiplying 128 experts' matrices. A
+    gate_up stack (gemma4) goes up whole and is split on the device."""
+    def up(raw: cp.ndarray, stack: QuantExperts) -> cuda_moe.DeviceExperts:
         with be.stream:
-            return cuda_moe.DeviceExperts(to_device(raw, stack.qtype), stack.data.shape[0])
-    return tuple(up(stack) for stack in stacks(experts))
-
-
-def stacks(experts: ExpertFFN) -> tuple[QuantExperts, QuantExperts, QuantExperts]:
-    return experts.gate, experts.up, experts.down
+            return cuda_moe.DeviceExperts(to_device(raw.reshape(-1, raw.shape[-1]), stack.qtype),
+                                           stack.data.shape[0])
+    down = up(be._upload(experts.down.data), experts.down)
+    if experts.gate_up is None:
+        return up(be._upload(experts.gate.data), experts.gate), up(be._upload(experts.up.data), experts.up), down
+    raw, ff = be._upload(experts.gate_up.data), experts.gate.n_rows  # [n_expert, 2 ff, row bytes]: gate's rows first
+    with be.stream:
+        gate, up_rows = (cp.ascontiguousarray(raw[:, rows]) for rows in (slice(0, ff), slice(ff, 2 * ff)))
+    return up(gate, experts.gate), up(up_rows, experts.up), down

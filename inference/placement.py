@@ -158,15 +158,20 @@ def layer_weight_bytes(tensors: dict[str, TensorInfo], n_layers: int) -> list[in
     return sizes
 
 
-def kv_bytes_per_layer(cfg: ModelConfig, n_ctx: int) -> int:
-    return 2 * cfg.n_kv_heads * n_ctx * (cfg.head_dim + cfg.v_head_dim)  # float16 k and v
+def kv_bytes_per_layer(cfg: ModelConfig, n_ctx: int, layer: int = 0) -> int:
+    """The float16 k and v of an attention layer's cache, of its own heads (gemma4's sliding and global layers differ;
+    its KV-shared layers read an earlier layer's: none)."""
+    if not cfg.has_kv(layer):
+        return 0
+    _, kv_heads, head_dim, v_head_dim = cfg.layer_heads(layer)
+    return 2 * kv_heads * n_ctx * (head_dim + v_head_dim)
 
 
 def context_bytes(cfg: ModelConfig, n_ctx: int, layers: range) -> int:
     """VRAM of these layers' context: an attention layer's KV cache, a recurrent layer's float32 conv and delta
     states (the same at any context length)."""
     state = 4 * ((cfg.ssm_conv_kernel - 1) * cfg.ssm_conv_dim + cfg.ssm_v_heads * cfg.ssm_state ** 2)
-    return sum(state if cfg.is_recurrent(i) else kv_bytes_per_layer(cfg, n_ctx) for i in layers)
+    return sum(state if cfg.is_recurrent(i) else kv_bytes_per_layer(cfg, n_ctx, i) for i in layers)
 
 
 def share_ring_bytes(largest_matrix_bytes: int) -> int:
@@ -196,7 +201,8 @@ def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig, chunk: int =
     max_cols = max(cfg.n_embd, cfg.n_ff, attn_dim, cfg.n_expert_used * cfg.n_ff_exp)  # the widest matmul input
     q8_bytes = max_cols * (1 + 8 / 32)  # q8_1: a byte a value + float32 (d, s) a block of 32
     decode = (4 * (token_floats + cfg.n_vocab) + q8_bytes
-              + 4 * cfg.n_heads * ATTN_SPLITS_MAX * (cfg.head_dim + 4)  # attention splits (attention.cu: PART_EXTRA)
+              + 4 * cfg.n_heads * ATTN_SPLITS_MAX * (cfg.head_dim + 4)  # attention splits (attention.cu: PART_EXTRA),
+              * len({cfg.layer_heads(i)[:3] for i in cfg.attention_layers})  # a set a kind of heads (gemma4)
               + 8 * math.ceil(cfg.n_vocab / SAMPLE_CHUNK) * SAMPLE_K_MAX)  # sampler candidates
     matrices = [t for name, t in tensors.items() if name.startswith("blk.") and len(t.shape) == 2]
     largest, largest_bytes = max(t.n_elems for t in matrices), max(t.nbytes for t in matrices)

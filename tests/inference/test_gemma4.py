@@ -145,11 +145,15 @@ def test_planted_faults_fail_the_comparison(dense_file, dense_oracle, monkeypatc
         _check(m)
 
 
-def test_the_gpu_refuses_it_in_one_line_and_auto_runs_it_on_the_cpu(dense_file, monkeypatch):
-    """The CUDA backend has none of gemma4's new ops yet: --device cuda is refused in one line, auto says why."""
-    from tests.inference.cpu_fallback import load_refused_by_the_gpu
-    load_refused_by_the_gpu(dense_file, monkeypatch, "gemma4's layers of their own head sizes and counts, KV-shared "
-                            "layers, an unweighted norm of v", ctx=64)
+def test_the_gpu_takes_every_kind_but_heads_its_kernels_lack(gemma4_file):
+    """The CUDA backend runs gemma4's ops (tests/inference/test_gemma4_gpu.py on the device): no gap is left for the
+    three kinds, and a sliding head size the attention kernels have none for is named."""
+    from dataclasses import replace
+
+    from inference.engine import gpu_gap
+    cfg = config_from_metadata(open_gguf(gemma4_file).metadata)
+    assert gpu_gap(cfg) is None
+    assert gpu_gap(replace(cfg, head_dim_local=96)) == "attention heads of 96 (only 64, 128, 256, 512)"
 
 
 def test_info_shows_the_layer_pattern(dense_file, capsys):
