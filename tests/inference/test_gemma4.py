@@ -187,3 +187,23 @@ def test_a_prompt_resumes_where_the_rings_still_hold_its_window(dense_file, dens
         fresh = engine.logits(other)[-len(resumed):]
         np.testing.assert_allclose(resumed, fresh, rtol=0, atol=1e-4 * np.abs(fresh).max())
         assert start == (keep if keep == 60 else 0)
+
+
+@pytest.mark.parametrize("preset", ["gemma4-tiny", "gemma4-moe-tiny"])
+def test_the_bench_writers_gemma4_presets_load_in_llama_cpp(tmp_path, preset):
+    """tests/synth_gguf.py's Gemma 4 files (31B's and 26B-A4B's shapes for the speed rows) have the structure these
+    small presets have: llama.cpp loads them, and our engine gives its logits (the bench files' logits barely depend
+    on the input, so the correlation, not top-1; the MoE one's widths take llama-quantize's fallback types)."""
+    import subprocess
+    import sys
+
+    from inference import load
+    from tests.inference.conftest import SYNTH_GGUF
+    path = tmp_path / f"{preset}.gguf"
+    subprocess.run([sys.executable, SYNTH_GGUF, str(path), "--preset", preset, "--ftype", "q4_k_m"], check=True)
+    cfg = config_from_metadata(open_gguf(path).metadata)
+    assert cfg.swa_layers == (True,) * 5 + (False,) and cfg.layer_heads(0)[2:] == (256, 256)
+    assert cfg.layer_heads(5)[1:] == (1, 512, 512) and (cfg.n_expert > 0) == (preset == "gemma4-moe-tiny")
+    (ids, theirs), = oracle_logits(path, PROMPTS[:1], n=48)
+    m = parity([load(path, device="cpu", ctx=64).logits(ids)], [theirs])
+    assert m["corr_mean"] >= 0.999 and m["corr_min"] >= 0.99, m
