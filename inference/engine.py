@@ -12,7 +12,7 @@ from inference.backend_cpu import CPUBackend
 from inference.forward import forward
 from inference.grammar import Constraint, Guide, vocabulary
 from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, Placement, VramBudgetError,
-                                 all_on_cpu, free_vram, plan_placement, split)
+                                 all_on_cpu, free_vram, holds_kv_sources, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
 from inference.weights import load_weights
 from kernels.cuda.shapes import ATTENTION_HEAD_DIMS, DELTANET_CONV_K, DELTANET_HEAD_SIZES
@@ -160,7 +160,7 @@ class Engine:
     def _with_gpu_layers(self, k: int) -> Placement:
         """The placement with only its last k layers on the GPU, after running out of VRAM."""
         p, reason = self.placement, "out of GPU memory"
-        if k == 0:
+        if k == 0 or not holds_kv_sources(self.config, k):  # gemma4: fewer would part the KV-shared layers' caches
             return all_on_cpu(self.config.n_layers, self.n_ctx, reason)
         return split(self._gguf.tensors, self.config, self.n_ctx, k, p.budget_bytes, p.reserve_bytes, reason,
                      p.cpu_expert_layers, longer_chunks=False)  # the counts fell short: no spare VRAM to count on

@@ -207,3 +207,23 @@ def test_the_bench_writers_gemma4_presets_load_in_llama_cpp(tmp_path, preset):
     (ids, theirs), = oracle_logits(path, PROMPTS[:1], n=48)
     m = parity([load(path, device="cpu", ctx=64).logits(ids)], [theirs])
     assert m["corr_mean"] >= 0.999 and m["corr_min"] >= 0.99, m
+
+
+def test_a_split_never_parts_the_kv_shared_layers_from_their_sources(dense_file):
+    """The GPU's caches are its own: its first layer is at or before the layers the KV-shared ones read (3 and 4 of
+    7 here), else all run on the CPU; --gpu-layers in between is refused in one line."""
+    from inference.placement import (CUDA_CONTEXT_BYTES, RUNTIME_RESERVE_BYTES, GiB, GpuLayersError, plan_placement,
+                                     split)
+    gguf = open_gguf(dense_file)
+    cfg = config_from_metadata(gguf.metadata)
+    assert plan_placement(gguf.tensors, cfg, 64, 80 * GiB).n_gpu_layers == 7
+    assert plan_placement(gguf.tensors, cfg, 64, 80 * GiB, gpu_layers=4).n_gpu_layers == 4
+    for k in (1, 3):
+        with pytest.raises(GpuLayersError, match=f"--gpu-layers {k} would part the last 2 layers .*: 0 or 4..7"):
+            plan_placement(gguf.tensors, cfg, 64, 80 * GiB, gpu_layers=k)
+    # a budget for 3 layers, not the 4 that hold the sources with the shared ones: all on the CPU
+    reserve = RUNTIME_RESERVE_BYTES + CUDA_CONTEXT_BYTES  # plan_placement's with a vram_budget
+    three = split(gguf.tensors, cfg, 64, 3, 80 * GiB, reserve, "", longer_chunks=False).total_bytes
+    placed = plan_placement(gguf.tensors, cfg, 64, 80 * GiB, vram_budget=three)
+    assert placed.n_gpu_layers == 0 and "KV-shared layers" in placed.summary()
+    assert plan_placement(gguf.tensors, cfg, 64, 80 * GiB, vram_budget=three * 2).n_gpu_layers >= 4

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from inference.sampling import SamplingParams
 from tests.inference.gpu_compare import (assert_close_logits, assert_decode_close, assert_graph_replay_equals_eager,
-                                         greedy_steps, random_prompt, reference_logits)
+                                         greedy_steps, long_sampled_run, random_prompt, reference_logits)
 from tests.inference.synthetic import GEMMA4_HEADS, GEMMA4_REAL_HEADS, GEMMA4_WINDOW, write_synthetic
 
 pytestmark = pytest.mark.gpu
@@ -163,27 +162,12 @@ def test_2000_tokens_neither_drift_nor_grow_memory(name, gemma4_path):
     """2000 sampled tokens through the captured graph, 125 windows long: the last 16 steps' logits still equal the CPU
     engine's recomputation of the whole sequence (its sliding layers' rings gone round many times), and device memory
     stays what it was at token 100."""
-    import cupy as cp
-
     from inference import load
     path = gemma4_path(name)
     gpu, cpu = load(path, device="cuda", ctx=2100), load(path, device="cpu", ctx=2100)
-    ids = gpu.tokenizer.encode("The history of the city")
-    steps = gpu._decode.tokens(gpu._prefill(ids, all_logits=False),
-                               SamplingParams(temperature=1.0, top_k=40, top_p=1.0, min_p=0.0), 7, ids)
-    pool = cp.get_default_memory_pool()
-    last = []
-    for i in range(2000):
-        ids.append(next(steps))
-        if i == 100:
-            early = (pool.used_bytes(), pool.total_bytes(), cp.cuda.runtime.memGetInfo()[0])
-        if i >= 2000 - 16:
-            cp.cuda.Device().synchronize()
-            last.append(cp.asnumpy(gpu._decode.logits))
-    late = (pool.used_bytes(), pool.total_bytes(), cp.cuda.runtime.memGetInfo()[0])
-    assert late == early, f"device memory (used, pool, free) grew from {early} to {late}"
+    ids, last = long_sampled_run(gpu)
     assert len(ids) > 100 * GEMMA4_WINDOW
-    assert_close_logits(np.concatenate(last), reference_logits(cpu, ids)[-16:], f"{path.name} after 2000 graph steps")
+    assert_close_logits(last, reference_logits(cpu, ids)[-16:], f"{path.name} after 2000 graph steps")
 
 
 # ---- layers split between the CPU and the GPU
@@ -194,7 +178,7 @@ def test_layers_on_the_cpu(name, gemma4_path):
     layers the KV-shared ones read: prompt logits against the CPU engine (9 tokens: split; 70: a chunk running every
     layer on the GPU, the CPU's lent, a shared layer's source lent again with the chunk's rows), decode steps against
     the all-GPU engine's (the per-layer inputs made on the CPU and staged with the hidden state for the graph). A
-    split that would part the KV-shared layers from their sources is refused."""
+    split that would part the KV-shared layers from their sources is refused (placement.holds_kv_sources)."""
     from inference import load
     path = gemma4_path(name)
     cpu, gpu = load(path, device="cpu", ctx=CTX), load(path, device="cuda", ctx=CTX)
@@ -206,5 +190,6 @@ def test_layers_on_the_cpu(name, gemma4_path):
         ids = random_prompt(cpu, n, seed=n + 1)
         assert_close_logits(split.logits(ids), reference_logits(cpu, ids), f"{path.name}, {k} layers on the GPU, {n}")
     assert_decode_close(split, gpu, random_prompt(cpu, 40, seed=3), 20, 8, f"{path.name} split decode vs all-GPU")
-    with pytest.raises(ValueError, match="KV-shared layers must run on the device of the layers whose K/V they read"):
+    from inference.placement import GpuLayersError
+    with pytest.raises(GpuLayersError, match=f"would part the last {cfg.kv_shared_layers} layers .* 0 or {k}.."):
         load(path, device="cuda", ctx=CTX, gpu_layers=k - 1)
