@@ -11,8 +11,8 @@
 // one kv head, so GQA groups share each key tile.
 // Heads of 512 (gemma4's global layers): a lane's output accumulator of 512 dims would not fit its registers, nor a
 // decode warp's ring of key tiles the shared memory, so a block makes a slice of VD of the output's dims (the
-// kernels' VD < HD: v's dims voff .. voff + VD, voff from the grid), each slice computing the scores over all HD dims
-// again.
+// kernels' VD < HD: v's dims voff .. voff + VD), each slice computing the scores over all HD dims again. A block's
+// slice is its blockIdx.x modulo HD / VD: the slices of one set of keys run side by side, their key tiles from L2.
 #include "ops_common.cuh"
 #include "q8_1.cuh"
 
@@ -112,8 +112,8 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, 1)
 // Fragment layouts (PTX ISA, mma.m16n8k16): lane = 4 * gi + ci; A regs: (row gi, cols 2ci..+1),
 // (row gi+8, same), (row gi, cols 2ci+8..+9), (row gi+8, same); B regs: (k 2ci..+1, col gi), (k 2ci+8..+9,
 // col gi); C: (row gi, cols 2ci, 2ci+1), (row gi+8, same).
-// Launch: grid (ceil(n_tok * G / PF_ROWS), n_head_kv, HD / VD), block 128, PfShape<HD, VD>::BYTES of dynamic shared
-// memory.
+// Launch: grid (ceil(n_tok * G / PF_ROWS) * HD / VD, n_head_kv), block 128, PfShape<HD, VD>::BYTES of dynamic
+// shared memory.
 #define PF_ROWS 64
 
 // At HD 256 a lane's output accumulator takes 128 registers, so q's fragments (hi and lo) wait in shared
@@ -243,10 +243,11 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
     constexpr bool Q_SHARED = Shape::Q_SHARED;
     extern __shared__ __align__(16) __half pf_smem[];
     __half *s_k = pf_smem, *s_v = s_k + KEYS * ST;
-    int p0 = pos[0], voff = blockIdx.z * VD;
+    constexpr int SLICES = HD / VD;  // blockIdx.x: row block * SLICES + the output's slice
+    int p0 = pos[0], voff = blockIdx.x % SLICES * VD;
     int h = blockIdx.y, group = n_head / n_head_kv, n_rows = n_tok * group;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gi = lane >> 2, ci = lane & 3;
-    int r_block = blockIdx.x * PF_ROWS, r_warp = r_block + warp * 16;
+    int r_block = blockIdx.x / SLICES * PF_ROWS, r_warp = r_block + warp * 16;
     float scale2 = scale * 1.4426950408889634f;  // scores in base 2
 
     constexpr int QR = Q_SHARED ? 1 : KS;  // k-steps of q's A fragments held in registers
@@ -357,7 +358,7 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
 }
 
 // Decode, pass 1. q [n_head, HD] float32 at position pos[0] (its k and v already in the cache). Block (kv
-// head h = blockIdx.x, split s = blockIdx.y, row chunk c = blockIdx.z): the group's q rows 16c .. 16c + 15
+// head h = blockIdx.x / (HD / VD), split s = blockIdx.y, row chunk c = blockIdx.z): the group's q rows 16c .. 16c + 15
 // (padded: a group of 6 uses 6 of the mma's 16 rows), keys lo + s*chunk .. (at most chunk). Writes part
 // [n_head, n_splits, HD + PART_EXTRA] = (sum p*v, max, sum p, 2 unused), unnormalised; a split past the
 // active ones writes nothing (the combine reads only active ones). Each warp streams its own 16-key tiles
@@ -366,8 +367,8 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
 // shared memory. Scores are in base 2 inside; part's max is written in natural units, as the combine reads
 // it. (The CUDA-core kernel before this one, one key a warp, spent its time in the warp sums of q.k: it was
 // 2.1x slower at HD 256 and 1.3x at 128 over 16384 keys.)
-// Launch: grid (n_head_kv, n_splits, ceil(group / 16) * HD / VD), block 128, DmShape<HD, VD, STAGES>::BYTES of dynamic shared
-// memory (214 KiB at HD 256: one block an SM).
+// Launch: grid (n_head_kv * HD / VD, n_splits, ceil(group / 16)), block 128, DmShape<HD, VD, STAGES>::BYTES of
+// dynamic shared memory (214 KiB at HD 256: one block an SM).
 // VD: the output's dims a block makes (a slice of them at HD 512, see the top).
 template <int HD, int VD, int STAGES>
 struct DmShape {
@@ -391,9 +392,9 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
     Splits sp(p, window, n_splits);
     int s = blockIdx.y;
     if (s >= sp.active) return;
-    constexpr int SLICES = HD / VD;  // blockIdx.z: row chunk * SLICES + the output's slice
-    int h = blockIdx.x, group = n_head / n_head_kv, g0 = blockIdx.z / SLICES * 16, ng = min(16, group - g0);
-    int voff = blockIdx.z % SLICES * VD;
+    constexpr int SLICES = HD / VD;  // blockIdx.x: kv head * SLICES + the output's slice
+    int h = blockIdx.x / SLICES, group = n_head / n_head_kv, g0 = blockIdx.z * 16, ng = min(16, group - g0);
+    int voff = blockIdx.x % SLICES * VD;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gi = lane >> 2, ci = lane & 3;
     int kb = sp.lo + s * sp.chunk, ke = min(p + 1, kb + sp.chunk);
     int n_tiles = (ke - kb + 15) / 16, mine = (n_tiles - warp + WARPS - 1) / WARPS;  // tiles of this warp

@@ -294,8 +294,8 @@ def attention_decode(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ou
         _check_q8(xq, n_head * head_dim)
     if sinks is not None:
         _check("sinks", sinks, cp.float32, (n_head,))
-    slices = head_dim // _decode_slice(head_dim)[0]  # blockIdx.z: row chunk * slices + slice
-    grid = (n_head_kv, n_splits, math.ceil(n_head // n_head_kv / DECODE_ROWS) * slices)
+    slices = head_dim // _decode_slice(head_dim)[0]  # blockIdx.x: kv head * slices + slice
+    grid = (n_head_kv * slices, n_splits, math.ceil(n_head // n_head_kv / DECODE_ROWS))
     with _stream(stream):
         _decode_kernel(head_dim)(
             grid, (32 * ATTN_WARPS,),
@@ -323,8 +323,8 @@ def attention_prefill(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, o
     _check_pos(pos)
     if sinks is not None:
         _check("sinks", sinks, cp.float32, (n_head,))
-    grid = (math.ceil(n_tok * (n_head // n_head_kv) / PREFILL_MMA_ROWS), n_head_kv,
-            head_dim // PREFILL_SLICE.get(head_dim, head_dim))
+    slices = head_dim // PREFILL_SLICE.get(head_dim, head_dim)  # blockIdx.x: row block * slices + slice
+    grid = (math.ceil(n_tok * (n_head // n_head_kv) / PREFILL_MMA_ROWS) * slices, n_head_kv)
     smem = _prefill_smem(head_dim)
     with _stream(stream):
         _prefill_kernel(head_dim)(
