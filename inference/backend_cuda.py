@@ -12,15 +12,17 @@ import cupy as cp
 import cupyx
 import numpy as np
 
+from inference import backend_cuda_moe
 from inference.backend_cpu import rope_speeds
 from inference.host_experts import HostExperts
-from inference.placement import GROUPED_MIN_TOKENS, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, prefill_tile_elems
+from inference.placement import OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, prefill_tile_elems
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.step_pieces import StepPieces
-from inference.weights import DeltaNetWeights, ExpertFFN, LayerWeights, ModelWeights, QuantExperts, QuantMatrix
+from inference.weights import (DeltaNetWeights, ExpertFFN, LayerWeights, ModelWeights, PerLayerInput, QuantExperts,
+                               QuantMatrix)
 from kernels.cpu import ops as cpu_ops
 from kernels.cuda import deltanet as cuda_deltanet, host as cuda_host, moe as cuda_moe, ops as cuda_ops, prefill as cuda_prefill
-from kernels.cuda.quant import (FLOAT_TYPES, DeviceWeight, Q8Vector, matvec, matvec_pair, pairs_in_one_launch,
+from kernels.cuda.quant import (DeviceWeight, Q8Vector, matvec, matvec_pair, pairs_in_one_launch,
                                  quantize_q8_1, to_device)
 from models.config import ModelConfig
 
@@ -53,9 +55,14 @@ def _step_arena_bytes(cfg: ModelConfig) -> int:
     experts = cfg.n_expert + 2 * cfg.n_expert_used + 4 * cfg.n_expert_used * cfg.n_ff_exp  # logits, choice, ffn
     shared = 4 * cfg.n_ff_shexp + 2 * e if cfg.n_ff_shexp else 0
     deltanet = 4 * cfg.ssm_conv_dim + 4 * cfg.ssm_v_heads * (cfg.ssm_state + 2)  # qkv, conv out, z, out, alpha, beta
-    floats = 12 * e + 5 * q + 3 * kv + 4 * f + experts + shared + deltanet  # a layer's, q8_1 copies as floats
+    # gemma4: the experts' sum beside the dense FFN (their norms, the zeros they add to, the outputs' norms), the
+    # layer's per-layer input (its gate, glu, projection and norm)
+    beside = 8 * e if cfg.dense_with_experts and cfg.n_expert else 0
+    per_layer_input = 4 * cfg.n_embd_per_layer + 3 * e if cfg.n_embd_per_layer else 0
+    floats = 12 * e + 5 * q + 3 * kv + 4 * f + experts + shared + deltanet + beside + per_layer_input  # q8_1 as floats
     per_layer = 4 * floats + 32 * ALIGN
-    return cfg.n_layers * per_layer + 4 * (4 * e + cfg.n_vocab) + 16 * ALIGN + (1 << 20)
+    per_layer_inputs = 4 * 6 * cfg.n_layers * cfg.n_embd_per_layer  # forward.per_layer_inputs' arrays
+    return cfg.n_layers * per_layer + per_layer_inputs + 4 * (4 * e + cfg.n_vocab) + 16 * ALIGN + (1 << 20)
 
 
 @dataclass(frozen=True)
@@ -102,8 +109,13 @@ class CUDABackend:
                                         cuda_moe.experts_to_device(m.data, m.qtype) if isinstance(m, QuantExperts)
                                         else cp.asarray(m))
             self._rope_freqs = weights.rope_freqs
-            self.caches = {i: cuda_ops.kv_cache(cfg.n_kv_heads, n_ctx, cfg.head_dim) for i in self.layers
-                           if not cfg.is_recurrent(i)}
+            # the attention layers' caches, each of its layer's heads (gemma4's KV-shared layers have none: they read
+            # their kv_source's, which must be here too)
+            self.caches = {i: cuda_ops.kv_cache(cfg.layer_heads(i)[1], n_ctx, cfg.layer_heads(i)[2])
+                           for i in self.layers if not cfg.is_recurrent(i) and cfg.has_kv(i)}
+            if any(cfg.kv_source(i) not in self.caches for i in self.layers if not cfg.is_recurrent(i)):
+                raise ValueError(f"{cfg.arch}'s KV-shared layers must run on the device of the layers whose K/V they "
+                                 f"read (layers {self.layers.start}.. hold none of them)")
             # the recurrent layers' states (kernels/cuda/deltanet), updated in place by every step, in the graph too
             recurrent = [i for i in self.layers if cfg.is_recurrent(i)]
             self.conv_state = {i: cp.zeros((cfg.ssm_conv_kernel - 1, cfg.ssm_conv_dim), cp.float32) for i in recurrent}
@@ -114,18 +126,23 @@ class CUDABackend:
             self.pos = cp.zeros(1, dtype=cp.int32)  # position of tokens[0]
             self.history = cp.zeros(REPEAT_LAST_N, dtype=cp.int32)  # ring: history[p % n] = token at p
             self.fparams, self.iparams = cuda_ops.sampling_params()
-            self._attn_scratch = cuda_ops.decode_scratch(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+            # a decode attention's scratch for each kind of heads (q heads, kv heads, head size) the layers have
+            kinds = {cfg.layer_heads(i)[:3] for i in self.layers if not cfg.is_recurrent(i)}
+            self._attn_scratch = {kind: cuda_ops.decode_scratch(*kind) for kind in kinds}
             self._argmax_scratch = cuda_ops.argmax_scratch()
             self._sample_scratch = cuda_ops.sample_scratch(cfg.n_vocab)
             self._arena = Arena(_step_arena_bytes(cfg))
-            self._hidden = cp.empty((1, cfg.n_embd), dtype=cp.float32)  # a one-token step's input from the CPU
             self._route_done = cp.zeros(1, dtype=cp.uint32)  # cuda_moe.norm_router_route's count of finished blocks
         self._sampled = cp.cuda.Event(block=False, disable_timing=True)  # mark_sampled's point (spin-waited)
         self._read_stream = cp.cuda.Stream(non_blocking=True)
-        self._hidden_host = cupyx.empty_pinned((1, cfg.n_embd), dtype=np.float32)  # pinned: copied in by the graph
+        # a one-token step's inputs from the CPU (its hidden state; gemma4's per-layer inputs), by shape: (pinned host
+        # buffer that stage() fills, its device copy that staged() makes: a graph node)
+        self._inbox: dict[tuple, tuple[np.ndarray, cp.ndarray]] = {}
+        self._staged: list[tuple] = []  # the shapes stage() filled last
         self._staging = None  # pinned bytes of a host weight on its way up where its pages could not be pinned
         self._host_kv = None  # (k_cache, v_cache): the CPU layers' host KV caches by layer (lend)
         self._lent = None  # (layer, (k, v) in VRAM) of the lent layer the chunk is in
+        self._shared_sources = {cfg.kv_source(i) for i in range(cfg.n_layers) if not cfg.has_kv(i)}  # gemma4
         self._pos = 0  # pos[0] of a prompt chunk, on the host
         # the file's pages a prompt chunk uploads, pinned where they lie so that it copies them up directly
         uploaded = list(_uploaded_from_host(weights, range(self.layers.start), host_experts))
@@ -230,24 +247,32 @@ class CUDABackend:
     # ---- the hidden state from the CPU layers before this segment ----
 
     def receive(self, x: np.ndarray) -> cp.ndarray:
-        """x [n, n_embd] on the host -> the GPU, to run this backend's layers on."""
+        """x [n, ...] on the host (the hidden state [n, n_embd]; gemma4's per-layer inputs) -> the GPU, to run this
+        backend's layers on."""
         if self.n == 1:
             self.stage(x)
-            return self.staged()
+            return self.staged()[0]
         out = self._empty(x.shape)
         out.set(np.ascontiguousarray(x, np.float32), stream=self.stream)
         return out
 
-    def stage(self, x: np.ndarray) -> None:
-        """One token's hidden state into the pinned buffer that staged() copies from (before a graph launch:
-        the previous step has finished, as its token was read back)."""
-        np.copyto(self._hidden_host, x)
+    def stage(self, *xs: np.ndarray) -> None:
+        """One token's inputs from the CPU (its hidden state, and gemma4's per-layer inputs) into the pinned buffers
+        that staged() copies from, one for each shape, made on first use (before a graph launch, or before its
+        capture: the previous step has finished, as its token was read back)."""
+        self._staged = [x.shape for x in xs]
+        for x in xs:
+            if x.shape not in self._inbox:
+                with self.stream:
+                    self._inbox[x.shape] = (cupyx.empty_pinned(x.shape, np.float32), cp.empty(x.shape, cp.float32))
+            np.copyto(self._inbox[x.shape][0], x)
 
-    def staged(self) -> cp.ndarray:
-        """The staged hidden state [1, n_embd] on the GPU: an asynchronous copy from pinned memory, which a
-        CUDA graph captures as a node, so every replay copies what stage() wrote last."""
-        cuda_host.copy_up(self._hidden, self._hidden_host, self.stream)
-        return self._hidden
+    def staged(self) -> tuple[cp.ndarray, ...]:
+        """What stage() filled last, on the GPU: asynchronous copies from pinned memory, which a CUDA graph captures
+        as nodes, so every replay copies what stage() wrote last."""
+        for shape in self._staged:
+            cuda_host.copy_up(self._inbox[shape][1], self._inbox[shape][0], self.stream)
+        return tuple(self._inbox[shape][1] for shape in self._staged)
 
     # ---- the op set of forward() ----
 
@@ -355,15 +380,6 @@ class CUDABackend:
         self.stream.synchronize()
         return raw
 
-    def _upload_experts(self, experts: ExpertFFN) -> tuple:
-        """A host layer's expert stacks in VRAM for one prompt chunk, as llama.cpp does for weights in host
-        memory: ~0.34 GB a layer of Qwen3-30B-A3B over PCIe beats the CPU multiplying 128 experts' matrices."""
-        def up(stack: QuantExperts) -> cuda_moe.DeviceExperts:
-            raw = self._upload(stack.data).reshape(-1, stack.data.shape[2])
-            with self.stream:
-                return cuda_moe.DeviceExperts(to_device(raw, stack.qtype), stack.data.shape[0])
-        return tuple(up(stack) for stack in _stacks(experts))
-
     def add_matmul(self, x: cp.ndarray, w: QuantMatrix, a: cp.ndarray, norm: np.ndarray | None = None) -> cp.ndarray:
         """x + W a, W a normalized by norm first when given (sandwich norms); one launch in a one-token step."""
         if norm is not None:
@@ -390,25 +406,33 @@ class CUDABackend:
             cuda_ops.add_bias(out, bias, stream=self.stream)
         return out
 
-    def rope_kv_write(self, layer: int, q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, rope: tuple,
+    def rope_kv_write(self, layer: int, q: cp.ndarray, k: cp.ndarray | None, v: cp.ndarray | None, rope: tuple,
                       head_norms: tuple | None = None) -> cp.ndarray:
-        """q [n, heads, head_dim] and k (normalized per head first with head_norms) rotated in place for
-        positions pos..pos+n-1 by the layer's rope (ModelConfig.layer_rope), then k and v stored in the layer's
-        cache, in one launch; returns q (a copy where q was a strided view: q taken from its output gate). Not
-        gemma4's q alone or v's norm: engine.gpu_gap keeps gemma4 on the CPU."""
+        """q [n, heads, head_dim] and k (normalized per head first with head_norms (q_norm, k_norm[, v_norm]), v too
+        with a v_norm: gemma4) rotated in place for positions pos..pos+n-1 by the layer's rope (ModelConfig.layer_rope),
+        then k and v stored in the layer's cache, in one launch; returns q (a copy where q was a strided view: q taken
+        from its output gate). k and v None: q alone (gemma4's KV-shared layers). v may be k (gemma4's v from k's
+        projection: the kernel reads it before it rotates k)."""
         q = self._contiguous(q)
         key = rope
         if key not in self._inv_freq:
             with self.stream:
                 self._inv_freq[key] = cp.asarray(rope_speeds(self.cfg, rope, self._rope_freqs))
-        if head_norms is not None and q.shape[2] % cuda_ops.HEAD_NORM_MULTIPLE:
-            q, k = (self.rms_norm(a, w) for a, w in zip((q, k), head_norms))  # no whole warps for the fused norms
+        if head_norms is not None and q.shape[2] % cuda_ops.HEAD_NORM_MULTIPLE:  # no whole warps for the fused norms
+            q = self.rms_norm(q, head_norms[0])
+            if k is not None:
+                v = self.rms_norm(v, head_norms[2]) if len(head_norms) > 2 else v  # of v as it came: v may be k
+                k = self.rms_norm(k, head_norms[1])
             head_norms = None
-        norms = None if head_norms is None else tuple(self._weight(w) for w in head_norms)
+        norms = None if head_norms is None else tuple(None if w is None else self._weight(w) for w in head_norms)
+        neox = self.cfg.rope_style == "neox"
+        if k is None:
+            cuda_ops.rope_kv_write(q, None, None, self._inv_freq[key], self.pos, neox, None, None, head_norms=norms,
+                                   eps=self.cfg.rms_eps, mscale=self.cfg.rope_mscale, stream=self.stream)
+            return q
         cache = self._cache(layer)
-        cuda_ops.rope_kv_write(q, k, v, self._inv_freq[key], self.pos, self.cfg.rope_style == "neox",
-                               *cache, head_norms=norms, eps=self.cfg.rms_eps, mscale=self.cfg.rope_mscale,
-                               stream=self.stream)
+        cuda_ops.rope_kv_write(q, k, v, self._inv_freq[key], self.pos, neox, *cache, head_norms=norms,
+                               eps=self.cfg.rms_eps, mscale=self.cfg.rope_mscale, stream=self.stream)
         if layer not in self.caches:
             self._give_back(layer, cache)
         return q
@@ -421,12 +445,14 @@ class CUDABackend:
         if self._lent is None or self._lent[0] != layer:
             self._lent = None  # the last lent layer's cache back to the pool first
             p, end = self._pos, self._pos + self.n
+            # gemma4's layers read by KV-shared layers come again after their own write: with this chunk's rows too
+            filled = end if layer in self._shared_sources else p
             host = self._host_caches(layer)
             with self.stream:
                 cache = tuple(cp.empty((a.shape[0], end, a.shape[2]), cp.float16) for a in host)
                 for c, a in zip(cache, host):
-                    if p:
-                        c[:, :p] = cp.asarray(np.ascontiguousarray(a[:, :p]))
+                    if filled:
+                        c[:, :filled] = cp.asarray(np.ascontiguousarray(a[:, :filled]))
             self._lent = (layer, cache)
         return self._lent[1]
 
@@ -450,7 +476,8 @@ class CUDABackend:
         out = self._empty((n, heads, head_dim))
         k_cache, v_cache = self._cache(layer)
         if n == 1:
-            cuda_ops.attention_decode(q[0], k_cache, v_cache, out[0], self.pos, self._attn_scratch, scale, window,
+            scratch = self._attn_scratch[(heads, k_cache.shape[0], head_dim)]
+            cuda_ops.attention_decode(q[0], k_cache, v_cache, out[0], self.pos, scratch, scale, window,
                                       xq=self._q8_out(out), sinks=sinks, stream=self.stream)
         else:
             cuda_ops.attention_prefill(q, k_cache, v_cache, out, self.pos, scale, window, sinks=sinks,
@@ -489,100 +516,23 @@ class CUDABackend:
         return out
 
     def glu(self, gate: cp.ndarray, up: cp.ndarray) -> cp.ndarray:
+        """activation(gate) * up; up may be a strided view (gemma4's per-layer input of a layer)."""
         out = self._empty(gate.shape)
         xq = self._q8_out(out) if self.n == 1 else None
-        cuda_ops.glu(gate, up, out, self.cfg.activation, xq=xq, stream=self.stream)
+        cuda_ops.glu(gate, self._contiguous(up), out, self.cfg.activation, xq=xq, stream=self.stream)
         return out
 
     def add_moe(self, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> cp.ndarray:
-        """x + the mixture of experts on h = rms_norm(x [n, n_embd], norm) (_add_routed), and the shared expert's
-        output gated by sigmoid(gate_inp . h) where the layer has one (qwen35moe)."""
-        out, h = self._add_routed(x, experts, norm, k)
-        sh = experts.shared
-        if sh is None:
-            return out
-        gate, up = self.matmuls((sh.gate, sh.up), h)
-        y = self.matmul(sh.down, self.glu(gate, up))
-        cuda_ops.add_sigmoid_scaled(out, y, self.matmul(sh.gate_inp, h), out, stream=self.stream)
-        return out
+        """x + the mixture of experts on rms_norm(x [n, n_embd], norm) (backend_cuda_moe)."""
+        return backend_cuda_moe.add_moe(self, x, experts, norm, k)
 
-    def _add_routed(self, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> tuple:
-        """(x + the routed experts' weighted sum, h) for h = rms_norm(x [n, n_embd], norm) (kernels/cuda/moe.py): the router's
-        logits and the choice of k experts a token, kept on the device, then the experts' FFNs. One token
-        (decode): the norm, router and choice in one launch, the chosen experts' gate, up and glu in one, then
-        their down projections weighted, summed and added to x in one. A prompt chunk: grouped by expert
-        (_experts_grouped)."""
-        n = x.shape[0]
-        router = self._weight(experts.router)
-        router_bias = None if experts.router_bias is None else self._weight(experts.router_bias)
-        ids, weights = self._empty((n, k), cp.int32), self._empty((n, k))
-        if n == 1 and router.qtype.name == "F32" and x.shape[1] % 32 == 0 and \
-                x.shape[1] <= cuda_moe.ROUTER_CHUNKS * 4 * 1024:
-            h = self._empty(x.shape)
-            cuda_moe.norm_router_route(x.reshape(-1), self._weight(norm), self.cfg.rms_eps, router, h.reshape(-1),
-                                       self._q8_out(h), self._empty((router.n_rows,)), ids, weights,
-                                       self._route_done, bias=router_bias, stream=self.stream)
-        else:
-            h = self.rms_norm(x, norm)
-            cuda_moe.route(self._router_logits(router, h, router_bias), ids, weights, stream=self.stream)
-        if id(experts.gate) in self._dev:
-            gate, up, down = (self._dev[id(m)] for m in (experts.gate, experts.up, experts.down))
-        elif n >= OFFLOAD_MIN_TOKENS and not any(m.qtype.name in FLOAT_TYPES for m in (experts.gate, experts.up,
-                                                                                      experts.down)):
-            # this layer's experts stay on the host: up for this chunk (float experts have no GPU kernels)
-            gate, up, down = self._upload_experts(experts)
-        else:
-            return self.host_experts.add_moe(self, x, experts, h, ids, weights), h
-        gate_bias, up_bias, down_bias = self.expert_biases(experts)
-        if n >= GROUPED_MIN_TOKENS and cuda_moe.grouped_supported(gate, up, down):
-            return self._experts_grouped(x, h, gate, up, down, ids, weights, (gate_bias, up_bias), down_bias), h
-        hq = self._q8(h)
-        act = self._empty((n * k, gate.n_rows))
-        act_q = self._empty_q8(act.size)
-        if gate.qtype == up.qtype and gate.n_rows % 32 == 0:
-            cuda_moe.gate_up_glu(gate, up, ids, hq, act, act_q, self.cfg.activation, (gate_bias, up_bias),
-                                 stream=self.stream)
-        else:
-            gate_up = self._empty((2, n * k, gate.n_rows))
-            for i, (w, b) in enumerate(((gate, gate_bias), (up, up_bias))):
-                cuda_moe.gate_up((w,), ids, hq, gate_up[i:i + 1], (b,), stream=self.stream)
-            cuda_ops.glu(gate_up[0], gate_up[1], act, self.cfg.activation, xq=act_q, stream=self.stream)
+    def moe(self, x: cp.ndarray, experts: ExpertFFN, norm: np.ndarray, k: int) -> cp.ndarray:
+        """The mixture of experts alone on rms_norm(x [n, n_embd], norm): gemma4's, beside its dense FFN."""
+        return backend_cuda_moe.moe(self, x, experts, norm, k)
+
+    def scale(self, x: cp.ndarray, s: float) -> cp.ndarray:
         out = self._empty(x.shape)
-        cuda_moe.down(down, ids, weights, act_q, out, x, down_bias, stream=self.stream)
-        return out, h
-
-    def expert_biases(self, experts: ExpertFFN) -> tuple:
-        """(gate, up, down) biases of the experts on the device (gpt-oss), or Nones."""
-        return tuple(None if b is None else self._weight(b)
-                     for b in (experts.gate_bias, experts.up_bias, experts.down_bias))
-
-    def _router_logits(self, router: DeviceWeight, h: cp.ndarray, bias: cp.ndarray | None) -> cp.ndarray:
-        """h [n, n_embd] @ router.T (+ bias): an F32 router in float32 cuBLAS for a prompt chunk (the prompt matmuls'
-        fp16 tiles could flip a near-tie choice against the decode step's), else as any matrix."""
-        if h.shape[0] == 1 or router.qtype.name != "F32":
-            return self._matmul(router, h, bias)
-        logits = self._empty((h.shape[0], router.n_rows))
-        self._set_cublas_stream()
-        with self.stream:
-            cuda_prefill.matmul_f32(router.data.view(cp.float32).reshape(router.n_rows, -1), h, logits)
-        if bias is not None:
-            cuda_ops.add_bias(logits, bias, stream=self.stream)
-        return logits
-
-    def _experts_grouped(self, x, h, gate, up, down, ids: cp.ndarray, weights: cp.ndarray, gate_up_biases: tuple,
-                         down_bias: cp.ndarray | None) -> cp.ndarray:
-        """The experts of a prompt chunk: its (token, slot) pairs sorted by expert on the device, the gate, up
-        and glu of each pair in one grouped launch (fp16 out), its down in another, and the k rows of a token
-        weighted and added to x in a third (biases: gpt-oss's, added in the grouped launches)."""
-        n, k = weights.shape
-        pairs = cuda_moe.sort_pairs(ids, gate.n_expert, stream=self.stream)
-        act16 = self._empty((n * k, gate.n_rows), cp.float16)
-        y = self._empty((n * k, down.n_rows))
-        cuda_moe.gate_up_glu_grouped(gate, up, self._f16(h), k, pairs, act16, self.cfg.activation, gate_up_biases,
-                                     stream=self.stream)
-        cuda_moe.matmul_grouped(down, act16, 1, pairs, y, down_bias, stream=self.stream)
-        out = self._empty(x.shape)
-        cuda_moe.combine(x, y, weights, out, stream=self.stream)
+        cuda_ops.scale(x, s, out, stream=self.stream)
         return out
 
     def add(self, x: cp.ndarray, y: cp.ndarray) -> cp.ndarray:
@@ -688,9 +638,9 @@ def _matmuls_calls(lw: LayerWeights):
         yield lw.delta_net.projections, None
     else:
         yield lw.qkv, lw.qkv_bias
-    if lw.experts is None:
+    if lw.ffn_gate is not None:  # a dense FFN (gemma4's beside its experts too)
         yield lw.gate_up, None
-    elif lw.experts.shared is not None:
+    if lw.experts is not None and lw.experts.shared is not None:
         yield (lw.experts.shared.gate, lw.experts.shared.up), None
 
 
@@ -718,13 +668,9 @@ def row_groups(ws: tuple[QuantMatrix, ...], biases: tuple | None, place=to_devic
     return groups
 
 
-def _stacks(experts: ExpertFFN) -> tuple[QuantExperts, QuantExperts, QuantExperts]:
-    return experts.gate, experts.up, experts.down
-
-
 def _uploaded_from_host(w: ModelWeights, cpu_layers: range, host_experts: range):
     """The host bytes a prompt chunk uploads: the CPU layers' matrices and expert stacks (lent layers) and the
-    stacks of the host experts of this backend's layers (_upload_experts). Nothing else may be handed to CuPy
+    stacks of the host experts of this backend's layers (backend_cuda_moe.upload_experts). Nothing else may be handed to CuPy
     from the file's pages after they are pinned: CuPy copies from a pinned address without staging, and the
     driver refuses a copy that runs past the registered (page-rounded) range, as a vector next to a pinned matrix
     would (_weight copies a lent layer's vectors first)."""
@@ -734,17 +680,19 @@ def _uploaded_from_host(w: ModelWeights, cpu_layers: range, host_experts: range)
             if isinstance(t := getattr(lw, name), QuantMatrix):
                 yield t.data
         if lw.experts is not None:
-            yield from (stack.data for stack in _stacks(lw.experts))
+            yield from (stack.data for stack in lw.experts.host_stacks)
     for i in host_experts:
-        yield from (stack.data for stack in _stacks(w.layers[i].experts))
+        yield from (stack.data for stack in w.layers[i].experts.host_stacks)
 
 
 def _host_tensors(w: ModelWeights, layers: range, host_experts: range = range(0)):
     """Every weight forward() hands to an op on its own in these layers and the head: matrices, expert stacks (but
-    those of host_experts' layers) and norm vectors (not the matmuls calls'); token_embd only with the first layer
-    (else the CPU embeds)."""
+    those of host_experts' layers) and norm vectors (not the matmuls calls'); token_embd (and gemma4's per-layer
+    embeddings) only with the first layer (else the CPU embeds)."""
     if layers.start == 0:
         yield w.token_embd
+        if w.per_layer is not None:
+            yield from (w.per_layer.token_embd, w.per_layer.model_proj, w.per_layer.proj_norm)
     yield w.output
     yield w.output_norm
     for i in layers:
@@ -754,10 +702,13 @@ def _host_tensors(w: ModelWeights, layers: range, host_experts: range = range(0)
             t = getattr(lw, name)
             if isinstance(t, ExpertFFN):
                 yield from (t.router,) if i in host_experts else (t.router, t.gate, t.up, t.down)
-                yield from (b for b in (t.router_bias, t.gate_bias, t.up_bias, t.down_bias) if b is not None)
+                yield from (b for b in (t.router_bias, t.gate_bias, t.up_bias, t.down_bias, t.router_norm,
+                                        t.down_scale) if b is not None)
                 if t.shared is not None:
                     yield from (t.shared.gate_inp, t.shared.down)
             elif isinstance(t, DeltaNetWeights):
                 yield from (getattr(t, f) for f in t.__dataclass_fields__ if id(getattr(t, f)) not in grouped)
-            elif t is not None and id(t) not in grouped:
+            elif isinstance(t, PerLayerInput):
+                yield from (t.inp_gate, t.proj, t.post_norm)
+            elif isinstance(t, (QuantMatrix, np.ndarray)) and id(t) not in grouped:  # not output_scale, a float
                 yield t

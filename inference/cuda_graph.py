@@ -26,7 +26,7 @@ import numpy as np
 
 from inference.backend_cpu import CPUBackend
 from inference.backend_cuda import CUDABackend
-from inference.forward import embed, head, layers
+from inference.forward import head, inputs, layers
 from inference.grammar import Guide
 from inference.sampling import SamplingParams
 from inference.weights import ModelWeights
@@ -50,8 +50,9 @@ class DecodeStep:
     def _gpu_part(self, greedy: bool, masked: bool):
         be = self.be
         be.begin_step()
-        x = be.staged() if self.cpu else embed(be, self.cfg, self.weights)
-        logits = head(be, self.cfg, self.weights, layers(be, self.cfg, self.weights, x, be.layers))
+        # the hidden state (and gemma4's per-layer inputs) from the CPU's part, or made here
+        x, per_layer = (*be.staged(), None)[:2] if self.cpu else inputs(be, self.cfg, self.weights)
+        logits = head(be, self.cfg, self.weights, layers(be, self.cfg, self.weights, x, be.layers, per_layer))
         if masked:
             be.pieces.host_point(self._write_mask)
             be.mask_logits(logits[0])
@@ -72,8 +73,9 @@ class DecodeStep:
             self.be.state_pos = pos + 1
         if self.cpu:
             self.cpu.set_input(np.array([token], np.int32), pos)
-            x = layers(self.cpu, self.cfg, self.weights, embed(self.cpu, self.cfg, self.weights), self.cpu.layers)
-            self.be.stage(x)
+            x, per_layer = inputs(self.cpu, self.cfg, self.weights)
+            x = layers(self.cpu, self.cfg, self.weights, x, self.cpu.layers, per_layer)
+            self.be.stage(x, *(() if per_layer is None else (per_layer,)))
         pieces = self.graphs.get((greedy, masked))
         if pieces is not None:
             for piece in pieces:

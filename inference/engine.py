@@ -12,7 +12,7 @@ from inference.backend_cpu import CPUBackend
 from inference.forward import forward
 from inference.grammar import Constraint, Guide, vocabulary
 from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, Placement, VramBudgetError,
-                                 all_on_cpu, free_vram, plan_placement, split)
+                                 all_on_cpu, free_vram, holds_kv_sources, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
 from inference.weights import load_weights
 from kernels.cuda.shapes import ATTENTION_HEAD_DIMS, DELTANET_CONV_K, DELTANET_HEAD_SIZES
@@ -53,17 +53,9 @@ class NoChatTemplateError(UserError, ValueError):
 
 def gpu_gap(config: ModelConfig) -> str | None:
     """What of this model the GPU kernels do not take yet (None: they take all of it): it then runs on the CPU."""
-    # gemma4's ops the CUDA backend has no kernels for yet (its rope_kv_write neither norms v nor ropes q alone)
-    gemma4 = [what for what, used in (
-        ("layers of their own head sizes and counts", config.head_dim_local or config.n_heads_by_layer
-         or config.n_kv_heads_by_layer or config.n_ff_by_layer),
-        ("KV-shared layers", config.kv_shared_layers), ("an unweighted norm of v", config.v_norm),
-        ("per-layer embeddings", config.n_embd_per_layer),
-        ("experts beside a dense FFN", config.dense_with_experts and config.n_expert)) if used]
-    if gemma4:
-        return f"{config.arch}'s {', '.join(gemma4)}"
-    if config.head_dim not in ATTENTION_HEAD_DIMS:
-        return f"attention heads of {config.head_dim} (only {', '.join(map(str, ATTENTION_HEAD_DIMS))})"
+    head_dims = sorted({config.layer_heads(i)[2] for i in config.attention_layers} - set(ATTENTION_HEAD_DIMS))
+    if head_dims:
+        return f"attention heads of {', '.join(map(str, head_dims))} (only {', '.join(map(str, ATTENTION_HEAD_DIMS))})"
     if config.recurrent and any(config.recurrent):
         if config.ssm_state not in DELTANET_HEAD_SIZES:
             return f"DeltaNet heads of {config.ssm_state} (only {', '.join(map(str, DELTANET_HEAD_SIZES))})"
@@ -168,7 +160,7 @@ class Engine:
     def _with_gpu_layers(self, k: int) -> Placement:
         """The placement with only its last k layers on the GPU, after running out of VRAM."""
         p, reason = self.placement, "out of GPU memory"
-        if k == 0:
+        if k == 0 or not holds_kv_sources(self.config, k):  # gemma4: fewer would part the KV-shared layers' caches
             return all_on_cpu(self.config.n_layers, self.n_ctx, reason)
         return split(self._gguf.tensors, self.config, self.n_ctx, k, p.budget_bytes, p.reserve_bytes, reason,
                      p.cpu_expert_layers, longer_chunks=False)  # the counts fell short: no spare VRAM to count on

@@ -25,6 +25,12 @@ def per_layer_inputs(be, cfg: ModelConfig, w: ModelWeights, x):
     return be.scale(be.add(be.rms_norm(proj, pl.proj_norm), table), 1 / math.sqrt(2))
 
 
+def inputs(be, cfg: ModelConfig, w: ModelWeights) -> tuple:
+    """(the hidden state [n, n_embd] of be.tokens, their per_layer_inputs or None): what the first layer takes."""
+    x = embed(be, cfg, w)
+    return x, per_layer_inputs(be, cfg, w, x) if w.per_layer is not None else None
+
+
 def attention(be, cfg: ModelConfig, lw: LayerWeights, i: int, h):
     """Attention of layer i on h [n, n_embd] (normed), filling its KV cache (gemma4's KV-shared layers: reading
     an earlier layer's, cfg.kv_source): [n, n_heads * v_head_dim]."""
@@ -106,8 +112,7 @@ def forward(segments, cfg: ModelConfig, w: ModelWeights, all_logits: bool = Fals
     x = per_layer = None
     for be, indices in segments:
         if x is None:
-            x = embed(be, cfg, w)
-            per_layer = per_layer_inputs(be, cfg, w, x) if w.per_layer is not None else None
+            x, per_layer = inputs(be, cfg, w)
         else:
             x = be.receive(x)
             per_layer = be.receive(per_layer) if per_layer is not None else None

@@ -70,15 +70,19 @@ def _gpu_rows(w: QuantMatrix, share: float) -> int:
 
 
 def _layer_calls(lw):
-    """The matrices of each matmuls / matmul call forward() makes in a layer (of a mixture of experts, the
-    router's and the shared expert's: which experts run changes every token, and they stay on the CPU)."""
+    """The matrices of each matmuls / matmul call forward() makes in a layer, in its order (of a mixture of experts,
+    the router's and the shared expert's: which experts run changes every token, and they stay on the CPU; gemma4's
+    dense FFN beside its experts and its per-layer input's gate and projection)."""
     dn = lw.delta_net
-    mixer = (dn.projections, (dn.out,)) if dn is not None else (lw.qkv, (lw.attn_output,))
-    if lw.experts is None:
-        return *mixer, lw.gate_up, (lw.ffn_down,)
-    sh = lw.experts.shared
-    shared = ((sh.gate, sh.up), (sh.down,), (sh.gate_inp,)) if sh is not None else ()
-    return *mixer, (lw.experts.router,), *shared
+    calls = [dn.projections, (dn.out,)] if dn is not None else [lw.qkv, (lw.attn_output,)]
+    if lw.ffn_gate is not None:
+        calls += [lw.gate_up, (lw.ffn_down,)]
+    if lw.experts is not None:
+        sh = lw.experts.shared
+        calls += [(lw.experts.router,)] + ([(sh.gate, sh.up), (sh.down,), (sh.gate_inp,)] if sh is not None else [])
+    if lw.per_layer is not None:
+        calls += [(lw.per_layer.inp_gate,), (lw.per_layer.proj,)]
+    return tuple(calls)
 
 
 class GpuShare:
@@ -128,7 +132,9 @@ class GpuShare:
 
     def matmuls(self, ws: tuple[QuantMatrix, ...], x: np.ndarray) -> tuple[np.ndarray, ...]:
         """x [1, n_cols] @ W.T for each of ws: the GPU's rows and the CPU's at once, joined [1, n_rows] each."""
-        call = self._calls[tuple(map(id, ws))]
+        call = self._calls.get(tuple(map(id, ws)))
+        if call is None:  # not a layer's (gemma4's per_layer_model_proj, of the embedding): the CPU's alone
+            return tuple(quantized_matmuls([w.data for w in ws], [w.qtype for w in ws], x))
         if not call.pinned:  # no row of these matrices has a CUDA kernel
             return tuple(quantized_matmuls([w for w, _ in call.cpu], [t for _, t in call.cpu], x))
         schedule = self._schedule

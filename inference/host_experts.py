@@ -17,6 +17,7 @@ import cupyx
 import numpy as np
 
 from inference.backend_cpu import moe_experts
+from inference.backend_cuda_moe import expert_biases
 from inference.step_pieces import StepPieces
 from inference.weights import ExpertFFN, ModelWeights
 from kernels.cuda import moe as cuda_moe, ops as cuda_ops
@@ -102,7 +103,7 @@ class HostExperts:
             hq, x_gpu = be._q8(h), be._empty(x.shape)
             act = be._empty((n_gpu, share[0].n_rows))
             _gpu_share(share, ids[:, k - n_gpu:], weights[:, k - n_gpu:], hq, act, be._empty_q8(act.size), x_gpu, x,
-                       cfg.activation, self.stream, be.expert_biases(experts))
+                       cfg.activation, self.stream, expert_biases(be, experts))
 
         def run() -> None:  # on the host, once the copies are done
             n_cpu = k - n_gpu

@@ -158,15 +158,20 @@ def layer_weight_bytes(tensors: dict[str, TensorInfo], n_layers: int) -> list[in
     return sizes
 
 
-def kv_bytes_per_layer(cfg: ModelConfig, n_ctx: int) -> int:
-    return 2 * cfg.n_kv_heads * n_ctx * (cfg.head_dim + cfg.v_head_dim)  # float16 k and v
+def kv_bytes_per_layer(cfg: ModelConfig, n_ctx: int, layer: int = 0) -> int:
+    """The float16 k and v of an attention layer's cache, of its own heads (gemma4's sliding and global layers differ;
+    its KV-shared layers read an earlier layer's: none)."""
+    if not cfg.has_kv(layer):
+        return 0
+    _, kv_heads, head_dim, v_head_dim = cfg.layer_heads(layer)
+    return 2 * kv_heads * n_ctx * (head_dim + v_head_dim)
 
 
 def context_bytes(cfg: ModelConfig, n_ctx: int, layers: range) -> int:
     """VRAM of these layers' context: an attention layer's KV cache, a recurrent layer's float32 conv and delta
     states (the same at any context length)."""
     state = 4 * ((cfg.ssm_conv_kernel - 1) * cfg.ssm_conv_dim + cfg.ssm_v_heads * cfg.ssm_state ** 2)
-    return sum(state if cfg.is_recurrent(i) else kv_bytes_per_layer(cfg, n_ctx) for i in layers)
+    return sum(state if cfg.is_recurrent(i) else kv_bytes_per_layer(cfg, n_ctx, i) for i in layers)
 
 
 def share_ring_bytes(largest_matrix_bytes: int) -> int:
@@ -196,7 +201,8 @@ def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig, chunk: int =
     max_cols = max(cfg.n_embd, cfg.n_ff, attn_dim, cfg.n_expert_used * cfg.n_ff_exp)  # the widest matmul input
     q8_bytes = max_cols * (1 + 8 / 32)  # q8_1: a byte a value + float32 (d, s) a block of 32
     decode = (4 * (token_floats + cfg.n_vocab) + q8_bytes
-              + 4 * cfg.n_heads * ATTN_SPLITS_MAX * (cfg.head_dim + 4)  # attention splits (attention.cu: PART_EXTRA)
+              + 4 * cfg.n_heads * ATTN_SPLITS_MAX * (cfg.head_dim + 4)  # attention splits (attention.cu: PART_EXTRA),
+              * len({cfg.layer_heads(i)[:3] for i in cfg.attention_layers})  # a set a kind of heads (gemma4)
               + 8 * math.ceil(cfg.n_vocab / SAMPLE_CHUNK) * SAMPLE_K_MAX)  # sampler candidates
     matrices = [t for name, t in tensors.items() if name.startswith("blk.") and len(t.shape) == 2]
     largest, largest_bytes = max(t.n_elems for t in matrices), max(t.nbytes for t in matrices)
@@ -208,6 +214,12 @@ def scratch_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig, chunk: int =
         pairs = chunk * cfg.n_expert_used  # float32 act and its q8_1: no more than these)
         prefill += pairs * (4 * cfg.n_embd + 2 * cfg.n_ff_exp)
     return int(decode + prefill)
+
+
+def holds_kv_sources(cfg: ModelConfig, k: int) -> bool:
+    """Whether the last k layers hold every layer whose K/V cache they read (gemma4's KV-shared layers read an
+    earlier layer's: the GPU's caches are its own, so a split may not fall between them)."""
+    return all(cfg.kv_source(i) >= cfg.n_layers - k for i in range(cfg.n_layers - k, cfg.n_layers))
 
 
 def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int, free_vram: int,
@@ -223,6 +235,10 @@ def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int,
     cpu_moe = n if cpu_moe == "all" else cpu_moe
     if gpu_layers != "auto" and not (isinstance(gpu_layers, int) and 0 <= gpu_layers <= n):
         raise GpuLayersError(f"--gpu-layers must be 'auto' or 0..{n} (the model has {n} layers), got {gpu_layers}")
+    if gpu_layers != "auto" and gpu_layers and not holds_kv_sources(cfg, gpu_layers):
+        least = next(k for k in range(1, n + 1) if holds_kv_sources(cfg, k))
+        raise GpuLayersError(f"--gpu-layers {gpu_layers} would part the last {cfg.kv_shared_layers} layers from the "
+                             f"layers whose K/V they read: 0 or {least}..{n}")
     if cpu_moe != "auto" and not (isinstance(cpu_moe, int) and 0 <= cpu_moe <= n):
         raise GpuLayersError(f"--n-cpu-moe must be 0..{n} (the model has {n} layers), got {cpu_moe}")
     if vram_budget is None:
@@ -254,7 +270,10 @@ def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int,
             f"({_gib(one.weights_bytes - head)} weights + {_gib(one.kv_bytes)} KV cache at ctx {n_ctx}), scratch "
             f"({_gib(one.scratch_bytes)}) and the CUDA reserve ({_gib(reserve)}) need {_gib(need(1, experts))}; use "
             "--gpu-layers 0 (CPU), a smaller --ctx or model")
-    fits = max(k for k in range(1, n + 1) if need(k, experts) <= budget)
+    fits = max((k for k in range(1, n + 1) if need(k, experts) <= budget and holds_kv_sources(cfg, k)), default=0)
+    if fits == 0:  # gemma4: a layer fits, not the KV-shared ones with those they read
+        return replace(all_on_cpu(n, n_ctx, "the KV-shared layers and those they read do not fit the VRAM budget"),
+                       budget_bytes=budget)
     if gpu_layers == "auto":
         return split(tensors, cfg, n_ctx, fits, budget, reserve, "VRAM budget exhausted", experts)
     if need(gpu_layers, experts) > budget:
@@ -275,6 +294,7 @@ def split(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int, k: int, 
     head = sum(_vram_bytes(tensors[name]) for name in ("token_embd.weight" if tied else "output.weight",
                                                        "output_norm.weight", "rope_freqs.weight") if name in tensors)
     embd = 0 if tied else _vram_bytes(tensors["token_embd.weight"])  # only when every layer is on the GPU
+    embd += sum(_vram_bytes(t) for name, t in tensors.items() if name.startswith("per_layer_"))  # gemma4 E2B/E4B's
     by_layer, stack = [0] * n, 0  # bytes of each GPU layer's experts that stay on the host; their largest stack
     for name, t in tensors.items():
         if name.endswith("_exps.weight") and n - k <= int(name.split(".")[1]) < cpu_experts:

@@ -69,6 +69,13 @@ class ExpertFFN:
     # (not the experts' normed input), and expert e's output is scaled by down_scale[e] (ffn_down_exps.scale)
     router_norm: np.ndarray | None = None  # [n_embd]
     down_scale: np.ndarray | None = None  # [n_expert]
+    gate_up: QuantExperts | None = None  # ffn_gate_up_exps [n_expert, 2 n_ff_exp, n_embd] where gate, up are views of it
+
+    @property
+    def host_stacks(self) -> tuple[QuantExperts, ...]:
+        """The stacks as the file holds them (contiguous): gate_up where gate and up are its views, else gate, up;
+        then down."""
+        return ((self.gate_up,) if self.gate_up is not None else (self.gate, self.up)) + (self.down,)
 
     @property
     def has_biases(self) -> bool:
@@ -260,6 +267,7 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
         """gemma4's experts: gate and up in one stack (ffn_gate_up_exps, gate's rows first: views of it, each expert's
         rows contiguous) or two, the router's input norm and the experts' output scales."""
         ff = cfg.n_ff_exp
+        gate_up = None
         if p + "ffn_gate_up_exps.weight" in model.tensors:
             gate_up = experts(p + "ffn_gate_up_exps.weight", 2 * ff, cfg.n_embd)
             gate, up = (QuantExperts(gate_up.data[:, rows], gate_up.qtype, ff, cfg.n_embd)
@@ -269,7 +277,7 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
         return ExpertFFN(router=matrix(p + "ffn_gate_inp.weight", cfg.n_expert, cfg.n_embd), gate=gate, up=up,
                          down=experts(p + "ffn_down_exps.weight", cfg.n_embd, ff),
                          router_norm=vector(p + "ffn_gate_inp.scale", cfg.n_embd) / np.float32(np.sqrt(cfg.n_embd)),
-                         down_scale=vector(p + "ffn_down_exps.scale", cfg.n_expert))
+                         down_scale=vector(p + "ffn_down_exps.scale", cfg.n_expert), gate_up=gate_up)
 
     def per_layer_input(p: str) -> PerLayerInput:
         n = cfg.n_embd_per_layer

@@ -195,7 +195,7 @@ def step_profile(engine, slots: int) -> None:
     engine._cached = []
     list(engine.generate(list(range(100, 612)), max_tokens=4, temperature=0))  # captured
     step, be = engine._decode, engine._be
-    pieces = step.graphs[True]
+    pieces = step.graphs[(True, False)]
     spent = {"wait": 0.0, "host work": 0.0, "launch": 0.0}
     inner, wait = host_experts.moe_experts, be.host_experts._wait_handed
     work = [0.0]

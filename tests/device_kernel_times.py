@@ -71,6 +71,7 @@ def prefill(path: str) -> None:
     import cupy as cp
 
     import inference.backend_cuda as backend_cuda
+    import inference.backend_cuda_moe as backend_cuda_moe
     from inference import load
     from kernels.cuda import moe as cuda_moe
     engine = load(path, device="cuda", ctx=1024)
@@ -102,7 +103,7 @@ def prefill(path: str) -> None:
             return out
         setattr(owner, name, wrapper)
 
-    for owner, name in ((backend_cuda.CUDABackend, "add_moe"), (backend_cuda.CUDABackend, "_experts_grouped"),
+    for owner, name in ((backend_cuda.CUDABackend, "add_moe"), (backend_cuda_moe, "experts_grouped"),
                         (cuda_moe, "sort_pairs"), (cuda_moe, "gate_up_glu_grouped"), (cuda_moe, "matmul_grouped")):
         timed(owner, name)
     whole, _ = run(4)

@@ -15,15 +15,18 @@ from kernels.cuda.quant import Q8Vector, quantize_q8_1, to_device
 from models.ggml_types import TYPES_BY_NAME
 
 ROOFLINE_GBS = 3000.0
+# (n_head, n_head_kv, head_dim) of the attention benches: llama3-8b's; Gemma 4 31B's global layers (heads of 512: the
+# kernels make the output in slices, each reading the keys again, from L2 if the slices run together)
+ATTENTION_SHAPES = [(32, 8, 128), (32, 4, 512)]
 
 
 def time_graph(step, n_launch: int, replays: int = 7) -> float:
     return bench_cuda.time_graph(cp, step, n_launch, replays)
 
 
-def bench_decode_attention(rows):
-    n_head, n_head_kv, head_dim, max_ctx = 32, 8, 128, 16384
-    layers = [ops.kv_cache(n_head_kv, max_ctx, head_dim) for _ in range(8)]  # 8 x 64 MiB
+def bench_decode_attention(rows, n_head: int, n_head_kv: int, head_dim: int):
+    max_ctx = 16384
+    layers = [ops.kv_cache(n_head_kv, max_ctx, head_dim) for _ in range(8)]  # 8 x 64 MiB (8 kv heads of 128, 4 of 512)
     for k, v in layers:
         k[...] = cp.random.standard_normal(k.shape, dtype=cp.float32).astype(cp.float16)
         v[...] = cp.random.standard_normal(v.shape, dtype=cp.float32).astype(cp.float16)
@@ -39,12 +42,11 @@ def bench_decode_attention(rows):
 
         t = time_graph(step, 32)
         gbs = 2 * n_head_kv * n_ctx * head_dim * 2 / t / 1e9
-        rows.append((f"attention_decode 32h/8kv/128 ctx {n_ctx} ({scratch.shape[1]} splits)", t, f"{gbs:.0f} GB/s KV",
-                     f"{gbs / ROOFLINE_GBS:.0%} of roofline"))
+        rows.append((f"attention_decode {n_head}h/{n_head_kv}kv/{head_dim} ctx {n_ctx} ({scratch.shape[1]} splits)", t,
+                     f"{gbs:.0f} GB/s KV", f"{gbs / ROOFLINE_GBS:.0%} of roofline"))
 
 
-def bench_prefill_attention(rows):
-    n_head, n_head_kv, head_dim = 32, 8, 128
+def bench_prefill_attention(rows, n_head: int, n_head_kv: int, head_dim: int):
     for n_tok in (512, 2048):
         k, v = ops.kv_cache(n_head_kv, n_tok, head_dim)
         k[...] = cp.random.standard_normal(k.shape, dtype=cp.float32).astype(cp.float16)
@@ -54,7 +56,8 @@ def bench_prefill_attention(rows):
         pos = cp.zeros(1, dtype=cp.int32)
         t = time_graph(lambda i, s: ops.attention_prefill(q, k, v, out, pos, 0.088, stream=s), 4, 3)
         flops = 4 * n_tok * n_tok / 2 * n_head * head_dim
-        rows.append((f"attention_prefill 32h/8kv/128 n {n_tok}", t, f"{flops / t / 1e12:.2f} TFLOP/s", ""))
+        rows.append((f"attention_prefill {n_head}h/{n_head_kv}kv/{head_dim} n {n_tok}", t, f"{flops / t / 1e12:.2f} TFLOP/s",
+                     ""))
 
 
 def bench_small_ops(rows):
@@ -102,8 +105,9 @@ def main():
     print(cp.cuda.runtime.getDeviceProperties(0)["name"].decode())
     rows = []
     bench_small_ops(rows)
-    bench_decode_attention(rows)
-    bench_prefill_attention(rows)
+    for shape in ATTENTION_SHAPES:
+        bench_decode_attention(rows, *shape)
+        bench_prefill_attention(rows, *shape)
     print(f"{'op':58s} {'us':>9s}")
     for name, t, a, b in rows:
         print(f"{name:58s} {t * 1e6:9.2f}  {a} {b}")

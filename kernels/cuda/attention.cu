@@ -9,6 +9,10 @@
 // Both run on the tensor cores (mma.sync, fp16 in, float32 accumulate; float32 q and p split into two fp16
 // halves, so the result keeps float32 accuracy on the fp16 cache). Decode: a block's 16 mma rows are q heads of
 // one kv head, so GQA groups share each key tile.
+// Heads of 512 (gemma4's global layers): a lane's output accumulator of 512 dims would not fit its registers, nor a
+// decode warp's ring of key tiles the shared memory, so a block makes a slice of VD of the output's dims (the
+// kernels' VD < HD: v's dims voff .. voff + VD), each slice computing the scores over all HD dims again. A block's
+// slice is its blockIdx.x modulo HD / VD: the slices of one set of keys run side by side, their key tiles from L2.
 #include "ops_common.cuh"
 #include "q8_1.cuh"
 
@@ -108,17 +112,20 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, 1)
 // Fragment layouts (PTX ISA, mma.m16n8k16): lane = 4 * gi + ci; A regs: (row gi, cols 2ci..+1),
 // (row gi+8, same), (row gi, cols 2ci+8..+9), (row gi+8, same); B regs: (k 2ci..+1, col gi), (k 2ci+8..+9,
 // col gi); C: (row gi, cols 2ci, 2ci+1), (row gi+8, same).
-// Launch: grid (ceil(n_tok * G / PF_ROWS), n_head_kv), block 128, PfShape<HD>::BYTES of dynamic shared memory.
+// Launch: grid (ceil(n_tok * G / PF_ROWS) * HD / VD, n_head_kv), block 128, PfShape<HD, VD>::BYTES of dynamic
+// shared memory.
 #define PF_ROWS 64
 
 // At HD 256 a lane's output accumulator takes 128 registers, so q's fragments (hi and lo) wait in shared
 // memory instead of registers, and a key tile is 32 keys, so that q and a tile of k and v fit two blocks an SM.
-template <int HD>
+// VD: the output's dims a block makes (a slice of them at HD 512, see the top).
+template <int HD, int VD>
 struct PfShape {
     static constexpr bool Q_SHARED = HD > 128;
     static constexpr int KEYS = HD > 128 ? 32 : 64;  // keys a tile
     static constexpr int ST = HD + 8;                // padded shared row (halves): conflict-free fragment loads
-    static constexpr int BYTES = 2 * (2 * KEYS * ST + (Q_SHARED ? 2 * PF_ROWS * ST : 0));
+    static constexpr int SV = VD + 8;                // the same for a tile's v rows (its slice of them)
+    static constexpr int BYTES = 2 * (KEYS * ST + KEYS * SV + (Q_SHARED ? 2 * PF_ROWS * ST : 0));
 };
 
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -224,27 +231,28 @@ __device__ __forceinline__ void pv_mma(float (&o)[NT][4], const float (&s0)[4], 
     }
 }
 
-template <int HD>
+template <int HD, int VD>
 __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const __half* __restrict__ k_cache,
                                             const __half* __restrict__ v_cache, float* __restrict__ out,
                                             const int* __restrict__ pos, int n_tok, int n_head, int n_head_kv,
                                             int max_ctx, int window, float scale, const float* __restrict__ sinks) {
-    using Shape = PfShape<HD>;
+    using Shape = PfShape<HD, VD>;
     constexpr int KS = HD / 16;    // k-steps of q.k over the head dims
-    constexpr int NT = HD / 8;     // n-tiles of the output
-    constexpr int ST = Shape::ST, KEYS = Shape::KEYS, NK = KEYS / 8;
+    constexpr int NT = VD / 8;     // n-tiles of the output (its slice)
+    constexpr int ST = Shape::ST, SV = Shape::SV, KEYS = Shape::KEYS, NK = KEYS / 8;
     constexpr bool Q_SHARED = Shape::Q_SHARED;
     extern __shared__ __align__(16) __half pf_smem[];
     __half *s_k = pf_smem, *s_v = s_k + KEYS * ST;
-    int p0 = pos[0];
+    constexpr int SLICES = HD / VD;  // blockIdx.x: row block * SLICES + the output's slice
+    int p0 = pos[0], voff = blockIdx.x % SLICES * VD;
     int h = blockIdx.y, group = n_head / n_head_kv, n_rows = n_tok * group;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gi = lane >> 2, ci = lane & 3;
-    int r_block = blockIdx.x * PF_ROWS, r_warp = r_block + warp * 16;
+    int r_block = blockIdx.x / SLICES * PF_ROWS, r_warp = r_block + warp * 16;
     float scale2 = scale * 1.4426950408889634f;  // scores in base 2
 
     constexpr int QR = Q_SHARED ? 1 : KS;  // k-steps of q's A fragments held in registers
     uint32_t qh[QR][4], ql[QR][4];           // (hi, lo), or in shared memory: this warp's 16 rows of each
-    __half *s_qh = s_v + KEYS * ST + warp * 16 * ST, *s_ql = s_qh + PF_ROWS * ST;
+    __half *s_qh = s_v + KEYS * SV + warp * 16 * ST, *s_ql = s_qh + PF_ROWS * ST;
     int qpos[2];                              // positions of rows gi and gi + 8 (-1: no row)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -290,9 +298,11 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
         __syncthreads();  // the previous tile is no longer read (and this warp's q rows are written)
         for (int c = threadIdx.x; c < KEYS * HD / 8; c += 32 * WARPS) {
             int key = c / (HD / 8), d = (c % (HD / 8)) * 8, j = kt + key;
-            size_t at = (size_t)min(j, k_end - 1) * HD + d;  // keys past k_end: zeros
-            copy16(s_k + key * ST + d, kh + at, j < k_end);
-            copy16(s_v + key * ST + d, vh + at, j < k_end);
+            copy16(s_k + key * ST + d, kh + (size_t)min(j, k_end - 1) * HD + d, j < k_end);  // past k_end: zeros
+        }
+        for (int c = threadIdx.x; c < KEYS * VD / 8; c += 32 * WARPS) {
+            int key = c / (VD / 8), d = (c % (VD / 8)) * 8, j = kt + key;
+            copy16(s_v + key * SV + d, vh + (size_t)min(j, k_end - 1) * HD + voff + d, j < k_end);
         }
         copy_commit();
         copy_wait<0>();
@@ -329,7 +339,7 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
         softmax_tile(sc, m, l, o);
         // o += p v: p's C fragments of key n-tiles 2kk, 2kk+1 are the A fragment of k-step kk
 #pragma unroll
-        for (int kk = 0; kk < KEYS / 16; ++kk) pv_mma(o, sc[2 * kk], sc[2 * kk + 1], s_v + kk * 16 * ST, ST, lane);
+        for (int kk = 0; kk < KEYS / 16; ++kk) pv_mma(o, sc[2 * kk], sc[2 * kk + 1], s_v + kk * 16 * SV, SV, lane);
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -340,7 +350,7 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
         int t = r / group, hq = h * group + r % group;
         float sink = sinks ? exp2f(sinks[hq] * 1.4426950408889634f - m[half]) : 0.0f;  // m: base 2, as scale2
         float inv = 1.0f / (l[half] + sink);
-        float* orow = out + ((size_t)t * n_head + hq) * HD + 2 * ci;
+        float* orow = out + ((size_t)t * n_head + hq) * HD + voff + 2 * ci;
 #pragma unroll
         for (int n = 0; n < NT; ++n)
             *reinterpret_cast<float2*>(orow + n * 8) = make_float2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
@@ -348,7 +358,7 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
 }
 
 // Decode, pass 1. q [n_head, HD] float32 at position pos[0] (its k and v already in the cache). Block (kv
-// head h = blockIdx.x, split s = blockIdx.y, row chunk c = blockIdx.z): the group's q rows 16c .. 16c + 15
+// head h = blockIdx.x / (HD / VD), split s = blockIdx.y, row chunk c = blockIdx.z): the group's q rows 16c .. 16c + 15
 // (padded: a group of 6 uses 6 of the mma's 16 rows), keys lo + s*chunk .. (at most chunk). Writes part
 // [n_head, n_splits, HD + PART_EXTRA] = (sum p*v, max, sum p, 2 unused), unnormalised; a split past the
 // active ones writes nothing (the combine reads only active ones). Each warp streams its own 16-key tiles
@@ -357,22 +367,24 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
 // shared memory. Scores are in base 2 inside; part's max is written in natural units, as the combine reads
 // it. (The CUDA-core kernel before this one, one key a warp, spent its time in the warp sums of q.k: it was
 // 2.1x slower at HD 256 and 1.3x at 128 over 16384 keys.)
-// Launch: grid (n_head_kv, n_splits, ceil(group / 16)), block 128, DmShape<HD>::BYTES of dynamic shared
-// memory (214 KiB at HD 256: one block an SM).
-template <int HD, int STAGES = DECODE_STAGES>
+// Launch: grid (n_head_kv * HD / VD, n_splits, ceil(group / 16)), block 128, DmShape<HD, VD, STAGES>::BYTES of
+// dynamic shared memory (214 KiB at HD 256: one block an SM).
+// VD: the output's dims a block makes (a slice of them at HD 512, see the top).
+template <int HD, int VD, int STAGES>
 struct DmShape {
     static constexpr int ST = HD + 8;               // padded shared row (halves): conflict-free fragment loads
-    static constexpr int TILE = 2 * 16 * ST;        // halves of a 16-key tile of k and v
+    static constexpr int SV = VD + 8;               // the same for a tile's v rows (its slice of them)
+    static constexpr int TILE = 16 * ST + 16 * SV;  // halves of a 16-key tile of k and v
     static constexpr int BYTES = 2 * (2 * 16 * ST + WARPS * STAGES * TILE);  // q (hi, lo), then the rings
 };
 
-template <int HD, int STAGES = DECODE_STAGES>
+template <int HD, int VD, int STAGES>
 __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __half* __restrict__ k_cache,
                                            const __half* __restrict__ v_cache, float* __restrict__ part,
                                            const int* __restrict__ pos, int n_head, int n_head_kv, int max_ctx,
                                            int window, float scale, int n_splits) {
-    using Shape = DmShape<HD, STAGES>;
-    constexpr int KS = HD / 16, NT = HD / 8, ST = Shape::ST, TILE = Shape::TILE;
+    using Shape = DmShape<HD, VD, STAGES>;
+    constexpr int KS = HD / 16, NT = VD / 8, ST = Shape::ST, SV = Shape::SV, TILE = Shape::TILE;
     extern __shared__ __align__(16) __half dm_smem[];
     __shared__ float s_m[WARPS][16], s_l[WARPS][16];
     __half *s_qh = dm_smem, *s_ql = s_qh + 16 * ST;
@@ -380,7 +392,9 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
     Splits sp(p, window, n_splits);
     int s = blockIdx.y;
     if (s >= sp.active) return;
-    int h = blockIdx.x, group = n_head / n_head_kv, g0 = blockIdx.z * 16, ng = min(16, group - g0);
+    constexpr int SLICES = HD / VD;  // blockIdx.x: kv head * SLICES + the output's slice
+    int h = blockIdx.x / SLICES, group = n_head / n_head_kv, g0 = blockIdx.z * 16, ng = min(16, group - g0);
+    int voff = blockIdx.x % SLICES * VD;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gi = lane >> 2, ci = lane & 3;
     int kb = sp.lo + s * sp.chunk, ke = min(p + 1, kb + sp.chunk);
     int n_tiles = (ke - kb + 15) / 16, mine = (n_tiles - warp + WARPS - 1) / WARPS;  // tiles of this warp
@@ -392,10 +406,13 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
     auto load_tile = [&](int i) {  // this warp's i-th tile -> stage i % STAGES; keys past ke read as zeros
         __half* st = ring + (i % STAGES) * TILE;
         int k0 = kb + (warp + i * WARPS) * 16;
-        for (int c = lane; c < 2 * 16 * HD / 8; c += 32) {
-            int kv = c / (16 * HD / 8), cc = c % (16 * HD / 8), key = cc / (HD / 8), d = (cc % (HD / 8)) * 8;
-            int j = k0 + key;
-            copy16(st + kv * 16 * ST + key * ST + d, (kv ? vh : kh) + (size_t)min(j, ke - 1) * HD + d, j < ke);
+        for (int c = lane; c < 16 * HD / 8; c += 32) {
+            int key = c / (HD / 8), d = (c % (HD / 8)) * 8, j = k0 + key;
+            copy16(st + key * ST + d, kh + (size_t)min(j, ke - 1) * HD + d, j < ke);
+        }
+        for (int c = lane; c < 16 * VD / 8; c += 32) {
+            int key = c / (VD / 8), d = (c % (VD / 8)) * 8, j = k0 + key;
+            copy16(st + 16 * ST + key * SV + d, vh + (size_t)min(j, ke - 1) * HD + voff + d, j < ke);
         }
     };
 #pragma unroll
@@ -442,12 +459,12 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
             for (int e = 0; e < 4; ++e) sc[n][e] = k0 + n * 8 + 2 * ci + (e & 1) < ke ? sc[n][e] * scale2 : NEG_INF;
         }
         softmax_tile(sc, m, l, o);
-        pv_mma(o, sc[0], sc[1], s_v, ST, lane);  // the tile's 16 keys are one k-step
+        pv_mma(o, sc[0], sc[1], s_v, SV, lane);  // the tile's 16 keys are one k-step
     }
     copy_wait<0>();
     __syncthreads();  // every warp is done with its ring: the rings become the merge buffer
 
-    float* s_o = reinterpret_cast<float*>(s_ql + 16 * ST);  // [WARPS][16][HD]
+    float* s_o = reinterpret_cast<float*>(s_ql + 16 * ST);  // [WARPS][16][VD]
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
@@ -459,23 +476,23 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
         }
 #pragma unroll
         for (int n = 0; n < NT; ++n)
-            *reinterpret_cast<float2*>(s_o + (warp * 16 + r) * HD + n * 8 + 2 * ci) =
+            *reinterpret_cast<float2*>(s_o + (warp * 16 + r) * VD + n * 8 + 2 * ci) =
                 make_float2(o[n][2 * half], o[n][2 * half + 1]);
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < ng * HD; i += blockDim.x) {
-        int g = i / HD, d = i % HD;
+    for (int i = threadIdx.x; i < ng * VD; i += blockDim.x) {
+        int g = i / VD, d = i % VD;
         float mx = NEG_INF;
         for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, s_l[w][g] > 0.0f ? s_m[w][g] : NEG_INF);
         float a = 0.0f, lsum = 0.0f;
         for (int w = 0; w < WARPS; ++w) {
             float f = s_l[w][g] > 0.0f ? exp2f(s_m[w][g] - mx) : 0.0f;
-            a += s_o[(w * 16 + g) * HD + d] * f;
+            a += s_o[(w * 16 + g) * VD + d] * f;
             lsum += s_l[w][g] * f;
         }
         float* out = part + ((size_t)(h * group + g0 + g) * n_splits + s) * (HD + PART_EXTRA);
-        out[d] = a;
-        if (d == 0) {
+        out[voff + d] = a;
+        if (d == 0 && voff == 0) {  // every slice has the same scores: one writes their max and sum
             out[HD] = mx * 0.6931471805599453f;  // base 2 -> natural units, as the combine reads it
             out[HD + 1] = lsum;
         }
@@ -483,25 +500,27 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
 }
 
 // (128, 1): with the plain bound ptxas aims at more blocks an SM and spills at HD 256
-#define ATTN_DECODE(NAME, HD, STAGES)                                                                   \
+// DECODE_VD, PREFILL_VD: the output's dims a block makes; DECODE_ST: a decode warp's ring stages (ops.py mirrors them)
+#define ATTN(HD, DECODE_VD, DECODE_ST, PREFILL_VD)                                                      \
     extern "C" __global__ void __launch_bounds__(128, 1)                                                 \
-        NAME(const float* q, const __half* k_cache, const __half* v_cache, float* part, const int* pos, \
-             int n_head, int n_head_kv, int max_ctx, int window, float scale, int n_splits) {           \
+        attn_decode_##HD(const float* q, const __half* k_cache, const __half* v_cache, float* part,     \
+                         const int* pos, int n_head, int n_head_kv, int max_ctx, int window, float scale, \
+                         int n_splits) {                                                                \
         wait_prior();                                                                                   \
-        decode_mma<HD, STAGES>(q, k_cache, v_cache, part, pos, n_head, n_head_kv, max_ctx, window, scale, \
-                               n_splits);                                                              \
-    }
-#define ATTN(HD)                                                                                        \
-    ATTN_DECODE(attn_decode_##HD, HD, DECODE_STAGES)                                                    \
+        decode_mma<HD, DECODE_VD, DECODE_ST>(q, k_cache, v_cache, part, pos, n_head, n_head_kv, max_ctx, \
+                                             window, scale, n_splits);                                  \
+    }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(128, 1)                                                 \
         attn_prefill_##HD(const float* q, const __half* k_cache, const __half* v_cache, float* out,   \
                           const int* pos, int n_tok, int n_head, int n_head_kv, int max_ctx, int window, \
                           float scale, const float* sinks) {                                            \
         wait_prior();                                                                                   \
-        prefill_mma<HD>(q, k_cache, v_cache, out, pos, n_tok, n_head, n_head_kv, max_ctx, window, scale, \
-                        sinks);                                                                         \
+        prefill_mma<HD, PREFILL_VD>(q, k_cache, v_cache, out, pos, n_tok, n_head, n_head_kv, max_ctx,  \
+                                    window, scale, sinks);                                              \
     }
 
-ATTN(64)
-ATTN(128)
-ATTN(256)
+ATTN(64, 64, DECODE_STAGES, 64)
+ATTN(128, 128, DECODE_STAGES, 128)
+ATTN(256, 256, DECODE_STAGES, 256)
+// 512: a block makes 128 of the output's dims (a prefill block of 256 spilled), a decode warp's ring 2 stages (201 KiB)
+ATTN(512, 128, 2, 128)

@@ -1,4 +1,4 @@
-// Elementwise ops of a transformer layer: gated activation, residual add, bias add, logit softcap.
+// Elementwise ops of a transformer layer: gated activation, residual add, bias add, scale, logit softcap.
 // Launch: grid ceil(n / 256), block 256; thread = one element.
 #include "ops_common.cuh"
 #include "q8_1.cuh"
@@ -34,6 +34,13 @@ extern "C" __global__ void add_bias(const float* x, const float* __restrict__ bi
     wait_prior();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = x[i] + bias[i % d];
+}
+
+// out = x * s (gemma4's per-layer inputs and layer output scale); out may be x.
+extern "C" __global__ void scale(const float* x, float* out, int n, float s) {
+    wait_prior();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] * s;
 }
 
 // x = cap * tanh(x / cap) in place (gemma2-style final logit softcap).

@@ -53,6 +53,15 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_exp
     route_token(logits + t * n_expert, n_expert, k, p, ids + t * k, weights + t * k);
 }
 
+// weights [n] *= scales[ids[n]]: each chosen expert's output scale folded into its weight (gemma4's
+// ffn_down_exps.scale). Launch: grid ceil(n / 256), block 256.
+extern "C" __global__ void moe_scale_weights(const int* __restrict__ ids, float* __restrict__ weights,
+                                             const float* __restrict__ scales, int n) {
+    wait_prior();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) weights[i] *= scales[ids[i]];
+}
+
 // One token's FFN norm, router and routing in one launch: each block normalizes its own copy of x [n_embd]
 // (h = x / sqrt(mean(x^2) + eps) * norm, as norm_rope.cu's rms_norm_q8_1: x is 8 KB from L2) and dots h with
 // router row blockIdx.x (float32 [n_expert, n_embd]: every multiprocessor reads a share of it), plus the router's

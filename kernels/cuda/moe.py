@@ -87,6 +87,15 @@ def route(logits: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, stream=None)
                                       shared_mem=4 * n_expert)
 
 
+def scale_weights(ids: cp.ndarray, weights: cp.ndarray, scales: cp.ndarray, stream=None) -> None:
+    """weights [n_tok, k] *= scales[ids] in place: each chosen expert's output scale (float32 [n_expert], gemma4)."""
+    if ids.shape != weights.shape or ids.dtype != cp.int32 or weights.dtype != cp.float32 or scales.dtype != cp.float32 \
+            or scales.ndim != 1 or not (ids.flags.c_contiguous and weights.flags.c_contiguous):
+        raise ValueError("scale_weights: contiguous ids int32 and weights float32 of one shape, scales float32 [n_expert]")
+    with stream or cp.cuda.get_current_stream():
+        kernel("moe.cu", "moe_scale_weights")((-(-ids.size // 256),), (256,), (ids, weights, scales, np.int32(ids.size)))
+
+
 ROUTER_CHUNKS = 4  # moe.cu: float4 chunks of x a thread of moe_norm_router_route
 
 

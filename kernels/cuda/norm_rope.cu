@@ -107,14 +107,19 @@ extern "C" __global__ void rope(float* __restrict__ q, float* __restrict__ k, co
 // [n_tok, n_head_kv, head_dim] stored as fp16 at positions pos[0] + t of the caches (dropped past max_ctx).
 // Thread i < head_dim / 2 takes pair i when i < n_pairs, else the unrotated dims 2i and 2i+1 (normalized
 // and copied). head_norm needs head_dim a multiple of 64 (block_sum_f's whole warps).
+// v_norm (gemma4): each head of v normalized too before it is stored, with its weight v_norm_w (ones: gemma4's
+// unweighted norm). v may be k itself (gemma4's global layers without attn_v: v is k's projection before its norm
+// and rope): the thread that rewrites k's dims a, b reads v's first. n_head_kv 0: q alone (gemma4's KV-shared
+// layers), no cache written. Not restrict: k and v may be one buffer.
 // Launch: grid (n_tok, ceil((n_head + n_head_kv) / heads)), block head_dim / 2: `heads` heads a block, one
 // after the other (ROPE_HEADS for a prompt; a decode step's few heads go one a block, all at once).
-extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
+extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* k, const float* v,
                                          __half* __restrict__ k_cache, __half* __restrict__ v_cache,
                                          const double* __restrict__ inv_freq, const int* __restrict__ pos,
                                          int n_head, int n_head_kv, int head_dim, int n_pairs, int neox,
                                          float mscale, int max_ctx, const float* __restrict__ q_norm,
-                                         const float* __restrict__ k_norm, int head_norm, float eps, int heads) {
+                                         const float* __restrict__ k_norm, int head_norm, float eps, int heads,
+                                         const float* __restrict__ v_norm_w, int v_norm) {
     wait_prior();
     int i = threadIdx.x, t = blockIdx.x, p = pos[0] + t;
     bool rotated = i < n_pairs;
@@ -132,6 +137,11 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
         int hk = h - n_head;
         size_t row = is_q ? ((size_t)t * n_head + h) * head_dim : ((size_t)t * n_head_kv + hk) * head_dim;
         float* x = (is_q ? q : k) + row;
+        float v0 = 0.0f, v1 = 0.0f;
+        if (!is_q) {  // before k's dims are rewritten: v may be k
+            v0 = v[row + a];
+            v1 = v[row + b];
+        }
         float x0 = x[a], x1 = x[b];
         if (head_norm) {
             float inv = rsqrtf(block_sum_f(x0 * x0 + x1 * x1) / (float)head_dim + eps);
@@ -144,12 +154,18 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
             x[a] = x0;
             x[b] = x1;
         }
-        if (is_q || p < 0 || p >= max_ctx) continue;
+        if (is_q) continue;
+        if (v_norm) {  // every thread of the block is here: they take one head at a time
+            float inv = rsqrtf(block_sum_f(v0 * v0 + v1 * v1) / (float)head_dim + eps);
+            v0 = v0 * inv * v_norm_w[a];
+            v1 = v1 * inv * v_norm_w[b];
+        }
+        if (p < 0 || p >= max_ctx) continue;
         size_t at = ((size_t)hk * max_ctx + p) * head_dim;
         k_cache[at + a] = __float2half_rn(x0);
         k_cache[at + b] = __float2half_rn(x1);
-        v_cache[at + a] = __float2half_rn(v[row + a]);
-        v_cache[at + b] = __float2half_rn(v[row + b]);
+        v_cache[at + a] = __float2half_rn(v0);
+        v_cache[at + b] = __float2half_rn(v1);
     }
 }
 

@@ -176,36 +176,47 @@ def kv_write(k: cp.ndarray, v: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndar
         kernel("norm_rope.cu", "kv_write")(_blocks(k.size), (256,), args)
 
 
-def rope_kv_write(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, inv_freq: cp.ndarray, pos: cp.ndarray, neox: bool,
-                  k_cache: cp.ndarray, v_cache: cp.ndarray, head_norms: tuple | None = None, eps: float = 0.0,
-                  mscale: float = 1.0, stream=None) -> None:
+def rope_kv_write(q: cp.ndarray, k: cp.ndarray | None, v: cp.ndarray | None, inv_freq: cp.ndarray, pos: cp.ndarray,
+                  neox: bool, k_cache: cp.ndarray | None, v_cache: cp.ndarray | None, head_norms: tuple | None = None,
+                  eps: float = 0.0, mscale: float = 1.0, stream=None) -> None:
     """rope(q, k, ...) then kv_write(k, v, ...) in one launch (one graph node less a layer), same results.
-    head_norms (q_norm, k_norm), float32 [head_dim] each: q and k normalized per head first, as rms_norm(q,
-    q_norm, eps) and rms_norm(k, k_norm, eps) would (in the same launch: two nodes less); head_dim a multiple
-    of HEAD_NORM_MULTIPLE. mscale: the rotated pairs' cos and sin (float32) times it (YaRN's attention factor)."""
-    n_head_kv, max_ctx, head_dim = _check_cache(k_cache, v_cache)
-    n_tok, n_head = (q.shape[0], q.shape[1]) if isinstance(q, cp.ndarray) and q.ndim == 3 else (-1, -1)
+    head_norms (q_norm, k_norm[, v_norm]), float32 [head_dim] each (k_norm None with q alone): q and k (and v: gemma4)
+    normalized per head first, as rms_norm(q, q_norm, eps) and rms_norm(k, k_norm, eps) would (in the same launch: two
+    nodes less); head_dim a multiple of HEAD_NORM_MULTIPLE. v may be k (the same array: gemma4's v from k's projection, before k's norm and
+    rope). k, v and the caches None: q alone is normed and rotated (gemma4's KV-shared layers). mscale: the rotated
+    pairs' cos and sin (float32) times it (YaRN's attention factor)."""
+    n_tok, n_head, head_dim = q.shape if isinstance(q, cp.ndarray) and q.ndim == 3 else (-1, -1, -1)
     _check("q", q, cp.float32, (n_tok, n_head, head_dim))
-    _check("k", k, cp.float32, (n_tok, n_head_kv, head_dim))
-    _check("v", v, cp.float32, (n_tok, n_head_kv, head_dim))
+    n_head_kv, max_ctx = 0, 0
+    if k is not None:
+        n_head_kv, max_ctx, _ = _check_cache(k_cache, v_cache)
+        _check("k_cache", k_cache, cp.float16, (n_head_kv, max_ctx, head_dim))
+        _check("k", k, cp.float32, (n_tok, n_head_kv, head_dim))
+        _check("v", v, cp.float32, (n_tok, n_head_kv, head_dim))
     n_pairs = inv_freq.shape[0] if isinstance(inv_freq, cp.ndarray) and inv_freq.ndim == 1 else -1
     _check("inv_freq", inv_freq, cp.float64, (n_pairs,))
     if not 0 < 2 * n_pairs <= head_dim or head_dim % 2:
         raise ValueError(f"rope_kv_write: {n_pairs} pairs do not fit a head of {head_dim}")
+    q_norm, k_norm, v_norm = (tuple(head_norms) + (None, None))[:3] if head_norms else (None, None, None)
     if head_norms is not None:
-        if head_dim % HEAD_NORM_MULTIPLE:
-            raise ValueError(f"rope_kv_write: head norms need a head_dim multiple of {HEAD_NORM_MULTIPLE}")
-        for name, w in zip(("q_norm", "k_norm"), head_norms):
-            _check(name, w, cp.float32, (head_dim,))
+        if head_dim % HEAD_NORM_MULTIPLE or q_norm is None or (k is not None and k_norm is None):
+            raise ValueError(f"rope_kv_write: head norms (q, k[, v]; k's with k) need a head_dim multiple of "
+                             f"{HEAD_NORM_MULTIPLE}")
+        for name, w in zip(("q_norm", "k_norm", "v_norm"), (q_norm, k_norm, v_norm)):
+            if w is not None:
+                _check(name, w, cp.float32, (head_dim,))
+    v_norm = v_norm if k is not None else None
     _check_pos(pos)
     # heads a block: a prompt's tokens fill the GPU with 8 (norm_rope.cu's ROPE_HEADS: the sines computed once for
     # them); a decode step's token takes one a block, since a block's heads run one after the other
     heads = 8 if n_tok >= ROPE_MANY_TOKENS else 1
     grid = (n_tok, math.ceil((n_head + n_head_kv) / heads))
-    q_norm, k_norm = head_norms or (inv_freq, inv_freq)  # not read without head_norm
+    k, v, k_cache, v_cache = (q, q, inv_freq, inv_freq) if k is None else (k, v, k_cache, v_cache)  # q alone: not read
     args = (q, k, v, k_cache, v_cache, inv_freq, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(head_dim),
-            np.int32(n_pairs), np.int32(bool(neox)), np.float32(mscale), np.int32(max_ctx), q_norm, k_norm,
-            np.int32(head_norms is not None), np.float32(eps), np.int32(heads))
+            np.int32(n_pairs), np.int32(bool(neox)), np.float32(mscale), np.int32(max_ctx),
+            inv_freq if q_norm is None else q_norm, inv_freq if k_norm is None else k_norm,
+            np.int32(head_norms is not None), np.float32(eps), np.int32(heads), inv_freq if v_norm is None else v_norm,
+            np.int32(v_norm is not None))
     with _stream(stream):
         kernel("norm_rope.cu", "rope_kv_write")(grid, (head_dim // 2,), args)
 
@@ -217,26 +228,40 @@ DECODE_STAGES = 3  # attention.cu: DECODE_STAGES
 SHARED_BYTES_AN_SM = 228 * 1024  # Hopper; each block also holds 1 KiB
 
 
+# attention.cu's ATTN(HD, DECODE_VD, DECODE_ST, PREFILL_VD) where a block makes a slice of the output's dims (heads
+# of 512: see attention.cu's top), and a decode warp's ring stages there; other head sizes: all dims, DECODE_STAGES
+DECODE_SLICE = {512: (128, 2)}
+PREFILL_SLICE = {512: 128}
+
+
+def _decode_slice(head_dim: int) -> tuple[int, int]:
+    """(output dims a decode block makes, its warps' ring stages) at head_dim."""
+    return DECODE_SLICE.get(head_dim, (head_dim, DECODE_STAGES))
+
+
 def _decode_smem(head_dim: int) -> int:
-    """attention.cu's DmShape<HD>::BYTES: q (hi, lo), then each warp's ring of 16-key tiles of k and v."""
-    tile = 2 * 16 * (head_dim + 8)
-    return 2 * (2 * 16 * (head_dim + 8) + ATTN_WARPS * DECODE_STAGES * tile)
+    """attention.cu's DmShape<HD, VD, STAGES>::BYTES: q (hi, lo), then each warp's ring of 16-key tiles of k and of
+    v's slice."""
+    vd, stages = _decode_slice(head_dim)
+    tile = 16 * (head_dim + 8) + 16 * (vd + 8)
+    return 2 * (2 * 16 * (head_dim + 8) + ATTN_WARPS * stages * tile)
 
 
 def decode_scratch(n_head: int, n_head_kv: int, head_dim: int) -> cp.ndarray:
     """Scratch for attention_decode: float32 [n_head, n_splits, head_dim + 4], n_splits picked so that a
     long context fills the multiprocessors with one wave of blocks (as many an SM as shared memory holds, at
-    most 2: a second wave cost 8-20% in a measurement of 16384 keys). One serves every layer (they run in turn)."""
+    most 2: a second wave cost 8-20% in a measurement of 16384 keys). One serves every layer of these heads (they
+    run in turn)."""
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     blocks_an_sm = max(1, min(2, SHARED_BYTES_AN_SM // (_decode_smem(head_dim) + 1024)))
-    row_chunks = math.ceil(n_head // n_head_kv / DECODE_ROWS)
+    row_chunks = math.ceil(n_head // n_head_kv / DECODE_ROWS) * head_dim // _decode_slice(head_dim)[0]
     n_splits = max(1, min(64, math.ceil(blocks_an_sm * sms / (n_head_kv * row_chunks))))
     return cp.empty((n_head, n_splits, head_dim + 4), dtype=cp.float32)  # attention.cu: PART_EXTRA
 
 
 def _decode_kernel(head_dim: int):
     launch = kernel("attention.cu", f"attn_decode_{head_dim}")
-    launch.raw.max_dynamic_shared_size_bytes = _decode_smem(head_dim)  # 214 KiB at head_dim 256
+    launch.raw.max_dynamic_shared_size_bytes = _decode_smem(head_dim)  # 214 KiB at head_dim 256, 196 at 512
     return launch
 
 
@@ -269,7 +294,8 @@ def attention_decode(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ou
         _check_q8(xq, n_head * head_dim)
     if sinks is not None:
         _check("sinks", sinks, cp.float32, (n_head,))
-    grid = (n_head_kv, n_splits, math.ceil(n_head // n_head_kv / DECODE_ROWS))
+    slices = head_dim // _decode_slice(head_dim)[0]  # blockIdx.x: kv head * slices + slice
+    grid = (n_head_kv * slices, n_splits, math.ceil(n_head // n_head_kv / DECODE_ROWS))
     with _stream(stream):
         _decode_kernel(head_dim)(
             grid, (32 * ATTN_WARPS,),
@@ -297,7 +323,8 @@ def attention_prefill(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, o
     _check_pos(pos)
     if sinks is not None:
         _check("sinks", sinks, cp.float32, (n_head,))
-    grid = (math.ceil(n_tok * (n_head // n_head_kv) / PREFILL_MMA_ROWS), n_head_kv)
+    slices = head_dim // PREFILL_SLICE.get(head_dim, head_dim)  # blockIdx.x: row block * slices + slice
+    grid = (math.ceil(n_tok * (n_head // n_head_kv) / PREFILL_MMA_ROWS) * slices, n_head_kv)
     smem = _prefill_smem(head_dim)
     with _stream(stream):
         _prefill_kernel(head_dim)(
@@ -308,15 +335,15 @@ def attention_prefill(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, o
 
 
 def _prefill_smem(head_dim: int) -> int:
-    """attention.cu PfShape<HD>::BYTES: a key tile of k and v, and at head_dim 256 q's fragments too."""
-    keys, row = (32, head_dim + 8) if head_dim > 128 else (64, head_dim + 8)
-    return 2 * (2 * keys * row + (2 * PREFILL_MMA_ROWS * row if head_dim > 128 else 0))
+    """attention.cu PfShape<HD, VD>::BYTES: a key tile of k and of v's slice, and from head_dim 256 q's fragments."""
+    keys, row, v_row = 32 if head_dim > 128 else 64, head_dim + 8, PREFILL_SLICE.get(head_dim, head_dim) + 8
+    return 2 * (keys * row + keys * v_row + (2 * PREFILL_MMA_ROWS * row if head_dim > 128 else 0))
 
 
 @functools.cache
 def _prefill_kernel(head_dim: int):
     launch = kernel("attention.cu", f"attn_prefill_{head_dim}")
-    launch.raw.max_dynamic_shared_size_bytes = _prefill_smem(head_dim)  # 99 KiB at head_dim 256
+    launch.raw.max_dynamic_shared_size_bytes = _prefill_smem(head_dim)  # 99 KiB at head_dim 256, 171 at 512
     return launch
 
 
@@ -390,6 +417,13 @@ def add_bias(x: cp.ndarray, bias: cp.ndarray, out: cp.ndarray | None = None, str
     _check("out", out, cp.float32, x.shape)
     with _stream(stream):
         kernel("elementwise.cu", "add_bias")(_blocks(x.size), (256,), (x, bias, out, np.int32(x.size), np.int32(d)))
+
+
+def scale(x: cp.ndarray, s: float, out: cp.ndarray, stream=None) -> None:
+    """out = x * s (same shapes); out may be x."""
+    n = _check_same("x, out", x, out)
+    with _stream(stream):
+        kernel("elementwise.cu", "scale")(_blocks(n), (256,), (x, out, np.int32(n), np.float32(s)))
 
 
 def softcap(x: cp.ndarray, cap: float, stream=None) -> None:

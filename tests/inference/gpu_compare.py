@@ -107,3 +107,26 @@ def assert_graph_replay_equals_eager(graph, eager) -> None:
     assert graph._decode.graphs and not eager._decode.graphs
     assert g_tokens == e_tokens
     assert np.array_equal(g_logits, e_logits)
+
+
+def long_sampled_run(gpu, n: int = 2000, last: int = 16) -> tuple[list[int], np.ndarray]:
+    """n tokens sampled through the captured graph after a short prompt, asserting that device memory stays what it
+    was at token 100: (the prompt's and the tokens' ids, the logits [last, n_vocab] of the last steps, each the step
+    on the token just appended)."""
+    import cupy as cp
+    ids = gpu.tokenizer.encode("The history of the city")
+    # the decode loop itself, so that an end-of-generation token does not end the run early
+    steps = gpu._decode.tokens(gpu._prefill(ids, all_logits=False),
+                               SamplingParams(temperature=1.0, top_k=40, top_p=1.0, min_p=0.0), 7, ids)
+    pool = cp.get_default_memory_pool()
+    logits = []
+    for i in range(n):
+        ids.append(next(steps))  # and launches the graph step on it
+        if i == 100:
+            early = (pool.used_bytes(), pool.total_bytes(), cp.cuda.runtime.memGetInfo()[0])
+        if i >= n - last:
+            cp.cuda.Device().synchronize()
+            logits.append(cp.asnumpy(gpu._decode.logits))
+    late = (pool.used_bytes(), pool.total_bytes(), cp.cuda.runtime.memGetInfo()[0])
+    assert late == early, f"device memory (used, pool, free) grew from {early} to {late}"
+    return ids, np.concatenate(logits)

@@ -6,9 +6,8 @@ Models: the packaged SmolLM2 and Gemma 3, and the synthetic ones of conftest.py.
 import numpy as np
 import pytest
 
-from inference.sampling import SamplingParams
 from tests.inference.gpu_compare import (assert_close_logits, assert_graph_replay_equals_eager, greedy_steps,
-                                         reference_logits, teacher_prompt)
+                                         long_sampled_run, reference_logits, teacher_prompt)
 
 pytestmark = pytest.mark.gpu
 
@@ -49,11 +48,11 @@ def test_both_expert_prompt_paths_match_cpu(engines, request, monkeypatch):
     """A prompt chunk's experts run grouped by expert (kernels/cuda/moe_mm.cu, tensor cores) or, below
     GROUPED_MIN_TOKENS, per (token, slot) pair with the decode kernels: both against the CPU engine (gpt-oss: with
     the experts' biases and its GLU)."""
-    import inference.backend_cuda as backend_cuda
+    import inference.backend_cuda_moe as backend_cuda_moe
     cpu, gpu, _ = engines
     ids = teacher_prompt(request, cpu, 70, seed=5)
     grouped = gpu.logits(ids)
-    monkeypatch.setattr(backend_cuda, "GROUPED_MIN_TOKENS", len(ids) + 1)  # every chunk per pair
+    monkeypatch.setattr(backend_cuda_moe, "GROUPED_MIN_TOKENS", len(ids) + 1)  # every chunk per pair
     per_pair = gpu.logits(ids)
     ref = reference_logits(cpu, ids)
     assert_close_logits(grouped, ref, "experts grouped")
@@ -243,25 +242,9 @@ def test_2000_tokens_neither_drift_nor_grow_memory(model, request):
     tokens: 34 rows under 0.999, 3 clear misses in 1632 clear rows; llama.cpp's f16 cache: a decided miss in
     test_gpt_oss's long prompt; the GPU's 16 rows on the H200: mean 0.99941, one miss). Dropped sinks, YaRN's
     mscale or the router's bias took the decode test's correlation to 0.954, 0.898, 0.915 (Q8_0 experts)."""
-    import cupy as cp
-
     from inference import load
     path = request.getfixturevalue(model)
     gpu, cpu = load(path, device="cuda", ctx=2100), load(path, device="cpu", ctx=2100)
-    ids = gpu.tokenizer.encode("The history of the city")
-    # the decode loop itself, so that an end-of-generation token does not end the run early
-    steps = gpu._decode.tokens(gpu._prefill(ids, all_logits=False),
-                               SamplingParams(temperature=1.0, top_k=40, top_p=1.0, min_p=0.0), 7, ids)
-    pool = cp.get_default_memory_pool()
-    last = []  # the last 16 steps' logits [1, n_vocab], each the step on the token just appended
-    for i in range(2000):
-        ids.append(next(steps))  # and launches the graph step on it
-        if i == 100:
-            early = (pool.used_bytes(), pool.total_bytes(), cp.cuda.runtime.memGetInfo()[0])
-        if i >= 2000 - 16:
-            cp.cuda.Device().synchronize()
-            last.append(cp.asnumpy(gpu._decode.logits))
-    late = (pool.used_bytes(), pool.total_bytes(), cp.cuda.runtime.memGetInfo()[0])
-    assert late == early, f"device memory (used, pool, free) grew from {early} to {late}"
-    assert_close_logits(np.concatenate(last), reference_logits(cpu, ids)[-16:], f"{path.name} after 2000 graph steps",
+    ids, last = long_sampled_run(gpu)
+    assert_close_logits(last, reference_logits(cpu, ids)[-16:], f"{path.name} after 2000 graph steps",
                         max_clear_misses=1 if model == "synth_gpt_oss" else 0)

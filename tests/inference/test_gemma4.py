@@ -145,11 +145,15 @@ def test_planted_faults_fail_the_comparison(dense_file, dense_oracle, monkeypatc
         _check(m)
 
 
-def test_the_gpu_refuses_it_in_one_line_and_auto_runs_it_on_the_cpu(dense_file, monkeypatch):
-    """The CUDA backend has none of gemma4's new ops yet: --device cuda is refused in one line, auto says why."""
-    from tests.inference.cpu_fallback import load_refused_by_the_gpu
-    load_refused_by_the_gpu(dense_file, monkeypatch, "gemma4's layers of their own head sizes and counts, KV-shared "
-                            "layers, an unweighted norm of v", ctx=64)
+def test_the_gpu_takes_every_kind_but_heads_its_kernels_lack(gemma4_file):
+    """The CUDA backend runs gemma4's ops (tests/inference/test_gemma4_gpu.py on the device): no gap is left for the
+    three kinds, and a sliding head size the attention kernels have none for is named."""
+    from dataclasses import replace
+
+    from inference.engine import gpu_gap
+    cfg = config_from_metadata(open_gguf(gemma4_file).metadata)
+    assert gpu_gap(cfg) is None
+    assert gpu_gap(replace(cfg, head_dim_local=96)) == "attention heads of 96 (only 64, 128, 256, 512)"
 
 
 def test_info_shows_the_layer_pattern(dense_file, capsys):
@@ -183,3 +187,43 @@ def test_a_prompt_resumes_where_the_rings_still_hold_its_window(dense_file, dens
         fresh = engine.logits(other)[-len(resumed):]
         np.testing.assert_allclose(resumed, fresh, rtol=0, atol=1e-4 * np.abs(fresh).max())
         assert start == (keep if keep == 60 else 0)
+
+
+@pytest.mark.parametrize("preset", ["gemma4-tiny", "gemma4-moe-tiny"])
+def test_the_bench_writers_gemma4_presets_load_in_llama_cpp(tmp_path, preset):
+    """tests/synth_gguf.py's Gemma 4 files (31B's and 26B-A4B's shapes for the speed rows) have the structure these
+    small presets have: llama.cpp loads them, and our engine gives its logits (the bench files' logits barely depend
+    on the input, so the correlation, not top-1; the MoE one's widths take llama-quantize's fallback types)."""
+    import subprocess
+    import sys
+
+    from inference import load
+    from tests.inference.conftest import SYNTH_GGUF
+    path = tmp_path / f"{preset}.gguf"
+    subprocess.run([sys.executable, SYNTH_GGUF, str(path), "--preset", preset, "--ftype", "q4_k_m"], check=True)
+    cfg = config_from_metadata(open_gguf(path).metadata)
+    assert cfg.swa_layers == (True,) * 5 + (False,) and cfg.layer_heads(0)[2:] == (256, 256)
+    assert cfg.layer_heads(5)[1:] == (1, 512, 512) and (cfg.n_expert > 0) == (preset == "gemma4-moe-tiny")
+    (ids, theirs), = oracle_logits(path, PROMPTS[:1], n=48)
+    m = parity([load(path, device="cpu", ctx=64).logits(ids)], [theirs])
+    assert m["corr_mean"] >= 0.999 and m["corr_min"] >= 0.99, m
+
+
+def test_a_split_never_parts_the_kv_shared_layers_from_their_sources(dense_file):
+    """The GPU's caches are its own: its first layer is at or before the layers the KV-shared ones read (3 and 4 of
+    7 here), else all run on the CPU; --gpu-layers in between is refused in one line."""
+    from inference.placement import (CUDA_CONTEXT_BYTES, RUNTIME_RESERVE_BYTES, GiB, GpuLayersError, plan_placement,
+                                     split)
+    gguf = open_gguf(dense_file)
+    cfg = config_from_metadata(gguf.metadata)
+    assert plan_placement(gguf.tensors, cfg, 64, 80 * GiB).n_gpu_layers == 7
+    assert plan_placement(gguf.tensors, cfg, 64, 80 * GiB, gpu_layers=4).n_gpu_layers == 4
+    for k in (1, 3):
+        with pytest.raises(GpuLayersError, match=f"--gpu-layers {k} would part the last 2 layers .*: 0 or 4..7"):
+            plan_placement(gguf.tensors, cfg, 64, 80 * GiB, gpu_layers=k)
+    # a budget for 3 layers, not the 4 that hold the sources with the shared ones: all on the CPU
+    reserve = RUNTIME_RESERVE_BYTES + CUDA_CONTEXT_BYTES  # plan_placement's with a vram_budget
+    three = split(gguf.tensors, cfg, 64, 3, 80 * GiB, reserve, "", longer_chunks=False).total_bytes
+    placed = plan_placement(gguf.tensors, cfg, 64, 80 * GiB, vram_budget=three)
+    assert placed.n_gpu_layers == 0 and "KV-shared layers" in placed.summary()
+    assert plan_placement(gguf.tensors, cfg, 64, 80 * GiB, vram_budget=three * 2).n_gpu_layers >= 4

@@ -41,6 +41,17 @@ def test_route_matches_cpu(cuda, n_tok, n_expert, k):
     assert list(cp.asnumpy(ids)[0, :2]) == [2, 5]
 
 
+def test_scale_weights_by_the_chosen_experts_scales(cuda):
+    """gemma4's per-expert output scales folded into the route's weights: weights[t, j] * scales[ids[t, j]]."""
+    cp, _, moe = cuda
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 128, (5, 8)).astype(np.int32)
+    weights, scales = rng.random((5, 8)).astype(np.float32), rng.random(128).astype(np.float32) + 0.5
+    w_dev = cp.asarray(weights)
+    moe.scale_weights(cp.asarray(ids), w_dev, cp.asarray(scales))
+    np.testing.assert_array_equal(cp.asnumpy(w_dev), weights * scales[ids])
+
+
 def _stack(name, n_expert, n_rows, n_cols, seed):
     qtype = TYPES_BY_NAME[name]
     raw = np.stack([random_weight_bytes(qtype, n_rows, n_cols, seed=seed + e) for e in range(n_expert)])

@@ -19,8 +19,10 @@ pytestmark = pytest.mark.gpu
 
 EMBED_TYPES = ["Q8_0", "Q4_K", "Q6_K", "F16", "F32", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K",
                "MXFP4", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
-# (n_head, n_head_kv, head_dim): llama3-8b, gemma3-270m, smollm2-135m, a group of 16 (two row chunks), MHA
-ATTN_SHAPES = [(32, 8, 128), (4, 1, 256), (24, 4, 256), (9, 3, 64), (64, 4, 128), (40, 2, 64), (8, 8, 64)]
+# (n_head, n_head_kv, head_dim): llama3-8b, gemma3-270m, smollm2-135m, a group of 16 (two row chunks), MHA, heads of
+# 512 (gemma4's global layers: a block makes a slice of the output's dims) with a group of 8 and MHA
+ATTN_SHAPES = [(32, 8, 128), (4, 1, 256), (24, 4, 256), (9, 3, 64), (64, 4, 128), (40, 2, 64), (8, 8, 64),
+               (32, 4, 512), (4, 4, 512)]
 
 
 @pytest.fixture(scope="module")
@@ -270,6 +272,41 @@ def test_rope_kv_write_with_head_norms_equals_the_norms_first(cuda, rng, head_di
     assert np.abs(results[1][0] - q).max() > 0.1  # normalized and rotated, not left as they were
 
 
+@pytest.mark.parametrize("head_dim", [64, 256, 512])
+@pytest.mark.parametrize("n_tok, p0", [(1, 77), (20, 200)])
+def test_rope_kv_write_of_gemma4_v_from_k_and_q_alone(cuda, rng, head_dim, n_tok, p0):
+    """gemma4's cases: v is k's array itself (no attn_v: v is k's projection before k's norm and rope) and normed per
+    head with v_norm's weight, against v copied and normed by rms_norm first; and q alone (the KV-shared layers),
+    against rms_norm then rope. q and k to float32 rounding, the caches to fp16's; the v cache must be v's norm, not
+    the rotated k (what reading v after k's write would store): checked against that too."""
+    cp, ops = cuda
+    n_head, n_head_kv, max_ctx, eps, rope_dim = 8, 2, 256, 1e-6, head_dim // 4
+    inv_freq = ops.rope_inv_freq(rope_dim, 1e6)
+    q, k = (rng.standard_normal((n_tok, n, head_dim)).astype(np.float32) * 3 for n in (n_head, n_head_kv))
+    norms = [cp.asarray(rng.random(head_dim).astype(np.float32) + 0.5) for _ in range(2)] + [cp.ones(head_dim, cp.float32)]
+    pos = device_pos(cp, p0)
+    q_dev, k_dev = cp.asarray(q), cp.asarray(k)
+    caches = [cp.full((n_head_kv, max_ctx, head_dim), -7.0, dtype=cp.float16) for _ in range(2)]
+    ops.rope_kv_write(q_dev, k_dev, k_dev, inv_freq, pos, True, *caches, head_norms=norms, eps=eps)
+    q_ref, k_ref, v_ref = cp.asarray(q), cp.asarray(k), cp.asarray(k)
+    ops.rms_norm(v_ref, norms[2], v_ref, eps)
+    ref_caches = [cp.full((n_head_kv, max_ctx, head_dim), -7.0, dtype=cp.float16) for _ in range(2)]
+    ops.rope_kv_write(q_ref, k_ref, v_ref, inv_freq, pos, True, *ref_caches, head_norms=norms[:2], eps=eps)
+    for got, want in zip((q_dev, k_dev, *caches), (q_ref, k_ref, *ref_caches)):
+        rtol = 2e-3 if want.dtype == cp.float16 else 1e-5  # fp16: a float32 difference may flip one rounding
+        np.testing.assert_allclose(cp.asnumpy(got).astype(np.float32), cp.asnumpy(want).astype(np.float32), rtol=rtol,
+                                   atol=1e-5)
+    assert np.abs(cp.asnumpy(caches[1]).astype(np.float32) - cp.asnumpy(caches[0]).astype(np.float32)).max() > 0.1
+    # q alone: no k, no caches
+    q_alone, q_two = cp.asarray(q), cp.asarray(q)
+    ops.rope_kv_write(q_alone, None, None, inv_freq, pos, True, None, None, head_norms=(norms[0], None, norms[2]),
+                      eps=eps)
+    ops.rms_norm(q_two, norms[0], q_two, eps)
+    ops.rope(q_two, None, inv_freq, pos, True)
+    np.testing.assert_allclose(cp.asnumpy(q_alone), cp.asnumpy(q_two), rtol=1e-5, atol=1e-5)
+    assert np.abs(cp.asnumpy(q_alone) - q).max() > 0.1
+
+
 @pytest.mark.parametrize("n_tok, p0", [(1, 4321), (9, 100), (40, 3000)])
 def test_rope_kv_write_with_yarn_matches_cpu(cuda, rng, n_tok, p0):
     """gpt-oss's rope: YaRN's speeds (kernels/cpu/ops.yarn_inv_freq, its synthetic file's base and factor) and cos,
@@ -463,6 +500,9 @@ def test_add_bias_softcap(cuda, rng):
     np.testing.assert_array_equal(cp.asnumpy(x), a)
     ops.add_bias(x, cp.asarray(bias))  # in place
     np.testing.assert_array_equal(cp.asnumpy(x), a + bias)
+    out = nan_like(cp, (3, 4096))
+    ops.scale(cp.asarray(a), 0.7, out)  # gemma4's per-layer inputs and layer output scale
+    np.testing.assert_array_equal(cp.asnumpy(out), a * np.float32(0.7))
     logits = (rng.standard_normal(262144) * 40).astype(np.float32)
     x = cp.asarray(logits)
     ops.softcap(x, 30.0)
