@@ -4,6 +4,7 @@ import sys
 import time
 
 from app.device_args import add_device_args, load_options
+from app.warm_up import add_no_warmup_arg, warm_up
 from models.errors import UserError
 
 
@@ -61,6 +62,7 @@ def register(sub) -> None:
                    help="leave out a reasoning model's thinking (<think>...</think>, gpt-oss's analysis channel; "
                    "else it goes to stderr, dimmed)")
     p.add_argument("--verbose", action="store_true", help="print where the layers run, load time and speeds to stderr")
+    add_no_warmup_arg(p)
     p.set_defaults(func=run)
 
 
@@ -77,7 +79,6 @@ def run(args) -> int:
     from app.reasoning import check_level, effort_vars  # noqa: PLC0415
     from app.reply_split import reply_splitter  # noqa: PLC0415
     from app.structured import answer_constraint, schema_file_grammar  # noqa: PLC0415
-    from app.warm_up import warm_up  # noqa: PLC0415
     from inference import load  # noqa: PLC0415  (heavy: numba, the model)
     prompt = read_prompt(args)
     if args.raw and (args.system or args.chat_template or args.reasoning_effort):
@@ -98,7 +99,7 @@ def run(args) -> int:
         template = engine.template(args.chat_template)
     template_vars = effort_vars(template, args.reasoning_effort)
     engine.check_prompt(request, args.chat_template, template_vars)  # a prompt that cannot run fails before the warm-up
-    warm_seconds = warm_up(engine, lambda text: print(text, file=sys.stderr, flush=True))
+    warm_seconds = None if args.no_warmup else warm_up(engine, lambda text: print(text, file=sys.stderr, flush=True))
     thinks = opens_thinking(engine, request, args.chat_template, template_vars)
     pieces = engine.generate(request, max_tokens=engine.n_ctx if args.max_tokens == -1 else args.max_tokens,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
@@ -132,7 +133,8 @@ def run(args) -> int:
         sys.stdout.write("\n")
         sys.stdout.flush()
     if args.verbose:
-        print(f"load: {load_seconds:.2f} s, kernels ready: {warm_seconds:.2f} s", file=sys.stderr)
+        ready = "no warm-up" if warm_seconds is None else f"kernels ready: {warm_seconds:.2f} s"
+        print(f"load: {load_seconds:.2f} s, {ready}", file=sys.stderr)
         if stats:
             print(f"prompt: {stats.prompt_tokens} tokens, {stats.prompt_tok_s:.1f} tok/s | generation: "
                   f"{stats.generated_tokens} tokens, {stats.generation_tok_s:.1f} tok/s | {stats.finish_reason}",

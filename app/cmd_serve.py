@@ -4,6 +4,7 @@ import os
 import sys
 
 from app.device_args import add_device_args, load_options
+from app.warm_up import add_no_warmup_arg, warm_up
 from models.errors import UserError
 
 API_KEY_ENV = "GGUF_CHAT_API_KEY"
@@ -27,6 +28,7 @@ def register(sub) -> None:
     p.add_argument("--max-queue", type=int, default=16, metavar="N",
                    help="requests that may wait for the engine; more are answered 503 (default 16)")
     add_device_args(p)
+    add_no_warmup_arg(p)
     p.set_defaults(func=run)
 
 
@@ -64,7 +66,6 @@ def run(args) -> int:
 
     from app.progress import DownloadBar  # noqa: PLC0415
     from app.server_worker import EngineWorker  # noqa: PLC0415
-    from app.warm_up import warm_up  # noqa: PLC0415
     from inference import load  # noqa: PLC0415  (heavy: numba, the model)
     if args.max_queue < 1:
         raise ServeError(f"--max-queue must be at least 1 (got {args.max_queue})")
@@ -75,7 +76,8 @@ def run(args) -> int:
     host, port = sock.getsockname()[:2]
     worker = EngineWorker(args.model, load, load_options(args), args.ctx, args.max_queue)
     # loaded and warmed up before the server says it is up: the first request at full speed
-    worker.start(DownloadBar(), lambda e: warm_up(e, lambda text: print(text, file=sys.stderr, flush=True)))
+    worker.start(DownloadBar(), (lambda e: None) if args.no_warmup else
+                 lambda e: warm_up(e, lambda text: print(text, file=sys.stderr, flush=True)))
     engine = worker.engine
     print(f"gguf-chat serve: {engine.path.name} ({engine.device}, context {engine.n_ctx}) on http://{host}:{port}"
           f"  OpenAI: http://{host}:{port}/v1  Ollama and Anthropic: http://{host}:{port}"

@@ -13,6 +13,13 @@ NOTICE = "preparing the kernels for this machine: once, on a first start (about 
 SHORT_PROMPT = "Hi, how are you today?"
 
 
+def add_no_warmup_arg(p) -> None:
+    """The flag run and serve share (llama.cpp's name for it)."""
+    p.add_argument("--no-warmup", action="store_true",
+                   help="start without the warm-up run: sooner, and the first reply pays what it skipped (on a first "
+                   "start, compiling the kernels)")
+
+
 def warm_up(engine, say) -> float:
     """The short prompt, then engine.warm_up() (which leaves the context empty), saying NOTICE through say(text) if
     they run past SLOW_SECONDS; the seconds they took."""

@@ -39,12 +39,14 @@ def test_piped_chat_prompt_gives_json(smollm2):
 
 
 def test_streamed_text_equals_the_json_text_and_verbose_goes_to_stderr(smollm2):
+    """The same greedy reply streamed and as JSON, the one with the warm-up and the other without (--no-warmup:
+    llama.cpp's flag; the warm-up changes the speed of a first reply, never its text)."""
     args = ("run", smollm2, "--raw", "-n", "8", "--temperature", "0")
-    streamed = gguf_chat(*args, "-p", "-", "--verbose", stdin="Monday, Tuesday,")
+    streamed = gguf_chat(*args, "-p", "-", "--verbose", "--no-warmup", stdin="Monday, Tuesday,")
     as_json = gguf_chat(*args, "--json", "-p", "Monday, Tuesday,")
     assert streamed.returncode == 0 and as_json.returncode == 0, streamed.stderr + as_json.stderr
     assert streamed.stdout == json.loads(as_json.stdout)["text"] + "\n"
-    assert "load:" in streamed.stderr and "tok/s" in streamed.stderr
+    assert "load:" in streamed.stderr and "no warm-up" in streamed.stderr and "tok/s" in streamed.stderr
     assert "placement: " in streamed.stderr and "/30 layers on GPU" in streamed.stderr  # where the layers run
 
 
