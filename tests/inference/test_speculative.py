@@ -247,3 +247,20 @@ def test_accepted_tokens_is_greedy_at_temperature_zero():
     assert accepted_tokens(logits, [0], Draft([1, 0]), greedy, rng) == [1, 0, 2]  # both kept, then the bonus
     assert accepted_tokens(logits, [0], Draft([1, 2]), greedy, rng) == [1, 0]  # the second corrected
     assert accepted_tokens(logits, [0], Draft([2, 0]), greedy, rng) == [1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["smollm2", "qwen3moe", "qwen35"])
+def test_greedy_reply_is_the_same_on_the_gpu(name, request, tmp_path_factory):
+    """The GPU's verify step (eager: the segments' short-prompt path, its DeltaNet a token at a time with the
+    states kept): greedy replies with replayed drafts (all, 2/3, none right) and prompt lookup are the one the
+    decode graph gives."""
+    path = request.getfixturevalue("smollm2") if name == "smollm2" else _write_small(tmp_path_factory, name,
+                                                                                      own_output=True)
+    engine = load(path, device="cuda", ctx=256)
+    ids = engine.tokenizer.encode(PROMPT)
+    plain = reply(engine, ids, n=N_TOKENS + 1)[0][:N_TOKENS]
+    for drafter in (Replay(ids + plain, 1.0), Replay(ids + plain, 0.67), Replay(ids + plain, 0.0), PromptLookup()):
+        ours, stats = reply(engine, ids, Speculation("test", drafter, 3), n=N_TOKENS + 1)
+        assert ours[:N_TOKENS] == plain and stats.drafted > 0, type(drafter).__name__
+        assert engine._be.state_pos == len(engine._cached) or not engine._be.conv_state
