@@ -414,31 +414,34 @@ class Engine:
         generated = 0
         finish = "length"
         stopped = None  # the stop string that ended the reply: what follows it is dropped
-        while generated < max_tokens:
-            token = next(tokens)
-            if token in eog:  # ends the reply, not a part of it
-                finish = "stop"
-                break
-            generated += 1
-            piece, stopped = text.feed(detok.push(token))
-            if piece:
-                yield piece
-            if stopped:
-                finish = "stop"
-                break
-            if generated == max_tokens:
-                break
-            if len(self._cached) >= self.n_ctx:
-                finish = "context full"
-                break
-            self._cached.append(token)  # the next next(tokens) runs it through the model
+        try:
+            while generated < max_tokens:
+                token = next(tokens)
+                if token in eog:  # ends the reply, not a part of it
+                    finish = "stop"
+                    break
+                generated += 1
+                piece, stopped = text.feed(detok.push(token))
+                if piece:
+                    yield piece
+                if stopped:
+                    finish = "stop"
+                    break
+                if generated == max_tokens:
+                    break
+                if len(self._cached) >= self.n_ctx:
+                    finish = "context full"
+                    break
+                self._cached.append(token)  # the next next(tokens) runs it through the model
+        finally:  # a verify step may have run past the last token the reply kept (an end token, a stop string,
+            # a closed generator): the recurrent states go back to the end of the cached tokens
+            if spec:
+                self._rewind_states(len(self._cached))
         if not stopped:
             tail, _ = text.feed(detok.flush(), final=True)
             if tail:
                 yield tail
-        if spec:  # a verify step may have run past the last token the reply kept (an end token, a stop string)
-            self._rewind_states(len(self._cached))
-        elif self._decode and not guide and getattr(self._be, "state_pos", 0) == len(self._cached) + 1:
+        if self._decode and not guide and not spec and getattr(self._be, "state_pos", 0) == len(self._cached) + 1:
             # the GPU ran the step on the last token before handing it out (DecodeStep.tokens): a recurrent state
             # cannot leave it out again, so it belongs to the context (a chat's next prompt often starts with it)
             self._cached.append(token)

@@ -72,7 +72,9 @@ def test_greedy_reply_is_the_same_with_every_drafter(name, request, smollm2_engi
     for drafter in drafters:
         ours, stats = reply(engine, ids, Speculation("test", drafter, 3), n=N_TOKENS + 1)
         assert ours == plain, type(drafter).__name__
-        assert stats.drafted > 0 and stats.generated_tokens == N_TOKENS + 1
+        assert stats.generated_tokens == N_TOKENS + 1
+        # a random model's reply rarely repeats a token of its prompt: prompt lookup drafts on SmolLM2's
+        assert stats.drafted > 0 or (isinstance(drafter, PromptLookup) and name != "smollm2")
         if isinstance(drafter, Replay) and drafter.right in (0.0, 1.0):
             assert stats.accepted == stats.drafted * drafter.right
         if isinstance(drafter, DraftModel):  # itself: all kept; the other model: rejected, so rollback ran
@@ -119,6 +121,25 @@ def test_a_reply_that_stops_inside_a_verify_step_leaves_the_state_at_its_end(qwe
     cached = qwen35_engine._cached[:]
     fresh, _ = reply(qwen35_engine, more, n=4)
     assert cached[len(more):] == fresh[:len(cached) - len(more)]
+
+
+def test_a_closed_reply_leaves_the_state_at_its_cached_end(qwen35_engine):
+    """A reply closed by its reader (the chat's Esc, Ctrl-C) after kept drafts it had not yet handed out: the
+    states go back to the cached tokens, where the next prompt goes on."""
+    engine = qwen35_engine
+    ids = engine.tokenizer.encode(PROMPT)
+    plain, _ = reply(engine, ids, n=N_TOKENS + 1)
+    engine.reset()
+    engine.speculation = Speculation("test", Replay(ids + plain, 1.0), 3)
+    try:
+        pieces = engine.generate(ids, max_tokens=N_TOKENS, temperature=0, stop=())
+        for _ in range(3):
+            next(pieces)
+        pieces.close()
+    finally:
+        engine.speculation = None
+    assert len(engine._cached) < len(ids) + N_TOKENS - 1
+    assert set(engine._be.state_pos.values()) == {len(engine._cached)}
 
 
 def test_prompt_lookup_proposes_what_followed_the_latest_match():
