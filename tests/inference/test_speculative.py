@@ -285,3 +285,13 @@ def test_greedy_reply_is_the_same_on_the_gpu(name, request, tmp_path_factory):
         ours, stats = reply(engine, ids, Speculation("test", drafter, 3), n=N_TOKENS + 1)
         assert ours[:N_TOKENS] == plain and stats.drafted > 0, type(drafter).__name__
         assert engine._be.state_pos == len(engine._cached) or not engine._be.conv_state
+
+
+def test_a_seed_gives_the_same_sampled_reply_with_speculation(qwen35_engine):
+    """How many tokens to draft follows counts, not timings: a seed repeats the reply, drafts and all."""
+    ids = qwen35_engine.tokenizer.encode(PROMPT)
+    draft = load(qwen35_engine.path, device="cpu", ctx=256)  # the model as its own draft: q = p, all kept
+    spec = lambda: Speculation("test", DraftModel(draft, qwen35_engine.config.n_vocab, 0.0), 3)  # noqa: E731
+    a = reply(qwen35_engine, ids, spec(), temperature=1.0, seed=7)
+    b = reply(qwen35_engine, ids, spec(), temperature=1.0, seed=7)
+    assert a[0] == b[0] and (a[1].drafted, a[1].accepted) == (b[1].drafted, b[1].accepted) and a[1].drafted > 0
