@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.device_args import add_device_args, load_options
+from app.device_args import add_device_args, load_options, speculation_summary
 from models.errors import UserError
 
 
@@ -38,10 +38,12 @@ def _random_prompts(n_vocab: int, n: int, count: int, seed: int = 0) -> list[lis
     return [rng.integers(100, min(n_vocab, 30000), n).tolist() for _ in range(count)]
 
 
-def bench_ours(engine, n_prompt: int, n_gen: int, reps: int, depth: int = 0) -> dict[str, list[float]]:
+def bench_ours(engine, n_prompt: int, n_gen: int, reps: int, depth: int = 0,
+               drafts: list | None = None) -> dict[str, list[float]]:
     """pp: n_prompt new tokens after depth cached ones; tg: n_gen decode steps after depth (+4) tokens. Each
     test runs once more first, untimed, as llama-bench warms up each test: what a first run pays once (JIT,
-    graph capture, cuBLAS, pinned host memory for the recurrent state's checkpoints) is not in the figures."""
+    graph capture, cuBLAS, pinned host memory for the recurrent state's checkpoints) is not in the figures.
+    drafts: gets (drafted, accepted) of each timed tg run (speculative decoding)."""
     pp, tg = [], []
     vocab = engine.config.n_vocab
     # each run from an empty context, as llama-bench clears its memory between runs: no run's checkpoints hold
@@ -60,6 +62,8 @@ def bench_ours(engine, n_prompt: int, n_gen: int, reps: int, depth: int = 0) -> 
         # end-of-generation token, not counted in generated_tokens, ended it)
         stats = list(engine.generate(ids, max_tokens=n_gen + 1, temperature=1.0, seed=i))[-1]
         tg += [(stats.generated_tokens - 1 + (stats.finish_reason == "stop")) / stats.generation_seconds] if i else []
+        if i and drafts is not None:
+            drafts.append((stats.drafted, stats.accepted))
     at = f" @ d{depth}" if depth else ""
     return {f"pp{n_prompt}{at}": pp, f"tg{n_gen}{at}": tg}
 
@@ -128,8 +132,14 @@ def run(args) -> int:
         print(engine.gpu_share.describe(), file=sys.stderr)  # the share, its pinned memory and its ring
     ours = f"gguf-chat {engine.device}" + (f" {k}/{n} layers{share}" if 0 < k < n else "") + \
         (" no-graph" if args.no_graph and engine.device == "cuda" else "")
+    spec = engine.speculation
+    ours += f" spec {spec.kind} k{spec.k_max}" if spec else ""
+    drafts = []
     results = [(ours, test, rates) for test, rates in
-               bench_ours(engine, args.n_prompt, args.n_gen, args.repetitions, args.depth).items()]
+               bench_ours(engine, args.n_prompt, args.n_gen, args.repetitions, args.depth, drafts).items()]
+    drafted, accepted = (sum(d[0] for d in drafts), sum(d[1] for d in drafts))
+    if spec:  # random prompts: what the drafts of a real reply would be kept is not measured here
+        print(f"speculative ({spec.kind}) in tg: {speculation_summary(drafted, accepted)}", file=sys.stderr)
     if args.compare_llamacpp:
         results += [(f"llama.cpp cpu {args.threads}t", test, rates) for test, rates in
                     bench_llamacpp(engine.path, engine.config.n_vocab, args.n_prompt, args.n_gen,
@@ -137,7 +147,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"model": name, "results": [
             {"engine": who, "test": test, "tok_s": statistics.mean(rates), "runs": rates}
-            for who, test, rates in results]}))
+            for who, test, rates in results]} | ({"drafted": drafted, "accepted": accepted} if spec else {})))
         return 0
     print("| model | engine | test | t/s |")
     print("| --- | --- | --- | ---: |")

@@ -3,7 +3,7 @@ import json
 import sys
 import time
 
-from app.device_args import add_device_args, load_options
+from app.device_args import add_device_args, load_options, speculation_summary
 from app.warm_up import add_no_warmup_arg, warm_up
 from models.errors import UserError
 
@@ -139,6 +139,8 @@ def run(args) -> int:
             print(f"prompt: {stats.prompt_tokens} tokens, {stats.prompt_tok_s:.1f} tok/s | generation: "
                   f"{stats.generated_tokens} tokens, {stats.generation_tok_s:.1f} tok/s | {stats.finish_reason}",
                   file=sys.stderr)
+            if engine.speculation:
+                print(f"speculative ({engine.speculation.kind}): {speculation_summary(stats.drafted, stats.accepted)}", file=sys.stderr)
     return 0 if stats else 130
 
 

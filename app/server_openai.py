@@ -23,12 +23,14 @@ def usage(reply: Reply) -> dict:
 
 
 def timings(reply: Reply) -> dict:
-    """llama-server's timings: cache_n tokens of the prompt came from the KV cache, prompt_n were processed."""
+    """llama-server's timings: cache_n tokens of the prompt came from the KV cache, prompt_n were processed;
+    draft_n drafts checked, draft_n_accepted of them kept (speculative decoding)."""
     s = reply.stats
     return {"cache_n": reply.started.prompt_tokens - s.prompt_tokens, "prompt_n": s.prompt_tokens,
             "prompt_ms": s.prompt_seconds * 1e3, "prompt_per_second": s.prompt_tok_s,
             "predicted_n": s.generated_tokens, "predicted_ms": s.generation_seconds * 1e3,
-            "predicted_per_second": s.generation_tok_s}
+            "predicted_per_second": s.generation_tok_s} | (
+        {"draft_n": s.drafted, "draft_n_accepted": s.accepted} if s.drafted else {})  # as llama-server's
 
 
 def chat_finish_reason(reply: Reply) -> str:

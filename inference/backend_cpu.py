@@ -145,6 +145,7 @@ class CPUBackend:
         self.state_pos = {i: 0 for i in recurrent}
         self.tokens = np.zeros(0, np.int32)  # [n] the tokens of this step
         self.pos = 0  # position of tokens[0]
+        self._snapshots = None  # set_input's
         self._inv_freq = {}  # a layer's rope (ModelConfig.layer_rope) -> [rope_dim // 2]
         self._cos_sin = {}  # a layer's rope -> ((pos, n), (cos, sin) [n, rope_dim // 2]) of the last positions
         self._rope_freqs = weights.rope_freqs
@@ -163,9 +164,12 @@ class CPUBackend:
         self._glu_pairs = {(id(lw.ffn_gate), id(lw.ffn_up)) for lw in lws if lw.ffn_gate is not None} | {
             (id(sh.gate), id(sh.up)) for sh in shared}
 
-    def set_input(self, tokens: np.ndarray, pos: int) -> None:
+    def set_input(self, tokens: np.ndarray, pos: int, snapshots: bool = False) -> None:
+        """The next forward runs tokens [n] at positions pos..pos+n-1. snapshots: its recurrent layers keep a copy
+        of their states after each token (a verify step's, speculative.py), for rewind_states."""
         self.tokens = np.asarray(tokens, np.int32)
         self.pos = pos
+        self._snapshots = {} if snapshots else None  # layer -> [(conv, delta) after each token]
         if self.ring:  # the rows the forward of these tokens writes
             written = np.arange(pos, pos + len(tokens))
             self._ring_pos[written % self.ring] = written
@@ -285,11 +289,35 @@ class CPUBackend:
         elif self.state_pos[layer] != self.pos:  # the engine restores a checkpoint before it rewinds
             raise RuntimeError(f"layer {layer}'s recurrent state is at token {self.state_pos[layer]}, "
                                f"not at {self.pos}")
-        y = cpu_deltanet.conv_silu(qkv, self.conv_state[layer], dn.conv)
-        out = cpu_deltanet.delta_rule(y, alpha, beta, dn.dt_bias, dn.a, z, dn.norm, self.delta_state[layer],
-                                      self.cfg.ssm_k_heads, self.cfg.rms_eps)
+        conv, delta = self.conv_state[layer], self.delta_state[layer]
+        if self._snapshots is None:
+            out = self._delta_net(dn, qkv, z, alpha, beta, conv, delta)
+        else:  # a token at a time (the kernels' loop over tokens, the same floats), the states kept after each
+            out, snaps = [], self._snapshots.setdefault(layer, [])
+            for t in range(len(qkv)):
+                out.append(self._delta_net(dn, qkv[t:t + 1], z[t:t + 1], alpha[t:t + 1], beta[t:t + 1], conv, delta))
+                snaps.append((conv.copy(), delta.copy()))
+            out = np.concatenate(out)
         self.state_pos[layer] = self.pos + len(qkv)
         return out
+
+    def _delta_net(self, dn: DeltaNetWeights, qkv: np.ndarray, z: np.ndarray, alpha: np.ndarray, beta: np.ndarray,
+                   conv: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        y = cpu_deltanet.conv_silu(qkv, conv, dn.conv)
+        return cpu_deltanet.delta_rule(y, alpha, beta, dn.dt_bias, dn.a, z, dn.norm, delta, self.cfg.ssm_k_heads,
+                                       self.cfg.rms_eps)
+
+    def rewind_states(self, n: int) -> None:
+        """The recurrent states back to after the context's first n tokens, from the copies the last forward kept
+        (set_input's snapshots; n inside that forward's tokens). Attention's cache needs nothing: its rows past n
+        are written again before anything reads them (a ring's too: it holds more than the window, so a row
+        written past n never held one still in the window)."""
+        for i in self.state_pos:
+            if self.state_pos[i] != n:
+                conv, delta = self._snapshots[i][n - self.pos - 1]
+                self.conv_state[i][:] = conv
+                self.delta_state[i][:] = delta
+                self.state_pos[i] = n
 
     def recurrent_state(self) -> dict:
         """A copy of its recurrent layers' states, layer -> (position, conv, delta): a checkpoint of the context."""

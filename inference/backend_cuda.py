@@ -122,6 +122,7 @@ class CUDABackend:
             self.delta_state = {i: cp.zeros((cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_state), cp.float32)
                                 for i in recurrent}
             self.state_pos = 0  # tokens the recurrent states have taken in (set_input and DecodeStep keep it)
+            self._snapshots = None  # set_input's
             self.token = cp.zeros(1, dtype=cp.int32)  # the decode step's input; the sampler writes the next
             self.pos = cp.zeros(1, dtype=cp.int32)  # position of tokens[0]
             self.history = cp.zeros(REPEAT_LAST_N, dtype=cp.int32)  # ring: history[p % n] = token at p
@@ -165,10 +166,12 @@ class CUDABackend:
 
     # ---- inputs ----
 
-    def set_input(self, tokens: np.ndarray, pos: int) -> None:
-        """The next forward runs tokens [n] at positions pos..pos+n-1 (eagerly)."""
+    def set_input(self, tokens: np.ndarray, pos: int, snapshots: bool = False) -> None:
+        """The next forward runs tokens [n] at positions pos..pos+n-1 (eagerly). snapshots: its recurrent layers
+        keep a copy of their states after each token (a verify step's, speculative.py), for rewind_states."""
         tokens = np.asarray(tokens, np.int32)
         self._advance_state(pos, len(tokens))
+        self._snapshots = ({}, pos) if snapshots else None  # (layer -> [(conv, delta) after each token], pos)
         if len(tokens) == 1:
             self.token.set(tokens, stream=self.stream)
             self.begin_step()
@@ -197,6 +200,20 @@ class CUDABackend:
     def can_resume(self, keep: int) -> bool:
         """Its caches hold the whole context (no rings): a prompt can go on after any cached tokens."""
         return True
+
+    def rewind_states(self, n: int) -> None:
+        """The recurrent states back to after the context's first n tokens, from the copies the last forward kept
+        (set_input's snapshots; n inside that forward's tokens). The KV cache needs nothing: its rows past n are
+        written again before anything reads them."""
+        if not self.conv_state or self.state_pos == n:
+            return
+        snaps, pos = self._snapshots
+        with self.stream:
+            for i in self.conv_state:
+                conv, delta = snaps[i][n - pos - 1]
+                self.conv_state[i][...] = conv
+                self.delta_state[i][...] = delta
+        self.state_pos = n
 
     def recurrent_state(self) -> dict:
         """A host copy of its recurrent layers' states, layer -> (position, conv, delta): a checkpoint. The
@@ -505,6 +522,19 @@ class CUDABackend:
                   beta: cp.ndarray) -> cp.ndarray:
         """The DeltaNet mixer of a recurrent layer on its projections (forward.delta_net): the causal conv, the
         delta rule and the gated norm (kernels/cuda/deltanet), the layer's states moved on in place."""
+        if self._snapshots is not None:  # a token at a time (decode's kernels), the states kept after each
+            snaps = self._snapshots[0].setdefault(layer, [])
+            out = []
+            for t in range(qkv.shape[0]):
+                out.append(self._delta_net(layer, dn, qkv[t:t + 1], z[t:t + 1], alpha[t:t + 1], beta[t:t + 1]))
+                with self.stream:
+                    snaps.append((self.conv_state[layer].copy(), self.delta_state[layer].copy()))
+            with self.stream:
+                return cp.concatenate(out)
+        return self._delta_net(layer, dn, qkv, z, alpha, beta)
+
+    def _delta_net(self, layer: int, dn: DeltaNetWeights, qkv: cp.ndarray, z: cp.ndarray, alpha: cp.ndarray,
+                   beta: cp.ndarray) -> cp.ndarray:
         n = qkv.shape[0]
         y = self._empty(qkv.shape)
         cuda_deltanet.conv_silu(self._contiguous(qkv), self.conv_state[layer], self._weight(dn.conv), y,

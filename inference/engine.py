@@ -14,6 +14,7 @@ from inference.grammar import Constraint, Guide, vocabulary
 from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, Placement, VramBudgetError,
                                  all_on_cpu, free_vram, holds_kv_sources, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
+from inference.speculative import DraftModel, PromptLookup, Speculation, SpecCounts, speculative_tokens
 from inference.weights import load_weights
 from kernels.cuda.shapes import ATTENTION_HEAD_DIMS, DELTANET_CONV_K, DELTANET_HEAD_SIZES
 from models.chat_template import load_chat_template
@@ -68,6 +69,17 @@ class DeviceError(UserError, ValueError):
     pass
 
 
+class SpeculationError(UserError, ValueError):
+    pass
+
+
+SPEC_KINDS = ("auto", "ngram", "draft", "off")  # --spec (load's spec)
+# --spec-k's default: a CPU step of up to cpu_quant.MATVEC_MAX_TOKENS (4) tokens reads the weights once, so a verify
+# of 3 drafts costs ~1.4 steps (speculative.VERIFY_TOKEN_COST); more take the prompt's path, ~3x a step
+SPEC_K = 3
+SPEC_VOCAB_SLACK = 128  # tokens a draft's vocabulary may have more or fewer than the model's (llama.cpp's bound)
+
+
 @dataclass
 class GenerationStats:
     prompt_tokens: int  # tokens processed for this prompt (those reused from the cache not counted)
@@ -77,6 +89,8 @@ class GenerationStats:
     finish_reason: str  # "stop", "length", "context full" or "cancelled" (during the prompt)
     context_tokens: int  # tokens in the context after the reply: the prompt (all of it) and the reply, <= n_ctx
     stop_string: str | None = None  # the stop string that ended the reply (finish_reason "stop"), if one did
+    drafted: int = 0  # speculative decoding's drafts the model checked (speculative.py)
+    accepted: int = 0  # of them, those it kept
 
     @property
     def prompt_tok_s(self) -> float:
@@ -109,6 +123,7 @@ class Engine:
         self._prompt_logits = None  # (ids, logits [1, n_vocab] of ids[-1]) of the last prompt prefilled
         self._checkpoints: list[Checkpoint] = []  # of the recurrent layers' state, most recently used last
         self._prefill_start = 0  # where the last prefill began: the tokens before it came from the cache
+        self.speculation: Speculation | None = None  # drafts verified a step (speculative.py); None: a token a step
 
     def _place(self, placement: Placement) -> None:
         """Build the backends for placement: (backend, layers) segments in order, the GPU ones last; if the GPU
@@ -280,9 +295,30 @@ class Engine:
                 guide.accept(token)
             yield token
             history.append(token)
-            for be, _ in self._segments:
-                be.set_input(np.array([token], np.int32), len(self._cached) - 1)
-            logits = forward(self._segments, self.config, self._weights)
+            logits = self._run([token], len(self._cached) - 1)
+
+    def _run(self, tokens: list[int], pos: int, all_logits: bool = False, snapshots: bool = False):
+        """The logits of tokens run at pos.. on the segments as placed (one CPU backend; on the GPU its segments, as
+        a short prompt runs): [1, n_vocab] of the last token, or [len(tokens), n_vocab] of each (all_logits), on
+        the backend's device. snapshots: the recurrent states are kept after each token (rewind_states)."""
+        for be, _ in self._segments:
+            be.set_input(np.array(tokens, np.int32), pos, snapshots)
+        return forward(self._segments, self.config, self._weights, all_logits=all_logits)
+
+    def _verify(self, tokens: list[int], pos: int) -> np.ndarray:
+        """A verify step of speculative decoding: logits [len(tokens), n_vocab] on the host, the recurrent states
+        kept after each token."""
+        return self._be.to_host(self._run(tokens, pos, all_logits=True, snapshots=True))
+
+    def _rewind_states(self, n: int) -> None:
+        """The recurrent states back to after the context's first n tokens (inside the last verify step's)."""
+        for be, _ in self._segments:
+            be.rewind_states(n)
+
+    def next_logits(self, ids: list[int]) -> np.ndarray:
+        """The logits [n_vocab] (host) after ids, running only what the cache does not hold (a draft model's
+        step, speculative.DraftModel)."""
+        return self._be.to_host(self._prefill(list(ids), all_logits=False))[0]
 
     def prompt_ids(self, prompt, chat_template: str | None = None, template_vars: dict | None = None) -> list[int]:
         """Token ids of a plain-text prompt, of messages rendered with the chat template, or ids as given."""
@@ -354,7 +390,13 @@ class Engine:
         if self._decode:
             self._decode.wait()  # the GPU works asynchronously: count the prompt's time in its stats
         t1 = time.perf_counter()
-        if self._decode:
+        spec = self.speculation if not guide else None  # a grammar's masks go a token at a time: no speculation
+        counts = SpecCounts()
+        if spec:
+            tokens = speculative_tokens(self._be.to_host(logits)[0], ids, params, seed, spec.drafter, spec.k_max,
+                                        self._verify, self._rewind_states, min(self.n_ctx, len(ids) + max_tokens - 1),
+                                        counts)
+        elif self._decode:
             tokens = self._decode.tokens(logits, params, seed, ids, max_tokens, guide)
         else:
             tokens = self._host_tokens(logits, params, seed, ids, guide)
@@ -363,29 +405,34 @@ class Engine:
         generated = 0
         finish = "length"
         stopped = None  # the stop string that ended the reply: what follows it is dropped
-        while generated < max_tokens:
-            token = next(tokens)
-            if token in eog:  # ends the reply, not a part of it
-                finish = "stop"
-                break
-            generated += 1
-            piece, stopped = text.feed(detok.push(token))
-            if piece:
-                yield piece
-            if stopped:
-                finish = "stop"
-                break
-            if generated == max_tokens:
-                break
-            if len(self._cached) >= self.n_ctx:
-                finish = "context full"
-                break
-            self._cached.append(token)  # the next next(tokens) runs it through the model
+        try:
+            while generated < max_tokens:
+                token = next(tokens)
+                if token in eog:  # ends the reply, not a part of it
+                    finish = "stop"
+                    break
+                generated += 1
+                piece, stopped = text.feed(detok.push(token))
+                if piece:
+                    yield piece
+                if stopped:
+                    finish = "stop"
+                    break
+                if generated == max_tokens:
+                    break
+                if len(self._cached) >= self.n_ctx:
+                    finish = "context full"
+                    break
+                self._cached.append(token)  # the next next(tokens) runs it through the model
+        finally:  # a verify step may have run past the last token the reply kept (an end token, a stop string,
+            # a closed generator): the recurrent states go back to the end of the cached tokens
+            if spec:
+                self._rewind_states(len(self._cached))
         if not stopped:
             tail, _ = text.feed(detok.flush(), final=True)
             if tail:
                 yield tail
-        if self._decode and getattr(self._be, "state_pos", 0) == len(self._cached) + 1:
+        if self._decode and not spec and getattr(self._be, "state_pos", 0) == len(self._cached) + 1:
             # the GPU ran the step on the last token before handing it out (DecodeStep.tokens): a recurrent state
             # cannot leave it out again, so it belongs to the context (a chat's next prompt often starts with it)
             self._cached.append(token)
@@ -393,7 +440,7 @@ class Engine:
         t2 = time.perf_counter()
         # a reply that fills the context ends with a token that has no room in it
         yield GenerationStats(len(ids) - n_reused, t1 - t0, generated, t2 - t1, finish,
-                              min(len(ids) + generated, self.n_ctx), stopped)
+                              min(len(ids) + generated, self.n_ctx), stopped, counts.drafted, counts.accepted)
 
 
 @dataclass
@@ -532,7 +579,8 @@ def plan_gpu(gguf, config: ModelConfig, n_ctx: int | None, gpu_layers, vram_budg
 
 def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None, progress=None,
          cuda_graph: bool = True, vram_budget: int | None = None, notify=None,
-         gpu_share: float = DEFAULT_GPU_SHARE, cpu_moe="auto") -> Engine:
+         gpu_share: float = DEFAULT_GPU_SHARE, cpu_moe="auto", spec: str = "auto", spec_k: int = SPEC_K,
+         draft=None) -> Engine:
     """Open a GGUF model ready to generate: model is a path, owner/repo[:QUANT] or a pulled name (None: the
     default model); progress reports a download. device "cuda", "cpu" or "auto" (CUDA when CuPy sees a GPU).
     gpu_layers: "auto" (as many of the last layers as fit) or how many go on the GPU; vram_budget: bytes to plan
@@ -540,7 +588,15 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
     replaying its captured graph. notify(message) hears about OOM retries (default: stderr). gpu_share: with
     layers on the CPU, the fraction of their matrix rows the GPU multiplies each decode step, streamed over PCIe
     from pinned host memory (gpu_share.py); 0 is off. cpu_moe (a model with experts): how many of the first
-    layers keep their experts on the CPU ("all", a count, or "auto": as few as make the rest fit)."""
+    layers keep their experts on the CPU ("all", a count, or "auto": as few as make the rest fit).
+    spec: speculative decoding (speculative.py): "ngram" (prompt lookup), "draft" (the model draft, loaded on the
+    same device), "off", or "auto" (draft when one is given, else off); spec_k: at most that many drafts a step."""
+    if spec not in SPEC_KINDS:
+        raise SpeculationError(f"--spec '{spec}' is not one of {', '.join(SPEC_KINDS)}")
+    if spec == "draft" and draft is None:
+        raise SpeculationError("--spec draft needs a draft model: --draft MODEL")
+    if spec_k < 1:
+        raise SpeculationError(f"--spec-k must be at least 1 (got {spec_k})")
     if device not in ("auto", "cpu", "cuda"):
         raise DeviceError(f"device '{device}' is not available (use auto, cpu or cuda)")
     reason = "--device cpu"
@@ -566,4 +622,26 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
         placement = all_on_cpu(config.n_layers, n_ctx, reason)
     else:
         placement = plan_gpu(gguf, config, ctx, gpu_layers, vram_budget, free_vram(), cpu_moe)
-    return Engine(path, config, weights, tokenizer, gguf, placement.n_ctx, placement, cuda_graph, notify, gpu_share)
+    engine = Engine(path, config, weights, tokenizer, gguf, placement.n_ctx, placement, cuda_graph, notify, gpu_share)
+    if spec == "ngram":
+        engine.speculation = Speculation("ngram", PromptLookup(), spec_k)
+    elif draft is not None and spec in ("auto", "draft"):
+        drafter = load(draft, device=engine.device, ctx=engine.n_ctx, progress=progress, spec="off")
+        check_draft_vocabulary(tokenizer, drafter.tokenizer)
+        # decode reads the weights once a token: a draft token costs what its file's share of the bytes says
+        cost = drafter._gguf.file_size / gguf.file_size
+        engine.speculation = Speculation("draft", DraftModel(drafter, config.n_vocab, cost), spec_k)
+    return engine
+
+
+def check_draft_vocabulary(model: Tokenizer, draft: Tokenizer) -> None:
+    """A draft model must tokenize as the model does: the same tokens, but for at most SPEC_VOCAB_SLACK more or
+    fewer at the end (padding: Qwen's sizes differ so), as llama.cpp's speculative decoding requires."""
+    a, b = model.tokens, draft.tokens
+    n = min(len(a), len(b))
+    differ = next((i for i in range(n) if a[i] != b[i]), None)
+    if differ is not None or abs(len(a) - len(b)) > SPEC_VOCAB_SLACK:
+        where = f"token {differ} is {b[differ]!r}, not {a[differ]!r}" if differ is not None else \
+            f"{len(b)} tokens, not {len(a)}"
+        raise SpeculationError(f"the draft model's vocabulary is not the model's ({where}): use a draft of the "
+                               "same family")

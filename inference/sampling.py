@@ -68,21 +68,30 @@ def min_p_keep(probs: np.ndarray, min_p: float) -> int:
     return max(1, int(np.count_nonzero(probs >= min_p * probs[0])))
 
 
-def sample(logits: np.ndarray, params: SamplingParams, recent: np.ndarray, rng: np.random.Generator,
-           allowed: np.ndarray | None = None) -> int:
-    """One token id from logits [n_vocab]; allowed: bool [n_vocab], the only tokens it may be (a grammar's mask)."""
+def distribution(logits: np.ndarray, params: SamplingParams, recent: np.ndarray,
+                 allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """What sample draws from: (token ids, their float64 probabilities), the ids sorted by probability, largest
+    first; greedy: the argmax alone, probability 1. Speculative decoding (speculative.py) compares these."""
     logits = logits.astype(np.float32, copy=False)
     if allowed is not None:
         logits = np.where(allowed, logits, -np.inf)  # before the penalty and top-k: the draw is among these alone
     logits = apply_repeat_penalty(logits, recent, params.repeat_penalty)
     if params.temperature <= 0:
-        return int(np.argmax(logits))
+        return np.array([np.argmax(logits)]), np.ones(1)
     ids = top_k_candidates(logits, params.top_k)
     scores = logits[ids].astype(np.float64)
     ids = ids[:top_p_keep(softmax(scores), params.top_p)]
     scores = scores[:len(ids)]
     ids = ids[:min_p_keep(softmax(scores), params.min_p)]
-    probs = softmax(scores[:len(ids)] / params.temperature)
+    return ids, softmax(scores[:len(ids)] / params.temperature)
+
+
+def sample(logits: np.ndarray, params: SamplingParams, recent: np.ndarray, rng: np.random.Generator,
+           allowed: np.ndarray | None = None) -> int:
+    """One token id from logits [n_vocab]; allowed: bool [n_vocab], the only tokens it may be (a grammar's mask)."""
+    ids, probs = distribution(logits, params, recent, allowed)
+    if params.temperature <= 0:  # greedy: no draw
+        return int(ids[0])
     return int(ids[rng.choice(len(ids), p=probs)])
 
 

@@ -50,6 +50,16 @@ def test_streamed_text_equals_the_json_text_and_verbose_goes_to_stderr(smollm2):
     assert "placement: " in streamed.stderr and "/30 layers on GPU" in streamed.stderr  # where the layers run
 
 
+def test_speculative_greedy_reply_is_the_same_and_verbose_counts_drafts(smollm2):
+    """--spec ngram: the greedy text is the one without it (the engine's tests compare tokens), and --verbose
+    says how many drafts were checked and kept."""
+    args = ("run", smollm2, "--raw", "-n", "24", "--temperature", "0", "-p", "Monday, Tuesday, Wednesday,")
+    plain, spec = gguf_chat(*args), gguf_chat(*args, "--spec", "ngram", "--verbose")
+    assert plain.returncode == 0 and spec.returncode == 0, plain.stderr + spec.stderr
+    assert spec.stdout == plain.stdout
+    assert "speculative (ngram): " in spec.stderr and " accepted (" in spec.stderr, spec.stderr
+
+
 def test_user_errors_are_one_line(smollm2, gemma3, tmp_path):
     assert_one_line_error(gguf_chat("run", tmp_path / "missing.gguf", "-p", "hi"), "no such file")
     bad = tmp_path / "bad.gguf"
@@ -60,6 +70,8 @@ def test_user_errors_are_one_line(smollm2, gemma3, tmp_path):
     assert_one_line_error(gguf_chat("run", smollm2, "--gpu-layers", "most", "-p", "hi"), "--gpu-layers", "'most'")
     assert_one_line_error(gguf_chat("run", smollm2, "--vram-budget", "lots", "-p", "hi"), "--vram-budget", "'lots'")
     assert_one_line_error(gguf_chat("run", smollm2, "--gpu-share", "2", "-p", "hi"), "--gpu-share", "'2'")
+    assert_one_line_error(gguf_chat("run", smollm2, "--spec", "draft", "-p", "hi"), "--draft MODEL")
+    assert_one_line_error(gguf_chat("run", smollm2, "--draft", gemma3, "-p", "hi"), "vocabulary")
 
 
 def test_ctrl_c_stops_cleanly_with_the_partial_text(smollm2):

@@ -101,7 +101,8 @@ def spm_vocab(n_vocab: int = 1024) -> dict:
 
 
 def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAYERS, window: int = 16,
-                    experts=None, deltanet=DELTANET, gemma4: str = "dense", g4_heads: dict = GEMMA4_HEADS) -> None:
+                    experts=None, deltanet=DELTANET, gemma4: str = "dense", g4_heads: dict = GEMMA4_HEADS,
+                    own_output: bool = False) -> None:
     """A random {arch} model at path with Q8_0 embeddings, layer matrices of `types` (name -> quant type; the
     K-quants Q4_K, Q5_K, Q6_K and the IQ types but IQ4_NL need widths that are multiples of 256, e.g.
     Q4_K_M_LAYERS, IQ4_XS_LAYERS):
@@ -109,7 +110,8 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     for qwen35moe experts with a shared expert;
     qwen2 with qkv biases and its own output matrix, qwen3 with q/k norms, gemma3 with q/k and sandwich norms
     and a `window`-token sliding window; gpt-oss with its biases, sinks, MXFP4 experts, 128-token window and YaRN
-    (OSS_*); the others tie the output to the embeddings. qwen3moe is qwen3
+    (OSS_*); the others tie the output to the embeddings (their top-1 is then the input token: greedy replies repeat
+    it) unless own_output. qwen3moe is qwen3
     with experts = (count, used) in every layer (default EXPERTS), its expert matrices of the ffn_* types, its
     router F32 (as llama.cpp's quantizer leaves it); llama takes experts too (Mixtral's kind: no expert width of
     its own). gemma4: one of GEMMA4_KINDS (layers, FFN width and experts from there, n_embd from SHAPES, the heads of its
@@ -352,7 +354,7 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     vec("output_norm.weight", d)
     # gpt-oss has an output matrix of its own (llama.cpp requires it); gemma4's files tie it, but tied to the random
     # embeddings the logits' top-1 is the input token whatever the layers do (conftest's synth_llama_k)
-    if arch in ("qwen2", "gpt-oss", "gemma4"):
+    if arch in ("qwen2", "gpt-oss", "gemma4") or own_output:
         mat("output.weight", n_vocab, d, 0.5, T.Q8_0)
     w.write_header_to_file()
     w.write_kv_data_to_file()

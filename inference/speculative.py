@@ -1,0 +1,194 @@
+"""Speculative decoding: a drafter guesses the next few tokens, the model checks them all in one forward.
+
+A verify step runs the last token and k drafts at once (the prompt path, all logits) and keeps the longest prefix
+of drafts the model agrees with, then one token of its own: the correction at the first rejected draft, or a bonus
+token after the last when all are kept. So a step yields 1 to k + 1 tokens for about the cost of one while the
+forward reads each weight once for all of its tokens (the CPU's matvecs up to cpu_quant.MATVEC_MAX_TOKENS).
+
+Agreement is the standard speculative-sampling rule (Leviathan et al. 2023, Chen et al. 2023): draft d, drawn from
+the drafter's distribution q, is kept with probability min(1, p(d) / q(d)), p the model's distribution there after
+sampling.distribution's transforms (repeat penalty, top-k, top-p, min-p, temperature: the tokens before d, drafts
+included, count for the penalty); on rejection the token is drawn from max(0, p - q) normalized. Every token then
+follows the model's own p. A drafter with no distribution (prompt lookup) is a point mass: q(d) = 1. Greedy is the
+same rule with p the point mass on the argmax: a draft is kept when it is the argmax, else the argmax replaces it.
+
+The caller rewinds what the verify step wrote for rejected drafts (engine.py): attention's cache rows past the kept
+tokens are overwritten by later steps before anything reads them, and a recurrent state (DeltaNet) goes back to
+the copy the verify step kept after each of its tokens (backend_cpu.set_input's snapshots).
+"""
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from inference.sampling import REPEAT_LAST_N, SamplingParams, distribution
+
+# What one more verified token costs, as a share of a one-token step: a 4-token forward of SmolLM2 took ~1.4x a
+# one-token one on the 2-core VM (the matvecs read the weights once for all of them), so ~0.15 a token
+VERIFY_TOKEN_COST = 0.15
+# the prior of the acceptance rate (kept / reached drafts): worth RATE_PRIOR_WEIGHT drafts, and older drafts' weight
+# decays by RATE_DECAY a verify step, so the rate follows what the text is doing now
+RATE_PRIOR, RATE_PRIOR_WEIGHT, RATE_DECAY = 0.5, 2.0, 0.9
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    q: list[np.ndarray] | None = None  # float64 [n_vocab] the distribution each token was drawn from; None: points
+
+
+class Drafter(Protocol):
+    cost: float  # what drafting one token costs, as a share of one step of the model
+
+    def propose(self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        """Up to k tokens that may follow history (prompt and reply so far)."""
+
+
+@dataclass
+class Speculation:
+    """How an engine decodes speculatively: who drafts, and at most how many tokens a step."""
+    kind: str  # "ngram" or "draft" (--spec)
+    drafter: Drafter
+    k_max: int
+
+
+@dataclass
+class SpecCounts:
+    drafted: int = 0  # drafts the model checked
+    accepted: int = 0  # of them, those it kept
+
+
+class PromptLookup:
+    """Prompt lookup (n-gram) drafts: the tokens that followed the latest earlier occurrence of history's last n
+    tokens (n from n_max down to n_min), as many as k. No model, no cost: pays where the reply quotes its context
+    (code edits, summaries, extraction)."""
+    cost = 0.0
+
+    def __init__(self, n_max: int = 3, n_min: int = 1):
+        self.n_max, self.n_min = n_max, n_min
+
+    def propose(self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        h = np.asarray(history)
+        for n in range(min(self.n_max, len(h) - 1), self.n_min - 1, -1):
+            # starts m < len(h) - n whose n tokens equal the last n: the latest leaves the most recent text to quote
+            windows = np.lib.stride_tricks.sliding_window_view(h[:-1], n)
+            hits = np.flatnonzero((windows == h[-n:]).all(axis=1))
+            if len(hits):
+                m = hits[-1] + n
+                return Draft(h[m:m + k].tolist())
+        return Draft([])
+
+
+class DraftModel:
+    """Drafts drawn from a smaller model with the same vocabulary (a second Engine), token by token, from its own
+    distribution under the same sampling parameters (greedy: its argmax). Its cache follows history: each call runs
+    only what it lacks (a recurrent draft goes back to its checkpoint of the last kept token: engine._prefill)."""
+
+    def __init__(self, engine, n_vocab: int, cost: float):
+        self.engine = engine
+        self.n_vocab = n_vocab  # the model's: q is over its ids
+        self.cost = cost
+
+    def propose(self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        tokens, q = [], []
+        for _ in range(k):
+            logits = self.engine.next_logits(history + tokens)[:self.n_vocab]  # ids both vocabularies share
+            ids, probs = distribution(logits, params, _recent(history + tokens))
+            token = _draw(ids, probs, rng)
+            dense = np.zeros(self.n_vocab)
+            dense[ids] = probs
+            tokens.append(token)
+            q.append(dense)
+        return Draft(tokens, q)
+
+
+def accepted_tokens(logits: np.ndarray, history: list[int], draft: Draft, params: SamplingParams,
+                    rng: np.random.Generator) -> list[int]:
+    """The tokens a verify step gives: the drafts kept (module doc's rule), then the correction of the first one
+    rejected or, all kept, a bonus token. logits [1 + len(draft.tokens), n_vocab]: row i the model's logits after
+    history and drafts[:i]."""
+    out = []
+    for i, d in enumerate(draft.tokens):
+        ids, p = distribution(logits[i], params, _recent(history + out))
+        p_d = p[ids == d].sum()
+        q_d = 1.0 if draft.q is None else draft.q[i][d]
+        if p_d >= q_d or (p_d > 0 and rng.random() * q_d < p_d):
+            out.append(d)
+            continue
+        rest = np.maximum(p - (_point(ids, d) if draft.q is None else draft.q[i][ids]), 0)
+        return out + [_draw(ids, rest / rest.sum(), rng)]  # > 0: p(d) < q(d) <= 1 leaves p mass elsewhere
+    ids, p = distribution(logits[len(draft.tokens)], params, _recent(history + out))
+    return out + [_draw(ids, p, rng)]
+
+
+class DraftLength:
+    """How many tokens to draft next (1 to k_max): the k with the most tokens per unit of cost, the expected
+    tokens of a verify step (1 + a + ... + a^k, at the running acceptance rate a of a draft reached) over its
+    cost (one step, plus VERIFY_TOKEN_COST and the drafter's cost a draft). From counts alone, not timings, so
+    that a seed gives the same reply every time."""
+
+    def __init__(self, k_max: int, draft_cost: float):
+        self.k_max = k_max
+        self.cost = VERIFY_TOKEN_COST + draft_cost
+        self.kept, self.reached = RATE_PRIOR * RATE_PRIOR_WEIGHT, RATE_PRIOR_WEIGHT
+
+    def __call__(self) -> int:
+        a = self.kept / self.reached
+        gain = [sum(a ** j for j in range(k + 1)) / (1 + self.cost * k) for k in range(1, self.k_max + 1)]
+        return 1 + int(np.argmax(gain))
+
+    def update(self, drafted: int, kept: int) -> None:
+        """After a verify step of drafted tokens that kept the first kept: those were reached and kept, and the
+        first rejected one was reached."""
+        self.kept = self.kept * RATE_DECAY + kept
+        self.reached = self.reached * RATE_DECAY + kept + (kept < drafted)
+
+
+def speculative_tokens(logits: np.ndarray, history: list[int], params: SamplingParams, seed: int | None,
+                       drafter: Drafter, k_max: int, run: Callable, rewind: Callable, end: int,
+                       counts: SpecCounts) -> Iterator[int]:
+    """The tokens after history, as Engine._host_tokens gives them (the caller caches each before the next
+    next()), from logits [n_vocab] of history's last token; each step after the first drafts up to k_max tokens
+    and verifies them. run(tokens, pos): the model's logits [len(tokens), n_vocab] (host) of tokens at pos.., the
+    recurrent states' copy kept after each token; rewind(n): those states back to after the context's first n
+    tokens. Runs write positions below end only. counts: drafts checked and kept, added to as they go."""
+    rng = np.random.default_rng(seed)
+    history = list(history)
+    length = DraftLength(k_max, drafter.cost)
+    ids, p = distribution(logits, params, _recent(history))
+    token = _draw(ids, p, rng)
+    while True:
+        yield token
+        history.append(token)
+        pos = len(history) - 1  # the token's, which runs next
+        k = min(length(), end - 1 - pos)
+        draft = drafter.propose(history, k, params, rng) if k > 0 else Draft([])
+        rows = run([token] + draft.tokens, pos)
+        taken = accepted_tokens(rows, history, draft, params, rng)
+        kept = len(taken) - 1
+        if draft.tokens:
+            counts.drafted += len(draft.tokens)
+            counts.accepted += kept
+            length.update(len(draft.tokens), kept)
+            if kept < len(draft.tokens):
+                rewind(pos + 1 + kept)  # the token and the drafts kept; the rest of the run is forgotten
+        for t in taken[:-1]:  # already run: the caller caches them as they go
+            yield t
+            history.append(t)
+        token = taken[-1]
+
+
+def _recent(tokens: list[int]) -> np.ndarray:
+    """What the repeat penalty looks back over (as sampling.Sampler)."""
+    return np.asarray(tokens[-REPEAT_LAST_N:], np.int64)
+
+
+def _point(ids: np.ndarray, d: int) -> np.ndarray:
+    """The point mass on d, over ids."""
+    return (ids == d).astype(np.float64)
+
+
+def _draw(ids: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One of ids by probs (as sampling.sample draws; one id: that one, no draw)."""
+    return int(ids[0]) if len(ids) == 1 else int(ids[rng.choice(len(ids), p=probs)])

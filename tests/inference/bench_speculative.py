@@ -1,0 +1,92 @@
+"""Speculative decoding's speed: what a forward of n tokens costs against a one-token step, and a greedy reply with
+speculation against the same reply without it.
+
+    python tests/inference/bench_speculative.py [MODEL] [--reps 5] [-n 128]      # prompt lookup, a code edit
+    python tests/inference/bench_speculative.py MODEL --device cuda --replay 0.7  # forced acceptance
+
+--replay F: drafts replayed from the model's own greedy reply, each right with probability F (random weights keep no
+real drafts; this is the issue's forced-acceptance mode). MODEL defaults to the default model (the packaged SmolLM2).
+The step costs run the same positions again, so they are skipped for a model with recurrent layers. Replies
+alternate (plain, speculative, plain, ...) so that both see the same load; the load average is printed beside each.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from inference import load  # noqa: E402
+from inference.speculative import PromptLookup, Speculation  # noqa: E402
+from tests.inference.test_speculative import Replay  # noqa: E402
+
+CODE = '''def moving_average(values, window):
+    result = []
+    for i in range(len(values) - window + 1):
+        chunk = values[i:i + window]
+        result.append(sum(chunk) / window)
+    return result
+'''
+EDIT = [{"role": "user", "content": "Rename the variable `chunk` to `segment` in this Python function and show the "
+                                    "whole function:\n\n" + CODE}]
+
+
+def step_costs(engine, reps: int) -> dict[int, list[float]]:
+    """Median seconds of a forward of n = 1..5 tokens after a 300-token context, reps rounds of n alternated."""
+    ids = engine.tokenizer.encode("Hello, world. Hello again, world. " * 40)[:300]
+    engine.reset()
+    list(engine.generate(ids, max_tokens=1, temperature=0))
+    out = {}
+    for _ in range(reps):
+        for n in range(1, 6):
+            times = []
+            for _ in range(15):
+                t = time.perf_counter()
+                engine._run(ids[:n], len(ids), all_logits=n > 1)  # the same positions each time: a step, not a reply
+                times.append(time.perf_counter() - t)
+            out.setdefault(n, []).append(statistics.median(times))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("model", nargs="?")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("-n", type=int, default=128)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--replay", type=float, metavar="F", help="forced acceptance: replayed drafts right with prob. F")
+    p.add_argument("--spec-k", type=int, default=3)
+    args = p.parse_args()
+    engine = load(args.model, device=args.device, ctx=2048)
+    engine.warm_up()
+    print(f"{engine.device}, load average {os.getloadavg()[0]:.2f}")
+    if not any(engine.config.recurrent):
+        costs = step_costs(engine, args.reps)
+        for n, times in costs.items():
+            print(f"forward of {n} tokens: " + " ".join(f"{t * 1e3:.1f}" for t in times) + " ms"
+                  f" | {np.median(times) / np.median(costs[1]):.2f}x one")
+    if args.replay is None:
+        drafter, name = PromptLookup(), "ngram"
+    else:
+        engine.reset()
+        list(engine.generate(EDIT, max_tokens=args.n + 1, temperature=0))
+        drafter, name = Replay(list(engine._cached), args.replay), f"replay {args.replay}"
+    texts = {}
+    for rep in range(args.reps):
+        for name, spec in (("plain", None), (name, Speculation(name, drafter, args.spec_k))):
+            engine.reset()
+            engine.speculation = spec
+            *pieces, stats = engine.generate(EDIT, max_tokens=args.n, temperature=0)
+            texts.setdefault(name, "".join(pieces))
+            print(f"{rep} {name}: {stats.generated_tokens} tokens, {stats.generation_tok_s:.1f} tok/s, drafted "
+                  f"{stats.drafted}, accepted {stats.accepted} | load average {os.getloadavg()[0]:.2f}", flush=True)
+    engine.speculation = None
+    print("the same text:", len(set(texts.values())) == 1)
+
+
+if __name__ == "__main__":
+    main()
