@@ -452,7 +452,8 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
     are small enough, else of x signed with the values' signs moved onto it; generic IR without AVX2) is x8 @ W.T,
     W gguf-py's dequantization: for random weights and x, and with every quant at its extremes against x's biased
     bytes at 1 and 255 (quantize_biased's extremes), the int16 sums' worst cases (Q8_0's quants reach +-127, where
-    255 * 127 pair sums overflow int16; IQ4_XS's table -127 and 113). An AVX2 host runs the AVX2 and generic paths,
+    255 * 127 pair sums overflow int16; IQ4_XS's table -127 and 113; IQ3_XXS's grid entry 255, 52 and 62 in a pair,
+    all signs minus, against tile_grid's biased x). An AVX2 host runs the AVX2 and generic paths,
     an AVX-512 one all of them (its no-VNNI path is AVX2's IR).
     tile_q8_0 takes x's bytes signed (xq: SIGNED_X_IDS), the others biased.
     Planted faults, each seen once: tile_q8_0 made as the 4-bit types' (max_abs=16, pmaddubsw sums of biased x)
