@@ -34,6 +34,7 @@ SHAPES = [
     ("Q4_0", 2048, 2048), ("Q5_1", 2048, 2048), ("Q2_K", 2048, 2048), ("Q3_K", 2048, 2048),
     ("Q5_K", 2048, 2048), ("F16", 2048, 2048), ("BF16", 2048, 2048), ("F32", 2048, 2048),
     ("MXFP4", 2880, 2880), ("IQ4_NL", 2048, 2048), ("IQ4_XS", 2048, 2048),  # gpt-oss's expert; the 4-bit tables
+    ("IQ3_XXS", 2048, 2048), ("IQ2_XXS", 2048, 2048),  # the grid types
 ]
 # llama3-8b q4_k_m / q8_0: attn_q (attn_k, attn_v are 4096 x 1024; q4_k_m has Q6_K attn_v in some layers),
 # ffn_gate + ffn_up as one matrix, ffn_down

@@ -6,22 +6,25 @@ and xs16, the int16 sums of xq over each 16 (for block minimums and offsets: Q6_
 -16). numba computes integers in int64, which hides byte dot products from LLVM's loop vectorizer (a numba
 loop ran 4x slower), so the dots are intrinsics that emit LLVM vector IR: byte products summed in pairs to
 int16 (pmaddubsw, which takes one operand unsigned), the pairs times their scales summed to int32 (pmaddwd).
-Q4_K, Q6_K, IQ4_XS: a whole super-block of 256 of two rows at a time, as llama.cpp does for one; the 32-value
+The K256_IDS types: a whole super-block of 256 of two rows at a time, as llama.cpp does for one; the 32-value
 blocks one row. Each loops over a row's blocks in IR, scales every block's int32 sums into float accumulators and
 ends in one horizontal sum a row. The 4-bit codebook types (MXFP4, IQ4_NL, IQ4_XS) look their codes' signed values
 up by a byte shuffle (ir.lookup16) and dot them as Q8_0's signed bytes (ir.abs_signed), as llama.cpp's x86 dots
-(ggml_vec_dot_iq4_nl_q8_0, ggml_vec_dot_mxfp4_q8_0, ggml_vec_dot_iq4_xs_q8_K).
+(ggml_vec_dot_iq4_nl_q8_0, ggml_vec_dot_mxfp4_q8_0, ggml_vec_dot_iq4_xs_q8_K). The grid types (IQ2_XXS, IQ3_XXS)
+gather their grid entries' magnitudes and their sign bytes from tables (ir.gather) and move the signs onto x, as
+ggml_vec_dot_iq2_xxs_q8_K and ggml_vec_dot_iq3_xxs_q8_K do.
 """
 import numpy as np
 from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from kernels.cpu.ir import (abs_signed, array_data, call, fold, fsum, half_ir, i64, ir_loop, load, load_bytes,
-                            lookup16, madd, madd32, madd_scaled, prefetch, ptr, shuffle, splat, splat_f)
-from kernels.cpu.types import IQ4_NL, MXFP4, Q4_0, Q4_1, Q5_0, Q6_K, fast
+from kernels.cpu.ir import (abs_signed, array_data, call, constant_table, fold, fsum, gather, half_ir, i64, ir_loop,
+                            load, load_bytes, lookup16, madd, madd32, madd_scaled, prefetch, ptr, shuffle, splat,
+                            splat_f)
+from kernels.cpu.types import IQ2_XXS, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q5_0, Q6_K, fast
 from models.dequant import KVALUES_MXFP4
-from models.iq_grids import KVALUES_IQ4NL
+from models.iq_grids import GRIDS, KSIGNS, KVALUES_IQ4NL
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
@@ -30,7 +33,7 @@ PREFETCH_BYTES = 2048
 # Q4_K and Q6_K: two cache lines of each row's block this far ahead, as the 32-value blocks' PREFETCH_BYTES. On the
 # 16-core host 2048 read Q4_K from DRAM ~1.3x faster than none, 1024 in between (BENCHMARKS.md, session 15).
 K_PREFETCH_BYTES = 2048
-INLINED_DIGEST = "9c6fdfd447dc990b"
+INLINED_DIGEST = "7d476633c9bf2578"
 
 
 def _nibbles32(context, builder, row_t, row, off):
@@ -143,6 +146,52 @@ def _iq4_xs_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
     return [fold(builder, acc)]
 
 
+# ggml's keven_signs_q2xs: KSIGNS[i]'s 8 sign bits as 8 bytes, 0xFF (minus) or 1, for psignb; as int64 words
+SIGN_BYTES = np.where((KSIGNS[:, None] >> np.arange(8)) & 1, 0xFF, 1).astype(np.uint8).view("<i8").ravel().tolist()
+# grid type -> (its grid's entries as little-endian words: 8 values of IQ2_XXS in an int64, 4 of IQ3_XXS in an
+# int32; the byte offsets in a block of sub-block j's grid indices, and of its u32 of 4 x 7 sign bits and a scale)
+GRID_SUBS = {IQ2_XXS: (GRIDS["IQ2_XXS"].view("<i8").ravel().tolist(), lambda j: 2 + 8 * j, lambda j: 6 + 8 * j),
+             IQ3_XXS: (GRIDS["IQ3_XXS"].view("<i4").ravel().tolist(), lambda j: 2 + 8 * j, lambda j: 66 + 4 * j)}
+
+
+def grid_sub_block(tid, context, builder, row_t, row, o, j):
+    """(<32 x i8> values, <32 x i8> their signs, +1 or -1, i16 2 ls + 1) of sub-block j (32 values) of the
+    IQ2_XXS or IQ3_XXS (tid) block at row[o:]: its grid entries' values (unsigned: 8, 25, 43 / 4..62), the signs of
+    its u32's 4 x 7 bits (ggml's keven_signs_q2xs: the 8th is their parity) and its 4-bit scale ls from the u32's
+    top, which ggml's dots take as 2 ls + 1 (the block's d * (0.5 + ls) / 4 or / 2 = d * (2 ls + 1) / 8 or / 4)."""
+    entries, index_at, word_at = GRID_SUBS[tid]
+    i32, i64t = ir.IntType(32), ir.IntType(64)
+    n = 32 // (8 if tid == IQ2_XXS else 4)  # entries a sub-block
+    idx = load_bytes(context, builder, row_t, row, builder.add(o, i64(index_at(j))), n)
+    grid = constant_table(builder, f"grid_{tid}", entries, 64 if tid == IQ2_XXS else 32)
+    values = gather(builder, grid, [builder.zext(builder.extract_element(idx, i64(k)), i64t) for k in range(n)])
+    word = builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(word_at(j))), i32), align=1)
+    sign_idx = [builder.zext(builder.and_(builder.lshr(word, i32(7 * k)), i32(127)), i64t) for k in range(4)]
+    signs = gather(builder, constant_table(builder, "ksigns_bytes", SIGN_BYTES, 64), sign_idx)
+    b32 = ir.VectorType(ir.IntType(8), 32)
+    scale = builder.trunc(builder.add(builder.shl(builder.lshr(word, i32(28)), i32(1)), i32(1)), ir.IntType(16))
+    return builder.bitcast(values, b32), builder.bitcast(signs, b32), scale
+
+
+def _grid_block(tid):
+    """block function of _k_rows for the IQ2_XXS or IQ3_XXS (tid) block: [<8 x i32> summing to sum over its 8
+    sub-blocks j of (2 ls_j + 1) * (signed grid values . xq)], two sub-blocks a step: x given the values' signs
+    (psignb), pmaddubsw of the grid values by it, pmaddwd by the scales, as ggml_vec_dot_iq2_xxs_q8_K /
+    ggml_vec_dot_iq3_xxs_q8_K do on AVX2."""
+    def block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
+        x0 = builder.mul(i, i64(256))
+        acc = ir.VectorType(ir.IntType(32), 16)([0] * 16)
+        for h in range(4):
+            (va, sa, la), (vb, sb, lb) = (grid_sub_block(tid, context, builder, row_t, row, o, 2 * h + k)
+                                          for k in range(2))
+            x = load(context, builder, xq_t, xq, builder.add(x0, i64(64 * h)), 64)
+            signed = abs_signed(context, builder, shuffle(builder, sa, sb, range(64)), x)[1]
+            scales = shuffle(builder, splat(builder, la, 16, 16), splat(builder, lb, 16, 16), range(32))
+            acc = builder.add(acc, madd_scaled(context, builder, shuffle(builder, va, vb, range(64)), signed, scales))
+        return [fold(builder, acc)]
+    return block
+
+
 def _row_at(context, builder, w_t, w, r_t, r, block_bytes):
     """(byte offset of row r, its number of blocks) in w, a C-contiguous uint8 [n_rows, row_bytes]. The dots take
     the matrix and a row number, not a row: numba made a view of each row (and of x's row) it passed, a cost a
@@ -153,12 +202,13 @@ def _row_at(context, builder, w_t, w, r_t, r, block_bytes):
     return builder.mul(r, row_bytes), builder.udiv(row_bytes, i64(block_bytes))
 
 
-def _k_rows(block, block_bytes, scales_at):
+def _k_rows(block, block_bytes, scales_at, factor=1.0):
     """An intrinsic f(w, ra, rb, xq, xd, xs16, f16) -> (w[ra] . x8, w[rb] . x8) for two rows of a k-quant's matrix
-    w (uint8 [n_rows, row_bytes], see _row_at) and one token's x8 (xq in the block's order, xd [n_blocks], xs16): a loop over the blocks in IR that scales the
-    int32 vectors of block(...) by their f16 scale at scales_at (byte offset, sign) times xd into one float
-    vector a row, summed once a row. A numba loop over the blocks reduced every block's vectors to scalars first:
-    a shuffle tree a block, on the shuffle port that Q4_K is bound by on the Xeon (llvm-mca)."""
+    w (uint8 [n_rows, row_bytes], see _row_at) and one token's x8 (xq in the block's order, xd [n_blocks], xs16): a
+    loop over the blocks in IR that scales the int32 vectors of block(...) by their f16 scale at scales_at (byte
+    offset, sign) times xd (times factor) into one float vector a row, summed once a row. A numba loop over the
+    blocks reduced every block's vectors to scalars first: a shuffle tree a block, on the shuffle port that Q4_K is
+    bound by on the Xeon (llvm-mca)."""
     @intrinsic
     def rows_dot(typingctx, w, ra, rb, xq, xd, xs16, f16):
         def codegen(context, builder, sig, args):
@@ -179,6 +229,8 @@ def _k_rows(block, block_bytes, scales_at):
                     for v, (at, sign) in zip(vecs, scales_at):
                         scale = builder.fmul(half_ir(context, builder, row_t, row, builder.add(o, i64(at)), f16_t,
                                                      f16), xd_i)
+                        if factor != 1.0:
+                            scale = builder.fmul(scale, ir.Constant(ir.FloatType(), factor))
                         scaled = builder.fmul(builder.sitofp(v, vec), splat_f(builder, scale, 8))
                         acc = builder.fadd(acc, scaled) if sign > 0 else builder.fsub(acc, scaled)
                     new.append(acc)
@@ -196,6 +248,9 @@ def _k_rows(block, block_bytes, scales_at):
 dot_q4_k_rows = _k_rows(_q4_k_block, 144, ((0, 1), (2, -1)))
 dot_q6_k_rows = _k_rows(_q6_k_block, 210, ((208, 1),))
 dot_iq4_xs_rows = _k_rows(_iq4_xs_block, 136, ((0, 1),))  # xd * d * sum of (ls - 32) * (v . xq) a block
+# xd * d * sum of (2 ls + 1) * (v . xq) / 8 (IQ2_XXS), / 4 (IQ3_XXS) a block
+dot_iq2_xxs_rows = _k_rows(_grid_block(IQ2_XXS), 66, ((0, 1),), 0.125)
+dot_iq3_xxs_rows = _k_rows(_grid_block(IQ3_XXS), 98, ((0, 1),), 0.25)
 
 
 
@@ -384,14 +439,19 @@ def dot8_q4_k(w, r0, r1, xq, xd, xs16, out, f16):
 
 @fast
 def dot8_k256(tid, w, r0, r1, xq, xd, xs16, out, f16):
-    """As dot8_q4_k for Q6_K or IQ4_XS (tid) rows, x in blocks of 256 as it lies (llama.cpp's q8_K)."""
+    """As dot8_q4_k for Q6_K, IQ4_XS, IQ2_XXS or IQ3_XXS (tid) rows, x in blocks of 256 as it lies (llama.cpp's
+    q8_K)."""
     half_rows = (r1 - r0 + 1) // 2
     for r in range(r0, r0 + half_rows):
         r_b = r + half_rows if r + half_rows < r1 else r
         if tid == Q6_K:
             out[r], out[r_b] = dot_q6_k_rows(w, r, r_b, xq, xd, xs16, f16)
-        else:
+        elif tid == IQ4_XS:
             out[r], out[r_b] = dot_iq4_xs_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == IQ2_XXS:
+            out[r], out[r_b] = dot_iq2_xxs_rows(w, r, r_b, xq, xd, xs16, f16)
+        else:
+            out[r], out[r_b] = dot_iq3_xxs_rows(w, r, r_b, xq, xd, xs16, f16)
 
 
 @fast

@@ -9,16 +9,18 @@ import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kernels.cpu.dot_x8 import pack_x8_q4_0, pack_x8_q4_1, pack_x8_q5_0, pack_x8_q5_1  # noqa: E402
-from kernels.cpu.gemm_int8 import (ROWS, TOKENS, pack_iq4_nl, pack_iq4_xs, pack_mxfp4, pack_q4_0,  # noqa: E402
-                                   pack_q4_1, pack_q4_k, pack_q5_0, pack_q5_1, pack_q6_k, pack_q8_0, tile_halves,
-                                   tile_no_min, tile_q8_0, tile_with_min)
+from kernels.cpu.gemm_int8 import (ROWS, SIGNED_X_IDS, TOKENS, pack_iq2_xxs, pack_iq3_xxs, pack_iq4_nl,  # noqa: E402
+                                   pack_iq4_xs, pack_mxfp4, pack_q4_0, pack_q4_1, pack_q4_k, pack_q5_0, pack_q5_1,
+                                   pack_q6_k, pack_q8_0, tile_grid, tile_halves, tile_no_min, tile_q8_0,
+                                   tile_with_min)
 from kernels.cpu.claim import claim, counters  # noqa: E402
-from kernels.cpu.types import IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, X8, fast  # noqa: E402
+from kernels.cpu.types import (IQ2_XXS, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1,  # noqa: E402
+                               Q6_K, Q8_0, X8, fast)
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "gemm_int8", "dot_x8")
-INLINED_DIGEST = "5ee1d7904afc9a90"
+INLINED_DIGEST = "d2b745580176e15b"
 
 
 def padded_tokens(n_tokens: int) -> int:
@@ -27,11 +29,12 @@ def padded_tokens(n_tokens: int) -> int:
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def quantize_biased(x, xu, xd, xds, block=32):
-    """x: float32 [n_tokens, n_cols] -> xu: uint8 [n_padded, n_cols] = xq + 128, xq int8 to the nearest of x / xd,
+def quantize_biased(x, xu, xd, xds, block=32, bias=128):
+    """x: float32 [n_tokens, n_cols] -> xu: uint8 [n_padded, n_cols] = xq + bias (128; 0 for the SIGNED_X_IDS
+    tiles: xq's bytes), xq int8 to the nearest of x / xd,
     xd: float32 [n_padded, n_cols // 32] = amax / 127 of each block of values (as quantize_q8; block 256: one amax
     for 8 groups of 32, llama.cpp's q8_K, which IQ4_XS's dots take there), xds: xd * the sum of xq over each 32.
-    Rows from n_tokens on are zeros (xu 128)."""
+    Rows from n_tokens on are zeros (xq 0)."""
     n_tokens = x.shape[0]
     per = block // 32  # groups of 32 under one scale
     for t in nb.prange(xu.shape[0]):
@@ -45,7 +48,7 @@ def quantize_biased(x, xu, xd, xds, block=32):
                 s = 0
                 for l in range(32):
                     q = np.int32(np.rint(x[t, 32 * b + l] * inv)) if t < n_tokens else np.int32(0)
-                    xu[t, 32 * b + l] = np.uint8(q + 128)
+                    xu[t, 32 * b + l] = np.uint8((q + bias) & 0xFF)
                     s += q
                 xd[t, b] = amax / np.float32(127)
                 xds[t, b] = xd[t, b] * np.float32(s)
@@ -54,7 +57,8 @@ def quantize_biased(x, xu, xd, xds, block=32):
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def gemm_int8(tid, w, xu, xd, xds, out, f16, n_workers):
     """out[t, r] = x8[t] . row r of W for W of an INT8_IDS type tid, w: uint8 [n_rows, row_bytes] (or tid X8 +
-    a type and w repacked, repack: uint8 [n_groups, 8 * row_bytes]), x8 given by quantize_biased (xu, xd, xds),
+    a type and w repacked, repack: uint8 [n_groups, 8 * row_bytes]), x8 given by quantize_biased (xu, xd, xds; its
+    bias 0 for the SIGNED_X_IDS),
     out: float32 [n_tokens, n_rows]. Tiles of ROWS rows are claimed by the n_workers threads one at a time (as the
     matvecs' chunks: prange's equal shares wait for the slowest thread); each is packed into its thread's scratch
     (~11 bytes a column, L1-sized), then multiplied with every TOKENS tokens."""
@@ -99,6 +103,10 @@ def _gemm_tile(tid, w, tile, xu, xd, xds, out, f16, halves, packed, corrs, scale
         pack_iq4_nl(w, r0, packed, corrs, scales, mins, f16)
     elif tid == IQ4_XS:
         pack_iq4_xs(w, r0, packed, corrs, scales, mins, f16)
+    elif tid == IQ2_XXS:
+        pack_iq2_xxs(w, r0, packed, corrs, scales, mins, f16)
+    elif tid == IQ3_XXS:
+        pack_iq3_xxs(w, r0, packed, corrs, scales, mins, f16)
     elif tid == X8 + Q4_0:
         pack_x8_q4_0(w, tile, packed, corrs, scales, mins)
     elif tid == X8 + Q4_1:
@@ -113,8 +121,10 @@ def _gemm_tile(tid, w, tile, xu, xd, xds, out, f16, halves, packed, corrs, scale
             tile_halves(packed, corrs, scales, mins, xu, xd, xds, t0, y)
         elif with_min:
             tile_with_min(packed, corrs, scales, mins, xu, xd, xds, t0, y)
-        elif tid == Q8_0 or tid == IQ4_NL or tid == IQ4_XS:  # values up to 128 in size
+        elif tid in SIGNED_X_IDS:  # values up to 128 in size
             tile_q8_0(packed, corrs, scales, mins, xu, xd, xds, t0, y)
+        elif tid == IQ2_XXS or tid == IQ3_XXS:  # up to 62
+            tile_grid(packed, corrs, scales, mins, xu, xd, xds, t0, y)
         else:
             tile_no_min(packed, corrs, scales, mins, xu, xd, xds, t0, y)
         for j in range(min(TOKENS, n_tokens - t0)):

@@ -2,7 +2,8 @@
 LLVM vector IR (a packing step and a register-tile micro-kernel); gemm drives them.
 
 x is quantized per 32 values as for the matvecs, but stored biased, xu = xq + 128 (uint8), because the byte dot
-(vpdpbusd: u8 x s8 summed in fours into int32) takes one operand unsigned and the weights' values are signed.
+(vpdpbusd: u8 x s8 summed in fours into int32) takes one operand unsigned and the weights' values are signed;
+for the types of values up to 128 (SIGNED_X_IDS, tile_q8_0) it is stored signed, xq, which AVX2's dot of them takes.
 A tile of ROWS rows is packed once, into scratch that stays in L1, for all the prompt's tokens, as groups of 32
 values (a block of the 32-value types, a run of a k-quant's 256; Q6_K's scales cover 16 values: two halves):
 - packed: per group, ROWS x 32 signed values as 8 vectors, vector k lane i = values 4k..4k+3 of row i (so a
@@ -18,16 +19,19 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from kernels.cpu.dot_int8 import (IQ4_NL_TABLE, MXFP4_TABLE, _high_bits32, _nibbles32, _row_at, e8m0_half_ir,
-                                  iq4_xs_scales)
+                                  grid_sub_block, iq4_xs_scales)
+from kernels.cpu import ir as cpu_ir
 from kernels.cpu.ir import (abs_signed, array_data, dot4, dot4_many, fma, half_ir, i64, ir_loop, load_bytes,
-                            lookup16, ptr, shuffle, simd, splat, splat_f, vnni)
-from kernels.cpu.types import IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
+                            lookup16, ptr, shuffle, splat, splat_f)
+from kernels.cpu.types import IQ2_XXS, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "ir", "dot_int8")
-INLINED_DIGEST = "3646e1a22d3e2d33"
+INLINED_DIGEST = "0a39d75da69e2a86"
 
+# values up to 128 in size: their tile (tile_q8_0) takes x's bytes signed (xq), the others' biased (xq + 128)
+SIGNED_X_IDS = (Q8_0, IQ4_NL, IQ4_XS)
 ROWS = 8  # rows of a tile: the int32 lanes of a 256-bit vector
 TOKENS = 4  # tokens of the micro-kernel's register tile (4 float + 4 int32 accumulators, 8 weight vectors)
 
@@ -122,12 +126,25 @@ def _iq4_xs_d(context, builder, row_t, row, o, j, f16_t, f16):
     return builder.fmul(half_ir(context, builder, row_t, row, o, f16_t, f16), builder.sitofp(ls, ir.FloatType()))
 
 
+def _grid_group(tid, factor):
+    """group function of IQ2_XXS or IQ3_XXS (tid): sub-block j's grid values with their signs, [d * (2 ls + 1) *
+    factor] (the block's d * (0.5 + ls) / 4 or / 2, as gguf-py's: 0.5 + ls and the powers of two are exact)."""
+    def group(context, builder, row_t, row, o, j, f16_t, f16):
+        values, signs, scale = grid_sub_block(tid, context, builder, row_t, row, o, j)
+        f32 = ir.FloatType()
+        d = builder.fmul(half_ir(context, builder, row_t, row, o, f16_t, f16), builder.sitofp(scale, f32))
+        return abs_signed(context, builder, signs, values)[1], [builder.fmul(d, ir.Constant(f32, factor))], None
+    return group
+
+
 # type id -> (block bytes, groups of 32 a block, scales a group, has a minimum, group function)
 GROUPS = {**{tid: (spec[0], 1, 1, spec[4] is not None, _block32(tid)) for tid, spec in BLOCKS.items()},
           Q4_K: (144, 8, 1, True, _q4_k_group), Q6_K: (210, 8, 2, False, _q6_k_group),
           MXFP4: (17, 1, 1, False, _table_group(MXFP4_TABLE, 1, _e8m0_d)),
           IQ4_NL: (18, 1, 1, False, _table_group(IQ4_NL_TABLE, 2, _f16_d)),
-          IQ4_XS: (136, 8, 1, False, _table_group(IQ4_NL_TABLE, 8, _iq4_xs_d))}
+          IQ4_XS: (136, 8, 1, False, _table_group(IQ4_NL_TABLE, 8, _iq4_xs_d)),
+          IQ2_XXS: (66, 8, 1, False, _grid_group(IQ2_XXS, 0.125)),
+          IQ3_XXS: (98, 8, 1, False, _grid_group(IQ3_XXS, 0.25))}
 
 
 def _pack(tid):
@@ -191,16 +208,43 @@ def _pack(tid):
     return pack
 
 
+def _signed_sums(context, builder, packed_t, packed, xq_t, xq, g, xg):
+    """[[<8 x i32>]] a token: group g's 8 weight vectors of the packed tile (values up to 128 in size) dotted with
+    token j's signed x bytes of the group (xq at 32 xg[j]), on AVX2 without VNNI: x given the values' signs,
+    pmaddubsw of |v| by it, pmaddwd by ones, as llama.cpp's x86 Q8_0 dot. A loop over the weight vectors, each
+    dotted with every token in turn (its trip count hidden from LLVM, which unrolled it and ordered the work token by
+    token: the 8 weights and their 8 |v| then stayed live together, spilled to the stack on AVX2's 16 registers)."""
+    i32 = ir.IntType(32)
+    b32, v8 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(i32, 8)
+
+    def body(k, sums):
+        w = builder.load(ptr(context, builder, packed_t, packed, builder.mul(builder.add(builder.mul(g, i64(8)), k),
+                                                                             i64(32)), b32), align=1)
+        new = []
+        for j, s in enumerate(sums):
+            x4 = builder.load(ptr(context, builder, xq_t, xq, builder.add(builder.mul(xg[j], i64(32)),
+                                                                          builder.mul(k, i64(4))), i32), align=1)
+            operand = abs_signed(context, builder, w, builder.bitcast(splat(builder, x4, 8, 32), b32))
+            new.append(dot4_many(context, builder, s, [operand], 128 * 127))
+        return new
+
+    eight = builder.asm(ir.FunctionType(ir.IntType(64), [ir.IntType(64)]), "", "=r,0", [i64(8)], False, "opaque")
+    return [[s] for s in ir_loop(builder, eight, [v8([0] * 8)] * len(xg), body)]
+
+
 def _tile(with_min, halves=1, max_abs=128):
     """An intrinsic f(packed, corrs, scales, mins, xu, xd, xds, t0, y): y[j * ROWS + i] = token t0 + j's x8 . row i
-    of a packed tile, for j < TOKENS, over all groups. xu uint8 [n_tokens, n_groups * 32] (xq + 128, |xq| <= 127),
-    xd and xds float32 [n_tokens, n_groups] (xds: xd * the sum of xq over the group; read only with_min); halves:
-    scales a group (2: Q6_K's, one a 16); max_abs: the largest |packed value| of the types it runs (ir.dot4_many:
-    below 64, AVX2's pmaddubsw of xu where there is no VNNI). Above that (Q8_0, IQ4_NL, IQ4_XS: up to 128), without
-    VNNI but with AVX2, the tile dots x signed (xu ^ 0x80) with the values' signs moved onto it (ir.abs_signed:
-    pmaddubsw of |v| <= 128 and |xq| <= 127 never saturates), as llama.cpp's x86 Q8_0 dot does, and starts its sums
-    at 0, not corrs: generic IR (bytes widened to int32) made IQ4_XS's prompt 3x slower than dequantizing to
-    BLAS on the AVX2-only 2-core VM."""
+    of a packed tile, for j < TOKENS, over all groups. xu uint8 [n_tokens, n_groups * 32]: x's bytes, xq + 128
+    (|xq| <= 127), or xq itself where max_abs is 128 (signed_x); xd and xds float32 [n_tokens, n_groups] (xds: xd *
+    the sum of xq over the group; read only with_min); halves: scales a group (2: Q6_K's, one a 16); max_abs: the
+    largest |packed value| of the types it runs (ir.dot4_many: below 64, AVX2's pmaddubsw of xu where there is no
+    VNNI). At 128 (Q8_0, IQ4_NL, IQ4_XS), without VNNI but with AVX2, the tile dots xq with the values' signs moved
+    onto it (_signed_sums), as llama.cpp's x86 Q8_0 dot does: generic IR (bytes widened to int32) made IQ4_XS's
+    prompt 3x slower than dequantizing to BLAS on the AVX2-only 2-core VM; xq rather than xu ^ 0x80 made the tile
+    1.4x faster there (the xor, done narrow before the splat, cost two vector ops of six); elsewhere (VNNI, generic
+    IR) it takes xq ^ 0x80 = xu."""
+    signed_x = max_abs == 128
+
     @intrinsic
     def tile(typingctx, packed, corrs, scales, mins, xu, xd, xds, t0, y):
         def codegen(context, builder, sig, args):
@@ -208,40 +252,42 @@ def _tile(with_min, halves=1, max_abs=128):
             packed, corrs, scales, mins, xu, xd, xds, t0, y = args
             i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
             v8, f8, b32 = ir.VectorType(i32, 8), ir.VectorType(f32, 8), ir.VectorType(i8, 32)
-            signed_x = 2 * 255 * max_abs > 32767 and simd(context) and not vnni(context)
+            # through the module, as ir's own helpers look them up: a test's patch of the path reaches this
+            signed_dots = signed_x and cpu_ir.simd(context) and not cpu_ir.vnni(context)
             n_groups = builder.extract_value(array_data(context, builder, xd_t, xd).shape, 1)
             t0 = context.cast(builder, t0, t0_t, types.int64)
             rows_of = [builder.mul(builder.add(t0, i64(j)), n_groups) for j in range(TOKENS)]  # flat xd index of g 0
 
             def body(g, accs):
-                weights = [builder.load(ptr(context, builder, packed_t, packed, builder.mul(builder.add(
-                    builder.mul(g, i64(8)), i64(k)), i64(32)), b32), align=1) for k in range(8)]
                 at = [builder.mul(builder.add(builder.mul(g, i64(halves)), i64(h)), i64(ROWS)) for h in range(halves)]
                 corr = [builder.load(ptr(context, builder, corrs_t, corrs, a, v8), align=4) for a in at]
                 d = [builder.load(ptr(context, builder, scales_t, scales, a, f8), align=4) for a in at]
                 if with_min:
                     m = builder.load(ptr(context, builder, mins_t, mins, builder.mul(g, i64(ROWS)), f8), align=4)
+                xg = [builder.add(rows_of[j], g) for j in range(TOKENS)]  # token j's group g in xd, xds; 32 xg: xu
+                if signed_dots:
+                    sums = _signed_sums(context, builder, packed_t, packed, xu_t, xu, g, xg)
+                else:
+                    weights = [builder.load(ptr(context, builder, packed_t, packed, builder.mul(builder.add(
+                        builder.mul(g, i64(8)), i64(k)), i64(32)), b32), align=1) for k in range(8)]
+                    sums = []
+                    for j in range(TOKENS):  # a splat of 4 bytes of x as one int32: against every row's 4 values k
+                        x4 = [builder.load(ptr(context, builder, xu_t, xu, builder.add(builder.mul(xg[j], i64(32)),
+                                                                                       i64(4 * k)), i32), align=1)
+                              for k in range(8)]
+                        x4 = [builder.xor(x, i32(-0x7F7F7F80)) for x in x4] if signed_x else x4  # xq ^ 0x80: xu
+                        operands = [(builder.bitcast(splat(builder, x4[k], 8, 32), b32), weights[k]) for k in range(8)]
+                        sums.append([dot4_many(context, builder, corr[h], operands[8 * h // halves:8 * (h + 1) //
+                                                                                   halves], 255 * max_abs)
+                                     for h in range(halves)])
                 new = []
                 for j, acc in enumerate(accs):
-                    xg = builder.add(rows_of[j], g)  # token j's group g in xd, xds; its bytes at 32 xg in xu
-                    operands = []
-                    for k in range(8):  # a splat of 4 bytes of x as one int32: against every row's 4 values k
-                        x4 = builder.load(ptr(context, builder, xu_t, xu, builder.add(builder.mul(xg, i64(32)),
-                                                                                       i64(4 * k)), i32), align=1)
-                        if signed_x:  # xq: its sign moved onto the values' (their |v| are common to the tokens)
-                            x4 = builder.bitcast(splat(builder, builder.xor(x4, i32(-0x7F7F7F80)), 8, 32), b32)
-                            operands.append(abs_signed(context, builder, weights[k], x4))
-                        else:
-                            operands.append((builder.bitcast(splat(builder, x4, 8, 32), b32), weights[k]))
-                    sums = [dot4_many(context, builder, v8([0] * 8) if signed_x else corr[h],
-                                      operands[8 * h // halves:8 * (h + 1) // halves],
-                                      128 * 127 if signed_x else 255 * max_abs) for h in range(halves)]
                     xd_g = splat_f(builder, builder.load(builder.gep(array_data(context, builder, xd_t, xd).data,
-                                                                     [xg])), 8)
+                                                                     [xg[j]])), 8)
                     for h in range(halves):
-                        acc = fma(builder, builder.sitofp(sums[h], f8), builder.fmul(d[h], xd_g), acc)
+                        acc = fma(builder, builder.sitofp(sums[j][h], f8), builder.fmul(d[h], xd_g), acc)
                     if with_min:
-                        xs = builder.load(builder.gep(array_data(context, builder, xds_t, xds).data, [xg]))
+                        xs = builder.load(builder.gep(array_data(context, builder, xds_t, xds).data, [xg[j]]))
                         acc = fma(builder, m, splat_f(builder, xs, 8), acc)
                     new.append(acc)
                 return new
@@ -258,7 +304,8 @@ def _tile(with_min, halves=1, max_abs=128):
 
 pack_q4_0, pack_q4_1, pack_q5_0, pack_q5_1, pack_q8_0, pack_q4_k, pack_q6_k, pack_mxfp4, pack_iq4_nl, pack_iq4_xs = (
     _pack(tid) for tid in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS))
+pack_iq2_xxs, pack_iq3_xxs = _pack(IQ2_XXS), _pack(IQ3_XXS)
 # the packed values' largest size: Q4_1, Q4_K 15, Q5_1 31 (with a minimum); Q4_0 8, Q5_0 16, MXFP4 12; Q6_K 32;
-# Q8_0 128, IQ4_NL and IQ4_XS 127 (tile_q8_0)
+# Q8_0 128, IQ4_NL and IQ4_XS 127 (tile_q8_0: SIGNED_X_IDS, x given as xq); IQ2_XXS 43, IQ3_XXS 62 (tile_grid)
 tile_with_min, tile_no_min, tile_halves = _tile(True, max_abs=31), _tile(False, max_abs=16), _tile(False, 2, 32)
-tile_q8_0 = _tile(False)
+tile_q8_0, tile_grid = _tile(False), _tile(False, max_abs=62)

@@ -102,6 +102,28 @@ def madd_scaled(context, builder, quants, xq, scales):
     return pairs(builder, scaled)
 
 
+def constant_table(builder, name, values, bits):
+    """The module's global constant array of the ints values, iN each (a grid or sign table an intrinsic gathers
+    from; made once a module)."""
+    table = builder.module.globals.get(name)
+    if table is None:
+        ty = ir.ArrayType(ir.IntType(bits), len(values))
+        table = ir.GlobalVariable(builder.module, ty, name)
+        table.initializer = ty([int(v) for v in values])
+        table.global_constant = True
+        table.linkage = "internal"
+    return table
+
+
+def gather(builder, table, indices):
+    """<len(indices) x iN>: table[i] for each i64 ir value i of indices, a scalar load each (as ggml's x86 dots
+    build their grid vectors, _mm256_set_epi64x of table entries)."""
+    vec = ir.VectorType(table.type.pointee.element, len(indices))(ir.Undefined)
+    for lane, i in enumerate(indices):
+        vec = builder.insert_element(vec, builder.load(builder.gep(table, [i64(0), i])), i64(lane))
+    return vec
+
+
 def array_data(context, builder, arr_t, arr):
     return context.make_array(arr_t)(context, builder, arr)
 

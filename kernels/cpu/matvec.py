@@ -18,12 +18,12 @@ from kernels.cpu.dot_int8 import dot8_b32, dot8_k256, dot8_q4_k, dot8_q8_0, q4_k
 from kernels.cpu.dot_x8 import dot8_x8  # noqa: E402
 from kernels.cpu.ir import prefetch  # noqa: E402
 from kernels.cpu.ops import _glu_act, _glu_one  # noqa: E402
-from kernels.cpu.types import IQ4_XS, Q4_K, Q6_K, Q8_0, X8, fast  # noqa: E402
+from kernels.cpu.types import K256_IDS, Q4_K, Q8_0, X8, fast  # noqa: E402
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "dequant", "dot_float", "dot_int8", "dot_x8", "ir", "ops")
-INLINED_DIGEST = "4ce79328905f57da"
+INLINED_DIGEST = "ceb890eddda624b0"
 
 # A matvec's rows go in chunks that the threads claim one at a time (claim) until none are left: numba's prange
 # hands each thread an equal share up front, and on the 16-core host one slow thread then held up the region
@@ -73,12 +73,12 @@ def matvec_fused(tid, w, x, out, f16, n16, n_chunks):
 @fast
 def _x_arrays(n_tokens, n_cols, tids):
     """Room for n_tokens rows of n_cols values quantized as the int8 dots of the types tids (INT8_IDS, X8_IDS) read
-    them, once per block size in use: (xq, xd, xs16) in blocks of 256 (Q4_K, Q6_K, IQ4_XS), xq4 (xq in q4_k_order,
+    them, once per block size in use: (xq, xd, xs16) in blocks of 256 (K256_IDS), xq4 (xq in q4_k_order,
     Q4_K), (xq8, xd8, xs8) in blocks of 32 (the rest); those no type reads are empty."""
     k_quant = q4_k = b32 = False
     for tid in tids:
         q4_k |= tid == Q4_K
-        in_256 = tid == Q4_K or tid == Q6_K or tid == IQ4_XS
+        in_256 = tid in K256_IDS
         k_quant |= in_256
         b32 |= not in_256
     nk, n8 = n_cols if k_quant else 0, n_cols if b32 else 0
@@ -148,7 +148,7 @@ def _dot_rows(tid, w, r0, r1, xs, t0, t1, out, o, f16):
             y = out[o + t - t0]
             if tid == Q4_K:
                 dot8_q4_k(w, ra, rb, xq4[t], xd[t], xs16[t], y, f16)
-            elif tid == Q6_K or tid == IQ4_XS:
+            elif tid in K256_IDS:
                 dot8_k256(tid, w, ra, rb, xq[t], xd[t], xs16[t], y, f16)
             elif tid == Q8_0:
                 dot8_q8_0(w, ra, rb, xq8[t], xd8[t], xs8[t], y, f16)

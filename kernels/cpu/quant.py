@@ -5,16 +5,16 @@ shape (n_cols, n_rows)), or for Q4_0, Q4_1, Q5_0, Q5_1 repacked eight rows at a 
 once at load: the same bytes reordered so a vector dots 8 rows at once, ~2x faster a core). Nothing here
 dequantizes a whole matrix:
 - few tokens (generation): a matrix-vector kernel reads each row's blocks once and dots them with every
-  token's x, chunks of rows claimed by all cores in turn. The INT8_IDS types (Q4_K, Q6_K, IQ4_XS; Q4_0, Q4_1,
-  Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 in blocks of 32) dot integers: x is quantized once per call to int8 with one
-  float scale per block of 256 (Q4_K, Q6_K, IQ4_XS) or 32 (the others), as llama.cpp does on the CPU, so the
+  token's x, chunks of rows claimed by all cores in turn. The INT8_IDS types (Q4_K, Q6_K, IQ4_XS, IQ2_XXS,
+  IQ3_XXS; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 in blocks of 32) dot integers: x is quantized once per call
+  to int8 with one float scale per block of 256 (the former) or 32 (the others), as llama.cpp does on the CPU, so the
   result is x8 @ dequantize(W).T, x8 the dequantized int8 x, to float32 rounding; |x8 - x| <= amax/254 per
   element (amax of its block of x). MXFP4's x scales are rounded to fp16 as llama.cpp's q8_0 blocks store them
-  (MXFP4_INT8_X). The 4-bit codebook types (MXFP4, IQ4_NL, IQ4_XS) look their values up by a byte shuffle.
-  Other types dot float32 x: Q5_K fused, the rest (Q2_K, Q3_K, the other IQ types, F16, BF16) decoded to a
-  float32 row first.
-- many tokens (prompt): the INT8_IDS types go through an int8 GEMM (gemm: x quantized per 32 values, IQ4_XS's
-  per 256 as llama.cpp's q8_K, so the result is x8 @ dequantize(W).T too); for the others tiles of rows are
+  (MXFP4_INT8_X). The 4-bit codebook types (MXFP4, IQ4_NL, IQ4_XS) look their values up by a byte shuffle, the
+  grid types (IQ2_XXS, IQ3_XXS) gather theirs from their grid. Other types dot float32 x: Q5_K fused, the rest
+  (Q2_K, Q3_K, the other IQ types, F16, BF16) decoded to a float32 row first.
+- many tokens (prompt): the INT8_IDS types go through an int8 GEMM (gemm: x quantized per 32 values, the IQ
+  types' per 256 as llama.cpp's q8_K, so the result is x8 @ dequantize(W).T too); for the others tiles of rows are
   dequantized to float32 and multiplied with numpy BLAS; these and the float32 matvecs match x @ dequantize(W).T
   to float32 rounding.
 
@@ -32,13 +32,15 @@ import numpy as np
 from kernels.cpu.dequant import decode_rows
 from kernels.cpu.dot_int8 import quantize_q8
 from kernels.cpu.gemm import gemm_int8, padded_tokens, quantize_biased
+from kernels.cpu.gemm_int8 import SIGNED_X_IDS
 from kernels.cpu.matvec import (MATVEC_CHUNKS, N_WORKERS, expert_ffn_int8, expert_matvecs_int8, glu_matvecs_int8,
                                 matvec_add_int8, matvec_decoded, matvec_fused, matvecs_int8)
 from kernels.cpu.ops import ACTIVATIONS, GELU_TABLE
 from kernels.cpu.repack import ROWS, Repacked
-from kernels.cpu.types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, IQ4_XS, MXFP4, N16
+from kernels.cpu.types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, IQ2_XXS, IQ3_XXS, IQ4_XS, MXFP4, N16
 from models.ggml_types import GGMLType, UnsupportedTypeError
 
+IQ_K256_IDS = (IQ4_XS, IQ2_XXS, IQ3_XXS)  # their GEMM's x per 256, as llama.cpp's q8_K (per 32 cost parity)
 MATVEC_MAX_TOKENS = 4  # up to this many tokens the matvec kernel beats dequantize + BLAS
 # MXFP4's matmuls round x to int8 blocks of 32 (as llama.cpp's CPU does); the GPU tests' float32 reference
 # (gpu_compare.float_activations) turns this off, and MXFP4 then dequantizes rows as the other decoded types do
@@ -162,20 +164,20 @@ def q8_0_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _gemms(ws: list, qtypes: list[GGMLType], x: np.ndarray, outs: list[np.ndarray]) -> None:
     """outs[m] = x8 @ W_m.T for INT8_IDS matrices (bytes or repacked) sharing x (C-contiguous, checked): x
-    quantized once per kind in use, in blocks of 32 (IQ4_XS: of 256, as llama.cpp's q8_K; MXFP4: scales rounded to
-    fp16, as its q8_0)."""
+    quantized once per kind in use, in blocks of 32 (IQ4_XS: of 256, as llama.cpp's q8_K), its bytes biased or
+    signed (SIGNED_X_IDS); MXFP4's scales rounded to fp16, as its q8_0."""
     n_padded, n_cols = padded_tokens(len(x)), x.shape[1]
-    xs = {}  # (block, fp16 scales) -> (xu, xd, xds)
+    xs = {}  # (block, bias, fp16 scales) -> (xu, xd, xds)
     for w, qtype, out in zip(ws, qtypes, outs):
-        kind = (256 if qtype.id == IQ4_XS else 32, qtype.id == MXFP4)
+        kind = (256 if qtype.id in IQ_K256_IDS else 32, 0 if qtype.id in SIGNED_X_IDS else 128, qtype.id == MXFP4)
         if kind not in xs:
-            if (kind[0], False) not in xs:
+            if (*kind[:2], False) not in xs:
                 xu = np.empty((n_padded, n_cols), np.uint8)
                 xd, xds = np.empty((n_padded, n_cols // 32), np.float32), np.empty((n_padded, n_cols // 32), np.float32)
-                quantize_biased(x, xu, xd, xds, kind[0])
-                xs[kind[0], False] = xu, xd, xds
-            xu, xd, xds = xs[kind[0], False]
-            xs[kind] = xu, xd.astype(np.float16).astype(np.float32) if kind[1] else xd, xds  # MXFP4 reads no xds
+                quantize_biased(x, xu, xd, xds, *kind[:2])
+                xs[*kind[:2], False] = xu, xd, xds
+            xu, xd, xds = xs[*kind[:2], False]
+            xs[kind] = xu, xd.astype(np.float16).astype(np.float32) if kind[2] else xd, xds  # MXFP4 reads no xds
         gemm_int8(*_kernel_args(w, qtype), *xs[kind], out, F16_TO_F32, N_WORKERS)
 
 

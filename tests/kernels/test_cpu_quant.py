@@ -26,9 +26,9 @@ def reference(w: np.ndarray, name: str) -> np.ndarray:
 
 
 def x_block(name: str, n_tokens: int) -> int:
-    """The values of x under one scale in the int8 matvec (or GEMM: more tokens) of this weight type (IQ4_XS: 256 in
-    both, as llama.cpp's q8_K)."""
-    if name == "IQ4_XS":
+    """The values of x under one scale in the int8 matvec (or GEMM: more tokens) of this weight type (the IQ types:
+    256 in both, as llama.cpp's q8_K)."""
+    if TYPES_BY_NAME[name].id in cpu_quant.IQ_K256_IDS:
         return 256
     return 32 if TYPES_BY_NAME[name].id in BLOCK32_IDS or n_tokens > MATVEC_MAX_TOKENS else 256
 
@@ -148,7 +148,7 @@ def test_int8_error_against_float_x_and_a_wrong_weight_fails(name, n_tokens):
     blocks = w.reshape(-1, TYPES_BY_NAME[name].block_bytes).copy()
     quants = {"Q4_K": slice(16, 144), "Q6_K": slice(0, 128), "Q8_0": slice(2, 34), "Q4_0": slice(2, 18),
               "Q4_1": slice(4, 20), "Q5_0": slice(6, 22), "Q5_1": slice(8, 24), "MXFP4": slice(1, 17),
-              "IQ4_NL": slice(2, 18), "IQ4_XS": slice(8, 136)}[name]
+              "IQ4_NL": slice(2, 18), "IQ4_XS": slice(8, 136), "IQ2_XXS": slice(2, 66), "IQ3_XXS": slice(2, 66)}[name]
     if name == "Q8_0":  # the two halves of each block swapped
         blocks[:, quants] = np.roll(blocks[:, quants], 16, axis=1)
     else:  # low and high nibbles swapped
@@ -265,11 +265,12 @@ def test_real_tensors_of_every_type_in_the_packaged_models(model, request):
     assert seen >= ({"Q4_1", "Q8_0"} if model == "smollm2" else {"Q4_K", "Q5_0", "Q6_K", "Q8_0"})
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ3_XXS"])
 def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
     """The AVX2 and generic-IR versions of the super-block rows (compiled for CPUs this machine may not be)
     give the same results as the one the kernels use here, which the tests above hold to x8 @ W.T (IQ4_XS: its
-    table looked up by pshufb or by selects, its values' signs moved to x by psignb or by selects)."""
+    table looked up by pshufb or by selects; IQ4_XS, IQ2_XXS, IQ3_XXS: the values' signs moved to x by psignb or by
+    selects)."""
     w = random_weight(name, 2, 2048)
     xq = np.random.default_rng(3).integers(-127, 128, 2048).astype(np.int8)
     xs16 = xq.reshape(-1, 16).sum(1, dtype=np.int16)
@@ -439,21 +440,26 @@ def test_one_token_matvecs_match_quantized_matmuls(names):
 
 # the tile cpu_gemm runs each type's packed values through (their size decides how the byte dots may be summed)
 GEMM_TILES = {"Q4_0": "tile_no_min", "Q5_0": "tile_no_min", "Q4_1": "tile_with_min", "Q5_1": "tile_with_min",
-              "Q4_K": "tile_with_min", "Q6_K": "tile_halves", "Q8_0": "tile_q8_0", "IQ4_XS": "tile_q8_0"}
+              "Q4_K": "tile_with_min", "Q6_K": "tile_halves", "Q8_0": "tile_q8_0", "IQ4_XS": "tile_q8_0",
+              "IQ3_XXS": "tile_grid"}
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "X8_Q4_1", "X8_Q5_0",
-                                  "IQ4_XS"])
+                                  "IQ4_XS", "IQ3_XXS"])
 def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
     """The GEMM tile on every byte-dot path this host can compile (vpdpbusd with AVX-512 VNNI; without VNNI,
     AVX2's pmaddubsw, int16 sums of as many vectors as cannot overflow, of x's biased bytes where the packed values
     are small enough, else of x signed with the values' signs moved onto it; generic IR without AVX2) is x8 @ W.T,
     W gguf-py's dequantization: for random weights and x, and with every quant at its extremes against x's biased
     bytes at 1 and 255 (quantize_biased's extremes), the int16 sums' worst cases (Q8_0's quants reach +-127, where
-    255 * 127 pair sums overflow int16; IQ4_XS's table -127 and 113). An AVX2 host runs the AVX2 and generic paths,
+    255 * 127 pair sums overflow int16; IQ4_XS's table -127 and 113; IQ3_XXS's grid entry 255, 52 and 62 in a pair,
+    all signs minus, against tile_grid's biased x). An AVX2 host runs the AVX2 and generic paths,
     an AVX-512 one all of them (its no-VNNI path is AVX2's IR).
+    tile_q8_0 takes x's bytes signed (xq: SIGNED_X_IDS), the others biased.
     Planted faults, each seen once: tile_q8_0 made as the 4-bit types' (max_abs=16, pmaddubsw sums of biased x)
-    fails Q8_0 here; the signed path summing two pmaddubsw in int16 (max_product 64 * 127) fails Q8_0 and IQ4_XS."""
+    fails Q8_0 here; the signed path summing two pmaddubsw in int16 (max_product 64 * 127) fails Q8_0 and IQ4_XS;
+    tile_q8_0's generic path taking xq as if biased (no xor), and its AVX2 path reading x 5 bytes a step where it
+    moves 4, fail Q8_0 and IQ4_XS."""
     from kernels.cpu.dot_x8 import pack_x8_q4_1, pack_x8_q5_0
     from kernels.cpu.gemm import quantize_biased
     from kernels.cpu.repack import repack
@@ -465,7 +471,8 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
     quantize_biased(x, xu, np.empty((len(x), 64), np.float32), np.empty((len(x), 64), np.float32))
     cases = [(w, xu)]
     scale_at = {"Q4_0": [0, 1], "Q4_1": [0, 1, 2, 3], "Q5_0": [0, 1], "Q5_1": [0, 1, 2, 3], "Q8_0": [0, 1],
-                "Q4_K": list(range(16)), "Q6_K": list(range(192, 210)), "IQ4_XS": list(range(8))}[base]  # scales kept
+                "Q4_K": list(range(16)), "Q6_K": list(range(192, 210)), "IQ4_XS": list(range(8)),
+                "IQ3_XXS": [0, 1]}[base]  # scales kept (IQ3_XXS: its grid's largest entry and all signs minus at 0xFF)
     fills = (0x00, 0xFF, 0x7F, 0x81) if base == "Q8_0" else (0x00, 0xFF)  # Q8_0's: 0, -1, 127, -127
     for fill in fills:
         extreme = np.full(w.shape, fill, np.uint8)
@@ -487,7 +494,8 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
             xq = case_xu.reshape(len(x), 64, 32).astype(np.int64) - 128
             xds = (xd * xq.sum(-1)).astype(np.float32)
             data = repack(weight, qtype.id).data if name.startswith("X8_") else weight
-            got = packed_tile(data, case_xu, xd, xds).reshape(cpu_gemm_int8.TOKENS, cpu_gemm_int8.ROWS)
+            x_bytes = case_xu ^ 0x80 if GEMM_TILES[base] == "tile_q8_0" else case_xu  # it takes xq's bytes
+            got = packed_tile(data, x_bytes, xd, xds).reshape(cpu_gemm_int8.TOKENS, cpu_gemm_int8.ROWS)
             x8 = (xq * xd[:, :, None].astype(np.float64)).reshape(x.shape)
             W = reference(weight, base).astype(np.float64)
             bound = 1e-5 * (np.abs(x8) @ np.abs(W).T)
@@ -495,7 +503,8 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
         llvm_ir = next(iter(packed_tile.inspect_llvm().values()))
         assert ("vpdpbusd" in llvm_ir) == has_vnni
         assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni)
-        assert ("llvm.x86.avx2.psign.b" in llvm_ir) == (simd != "" and not has_vnni and GEMM_TILES[base] == "tile_q8_0")
+        signs = (not has_vnni and GEMM_TILES[base] == "tile_q8_0") or base == "IQ3_XXS"  # tile's or pack's
+        assert ("llvm.x86.avx2.psign.b" in llvm_ir) == (simd != "" and signs)
 
 
 # Compiled for Skylake-SP (AVX-512 BW without VNNI: a path an AVX2 host cannot run), the assembly of the Q8_0 tile and
