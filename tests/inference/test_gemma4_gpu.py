@@ -176,12 +176,15 @@ def test_2000_tokens_neither_drift_nor_grow_memory(name, gemma4_path):
 def test_layers_on_the_cpu(name, gemma4_path):
     """The first layers on the CPU (the GPU multiplying a share of their rows), the rest on the GPU from the last
     layers the KV-shared ones read: prompt logits against the CPU engine (9 tokens: split; 70: a chunk running every
-    layer on the GPU, the CPU's lent, a shared layer's source lent again with the chunk's rows), decode steps against
-    the all-GPU engine's (the per-layer inputs made on the CPU and staged with the hidden state for the graph). A
-    split that would part the KV-shared layers from their sources is refused (placement.holds_kv_sources)."""
+    layer on the GPU, the CPU's lent, a shared layer's source lent again with the chunk's rows), and decode steps
+    against it on the split's own greedy tokens (the per-layer inputs made on the CPU and staged with the hidden
+    state for the graph). Not against the all-GPU engine's tokens: on the dense file the two part at a near tie (the
+    reference's 4th step leads by 0.085), while both keep correlation >= 0.9995 with the reference at every step
+    (H200). A split that would part the KV-shared layers from their sources is refused
+    (placement.holds_kv_sources)."""
     from inference import load
     path = gemma4_path(name)
-    cpu, gpu = load(path, device="cpu", ctx=CTX), load(path, device="cuda", ctx=CTX)
+    cpu = load(path, device="cpu", ctx=CTX)
     cfg = cpu.config
     k = cfg.kv_shared_layers + 2  # the shared layers and the two they read
     split = load(path, device="cuda", ctx=CTX, gpu_layers=k)
@@ -189,7 +192,9 @@ def test_layers_on_the_cpu(name, gemma4_path):
     for n in (9, 70):
         ids = random_prompt(cpu, n, seed=n + 1)
         assert_close_logits(split.logits(ids), reference_logits(cpu, ids), f"{path.name}, {k} layers on the GPU, {n}")
-    assert_decode_close(split, gpu, random_prompt(cpu, 40, seed=3), 20, 8, f"{path.name} split decode vs all-GPU")
+    ids = random_prompt(cpu, 40, seed=3)
+    tokens, logits = greedy_steps(split, ids, 20)
+    assert_close_logits(logits, reference_logits(cpu, ids + tokens[:-1])[len(ids):], f"{path.name} split decode")
     from inference.placement import GpuLayersError
     with pytest.raises(GpuLayersError, match=f"would part the last {cfg.kv_shared_layers} layers .* 0 or {k}.."):
         load(path, device="cuda", ctx=CTX, gpu_layers=k - 1)
