@@ -38,7 +38,7 @@ def add_expert_args(p) -> None:
 
 def load_options(args) -> dict:
     """The keyword arguments of inference.load for these flags (bad values raise a UserError)."""
-    from inference.engine import SPEC_K  # noqa: PLC0415
+    from inference.speculative import SPEC_K  # noqa: PLC0415
     from inference.placement import (  # noqa: PLC0415
         DEFAULT_GPU_SHARE, parse_cpu_moe, parse_gpu_layers, parse_gpu_share, parse_vram_budget)
 

@@ -14,7 +14,8 @@ from inference.grammar import Constraint, Guide, vocabulary
 from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, Placement, VramBudgetError,
                                  all_on_cpu, free_vram, holds_kv_sources, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
-from inference.speculative import DraftModel, PromptLookup, Speculation, SpecCounts, speculative_tokens
+from inference.speculative import (SPEC_K, DraftModel, PromptLookup, Speculation, SpecCounts, check_draft_vocabulary,
+                                   check_spec_options, speculative_tokens)
 from inference.weights import load_weights
 from kernels.cuda.shapes import ATTENTION_HEAD_DIMS, DELTANET_CONV_K, DELTANET_HEAD_SIZES
 from models.chat_template import load_chat_template
@@ -67,17 +68,6 @@ def gpu_gap(config: ModelConfig) -> str | None:
 
 class DeviceError(UserError, ValueError):
     pass
-
-
-class SpeculationError(UserError, ValueError):
-    pass
-
-
-SPEC_KINDS = ("auto", "ngram", "draft", "off")  # --spec (load's spec)
-# --spec-k's default: a CPU step of up to cpu_quant.MATVEC_MAX_TOKENS (4) tokens reads the weights once, so a verify
-# of 3 drafts costs ~1.4 steps (speculative.VERIFY_TOKEN_COST); more take the prompt's path, ~3x a step
-SPEC_K = 3
-SPEC_VOCAB_SLACK = 128  # tokens a draft's vocabulary may have more or fewer than the model's (llama.cpp's bound)
 
 
 @dataclass
@@ -591,12 +581,7 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
     layers keep their experts on the CPU ("all", a count, or "auto": as few as make the rest fit).
     spec: speculative decoding (speculative.py): "ngram" (prompt lookup), "draft" (the model draft, loaded on the
     same device), "off", or "auto" (draft when one is given, else off); spec_k: at most that many drafts a step."""
-    if spec not in SPEC_KINDS:
-        raise SpeculationError(f"--spec '{spec}' is not one of {', '.join(SPEC_KINDS)}")
-    if spec == "draft" and draft is None:
-        raise SpeculationError("--spec draft needs a draft model: --draft MODEL")
-    if spec_k < 1:
-        raise SpeculationError(f"--spec-k must be at least 1 (got {spec_k})")
+    check_spec_options(spec, spec_k, draft)
     if device not in ("auto", "cpu", "cuda"):
         raise DeviceError(f"device '{device}' is not available (use auto, cpu or cuda)")
     reason = "--device cpu"
@@ -633,15 +618,3 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
         engine.speculation = Speculation("draft", DraftModel(drafter, config.n_vocab, cost), spec_k)
     return engine
 
-
-def check_draft_vocabulary(model: Tokenizer, draft: Tokenizer) -> None:
-    """A draft model must tokenize as the model does: the same tokens, but for at most SPEC_VOCAB_SLACK more or
-    fewer at the end (padding: Qwen's sizes differ so), as llama.cpp's speculative decoding requires."""
-    a, b = model.tokens, draft.tokens
-    n = min(len(a), len(b))
-    differ = next((i for i in range(n) if a[i] != b[i]), None)
-    if differ is not None or abs(len(a) - len(b)) > SPEC_VOCAB_SLACK:
-        where = f"token {differ} is {b[differ]!r}, not {a[differ]!r}" if differ is not None else \
-            f"{len(b)} tokens, not {len(a)}"
-        raise SpeculationError(f"the draft model's vocabulary is not the model's ({where}): use a draft of the "
-                               "same family")

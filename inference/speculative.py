@@ -23,6 +23,14 @@ from typing import Protocol
 import numpy as np
 
 from inference.sampling import REPEAT_LAST_N, SamplingParams, distribution
+from models.errors import UserError
+from models.tokenizer import Tokenizer
+
+SPEC_KINDS = ("auto", "ngram", "draft", "off")  # --spec (engine.load's spec)
+# --spec-k's default: a CPU step of up to cpu_quant.MATVEC_MAX_TOKENS (4) tokens reads the weights once, so a verify
+# of 3 drafts costs ~1.4 steps (VERIFY_TOKEN_COST); more take the prompt's path, ~3x a step
+SPEC_K = 3
+SPEC_VOCAB_SLACK = 128  # tokens a draft's vocabulary may have more or fewer than the model's (llama.cpp's bound)
 
 # What one more verified token costs, as a share of a one-token step: a 4-token forward of SmolLM2 took ~1.4x a
 # one-token one on the 2-core VM (the matvecs read the weights once for all of them), so ~0.15 a token
@@ -192,3 +200,30 @@ def _point(ids: np.ndarray, d: int) -> np.ndarray:
 def _draw(ids: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> int:
     """One of ids by probs (as sampling.sample draws; one id: that one, no draw)."""
     return int(ids[0]) if len(ids) == 1 else int(ids[rng.choice(len(ids), p=probs)])
+
+
+class SpeculationError(UserError, ValueError):
+    pass
+
+
+def check_spec_options(spec: str, spec_k: int, draft) -> None:
+    """--spec, --spec-k and --draft as engine.load takes them: one-line errors before anything loads."""
+    if spec not in SPEC_KINDS:
+        raise SpeculationError(f"--spec '{spec}' is not one of {', '.join(SPEC_KINDS)}")
+    if spec == "draft" and draft is None:
+        raise SpeculationError("--spec draft needs a draft model: --draft MODEL")
+    if spec_k < 1:
+        raise SpeculationError(f"--spec-k must be at least 1 (got {spec_k})")
+
+
+def check_draft_vocabulary(model: Tokenizer, draft: Tokenizer) -> None:
+    """A draft model must tokenize as the model does: the same tokens, but for at most SPEC_VOCAB_SLACK more or
+    fewer at the end (padding: Qwen's sizes differ so), as llama.cpp's speculative decoding requires."""
+    a, b = model.tokens, draft.tokens
+    n = min(len(a), len(b))
+    differ = next((i for i in range(n) if a[i] != b[i]), None)
+    if differ is not None or abs(len(a) - len(b)) > SPEC_VOCAB_SLACK:
+        where = f"token {differ} is {b[differ]!r}, not {a[differ]!r}" if differ is not None else \
+            f"{len(b)} tokens, not {len(a)}"
+        raise SpeculationError(f"the draft model's vocabulary is not the model's ({where}): use a draft of the "
+                               "same family")

@@ -34,7 +34,7 @@ HEAVIEST_FIRST = {name: cost for cost, name in (
 def pytest_collection_modifyitems(config, items):
     """HEAVIEST_FIRST's files first, heaviest first; the rest after them as collected (a stable sort)."""
     root = Path(__file__).resolve().parents[1]
-    items.sort(key=lambda item: -HEAVIEST_FIRST.get(Path(item.fspath).resolve().relative_to(root).as_posix(), 0))
+    items.sort(key=lambda item: -HEAVIEST_FIRST.get(item.path.relative_to(root).as_posix(), 0))
 
 from models.packaged import gemma3_path, smollm2_path  # noqa: E402
 

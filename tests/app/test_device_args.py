@@ -4,7 +4,7 @@ import argparse
 import pytest
 
 from app.device_args import add_device_args, load_options
-from inference.engine import SPEC_K
+from inference.speculative import SPEC_K
 from inference.placement import DEFAULT_GPU_SHARE, GpuLayersError, GpuShareError
 
 

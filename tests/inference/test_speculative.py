@@ -8,7 +8,7 @@ import pytest
 
 from inference import load
 from inference.backend_cpu import CPUBackend
-from inference.engine import SpeculationError, check_draft_vocabulary
+from inference.speculative import SpeculationError, check_draft_vocabulary
 from inference.sampling import SamplingParams, distribution
 from inference.speculative import (Draft, DraftLength, DraftModel, PromptLookup, SpecCounts, Speculation,
                                    accepted_tokens, speculative_tokens)
