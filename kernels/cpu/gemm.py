@@ -29,10 +29,10 @@ def padded_tokens(n_tokens: int) -> int:
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def quantize_biased(x, xu, xd, xds, block=32, bias=128):
-    """x: float32 [n_tokens, n_cols] -> xu: uint8 [n_padded, n_cols] = xq + bias (128; 0 for the SIGNED_X_IDS
+def quantize_biased(x, xu, xd, xds, block, bias):
+    """x: float32 [n_tokens, n_cols] -> xu: uint8 [n_padded, n_cols] = xq + bias (128, or 0 for the SIGNED_X_IDS
     tiles: xq's bytes), xq int8 to the nearest of x / xd,
-    xd: float32 [n_padded, n_cols // 32] = amax / 127 of each block of values (as quantize_q8; block 256: one amax
+    xd: float32 [n_padded, n_cols // 32] = amax / 127 of each block (32, as quantize_q8; or 256: one amax
     for 8 groups of 32, llama.cpp's q8_K, which IQ4_XS's dots take there), xds: xd * the sum of xq over each 32.
     Rows from n_tokens on are zeros (xq 0)."""
     n_tokens = x.shape[0]

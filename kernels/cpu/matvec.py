@@ -159,7 +159,7 @@ def _dot_rows(tid, w, r0, r1, xs, t0, t1, out, o, f16):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def matvecs_int8(tids, ws, x, outs, f16, n_chunks, n_workers, own_row=False):
+def matvecs_int8(tids, ws, x, outs, f16, n_chunks, n_workers, own_row):
     """outs[m][t, r] = x[t] . row r of ws[m] for matrices of the INT8_IDS or X8_IDS types tids[m] sharing x, in ONE
     parallel region (an X8_IDS matrix is repacked, repack: its "rows" are groups of 8): x is quantized once
     per block size in use (_quantize_x), and about n_chunks chunks of rows, each matrix's number in proportion to
@@ -195,7 +195,7 @@ def _check_ids(ids, n_expert):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, n_workers, own_row=False):
+def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, n_workers, own_row):
     """out[m, s] = expert ids[s]'s matrix of stacks[m] times x[0] (own_row: times x[s]) for one token's chosen
     experts, in ONE parallel region as matvecs_int8's (x quantized once, chunks of rows in proportion to bytes):
     gate and up as two stacks of one call, the downs (own_row: each slot its own activation row) as one.

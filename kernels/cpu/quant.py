@@ -65,7 +65,8 @@ def _check(w: np.ndarray, qtype: GGMLType) -> None:
 
 
 def _read_only(w: np.ndarray) -> np.ndarray:
-    """w, or a read-only view of it: a tuple of weights compiles as one type (and once) only if all are alike."""
+    """w, or a read-only view of it: a kernel compiles once for read-only weights (the file's mmap) where a writable
+    array would compile it again, and a tuple of weights compiles as one type only if all are alike."""
     if w.flags.writeable:
         w = w.view()
         w.flags.writeable = False
@@ -87,7 +88,7 @@ def dequantize_rows(w: np.ndarray, qtype: GGMLType, rows: np.ndarray) -> np.ndar
     if qtype.id == F32:
         return w.view(np.float32)[rows]
     out = np.empty((rows.size, n_cols_of(w, qtype)), np.float32)
-    decode_rows(qtype.id, w, rows, out, F16_TO_F32, N16)
+    decode_rows(qtype.id, _read_only(w), rows, out, F16_TO_F32, N16)
     return out
 
 
@@ -126,16 +127,17 @@ def quantized_matmul(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray,
     x: float32 [n_tokens, n_cols] -> float32 [n_tokens, n_rows] (written into out when given)."""
     x, out = _matmul_args(w, qtype, x, out)
     n_tokens, n_rows, n_cols = x.shape[0], out.shape[1], x.shape[1]
+    w = w if isinstance(w, Repacked) else _read_only(w)
     if isinstance(w, Repacked):
         if n_tokens <= MATVEC_MAX_TOKENS:
-            matvecs_int8((w.tid,), (w.data,), x, (out,), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
+            matvecs_int8((w.tid,), (w.data,), x, (out,), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS, False)
         else:
             _gemms([w], [qtype], x, [out])
     elif qtype.id == F32:
         np.matmul(x, w.view(np.float32).T, out=out)
     elif n_tokens <= MATVEC_MAX_TOKENS:
         if takes_int8(qtype.id):
-            matvecs_int8((qtype.id,), (_read_only(w),), x, (out,), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
+            matvecs_int8((qtype.id,), (w,), x, (out,), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS, False)
         elif qtype.id in FUSED_IDS:
             matvec_fused(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
         else:
@@ -305,7 +307,7 @@ def quantized_matmuls(ws: list[np.ndarray | Repacked], qtypes: list[GGMLType], x
         x, outs[i] = _matmul_args(ws[i], qtypes[i], x, None)
     if fused:
         tids, datas = zip(*[_kernel_args(ws[i], qtypes[i]) for i in fused])
-        matvecs_int8(tids, datas, x, tuple(outs[i] for i in fused), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
+        matvecs_int8(tids, datas, x, tuple(outs[i] for i in fused), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS, False)
     if gemm:
         _gemms([ws[i] for i in gemm], [qtypes[i] for i in gemm], x, [outs[i] for i in gemm])
     return outs
@@ -338,7 +340,7 @@ class OneToken:
     def matmuls(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
         """(x @ W_m.T for each matrix): float32 [1, n_rows_m] each, in one parallel region (matvecs_int8)."""
         outs = tuple([np.empty((1, n), np.float32) for n in self.n_rows])
-        matvecs_int8(self.tids, self.datas, self._x(x), outs, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
+        matvecs_int8(self.tids, self.datas, self._x(x), outs, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS, False)
         return outs
 
     def glu(self, x: np.ndarray, activation: str) -> np.ndarray | None:

@@ -9,6 +9,12 @@ from tests.kernels import deltanet_reference as ref
 EPS = 1e-6
 
 
+def weight(a: np.ndarray) -> np.ndarray:
+    """a read-only, as the file's mmap gives the engine its weights: the kernels compile once for those."""
+    a.flags.writeable = False
+    return a
+
+
 def inputs(rng, n, n_k, n_v, S, K=4, decay=1.0):
     """Random inputs of one DeltaNet layer at the scales a model gives them; decay scales -a (larger: the state
     forgets faster)."""
@@ -17,10 +23,10 @@ def inputs(rng, n, n_k, n_v, S, K=4, decay=1.0):
         y=rng.standard_normal((n, C)).astype(np.float32),
         alpha=rng.standard_normal((n, n_v)).astype(np.float32),
         beta=rng.standard_normal((n, n_v)).astype(np.float32),
-        dt_bias=rng.standard_normal(n_v).astype(np.float32),
-        a=(-np.exp(rng.standard_normal(n_v) * 0.5) * decay).astype(np.float32),
+        dt_bias=weight(rng.standard_normal(n_v).astype(np.float32)),
+        a=weight((-np.exp(rng.standard_normal(n_v) * 0.5) * decay).astype(np.float32)),
         z=rng.standard_normal((n, n_v * S)).astype(np.float32),
-        norm_w=(1 + 0.1 * rng.standard_normal(S)).astype(np.float32),
+        norm_w=weight((1 + 0.1 * rng.standard_normal(S)).astype(np.float32)),
         state=(rng.standard_normal((n_v, S, S)) * 0.1).astype(np.float32),
     )
 
@@ -44,7 +50,7 @@ def test_conv_silu_against_reference(n, K):
     C = 96
     x = rng.standard_normal((n, C)).astype(np.float32)
     state = rng.standard_normal((K - 1, C)).astype(np.float32)
-    w = rng.standard_normal((C, K)).astype(np.float32)
+    w = weight(rng.standard_normal((C, K)).astype(np.float32))
     want_y, want_state = ref.conv_silu(x, state, w)
     y = cpu_deltanet.conv_silu(x, state, w)  # moves state on in place
     np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5)
@@ -54,7 +60,7 @@ def test_conv_silu_against_reference(n, K):
 def test_conv_silu_token_by_token_equals_one_call():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((9, 40)).astype(np.float32)
-    w = rng.standard_normal((40, 4)).astype(np.float32)
+    w = weight(rng.standard_normal((40, 4)).astype(np.float32))
     s1, s2 = np.zeros((3, 40), np.float32), np.zeros((3, 40), np.float32)
     whole = cpu_deltanet.conv_silu(x, s1, w)
     steps = np.concatenate([cpu_deltanet.conv_silu(x[t:t + 1], s2, w) for t in range(9)])

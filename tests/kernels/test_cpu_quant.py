@@ -205,7 +205,7 @@ def test_claimed_chunks_each_run_once_whatever_the_workers(n_workers, n_chunks):
     qtypes = [TYPES_BY_NAME[name] for name in names]
     x = np.random.default_rng(5).standard_normal((1, 512), np.float32)
     outs = tuple(np.full((1, n), np.nan, np.float32) for n in rows)
-    matvecs_int8(tuple(q.id for q in qtypes), ws, x, outs, F16_TO_F32, n_chunks, n_workers)
+    matvecs_int8(tuple(q.id for q in qtypes), ws, x, outs, F16_TO_F32, n_chunks, n_workers, False)
     for w, qtype, y in zip(ws, qtypes, outs):
         np.testing.assert_array_equal(y, quantized_matmul(w, qtype, x))
 
@@ -222,7 +222,7 @@ def test_claimed_gemm_tiles_each_run_once_whatever_the_workers(n_workers):
     n_padded = padded_tokens(n_tokens)
     xu, xd, xds = np.empty((n_padded, 512), np.uint8), np.empty((n_padded, 16), np.float32), np.empty(
         (n_padded, 16), np.float32)
-    quantize_biased(x, xu, xd, xds)
+    quantize_biased(x, xu, xd, xds, 32, 128)
     out = np.full((n_tokens, 203), np.nan, np.float32)
     gemm_int8(TYPES_BY_NAME["Q4_K"].id, w, xu, xd, xds, out, F16_TO_F32, n_workers)
     np.testing.assert_array_equal(out, quantized_matmul(w, TYPES_BY_NAME["Q4_K"], x))
@@ -316,7 +316,8 @@ def test_block32_rows_agree_on_every_simd_path(name, monkeypatch):
     assert all(r == results[""] for r in results.values())
 
 
-@pytest.mark.parametrize("names", [("Q4_K",) * 8, ("Q6_K", "Q8_0", "Q4_0", "Q4_K"), ("Q5_K", "Q4_K")])
+# as many matrices as the experts of test_moe and test_matmuls_of_one_x take: the kernel is compiled for those
+@pytest.mark.parametrize("names", [("Q4_K",) * 6, ("Q6_K", "Q8_0", "Q4_0"), ("Q5_K", "Q4_K")])
 def test_matvecs_of_own_rows_match_one_by_one(names):
     """Each matrix by its own row of x, in one parallel region (or one call each where a type has no int8
     kernel): what quantized_matmul gives that row alone, to float32 rounding (fastmath lets the compiled kernels
@@ -384,6 +385,7 @@ def test_repacked_dots_agree_on_every_simd_path(name, monkeypatch):
     for off in range(0, w.shape[1], qtype.block_bytes):  # every quant (and 5th bit) at its largest, scales kept
         scale_bytes = {18: 2, 20: 4, 22: 2, 24: 4}[qtype.block_bytes]
         high[:, off:off + scale_bytes] = w[:, off:off + scale_bytes]
+    high.flags.writeable = False  # as w: repack compiles once, for read-only bytes (a file's mmap)
     rng = np.random.default_rng(3)
     dot_x8 = getattr(cpu_dot_x8, f"dot_x8_{name.lower()}")
     paths = [(s, v) for s in host_simd_paths() for v in (host_vnni_paths() if s == "avx512bw" else [False])]
@@ -468,7 +470,7 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
     w = random_weight(base, cpu_gemm_int8.ROWS, 2048)
     x = np.random.default_rng(5).standard_normal((cpu_gemm_int8.TOKENS, 2048), np.float32) * 3
     xu = np.empty(x.shape, np.uint8)
-    quantize_biased(x, xu, np.empty((len(x), 64), np.float32), np.empty((len(x), 64), np.float32))
+    quantize_biased(x, xu, np.empty((len(x), 64), np.float32), np.empty((len(x), 64), np.float32), 32, 128)
     cases = [(w, xu)]
     scale_at = {"Q4_0": [0, 1], "Q4_1": [0, 1, 2, 3], "Q5_0": [0, 1], "Q5_1": [0, 1, 2, 3], "Q8_0": [0, 1],
                 "Q4_K": list(range(16)), "Q6_K": list(range(192, 210)), "IQ4_XS": list(range(8)),
@@ -478,6 +480,7 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
         extreme = np.full(w.shape, fill, np.uint8)
         for off in range(0, w.shape[1], qtype.block_bytes):
             extreme[:, off + np.array(scale_at)] = w[:, off + np.array(scale_at)]
+        extreme.flags.writeable = False  # as w (a file's mmap): the tile compiles once a path, not again for this
         cases += [(extreme, np.full(xu.shape, 255, np.uint8)), (extreme, np.ones(xu.shape, np.uint8))]
     if name.startswith("X8_"):
         pack = pack_x8_q4_1 if base == "Q4_1" else pack_x8_q5_0

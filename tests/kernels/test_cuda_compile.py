@@ -1,4 +1,9 @@
-"""Every CUDA source in kernels/ compiles for the H100 (sm_90) with nvcc; runs in CI without a GPU."""
+"""Every CUDA source in kernels/ compiles for the H100 (sm_90) with nvcc; runs in CI without a GPU.
+
+To PTX, unoptimized (-Xcicc -O0): nvcc's front end, which sees every error of the C++, without the NVVM optimizer
+(moe_mm.cu: 1.9 CPU-s where -O3 took 36) or ptxas, which together took ~130 CPU-s of CI's 2-core machine. What
+only they decide, the registers and their spills, is checked on the GPU, on the code as the engine compiles it
+(test_cuda_local_memory)."""
 import os
 import re
 import subprocess
@@ -19,15 +24,14 @@ def test_there_are_sources():
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory) -> dict:
-    """{source: (nvcc's result, its cubin)} for every CUDA source, compiled as many at a time as there are cores
-    (nvcc compiles on one; one at a time they took ~1 minute of CI's 2-core machine)."""
-    out = tmp_path_factory.mktemp("cubin")
+    """{source: (nvcc's result, its PTX)} for every CUDA source, compiled as many at a time as there are cores
+    (nvcc compiles on one)."""
+    out = tmp_path_factory.mktemp("ptx")
 
     def nvcc(cu: Path):
-        cubin = out / (cu.stem + ".cubin")
-        return subprocess.run([NVCC, "-arch=sm_90", "--cubin", "-O3", "-std=c++17", f"-I{KERNEL_DIR}", "-Xptxas",
-                               "-warn-spills", "-o", str(cubin), str(cu)], capture_output=True, text=True,
-                              timeout=300), cubin
+        ptx = out / (cu.stem + ".ptx")
+        return subprocess.run([NVCC, "-arch=sm_90", "--ptx", "-Xcicc", "-O0", "-std=c++17", f"-I{KERNEL_DIR}", "-o",
+                               str(ptx), str(cu)], capture_output=True, text=True, timeout=300), ptx
 
     with ThreadPoolExecutor(os.cpu_count()) as pool:
         return dict(zip(CU_FILES, pool.map(nvcc, CU_FILES)))
@@ -35,10 +39,9 @@ def compiled(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
 def test_compiles_for_sm90(cu, compiled):
-    proc, cubin = compiled[cu]
+    proc, ptx = compiled[cu]
     assert proc.returncode == 0, proc.stderr
-    assert "spill" not in proc.stderr.lower(), proc.stderr  # a spill would be local-memory traffic
-    assert cubin.stat().st_size > 0
+    assert ".visible .entry" in ptx.read_text()  # its kernels are there
 
 
 def test_launchers_name_kernels_that_exist():

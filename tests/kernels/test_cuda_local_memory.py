@@ -1,0 +1,66 @@
+"""Every kernel of every CUDA source, compiled as the engine compiles it (kernels/cuda/module.py: NVRTC, then the
+driver's ptxas for this GPU), keeps its values in registers: no local memory, where a spill would put them (a
+decode step's kernels read their weights once; a spill adds local-memory traffic to every thread). Needs a GPU.
+
+CI compiles the sources to PTX only (test_cuda_compile); ptxas, which decides the spills, runs here, on the code
+that runs. The driver lists a module's kernels itself (cuModuleEnumerateFunctions), so those made by macros are
+checked too."""
+import ctypes
+import re
+
+import pytest
+
+from tests.kernels.test_cuda_compile import CU_FILES
+
+pytestmark = pytest.mark.gpu
+
+_LOCAL_SIZE_BYTES = 3  # CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
+
+
+def a_kernel_name(source: str) -> str:
+    """One extern "C" kernel of a CUDA source: a __global__ function's name, or the first made by a macro (a line
+    such as `DEQUANT(dequant_q4_0, Q4_0)`)."""
+    source = source.replace("\\\n", " ")  # macros' line continuations
+    for m in re.finditer(r'extern "C"\s+__global__\s+void\s+(?:__\w+__\s*\([^)]*\)\s*)*(\w+)\s*\(', source):
+        if not m.group(1).isupper():  # NAME: a macro's parameter
+            return m.group(1)
+    return re.search(r"^[A-Z_0-9]+\((\w+),", source, re.M).group(1)
+
+
+def _local_bytes(module, name: str) -> dict[str, int]:
+    """{kernel name: its local memory bytes a thread} of every kernel of a CuPy RawModule, which holds `name`."""
+    driver = ctypes.CDLL("libcuda.so.1")
+    handle = ctypes.c_void_p(module.get_function(name).kernel.module.ptr)  # the driver's CUmodule
+    count = ctypes.c_uint()
+    assert driver.cuModuleGetFunctionCount(ctypes.byref(count), handle) == 0
+    funcs = (ctypes.c_void_p * count.value)()
+    assert driver.cuModuleEnumerateFunctions(funcs, count, handle) == 0
+    found = {}
+    for f in funcs:
+        name, size = ctypes.c_char_p(), ctypes.c_int()
+        assert driver.cuFuncGetName(ctypes.byref(name), ctypes.c_void_p(f)) == 0
+        assert driver.cuFuncGetAttribute(ctypes.byref(size), _LOCAL_SIZE_BYTES, ctypes.c_void_p(f)) == 0
+        found[name.value.decode()] = size.value
+    return found
+
+
+@pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
+def test_no_kernel_uses_local_memory(cu):
+    from kernels.cuda.module import _module
+    local = _local_bytes(_module(cu.name), a_kernel_name(cu.read_text()))
+    assert local, f"no kernels found in {cu.name}"
+    assert {name: n for name, n in local.items() if n} == {}
+
+
+def test_the_check_sees_local_memory():
+    """A kernel whose array is indexed by a value known only at run time keeps it in local memory: the check above
+    must see it (and see the kernel beside it, which keeps none)."""
+    import cupy as cp
+    code = """extern "C" __global__ void stack(float* out, int i) {
+        float a[64];
+        for (int j = 0; j < 64; j++) a[j] = out[j];
+        out[0] = a[i];
+    }
+    extern "C" __global__ void none(float* out) { out[0] = 1.0f; }"""
+    local = _local_bytes(cp.RawModule(code=code, backend="nvrtc"), "none")
+    assert local["stack"] >= 256 and local["none"] == 0, local
