@@ -62,7 +62,8 @@ def reference_mtp(engine, tokens, states, swap_norms=False):
     n, (heads, kv_heads, hd, _) = len(tokens), cfg.layer_heads(cfg.n_layers)
     enorm, hnorm = (nx.hnorm, nx.enorm) if swap_norms else (nx.enorm, nx.hnorm)
     e = _matrix(nx.embed)[tokens]
-    x = np.concatenate([_rms(e, enorm, eps), _rms(np.asarray(states, np.float64), hnorm, eps)], 1) @ _matrix(nx.eh_proj).T
+    h = np.asarray(states, np.float64)
+    x = np.concatenate([_rms(e, enorm, eps), _rms(h, hnorm, eps)], 1) @ _matrix(nx.eh_proj).T  # embedding first
     a = _rms(x, lw.attn_norm, eps)
     qg = (a @ _matrix(lw.attn_q).T).reshape(n, heads, 2, hd)  # each head's q, then its gate
     q, gate = _rms(qg[:, :, 0], lw.attn_q_norm, eps), qg[:, :, 1]
@@ -72,7 +73,8 @@ def reference_mtp(engine, tokens, states, swap_norms=False):
     theta = np.arange(n)[:, None, None] * rope_inv_freq(cfg.rope_dim, cfg.rope_base, np.array(cfg.text_rope_divisors()))
     for t in (q, k):
         x1, x2 = t[..., :half].copy(), t[..., half:2 * half].copy()
-        t[..., :half], t[..., half:2 * half] = x1 * np.cos(theta) - x2 * np.sin(theta), x2 * np.cos(theta) + x1 * np.sin(theta)
+        c, s = np.cos(theta), np.sin(theta)
+        t[..., :half], t[..., half:2 * half] = x1 * c - x2 * s, x2 * c + x1 * s
     k, v = (np.repeat(t, heads // kv_heads, axis=1) for t in (k, v))  # q head h reads kv head h // (heads / kv)
     scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd) + np.triu(np.full((n, n), -np.inf), 1)
     p = np.exp(scores - scores.max(-1, keepdims=True))
