@@ -148,3 +148,20 @@ def test_spec_mtp_needs_the_block_and_the_cpu(synth_qwen35, qwen35_mtp):
         load(synth_qwen35, device="cpu", ctx=64, spec="mtp")
     assert load(synth_qwen35, device="cpu", ctx=64).speculation is None  # auto: nothing to draft with
     assert load(qwen35_mtp.path, device="cpu", ctx=64).speculation.kind == "mtp"  # auto picks the block
+
+
+def test_sampled_drafts_repeat_with_a_seed(qwen35_mtp):
+    """Sampled drafts come with the block's distribution (speculative.draft_from): a seed repeats the reply."""
+    engine, spec = qwen35_mtp, qwen35_mtp.speculation
+    ids = engine.tokenizer.encode(PROMPT)
+    a, b = (reply(engine, ids, spec, temperature=1.0, seed=3) for _ in range(2))
+    engine.speculation = spec
+    assert a[0] == b[0] and a[1].drafted == b[1].drafted > 0
+
+
+@pytest.mark.gpu
+def test_spec_mtp_on_the_gpu_is_a_one_line_error(qwen35_mtp):
+    """The GPU engine does not run the block yet: --spec mtp says so, auto leaves speculation off."""
+    with pytest.raises(SpeculationError, match="CPU engine only"):
+        load(qwen35_mtp.path, device="cuda", ctx=64, spec="mtp")
+    assert load(qwen35_mtp.path, device="cuda", ctx=64).speculation is None
