@@ -36,8 +36,13 @@ class MTPDrafter:
         # entry p is the block's on history[p + 1] and the state after history[:p + 1]: those that history shares
         # with the one they were made from hold
         start = max(0, min(common_prefix(history, self.entered) - 1, pos - 1))
-        tokens, h = history[start + 1:], self.states[start:pos]
         self.entered = list(history)
+        size = self.be.prefill_chunk
+        while pos - start > size:  # a long catch-up (a prompt's) a chunk at a time, as a prompt runs
+            self.be.set_input(np.array(history[start + 1:start + 1 + size], np.int32), start)
+            mtp(self.be, self.cfg, self.weights, self.states[start:start + size])
+            start += size
+        tokens, h = history[start + 1:], self.states[start:pos]
         draft = Draft([], [])
         for _ in range(k):
             self.be.set_input(np.array(tokens, np.int32), start)
