@@ -124,7 +124,7 @@ class CPUBackend:
     _repacked: dict[int, Repacked] = {}  # set in __init__; empty here for a backend made without it (tests' op checks)
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None,
-                 with_gpu: bool = False):
+                 with_gpu: bool = False, head: tuple | None = None):
         self.cfg = cfg
         self.n_ctx = n_ctx
         self.layers = range(cfg.n_layers) if layers is None else layers
@@ -152,8 +152,10 @@ class CPUBackend:
         # the output head's bytes copied to anonymous memory when this backend runs the head (no GPU part): the
         # largest matrix, read whole every token (Gemma 3 270M: 178 MB, ~40% of a token), read ~13% faster from
         # the copy than from the file's mmap on the 2-core machine (numpy puts it on huge pages). Made here, at
-        # load (~0.1-0.5 s for Gemma's), not in the first reply.
-        self._head = (weights.output.data, _read_only(np.array(weights.output.data))) if not with_gpu else None
+        # load (~0.1-0.5 s for Gemma's), not in the first reply. head: another backend's copy (the MTP block's
+        # backend shares the model's)
+        self._head = head or ((weights.output.data, _read_only(np.array(weights.output.data))) if not with_gpu
+                              else None)
         # the layers' 4-bit 32-value block matrices repacked when no GPU reads them in the file's layout: their
         # matvecs read 8 rows a vector, ~2x faster a core (Q4_1 576 x 1536: 13.6 -> 30.5 GB/s on one)
         self._repacked = repacked_matrices(weights, self.layers) if not with_gpu else {}
@@ -336,6 +338,10 @@ class CPUBackend:
 
     def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return x + y
+
+    def concat(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """[x y]: x [n, a] and y [n, b] side by side, [n, a + b]."""
+        return np.concatenate((x, y), axis=1)
 
     def scale(self, x: np.ndarray, s: float) -> np.ndarray:
         return x * np.float32(s)

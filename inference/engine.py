@@ -14,8 +14,9 @@ from inference.grammar import Constraint, Guide, vocabulary
 from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, Placement, VramBudgetError,
                                  all_on_cpu, free_vram, holds_kv_sources, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
-from inference.speculative import (SPEC_K, DraftModel, PromptLookup, Speculation, SpecCounts, check_draft_vocabulary,
-                                   check_spec_options, speculative_tokens)
+from inference.mtp import MTPDrafter
+from inference.speculative import (SPEC_K, DraftModel, PromptLookup, Speculation, SpeculationError, SpecCounts,
+                                   check_draft_vocabulary, check_spec_options, common_prefix, speculative_tokens)
 from inference.weights import load_weights
 from kernels.cuda.shapes import ATTENTION_HEAD_DIMS, DELTANET_CONV_K, DELTANET_HEAD_SIZES
 from models.chat_template import load_chat_template
@@ -206,7 +207,7 @@ class Engine:
                                                             "processing the prompt")))
 
     def _prefill_chunks(self, ids: list[int], all_logits: bool, cancelled=None):
-        cached = _common_prefix(ids, self._cached)
+        cached = common_prefix(ids, self._cached)
         if (not all_logits and cached == len(ids) and self._prompt_logits and self._prompt_logits[0] == ids
                 and self._rewind(ids, len(ids)) == len(ids)):
             # the same prompt again (regenerate): its logits as they were, not its last token re-run alone,
@@ -228,7 +229,7 @@ class Engine:
             segments = self._chunk_segments if len(chunk) >= OFFLOAD_MIN_TOKENS else self._segments
             for be, _ in segments:
                 be.set_input(chunk, start)
-            logits = forward(segments, self.config, self._weights, all_logits=all_logits)
+            logits = self._forward(segments, start, all_logits)
             out.append(self._be.to_host(logits) if all_logits else logits)
             self._cached = ids[:start + len(chunk)]
             if (start + len(chunk)) // CHECKPOINT_EVERY > start // CHECKPOINT_EVERY or start + len(chunk) == len(ids):
@@ -293,7 +294,17 @@ class Engine:
         the backend's device. snapshots: the recurrent states are kept after each token (rewind_states)."""
         for be, _ in self._segments:
             be.set_input(np.array(tokens, np.int32), pos, snapshots)
-        return forward(self._segments, self.config, self._weights, all_logits=all_logits)
+        return self._forward(self._segments, pos, all_logits)
+
+    def _forward(self, segments, pos: int, all_logits: bool):
+        """forward() of the tokens the segments were given at pos; where the MTP block drafts, it is handed the
+        model's states there (mtp.MTPDrafter.keep)."""
+        spec = self.speculation
+        if spec is None or not isinstance(spec.drafter, MTPDrafter):
+            return forward(segments, self.config, self._weights, all_logits=all_logits)
+        logits, states = forward(segments, self.config, self._weights, all_logits=all_logits, hidden=True)
+        spec.drafter.keep(pos, self._be.to_host(states))
+        return logits
 
     def _verify(self, tokens: list[int], pos: int) -> np.ndarray:
         """A verify step of speculative decoding: logits [len(tokens), n_vocab] on the host, the recurrent states
@@ -374,7 +385,7 @@ class Engine:
         logits = self._prefill(ids, all_logits=False, cancelled=cancelled)
         n_reused = self._prefill_start
         if logits is None:
-            processed = max(0, _common_prefix(ids, self._cached) - n_reused)
+            processed = max(0, common_prefix(ids, self._cached) - n_reused)
             yield GenerationStats(processed, time.perf_counter() - t0, 0, 0.0, "cancelled", len(self._cached))
             return
         if self._decode:
@@ -442,13 +453,6 @@ class Checkpoint:
     @property
     def nbytes(self) -> int:
         return sum(conv.nbytes + delta.nbytes for _, conv, delta in self.states.values())
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 class StopScanner:
@@ -580,7 +584,8 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
     from pinned host memory (gpu_share.py); 0 is off. cpu_moe (a model with experts): how many of the first
     layers keep their experts on the CPU ("all", a count, or "auto": as few as make the rest fit).
     spec: speculative decoding (speculative.py): "ngram" (prompt lookup), "draft" (the model draft, loaded on the
-    same device), "off", or "auto" (draft when one is given, else off); spec_k: at most that many drafts a step."""
+    same device), "mtp" (the model's own MTP block: mtp.py; the CPU engine only), "off", or "auto" (draft when one
+    is given, else mtp where it runs, else off); spec_k: at most that many drafts a step."""
     check_spec_options(spec, spec_k, draft)
     if device not in ("auto", "cpu", "cuda"):
         raise DeviceError(f"device '{device}' is not available (use auto, cpu or cuda)")
@@ -616,5 +621,20 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
         # decode reads the weights once a token: a draft token costs what its file's share of the bytes says
         cost = drafter._gguf.file_size / gguf.file_size
         engine.speculation = Speculation("draft", DraftModel(drafter, config.n_vocab, cost), spec_k)
+    elif spec == "mtp" or (spec == "auto" and weights.nextn is not None and engine.device == "cpu"):
+        engine.speculation = Speculation("mtp", mtp_drafter(engine, gguf), spec_k)
     return engine
+
+
+def mtp_drafter(engine: Engine, gguf) -> MTPDrafter:
+    """The drafter of --spec mtp, or the one-line reason there is none."""
+    config, n = engine.config, engine.config.n_layers
+    if engine._weights.nextn is None:
+        raise SpeculationError(f"this model file has no MTP block (blk.{n}.nextn.*): use --spec ngram or --draft")
+    if engine.device != "cpu":
+        raise SpeculationError("--spec mtp runs on the CPU engine only so far: add --device cpu, or use --spec ngram")
+    # decode reads the weights once a token: a step of the block costs its share of the bytes (and the head's)
+    block = sum(t.nbytes for name, t in gguf.tensors.items() if name.startswith(f"blk.{n}."))
+    cost = (block + engine._weights.nextn.head.data.nbytes) / gguf.file_size
+    return MTPDrafter(config, engine._weights, engine.n_ctx, engine._be._head, cost)
 

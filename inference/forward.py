@@ -97,14 +97,17 @@ def layers(be, cfg: ModelConfig, w: ModelWeights, x, indices: range, per_layer=N
     return x
 
 
-def head(be, cfg: ModelConfig, w: ModelWeights, x, all_logits: bool = False):
-    """Logits [n, n_vocab] of every token when all_logits, else [1, n_vocab] of the last one."""
-    if not all_logits:
+def head(be, cfg: ModelConfig, w: ModelWeights, x, all_logits: bool = False, hidden: bool = False):
+    """Logits [n, n_vocab] of every token when all_logits, else [1, n_vocab] of the last one; hidden: (those
+    logits, every token's state after the output norm [n, n_embd]: what the MTP block takes, see mtp)."""
+    if not (all_logits or hidden):
         x = x[-1:]
-    return be.logits(w.output, be.rms_norm(x, w.output_norm))
+    h = be.rms_norm(x, w.output_norm)
+    logits = be.logits(w.output, h if all_logits else h[-1:])
+    return (logits, h) if hidden else logits
 
 
-def forward(segments, cfg: ModelConfig, w: ModelWeights, all_logits: bool = False):
+def forward(segments, cfg: ModelConfig, w: ModelWeights, all_logits: bool = False, hidden: bool = False):
     """Run the tokens each backend was given (set_input) through the model, filling the KV caches.
 
     segments: (backend, layer range) pairs in order, covering every layer; the first embeds the tokens, each
@@ -117,4 +120,17 @@ def forward(segments, cfg: ModelConfig, w: ModelWeights, all_logits: bool = Fals
             x = be.receive(x)
             per_layer = be.receive(per_layer) if per_layer is not None else None
         x = layers(be, cfg, w, x, indices, per_layer)
-    return head(be, cfg, w, x, all_logits)
+    return head(be, cfg, w, x, all_logits, hidden)
+
+
+def mtp(be, cfg: ModelConfig, w: ModelWeights, h, all_logits: bool = False):
+    """qwen35's MTP block (llama.cpp's graph_mtp) on be.tokens at be.pos..: h [n, n_embd] the model's states after
+    the output norm (head's hidden) at those positions, each token the one after its state's. Its layer (a full
+    attention one, layers[n_layers]) fills its own KV cache. (logits [n or 1, n_vocab] of the token after each
+    token, as head gives them; the block's states after its head norm [n, n_embd], the h of a next, chained step.)"""
+    nx, i = w.nextn, cfg.n_layers
+    e = be.embed(nx.embed, 1.0)
+    x = be.matmul(nx.eh_proj, be.concat(be.rms_norm(e, nx.enorm), be.rms_norm(h, nx.hnorm)))  # embedding first
+    x = layer(be, cfg, w.layers[i], i, x)
+    h = be.rms_norm(x, nx.head_norm)
+    return be.logits(nx.head, h if all_logits else h[-1:]), h

@@ -26,7 +26,7 @@ from inference.sampling import REPEAT_LAST_N, SamplingParams, distribution
 from models.errors import UserError
 from models.tokenizer import Tokenizer
 
-SPEC_KINDS = ("auto", "ngram", "draft", "off")  # --spec (engine.load's spec)
+SPEC_KINDS = ("auto", "ngram", "draft", "mtp", "off")  # --spec (engine.load's spec)
 # --spec-k's default: a CPU step of up to cpu_quant.MATVEC_MAX_TOKENS (4) tokens reads the weights once, so a verify
 # of 3 drafts costs ~1.4 steps (VERIFY_TOKEN_COST); more take the prompt's path, ~3x a step
 SPEC_K = 3
@@ -56,7 +56,7 @@ class Drafter(Protocol):
 @dataclass
 class Speculation:
     """How an engine decodes speculatively: who drafts, and at most how many tokens a step."""
-    kind: str  # "ngram" or "draft" (--spec)
+    kind: str  # "ngram", "draft" or "mtp" (--spec)
     drafter: Drafter
     k_max: int
 
@@ -99,16 +99,22 @@ class DraftModel:
         self.cost = cost
 
     def propose(self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
-        tokens, q = [], []
+        draft = Draft([], [])
         for _ in range(k):
-            logits = self.engine.next_logits(history + tokens)[:self.n_vocab]  # ids both vocabularies share
-            ids, probs = distribution(logits, params, _recent(history + tokens))
-            token = _draw(ids, probs, rng)
-            dense = np.zeros(self.n_vocab)
-            dense[ids] = probs
-            tokens.append(token)
-            q.append(dense)
-        return Draft(tokens, q)
+            # ids both vocabularies share
+            draft_from(self.engine.next_logits(history + draft.tokens)[:self.n_vocab], history, params, rng, draft)
+        return draft
+
+
+def draft_from(logits: np.ndarray, history: list[int], params: SamplingParams, rng: np.random.Generator,
+               draft: Draft) -> None:
+    """One more token of draft (drafts with their distribution) drawn from a drafter's logits [n_vocab] after
+    history and the drafts so far, under the model's sampling parameters (greedy: the argmax)."""
+    ids, probs = distribution(logits, params, _recent(history + draft.tokens))
+    dense = np.zeros(len(logits))
+    dense[ids] = probs
+    draft.tokens.append(_draw(ids, probs, rng))
+    draft.q.append(dense)
 
 
 def accepted_tokens(logits: np.ndarray, history: list[int], draft: Draft, params: SamplingParams,
@@ -185,6 +191,14 @@ def speculative_tokens(logits: np.ndarray, history: list[int], params: SamplingP
             yield t
             history.append(t)
         token = taken[-1]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens a and b share from the start."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def _recent(tokens: list[int]) -> np.ndarray:

@@ -173,13 +173,26 @@ class LayerWeights:
 
 
 @dataclass(frozen=True)
+class NextN:
+    """What qwen35's multi-token-prediction block has beside its full-attention layer (ModelWeights.layers[n_layers]):
+    the projection of a token and the model's state into that layer's input, and the head after it (forward.mtp)."""
+    eh_proj: QuantMatrix  # [n_embd, 2 n_embd]: the normed embedding's columns, then the normed state's
+    enorm: np.ndarray  # [n_embd]
+    hnorm: np.ndarray  # [n_embd]
+    embed: QuantMatrix  # nextn.embed_tokens where the file has it, else token_embd
+    head_norm: np.ndarray  # nextn.shared_head_norm, else output_norm
+    head: QuantMatrix  # nextn.shared_head_head, else output
+
+
+@dataclass(frozen=True)
 class ModelWeights:
     token_embd: QuantMatrix  # [n_vocab, n_embd]
-    layers: list[LayerWeights]
+    layers: list[LayerWeights]  # the trunk's n_layers, then the MTP block's layer where the file has one (nextn)
     output_norm: np.ndarray  # [n_embd]
     output: QuantMatrix  # [n_vocab, n_embd]; token_embd itself when the file ties them
     rope_freqs: np.ndarray | None  # [rope_dim // 2] divisors of the rope frequencies (llama 3.1+)
     per_layer: PerLayerEmbeddings | None = None  # gemma4 E2B/E4B
+    nextn: NextN | None = None  # qwen35's MTP block (speculative.MTPDrafter)
 
 
 def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
@@ -320,8 +333,10 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
 
     # the pre-FFN norm: qwen35 and gpt-oss files name it post_attention_norm (llama.cpp's LLM_TENSOR_ATTN_POST_NORM)
     ffn_norm = "post_attention_norm.weight" if cfg.arch in ("qwen35", "qwen35moe", "gpt-oss") else "ffn_norm.weight"
+    # llama.cpp runs one MTP block (n_nextn_layers 1); a file may state it yet leave its tensors out
+    mtp = cfg.n_nextn_layers == 1 and f"blk.{cfg.n_layers}.nextn.eh_proj.weight" in model.tensors
     layers = []
-    for i in range(cfg.n_layers):
+    for i in range(cfg.n_layers + mtp):
         p = f"blk.{i}."
         opt = lambda n: tensor(p + n, optional=True)  # noqa: E731
         recurrent = cfg.is_recurrent(i)
@@ -344,15 +359,27 @@ def load_weights(model: GGUFModel, cfg: ModelConfig) -> ModelWeights:
         ))
     token_embd = matrix("token_embd.weight", cfg.n_vocab, cfg.n_embd)
     output = tensor("output.weight", optional=True)  # absent: tied to the embeddings (SmolLM2, Gemma)
+    output = matrix("output.weight", cfg.n_vocab, cfg.n_embd) if output is not None else token_embd
+    output_norm = tensor("output_norm.weight")
+
+    def nextn(p: str) -> NextN:
+        opt = lambda n, default, read: read(p + n) if p + n in model.tensors else default  # noqa: E731
+        return NextN(eh_proj=matrix(p + "eh_proj.weight", cfg.n_embd, 2 * cfg.n_embd),
+                     enorm=vector(p + "enorm.weight", cfg.n_embd), hnorm=vector(p + "hnorm.weight", cfg.n_embd),
+                     embed=opt("embed_tokens.weight", token_embd, lambda n: matrix(n, cfg.n_vocab, cfg.n_embd)),
+                     head_norm=opt("shared_head_norm.weight", output_norm, lambda n: vector(n, cfg.n_embd)),
+                     head=opt("shared_head_head.weight", output, lambda n: matrix(n, cfg.n_vocab, cfg.n_embd)))
+
     return ModelWeights(
         token_embd=token_embd,
         layers=layers,
-        output_norm=tensor("output_norm.weight"),
-        output=matrix("output.weight", cfg.n_vocab, cfg.n_embd) if output is not None else token_embd,
+        output_norm=output_norm,
+        output=output,
         rope_freqs=(np.array(cfg.text_rope_divisors()) if cfg.rope_sections
                     else tensor("rope_freqs.weight", optional=True)),
         per_layer=PerLayerEmbeddings(
             token_embd=matrix("per_layer_token_embd.weight", cfg.n_vocab, cfg.n_layers * cfg.n_embd_per_layer),
             model_proj=matrix("per_layer_model_proj.weight", cfg.n_layers * cfg.n_embd_per_layer, cfg.n_embd),
             proj_norm=vector("per_layer_proj_norm.weight", cfg.n_embd_per_layer)) if cfg.n_embd_per_layer else None,
+        nextn=nextn(f"blk.{cfg.n_layers}.nextn.") if mtp else None,
     )

@@ -121,7 +121,7 @@ class ModelConfig:
     n_embd_per_layer: int = 0  # per-layer embeddings: each layer adds a gated input of this size (gemma4 E2B/E4B)
 
     def is_recurrent(self, layer: int) -> bool:
-        return bool(self.recurrent) and self.recurrent[layer]
+        return layer < len(self.recurrent) and self.recurrent[layer]  # the MTP block (n_layers) is full attention
 
     @property
     def attention_layers(self) -> list[int]:
@@ -175,7 +175,7 @@ class ModelConfig:
         layer before them of its kind (llama.cpp's create_memory: the one before them if global, two before if
         sliding; ModelConfig's check holds those to the kind)."""
         first_shared = self.n_layers - self.kv_shared_layers
-        if layer < first_shared:
+        if layer < first_shared or layer >= self.n_layers:  # the MTP block (n_layers) has a cache of its own
             return layer
         return first_shared - (2 if self.is_local(layer) else 1)
 

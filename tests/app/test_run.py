@@ -71,6 +71,7 @@ def test_user_errors_are_one_line(smollm2, gemma3, tmp_path):
     assert_one_line_error(gguf_chat("run", smollm2, "--vram-budget", "lots", "-p", "hi"), "--vram-budget", "'lots'")
     assert_one_line_error(gguf_chat("run", smollm2, "--gpu-share", "2", "-p", "hi"), "--gpu-share", "'2'")
     assert_one_line_error(gguf_chat("run", smollm2, "--spec", "draft", "-p", "hi"), "--draft MODEL")
+    assert_one_line_error(gguf_chat("run", smollm2, "--spec", "mtp", "-p", "hi"), "no MTP block")
     assert_one_line_error(gguf_chat("run", smollm2, "--draft", gemma3, "-p", "hi"), "vocabulary")
 
 

@@ -118,14 +118,15 @@ def _synth(factory, preset: str, ftype: str):
     return path
 
 
-def _write_small(factory, arch: str, own_output: bool = False):
+def _write_small(factory, arch: str, own_output: bool = False, mtp: bool = False):
     """The path of a small random model (tests/inference/synthetic.py) with a made-up SentencePiece vocabulary of
     its own (nothing outside the repository), its matrices Q8_0, Q5_0, Q4_1 and F16 so that the GPU runs several matvec and prefill types. gemma3: 6 layers,
     five of them with a 16-token sliding window, head_dim 256; qwen2: qkv biases, its own output matrix;
     qwen3moe: Q4_1 gate and up experts, Q5_0 down experts (the GPU's expert kernels take quantized types); qwen35,
     qwen35moe: 3 layers, the first two Gated DeltaNet (projections of attn_q's type, output of attn_output's); 6 of
     them amplified the 8-bit rounding of activations past the parity bar (mean correlation 0.998). own_output: an
-    output matrix of its own, not tied to the embeddings (see write_synthetic)."""
+    output matrix of its own, not tied to the embeddings (see write_synthetic); mtp: an MTP block after the layers
+    (qwen35, qwen35moe)."""
     from gguf import GGMLQuantizationType as T  # noqa: PLC0415
 
     gemma = arch == "gemma3"
@@ -134,5 +135,5 @@ def _write_small(factory, arch: str, own_output: bool = False):
     shapes = (None if gemma else (3, *SHAPES[arch][1:]) if arch.startswith("qwen35")  # a layer of each kind's 3
               else (2, 256, 256 if arch == "qwen3moe" else 512, 4, 2, 64))
     path = factory.mktemp("synth") / f"{arch}.gguf"
-    write_synthetic(path, arch, shapes=shapes, types=types, own_output=own_output)
+    write_synthetic(path, arch, shapes=shapes, types=types, own_output=own_output, mtp=mtp)
     return path

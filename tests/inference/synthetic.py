@@ -102,7 +102,7 @@ def spm_vocab(n_vocab: int = 1024) -> dict:
 
 def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAYERS, window: int = 16,
                     experts=None, deltanet=DELTANET, gemma4: str = "dense", g4_heads: dict = GEMMA4_HEADS,
-                    own_output: bool = False) -> None:
+                    own_output: bool = False, mtp: bool = False) -> None:
     """A random {arch} model at path with Q8_0 embeddings, layer matrices of `types` (name -> quant type; the
     K-quants Q4_K, Q5_K, Q6_K and the IQ types but IQ4_NL need widths that are multiples of 256, e.g.
     Q4_K_M_LAYERS, IQ4_XS_LAYERS):
@@ -117,7 +117,9 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     its own). gemma4: one of GEMMA4_KINDS (layers, FFN width and experts from there, n_embd from SHAPES, the heads of its
     sliding and global layers g4_heads (GEMMA4_HEADS' form); the KV-shared
     layers' FFN twice as wide, and with K/V matrices of their own that llama.cpp leaves unused, so that a forward that
-    uses them is seen). The vocabulary is vocab_from's (a GGUF file), else spm_vocab()'s."""
+    uses them is seen). mtp (qwen35, qwen35moe): one multi-token-prediction block after the layers, counted in
+    block_count (blk.{L}: a gated attention layer with the layers' FFN, and nextn's eh_proj, enorm and hnorm; its
+    head the model's). The vocabulary is vocab_from's (a GGUF file), else spm_vocab()'s."""
     rng = np.random.default_rng(0)
     experts = experts or (EXPERTS if arch in ("qwen3moe", "qwen35moe", "gpt-oss") else None)
     oss = arch == "gpt-oss"
@@ -132,7 +134,9 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     w = GGUFWriter(str(path), arch)
     w.add_context_length(2048)
     w.add_embedding_length(d)
-    w.add_block_count(L)
+    w.add_block_count(L + mtp)
+    if mtp:
+        w.add_uint32(f"{arch}.nextn_predict_layers", 1)
     if g4:
         pattern, first_shared = g4["pattern"], L - g4["shared"]
         layer_ff = [ff * (2 if i >= first_shared else 1) for i in range(L)]
@@ -289,6 +293,30 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
             mat(p + "proj.weight", d, g4["per_layer"], 1 / np.sqrt(g4["per_layer"]), types["ffn_down"])
             vec(p + "post_norm.weight", d, 1.0, 0.3)
 
+    def hybrid_layer(p, recurrent):
+        """A qwen35 layer: Gated DeltaNet or gated attention, then the FFN (qwen35moe: experts and a shared one)."""
+        vec(p + "attn_norm.weight", d)
+        vec(p + "post_attention_norm.weight", d)  # qwen35 names its pre-FFN norm so
+        if recurrent:
+            delta_net(p)
+        else:  # attention with an output gate: each head's q rows, then its gate rows
+            mat(p + "attn_q.weight", nh * 2 * hd, d, 2 / np.sqrt(d), types["attn_q"])
+            mat(p + "attn_k.weight", nkv * hd, d, 2 / np.sqrt(d), types["attn_k"])
+            mat(p + "attn_v.weight", nkv * hd, d, 1 / np.sqrt(d), types["attn_v"])
+            mat(p + "attn_output.weight", d, nh * hd, 1 / np.sqrt(nh * hd), types["attn_output"])
+            vec(p + "attn_q_norm.weight", hd)
+            vec(p + "attn_k_norm.weight", hd)
+        if experts:
+            mat(p + "ffn_gate_inp.weight", experts[0], d, 2 / np.sqrt(d), T.F32)
+            w.add_tensor(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(d) * 2 / np.sqrt(d)).astype(np.float32))
+            mat(p + "ffn_gate_shexp.weight", SHARED_EXPERT_FF, d, 1 / np.sqrt(d), types["ffn_gate"])
+            mat(p + "ffn_up_shexp.weight", SHARED_EXPERT_FF, d, 1 / np.sqrt(d), types["ffn_up"])
+            mat(p + "ffn_down_shexp.weight", d, SHARED_EXPERT_FF, 1 / np.sqrt(SHARED_EXPERT_FF), types["ffn_down"])
+        e, suffix = (experts[0], "_exps") if experts else (0, "")
+        mat(p + f"ffn_gate{suffix}.weight", ff, d, 1 / np.sqrt(d), types["ffn_gate"], e)
+        mat(p + f"ffn_up{suffix}.weight", ff, d, 1 / np.sqrt(d), types["ffn_up"], e)
+        mat(p + f"ffn_down{suffix}.weight", d, ff, (2 if e else 1) / np.sqrt(ff), types["ffn_down"], e)
+
     mat("token_embd.weight", n_vocab, d, 0.5, T.Q8_0)
     if g4:
         rotated = int(g4_heads["G"][2] * GEMMA4_ROTATED / 2)
@@ -307,29 +335,10 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
         if g4:
             gemma4_layer(p, i)
             continue
-        vec(p + "attn_norm.weight", d)
-        if hybrid:  # qwen35 names its pre-FFN norm post_attention_norm
-            vec(p + "post_attention_norm.weight", d)
-            if (i + 1) % HYBRID_INTERVAL:
-                delta_net(p)
-            else:  # attention with an output gate: each head's q rows, then its gate rows
-                mat(p + "attn_q.weight", nh * 2 * hd, d, 2 / np.sqrt(d), types["attn_q"])
-                mat(p + "attn_k.weight", nkv * hd, d, 2 / np.sqrt(d), types["attn_k"])
-                mat(p + "attn_v.weight", nkv * hd, d, 1 / np.sqrt(d), types["attn_v"])
-                mat(p + "attn_output.weight", d, nh * hd, 1 / np.sqrt(nh * hd), types["attn_output"])
-                vec(p + "attn_q_norm.weight", hd)
-                vec(p + "attn_k_norm.weight", hd)
-            if experts:
-                mat(p + "ffn_gate_inp.weight", experts[0], d, 2 / np.sqrt(d), T.F32)
-                w.add_tensor(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(d) * 2 / np.sqrt(d)).astype(np.float32))
-                mat(p + "ffn_gate_shexp.weight", SHARED_EXPERT_FF, d, 1 / np.sqrt(d), types["ffn_gate"])
-                mat(p + "ffn_up_shexp.weight", SHARED_EXPERT_FF, d, 1 / np.sqrt(d), types["ffn_up"])
-                mat(p + "ffn_down_shexp.weight", d, SHARED_EXPERT_FF, 1 / np.sqrt(SHARED_EXPERT_FF), types["ffn_down"])
-            e, suffix = (experts[0], "_exps") if experts else (0, "")
-            mat(p + f"ffn_gate{suffix}.weight", ff, d, 1 / np.sqrt(d), types["ffn_gate"], e)
-            mat(p + f"ffn_up{suffix}.weight", ff, d, 1 / np.sqrt(d), types["ffn_up"], e)
-            mat(p + f"ffn_down{suffix}.weight", d, ff, (2 if e else 1) / np.sqrt(ff), types["ffn_down"], e)
+        if hybrid:
+            hybrid_layer(p, (i + 1) % HYBRID_INTERVAL)
             continue
+        vec(p + "attn_norm.weight", d)
         mat(p + "attn_q.weight", nh * hd, d, 2 / np.sqrt(d), types["attn_q"])
         mat(p + "attn_k.weight", nkv * hd, d, 2 / np.sqrt(d), types["attn_k"])
         mat(p + "attn_v.weight", nkv * hd, d, 1 / np.sqrt(d), types["attn_v"])
@@ -356,6 +365,11 @@ def write_synthetic(path, arch: str, vocab_from=None, shapes=None, types=F16_LAY
     # embeddings the logits' top-1 is the input token whatever the layers do (conftest's synth_llama_k)
     if arch in ("qwen2", "gpt-oss", "gemma4") or own_output:
         mat("output.weight", n_vocab, d, 0.5, T.Q8_0)
+    if mtp:  # last, so that the other tensors are the file's without it; norms used as stored (+1 folded)
+        hybrid_layer(f"blk.{L}.", recurrent=False)
+        mat(f"blk.{L}.nextn.eh_proj.weight", d, 2 * d, 1 / np.sqrt(2 * d), types["attn_output"])
+        vec(f"blk.{L}.nextn.enorm.weight", d, 1.0, 0.3)
+        vec(f"blk.{L}.nextn.hnorm.weight", d, 1.0, 0.3)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

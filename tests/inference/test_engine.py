@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from inference import GenerationStats, PromptTooLongError, load
-from inference.engine import StopScanner, _common_prefix
+from inference.engine import StopScanner
+from inference.speculative import common_prefix
 from models.errors import UserError
 from tests.inference.parity import oracle
 
@@ -48,7 +49,7 @@ def test_second_turn_reuses_the_cache_and_gives_a_fresh_runs_logits(smollm2_engi
     assert fresh.prompt_tokens == len(ids) and reused.prompt_tokens < len(ids) - 4
 
     run(engine, PROMPT, max_tokens=4, temperature=0)
-    n_new = len(ids) - _common_prefix(ids, engine._cached)
+    n_new = len(ids) - common_prefix(ids, engine._cached)
     ours = engine._prefill(ids, all_logits=True)  # the new tokens only, on the first turn's cache
     ref = engine.logits(ids)[-n_new:]  # a fresh context
     assert len(ours) == n_new <= 4

@@ -170,6 +170,8 @@ def test_load_checks_its_speculation_options(smollm2):
     with pytest.raises(SpeculationError, match="needs a draft model"):
         load(smollm2, device="cpu", ctx=64, spec="draft")
     with pytest.raises(SpeculationError, match="not one of"):
+        load(smollm2, device="cpu", ctx=64, spec="medusa")
+    with pytest.raises(SpeculationError, match="no MTP block"):
         load(smollm2, device="cpu", ctx=64, spec="mtp")
     assert load(smollm2, device="cpu", ctx=64, spec="ngram").speculation.kind == "ngram"
 

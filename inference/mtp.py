@@ -1,0 +1,52 @@
+"""Drafts from the model's own multi-token-prediction block (qwen35's nextn: forward.mtp), for speculative.py.
+
+The block's layer keeps a KV cache of its own, an entry per position p: the token at p + 1 and the model's state
+after the output norm at p. A step of the block at p gives the logits of the token at p + 2. Drafting after a
+history whose last token (at pos) the model has not run yet: the block first catches up on the positions it lacks
+up to pos - 1, with the model's states there (kept by the engine as its forward runs: keep), whose last row
+drafts the token at pos + 1; each next draft is a step at the next position on the block's own state and the
+draft before (a chain). The chain's entries past pos - 1 are provisional: the next call writes them again from
+the position the model's states then reach.
+"""
+import numpy as np
+
+from inference.backend_cpu import CPUBackend, lazy_zeros
+from inference.forward import mtp
+from inference.sampling import SamplingParams
+from inference.speculative import Draft, common_prefix, draft_from
+from inference.weights import ModelWeights
+from models.config import ModelConfig
+
+
+class MTPDrafter:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, head: tuple | None, cost: float):
+        self.cfg, self.weights = cfg, weights
+        self.cost = cost  # what a step of the block costs, as a share of one step of the model
+        # a CPU backend of the block's layer alone, sharing the model's copy of the output head
+        self.be = CPUBackend(cfg, weights, n_ctx, range(cfg.n_layers, cfg.n_layers + 1), head=head)
+        self.states = lazy_zeros((n_ctx, cfg.n_embd))  # the model's state after the output norm at each position
+        self.entered: list[int] = []  # the history the cache's entries up to len - 2 were made from
+
+    def keep(self, pos: int, states: np.ndarray) -> None:
+        """The model's states [n, n_embd] (host) at positions pos.. of the tokens it just ran."""
+        self.states[pos:pos + len(states)] = states
+
+    def propose(self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        pos = len(history) - 1  # the last token's, which the model runs next: its states stop at pos - 1
+        # entry p is the block's on history[p + 1] and the state after history[:p + 1]: those that history shares
+        # with the one they were made from hold
+        start = max(0, min(common_prefix(history, self.entered) - 1, pos - 1))
+        self.entered = list(history)
+        size = self.be.prefill_chunk
+        while pos - start > size:  # a long catch-up (a prompt's) a chunk at a time, as a prompt runs
+            self.be.set_input(np.array(history[start + 1:start + 1 + size], np.int32), start)
+            mtp(self.be, self.cfg, self.weights, self.states[start:start + size])
+            start += size
+        tokens, h = history[start + 1:], self.states[start:pos]
+        draft = Draft([], [])
+        for _ in range(k):
+            self.be.set_input(np.array(tokens, np.int32), start)
+            logits, h = mtp(self.be, self.cfg, self.weights, h)
+            draft_from(logits[0], history, params, rng, draft)
+            start, tokens, h = start + len(tokens), draft.tokens[-1:], h[-1:]
+        return draft
