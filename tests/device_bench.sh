@@ -12,6 +12,11 @@
 #   bash tests/device_bench.sh iq_synth # issue 34's IQ files and gpt-oss-20b's, written side by side (~5 minutes)
 #   bash tests/device_bench.sh iq       # llama3-8b in IQ4_XS and IQ2_XXS mixes, Qwen3-30B-A3B in IQ3_XXS, all on the GPU
 #   bash tests/device_bench.sh oss_host # gpt-oss-20b with all experts in host memory (issue 33)
+#   bash tests/device_bench.sh big_synth  # gpt-oss-120b (~61 GiB: a kind with more than 64 GiB of disk), Gemma 4 31B
+#                                         # and 26B-A4B, written side by side
+#   bash tests/device_bench.sh oss120_host  # gpt-oss-120b with all experts in host memory, on one GPU (issue 33)
+#   bash tests/device_bench.sh gemma4   # Gemma 4 31B and 26B-A4B all on the GPU, after 16384 tokens, and 26B-A4B's
+#                                       # experts in host memory (issue 36)
 # With layers on the CPU, where the time goes: python3 tests/device_profile.py FILE N (per-op, per-token), and
 # the host's DRAM and PCIe rates: python3 tests/device_probe.py FILE (see inference/NOTES_gpu.md).
 set -uo pipefail
@@ -108,6 +113,42 @@ oss_host)  # issue 33: gpt-oss-20b, all experts in host memory, next to llama.cp
     | tee -a "$OUT/oss_host_ours.md"
   [ -x "$peer" ] && timeout 300 "$peer" -m "$f" -ngl 99 -fa 1 -ot exps=CPU -t 16 -p 512 -n 64 -r ${REPS:-3} 2>/dev/null \
     | grep -E "pp512|tg64" | tee -a "$OUT/oss_host_llamacpp.md" ;;
+big_synth)
+  for m in "gpt-oss-120b q4_k_m" "gemma4-31b q4_k_m" "gemma4-26b-a4b q4_k_m"; do
+    set -- $m; f=$files/$1-$2.gguf
+    [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset "$1" --ftype "$2" >"$f.log" 2>&1 &
+  done
+  wait; ls -la $files ;;
+oss120_host)  # issue 33: gpt-oss-120b on ONE GPU, all experts in host memory, next to llama.cpp's -ot exps=CPU at
+  # 16 threads and at every core
+  peer=$(peer_bench)
+  f=$files/gpt-oss-120b-q4_k_m.gguf
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 500 python3 -m app.cli bench "$f" --device cuda --cpu-moe -p 512 -n 64 -r ${REPS:-2} | tail -n 2 \
+    | tee -a "$OUT/oss120_host_ours.md"
+  for t in 16 $(nproc); do
+    [ -x "$peer" ] && timeout 400 "$peer" -m "$f" -ngl 99 -fa 1 -ot exps=CPU -t $t -p 512 -n 64 -r ${REPS:-2} 2>/dev/null \
+      | grep -E "pp512|tg64" | sed "s/^/-t $t /" | tee -a "$OUT/oss120_host_llamacpp.md"
+  done ;;
+gemma4)  # issue 36: pp512, tg128, both after 16384 tokens, all on the GPU; 26B-A4B with its experts in host memory
+  peer=$(peer_bench)
+  export CUDA_VISIBLE_DEVICES=0
+  for m in gemma4-31b gemma4-26b-a4b; do
+    f=$files/$m-q4_k_m.gguf
+    echo "== $m"
+    timeout 300 python3 -m app.cli bench "$f" --device cuda -p 512 -n 128 -r ${REPS:-3} | tail -n 2 | tee -a "$OUT/gemma4_ours.md"
+    timeout 300 python3 -m app.cli bench "$f" --device cuda -p 512 -n 128 -r ${REPS:-3} -d 16384 | tail -n 2 \
+      | tee -a "$OUT/gemma4_ours.md"
+    [ -x "$peer" ] && timeout 300 "$peer" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r ${REPS:-3} 2>/dev/null \
+      | grep -E "pp512|tg128" | tee -a "$OUT/gemma4_llamacpp.md"
+    [ -x "$peer" ] && timeout 300 "$peer" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -d 16384 -r ${REPS:-3} 2>/dev/null \
+      | grep -E "pp512|tg128" | tee -a "$OUT/gemma4_llamacpp.md"
+  done
+  f=$files/gemma4-26b-a4b-q4_k_m.gguf
+  timeout 300 python3 -m app.cli bench "$f" --device cuda --cpu-moe -p 512 -n 64 -r ${REPS:-3} | tail -n 2 \
+    | tee -a "$OUT/gemma4_host_ours.md"
+  [ -x "$peer" ] && timeout 300 "$peer" -m "$f" -ngl 99 -fa 1 -ot exps=CPU -t 16 -p 512 -n 64 -r ${REPS:-3} 2>/dev/null \
+    | grep -E "pp512|tg64" | tee -a "$OUT/gemma4_host_llamacpp.md" ;;
 vram)  # issue 5: peak VRAM of llama3-8b q4_k_m at ctx 4096 (a full 1024-token chunk, then decoding) vs file + KV + 10%
   f=$files/llama3-8b-q4_k_m.gguf
   [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset llama3-8b --ftype q4_k_m
@@ -132,5 +173,6 @@ print(f"llama3-8b q4_k_m ctx 4096: peak VRAM in use {peak[0] / 2**30:.3f} GiB (C
       f"file + KV = {(file + kv) / 2**30:.3f} GiB, ratio {peak[0] / (file + kv):.3f} (limit 1.10)")
 PY
   ;;
-*) echo "usage: device_bench.sh synth | run | hybrid | moe | moe_host | iq_synth | iq | oss_host | vram" >&2; exit 2 ;;
+*) echo "usage: device_bench.sh synth | run | hybrid | moe | moe_host | iq_synth | iq | oss_host | big_synth | oss120_host | gemma4 | vram" >&2
+   exit 2 ;;
 esac
