@@ -1,6 +1,6 @@
-"""Every kernel of every CUDA source, compiled as the engine compiles it (kernels/cuda/module.py: NVRTC, then the
-driver's ptxas for this GPU), keeps its values in registers: no local memory, where a spill would put them (a
-decode step's kernels read their weights once; a spill adds local-memory traffic to every thread). Needs a GPU.
+"""Every kernel of every CUDA source, compiled as the engine compiles it (kernels/cuda/module.py: NVRTC, then
+ptxas for this GPU), keeps its values in registers: no local memory, where a spill would put them (a spill adds
+local-memory traffic to every thread), beyond the small stack frames listed in FRAMES. Needs a GPU.
 
 CI compiles the sources to PTX only (test_cuda_compile); ptxas, which decides the spills, runs here, on the code
 that runs. The driver lists a module's kernels itself (cuModuleEnumerateFunctions), so those made by macros are
@@ -15,6 +15,9 @@ from tests.kernels.test_cuda_compile import CU_FILES
 pytestmark = pytest.mark.gpu
 
 _LOCAL_SIZE_BYTES = 3  # CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
+# Kernels (by name prefix) that keep a small array in local memory, at most these bytes a thread as measured on the
+# H200 (CUDA 13), where nvcc -warn-spills reported no spill: a spill there would add to them and fail the test
+FRAMES = {"moe_mm_glu_": 40, "rope": 40}
 
 
 def a_kernel_name(source: str) -> str:
@@ -45,11 +48,12 @@ def _local_bytes(module, name: str) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
-def test_no_kernel_uses_local_memory(cu):
+def test_no_kernel_uses_more_local_memory_than_its_frame(cu):
     from kernels.cuda.module import _module
     local = _local_bytes(_module(cu.name), a_kernel_name(cu.read_text()))
     assert local, f"no kernels found in {cu.name}"
-    assert {name: n for name, n in local.items() if n} == {}
+    allowed = {name: max([b for prefix, b in FRAMES.items() if name.startswith(prefix)], default=0) for name in local}
+    assert {name: n for name, n in local.items() if n > allowed[name]} == {}
 
 
 def test_the_check_sees_local_memory():
@@ -57,8 +61,8 @@ def test_the_check_sees_local_memory():
     must see it (and see the kernel beside it, which keeps none)."""
     import cupy as cp
     code = """extern "C" __global__ void stack(float* out, int i) {
-        float a[64];
-        for (int j = 0; j < 64; j++) a[j] = out[j];
+        float a[64] = {};
+        for (int j = 0; j < 64; j++) a[(j * 7 + i) & 63] += out[j];
         out[0] = a[i];
     }
     extern "C" __global__ void none(float* out) { out[0] = 1.0f; }"""
