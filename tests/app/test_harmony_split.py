@@ -69,8 +69,8 @@ def test_text_is_not_held_back_longer_than_possible_markup():
 
 
 def test_the_split_is_chosen_by_the_template_and_a_stored_reply_by_its_opening():
-    assert isinstance(reply_splitter(harmony=True), HarmonySplitter)
-    assert isinstance(reply_splitter(harmony=False, prompt_opened=True), ThinkSplitter)
+    assert isinstance(reply_splitter("harmony"), HarmonySplitter)
+    assert isinstance(reply_splitter("think", prompt_opened=True), ThinkSplitter)
     assert split_reply(REPLIES[2][0]) == (THOUGHTS, HELLO)
     assert split_reply("<think>\nHm.\n</think>\n\nFour.") == ("Hm.\n", "Four.")
     assert split_reply(" to=the shop") == ("", " to=the shop")  # only a harmony template's reply can open a call
