@@ -58,6 +58,9 @@ def test_run_prints_the_thought_on_stderr_and_switches_thinking_as_llama_cpp(tmp
     assert engine.prompts[-1].endswith("<|turn>model\n<|channel>thought\n<channel|>")
     assert main(["run", "gemma4", "-p", "What is 2+2?", "--reasoning-effort", "high"]) == 1
     assert "takes no reasoning effort" in capsys.readouterr().err
+    monkeypatch.setattr(inference, "load", lambda *a, **k: ScriptedEngine(tmp_path / "gpt-oss-20b.gguf"))
+    assert main(["run", "gpt-oss", "-p", "What is 2+2?", "--reasoning", "off"]) == 1  # gpt-oss always reasons
+    assert "has no switch for thinking" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
