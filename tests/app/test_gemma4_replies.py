@@ -17,11 +17,9 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 import inference
 from app.cli import main
-from app.server_worker import EngineWorker
 from models.chat_template import ChatTemplate
-from tests.app.in_process_server import serving
+from tests.app.in_process_server import serving_scripted
 from tests.app.scripted_engine import ScriptedEngine
-from tests.models.test_tokenizer import write_vocab_only
 
 SOURCE = (Path(__file__).parents[1] / "models" / "templates" / "google-gemma-4-31B-it.jinja").read_text()
 BOS, EOS = "<bos>", "<turn|>"
@@ -66,12 +64,9 @@ def test_run_prints_the_thought_on_stderr_and_switches_thinking_as_llama_cpp(tmp
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, smollm2):
     """(base URL, engine) of a server on a free port of 127.0.0.1."""
-    # a file for the catalog and /api/show: SmolLM2's vocab with Gemma 4's template, no weights
-    path = write_vocab_only(smollm2, tmp_path_factory.mktemp("gemma4") / "gemma-4-31b-it.gguf",
-                            tokenizer__chat_template=SOURCE)
-    engine = gemma4_engine(path)
-    with serving(EngineWorker(str(path), lambda *a, **k: engine, {}, None, 4), None) as url:
-        yield url, engine
+    path = tmp_path_factory.mktemp("gemma4") / "gemma-4-31b-it.gguf"
+    with serving_scripted(smollm2, path, SOURCE, gemma4_engine(path)) as served:
+        yield served
 
 
 def test_openai_gets_the_thought_as_reasoning_content_of_a_conversation_rendered_as_llama_cpp(served):

@@ -5,7 +5,7 @@ import pytest
 
 from app.gemma4_split import Gemma4Splitter, split_gemma4
 from app.reply_split import reply_splitter, split_reply
-from tests.app.test_think_split import every_cut
+from tests.app.test_think_split import every_cut, fed
 
 THOUGHTS, HELLO = "I'm\nthinking", "Hello, world!\nWhat's up?"
 REPLIES = [  # (reply, reasoning, answer)
@@ -24,13 +24,7 @@ REPLIES = [  # (reply, reasoning, answer)
 
 
 def split(pieces: list[str]) -> tuple[str, str]:
-    s = Gemma4Splitter()
-    reasoning, answer = [], []
-    for i, piece in enumerate(pieces + [""]):
-        r, a = s.feed(piece, final=i == len(pieces))
-        reasoning.append(r)
-        answer.append(a)
-    return "".join(reasoning), "".join(answer)
+    return fed(Gemma4Splitter(), pieces)
 
 
 @pytest.mark.parametrize("reply, reasoning, answer", REPLIES)

@@ -5,7 +5,7 @@ import pytest
 from app.harmony_split import HarmonySplitter, split_harmony
 from app.reply_split import reply_splitter, split_reply
 from app.think_split import ThinkSplitter
-from tests.app.test_think_split import every_cut
+from tests.app.test_think_split import every_cut, fed
 
 THOUGHTS, HELLO = "I'm\nthinking", "Hello, world!\nWhat's up?"
 REPLIES = [  # (reply, reasoning, answer)
@@ -42,13 +42,7 @@ REPLIES = [  # (reply, reasoning, answer)
 
 
 def split(pieces: list[str]) -> tuple[str, str]:
-    s = HarmonySplitter()
-    reasoning, answer = [], []
-    for i, piece in enumerate(pieces + [""]):
-        r, a = s.feed(piece, final=i == len(pieces))
-        reasoning.append(r)
-        answer.append(a)
-    return "".join(reasoning), "".join(answer)
+    return fed(HarmonySplitter(), pieces)
 
 
 @pytest.mark.parametrize("reply, reasoning, answer", REPLIES)
