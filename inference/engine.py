@@ -391,7 +391,8 @@ class Engine:
             tokens = self._decode.tokens(logits, params, seed, ids, max_tokens, guide)
         else:
             tokens = self._host_tokens(logits, params, seed, ids, guide)
-        detok = self.tokenizer.stream(special, at_start=False, shown=shown)  # a reply continues its prompt: " Paris" keeps its space
+        # a reply continues its prompt: " Paris" keeps its space
+        detok = self.tokenizer.stream(special, at_start=False, shown=shown)
         text = StopScanner(stop)
         generated = 0
         finish = "length"
