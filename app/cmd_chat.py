@@ -1,7 +1,7 @@
 """`gguf-chat chat [MODEL]`: the terminal chat, with chats saved in $GGUF_CHAT_HOME (or XDG_DATA_HOME)."""
 
 
-from app.cmd_run import add_reasoning_effort_arg
+from app.cmd_run import add_reasoning_args
 from app.device_args import add_device_args, load_options
 
 
@@ -13,7 +13,7 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.8, help="of new chats; 0 = greedy (default 0.8)")
     p.add_argument("--max-tokens", type=int, default=1024, help="longest reply of new chats (default 1024)")
     p.add_argument("--ctx", type=int, help="context size in tokens (default: what fits, up to the model's)")
-    add_reasoning_effort_arg(p)
+    add_reasoning_args(p)
     add_device_args(p)
     p.add_argument("--drop-old-turns", action="store_true",
                    help="when a chat outgrows the context, leave out its oldest turns instead of stopping")
@@ -40,7 +40,7 @@ def run(args) -> int:
     try:
         sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
         ChatApp(store, model, sampling, args.system, args.ctx, args.drop_old_turns, options,
-                args.reasoning_effort).run()
+                args.reasoning_effort, args.reasoning).run()
     finally:
         store.close()
     return 0

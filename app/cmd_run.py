@@ -36,8 +36,10 @@ def add_sampling_args(p) -> None:
     p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's, capped to memory)")
 
 
-def add_reasoning_effort_arg(p) -> None:
-    """The flag `run` and `chat` share."""
+def add_reasoning_args(p) -> None:
+    """The flags `run` and `chat` share."""
+    p.add_argument("--reasoning", choices=("on", "off"),
+                   help="thinking on or off, for models whose template has the switch (Gemma 4, Qwen3; default: on)")
     p.add_argument("--reasoning-effort", metavar="LEVEL",
                    help="low, medium or high: how long gpt-oss reasons (its template's default: medium)")
 
@@ -49,7 +51,7 @@ def register(sub) -> None:
     p.add_argument("--raw", action="store_true", help="plain completion: no chat template")
     p.add_argument("--system", help="a system prompt (chat mode)")
     p.add_argument("--chat-template", metavar="NAME", help="a built-in chat template instead of the model's")
-    add_reasoning_effort_arg(p)
+    add_reasoning_args(p)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the reply contains TEXT (repeatable)")
     add_sampling_args(p)
     add_device_args(p)
@@ -59,8 +61,8 @@ def register(sub) -> None:
                    help="the answer is JSON valid by the JSON schema in FILE, enforced token by token (a reply cut "
                    "by -n ends unfinished: finish_reason length)")
     p.add_argument("--hide-thinking", action="store_true",
-                   help="leave out a reasoning model's thinking (<think>...</think>, gpt-oss's analysis channel; "
-                   "else it goes to stderr, dimmed)")
+                   help="leave out a reasoning model's thinking (<think>...</think>, gpt-oss's analysis channel, "
+                   "Gemma 4's thought channel; else it goes to stderr, dimmed)")
     p.add_argument("--verbose", action="store_true", help="print where the layers run, load time and speeds to stderr")
     add_no_warmup_arg(p)
     p.set_defaults(func=run)
@@ -76,13 +78,14 @@ def read_prompt(args) -> str:
 
 def run(args) -> int:
     from app.progress import DownloadBar  # noqa: PLC0415
-    from app.reasoning import check_level, effort_vars  # noqa: PLC0415
+    from app.reasoning import check_level, effort_vars, thinking_vars  # noqa: PLC0415
     from app.reply_split import reply_splitter  # noqa: PLC0415
     from app.structured import answer_constraint, schema_file_grammar  # noqa: PLC0415
     from inference import load  # noqa: PLC0415  (heavy: numba, the model)
     prompt = read_prompt(args)
-    if args.raw and (args.system or args.chat_template or args.reasoning_effort):
-        raise NoPromptError("--raw is plain completion: it takes no --system, --chat-template or --reasoning-effort")
+    if args.raw and (args.system or args.chat_template or args.reasoning or args.reasoning_effort):
+        raise NoPromptError("--raw is plain completion: it takes no --system, --chat-template, --reasoning or "
+                            "--reasoning-effort")
     check_max_tokens(args.max_tokens)  # before the model loads
     check_level(args.reasoning_effort)
     grammar = schema_file_grammar(args.json_schema) if args.json_schema else None  # before the model loads
@@ -97,7 +100,7 @@ def run(args) -> int:
         request = ([{"role": "system", "content": args.system}] if args.system else []) + \
                   [{"role": "user", "content": prompt}]
         template = engine.template(args.chat_template)
-    template_vars = effort_vars(template, args.reasoning_effort)
+    template_vars = thinking_vars(template, args.reasoning) | effort_vars(template, args.reasoning_effort)
     engine.check_prompt(request, args.chat_template, template_vars)  # a prompt that cannot run fails before the warm-up
     warm_seconds = None if args.no_warmup else warm_up(engine, lambda text: print(text, file=sys.stderr, flush=True))
     thinks = opens_thinking(engine, request, args.chat_template, template_vars)
@@ -105,8 +108,9 @@ def run(args) -> int:
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                              repeat_penalty=args.repeat_penalty, seed=args.seed, stop=tuple(args.stop),
                              chat_template=args.chat_template, template_vars=template_vars,
+                             shown=template.reply_markup if template else (),
                              constraint=answer_constraint(grammar, template, thinks) if grammar else None)
-    split = reply_splitter(template is not None and template.speaks_harmony, thinks)
+    split = reply_splitter(template.reply_format if template else "think", thinks)
     show = Shown(args)
     text, thinking, stats = [], [], None
 

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
 from app.server_schema import ApiError, GenRequest
-from app.server_worker import END, Job, Started, find_model
+from app.server_worker import END, Job, Started, find_model, is_chat
 from app.reply_split import reply_splitter
 from app.tool_calls import ToolCallSplitter
 from models.errors import UserError
@@ -44,8 +44,7 @@ class Reply:
 
     def __init__(self, job: Job, model: str, watcher: asyncio.Task):
         self.job, self.model, self._watcher = job, model, watcher
-        prompt = job.request.prompt
-        self.chat = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)  # else plain text
+        self.chat = is_chat(job.request)  # else plain text
         self.started: Started | None = None
         self.stats = None  # the GenerationStats, once the reply is complete
         self.calls = 0     # tool calls given out
@@ -54,7 +53,7 @@ class Reply:
         """(reasoning, answer, tool calls) as the reply streams (a plain completion's reasoning is always empty, and
         only a request with tools has calls: found first, the text around them then split into reasoning and
         answer); self.stats is set at its end. Leaving early cancels the generation."""
-        split = reply_splitter(self.started.harmony, self.started.thinks) if self.chat else None
+        split = reply_splitter(self.started.reply_format, self.started.thinks) if self.chat else None
         tool_format, tools = self.started.tool_format, self.job.request.tools
         calls = ToolCallSplitter(tool_format) if tool_format else None
         try:

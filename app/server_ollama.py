@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from app.server import Reply, finish_reason, read_json, start_reply
 from app.server_schema import ApiError, get, ollama_chat, ollama_generate
 from app.server_worker import catalog, find_model
-from models.chat_template import speaks_harmony
+from models.chat_template import reply_format
 
 
 def now() -> str:
@@ -115,7 +115,7 @@ async def show(request: Request):
         raise ApiError(400, "'model' is required: the name of a model (see /api/tags)")
     _, path = find_model(name, request.app.state.worker)  # or 404
     details, model_info, template = describe(path)
-    capabilities = ["completion"] + (["thinking"] if "<think>" in template or speaks_harmony(template) else [])
+    capabilities = ["completion"] + (["thinking"] if "<think>" in template or reply_format(template) != "think" else [])
     return JSONResponse({"modelfile": "", "parameters": "", "template": template, "details": details,
                          "model_info": model_info, "capabilities": capabilities})
 

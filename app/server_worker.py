@@ -15,7 +15,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.reasoning import effort_vars, history_reasoning
+from app.reasoning import effort_vars, history_reasoning, thinking_vars
 from app.server_schema import ApiError, GenRequest
 from app.structured import answer_constraint
 from app.tool_calls import Format, HarmonyFormat, format_for
@@ -39,7 +39,7 @@ class Started:
     prompt_tokens: int    # all of the prompt (the cache may already hold a prefix of it)
     thinks: bool          # the prompt ended inside <think>: the reply starts with reasoning
     load_seconds: float   # loading the model for this request (0 if it was loaded)
-    harmony: bool = False  # the chat template speaks harmony (gpt-oss): the reply is split by its channels
+    reply_format: str = "think"  # how the chat template marks reasoning (ChatTemplate.reply_format): the reply's split
     tool_format: Format | None = None  # the parser of the template's tool calls; None: the request has no tools
 
 
@@ -158,13 +158,14 @@ class EngineWorker:
             return
         held = constraint(engine, r, thinks, tool_format)  # before Started: a tool schema it cannot compile is a 400
         template = engine.chat_template
-        job.send(Started(len(ids), thinks, load_seconds, template is not None and template.speaks_harmony,
-                         tool_format))
+        job.send(Started(len(ids), thinks, load_seconds, template.reply_format if template else "think", tool_format))
         max_tokens = r.max_tokens if r.max_tokens is not None else engine.n_ctx  # None: until the context is full
         # cancelled: a client that leaves during a long prompt frees the engine at the next prompt chunk;
-        # special: the control tokens a tool call is written with (<|python_tag|>, harmony's) come as their text
+        # special: the control tokens a tool call is written with (<|python_tag|>, harmony's) come as their text;
+        # shown: those the reply's split reads (Gemma 4's channel markers), in a chat
         pieces = engine.generate(ids, max_tokens=max_tokens, stop=r.stop, cancelled=job.cancelled.is_set,
-                                 special=tool_format is not None, constraint=held, **r.sampling)
+                                 special=tool_format is not None, shown=template.reply_markup if is_chat(r) else (),
+                                 constraint=held, **r.sampling)
         try:
             for piece in pieces:
                 if job.cancelled.is_set():
@@ -185,16 +186,21 @@ class EngineWorker:
         c["generation_seconds"] += stats.generation_seconds
 
 
+def is_chat(r: GenRequest) -> bool:
+    """The prompt is messages for the chat template, not plain text or token ids."""
+    return isinstance(r.prompt, list) and bool(r.prompt) and isinstance(r.prompt[0], dict)
+
+
 def prompt_ids(engine, r: GenRequest) -> tuple[list[int], bool, Format | None]:
     """The prompt's token ids, as `gguf-chat run` makes them, whether it leaves the reply inside <think>, and the
     parser of the tool calls its template asks for (None: the request has no tools)."""
     tool_format = None
-    if isinstance(r.prompt, list) and r.prompt and isinstance(r.prompt[0], dict):
+    if is_chat(r):
         if engine.chat_template is None:
             raise PromptError("this model has no chat template: send plain text to /v1/completions "
                               "(or /api/generate with \"raw\": true)")
         effort_vars(engine.chat_template, r.template_vars.get("reasoning_effort"))  # refused if the template takes none
-        messages, variables = r.prompt, r.template_vars
+        messages, variables = r.prompt, thinking_vars(engine.chat_template) | r.template_vars
         if r.tools:
             messages, tools = with_tools(messages, r.tools, engine.chat_template.source)
             variables = variables | tools
@@ -221,8 +227,7 @@ def constraint(engine, r: GenRequest, thinks: bool, tool_format: Format | None) 
             return Constraint(grammar)
     if grammar is None:
         return None
-    chat = isinstance(r.prompt, list) and r.prompt and isinstance(r.prompt[0], dict)
-    return answer_constraint(grammar, engine.chat_template if chat else None, thinks)
+    return answer_constraint(grammar, engine.chat_template if is_chat(r) else None, thinks)
 
 
 def catalog(worker: EngineWorker) -> list[tuple[list[str], Path]]:

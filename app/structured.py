@@ -9,17 +9,21 @@ import json
 from pathlib import Path
 
 from inference.grammar import Constraint, GrammarError, json_schema_grammar
+from models.chat_template import GEMMA4_CHANNEL
 from models.errors import UserError
 
 HARMONY_FINAL = "<|channel|>final<|message|>"  # gpt-oss's answer starts after this header
 
 
 def answer_constraint(grammar: str, template, thinks: bool) -> Constraint:
-    """grammar held on the answer: after gpt-oss's analysis (its final channel), after </think> where the prompt
-    ends inside <think>, and where the template knows <think> tags, after a <think>...</think> the reply may open
-    with (or at once if it does not). template: the ChatTemplate that rendered the prompt (None: plain text)."""
+    """grammar held on the answer: after gpt-oss's analysis (its final channel), after the thought a Gemma 4 reply
+    may open with, after </think> where the prompt ends inside <think>, and where the template knows <think> tags,
+    after a <think>...</think> the reply may open with (or at once if it does not). template: the ChatTemplate that
+    rendered the prompt (None: plain text)."""
     if template is not None and template.speaks_harmony:
         return Constraint(grammar, after=HARMONY_FINAL)
+    if template is not None and template.reply_format == "gemma4":  # a thought the reply may open (thinking on)
+        return Constraint(grammar, after=GEMMA4_CHANNEL[1], think=GEMMA4_CHANNEL[0])
     if thinks:
         return Constraint(grammar, after="</think>")
     if template is not None and "</think>" in template.source:

@@ -31,10 +31,9 @@ def moe_experts(experts: ExpertFFN, h: np.ndarray, ids: np.ndarray, weights: np.
     # the GPU tests' float32 reference (gpu_compare.float_activations) empties INT8_IDS to keep x in float32 (three
     # calls, not all() of a generator: 0.8 us less a call on the 2-core VM)
     int8 = cpu_quant.takes_int8
-    if len(h) == 1 and int8(gate.qtype.id) and int8(up.qtype.id) and int8(down.qtype.id) \
-            and gate.data.flags.c_contiguous and up.data.flags.c_contiguous:  # not views of one gate_up stack
+    if len(h) == 1 and int8(gate.qtype.id) and int8(up.qtype.id) and int8(down.qtype.id):
         # one token: its experts' gate, up and GLU, their downs and the weighted sum in one kernel call (one parallel
-        # region), written straight into out; gpt-oss's biases and GLU too
+        # region), written straight into out; gpt-oss's biases and GLU too, gemma4's gate_up stack read in place
         return experts.one_token.ffn(h, ids[0], weights[0], activation, out)
     y = _moe_experts_listed(experts, h, ids, weights, activation)
     if out is None:

@@ -360,7 +360,7 @@ class Engine:
     def generate(self, prompt, max_tokens: int = 512, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
                  stop=(), chat_template: str | None = None, template_vars: dict | None = None,
-                 drop_old_turns: bool = False, cancelled=None, special: bool = False,
+                 drop_old_turns: bool = False, cancelled=None, special: bool = False, shown=(),
                  constraint: Constraint | None = None) -> Iterator:
         """Yield the reply as text pieces, then one GenerationStats. Closing the generator stops it; cancelled()
         returning True stops a long prompt between its chunks (finish_reason "cancelled", no text), where
@@ -368,7 +368,8 @@ class Engine:
         drop_old_turns: messages that do not fit lose their oldest turns (never a system message or the last
         message) until the reply has room for max_tokens or half the context, whichever is less.
         special: control tokens come as their text (<|python_tag|>, harmony's <|channel|>...), for a parser of the
-        chat format's tool calls.
+        chat format's tool calls. shown: texts of the control tokens that come as text all the same (the chat
+        template's reply_markup: Gemma 4's channel markers, which its reply's split reads).
         constraint: the reply follows its grammar (inference/grammar.py), token by token; it then ends with
         finish_reason "stop" once the grammar is complete, or "length" at max_tokens before that (an unfinished
         text, as OpenAI's API returns it). On the GPU such a reply has its own captured step, which applies the
@@ -401,7 +402,8 @@ class Engine:
             tokens = self._decode.tokens(logits, params, seed, ids, max_tokens, guide)
         else:
             tokens = self._host_tokens(logits, params, seed, ids, guide)
-        detok = self.tokenizer.stream(special, at_start=False)  # a reply continues its prompt: " Paris" keeps its space
+        # a reply continues its prompt: " Paris" keeps its space
+        detok = self.tokenizer.stream(special, at_start=False, shown=shown)
         text = StopScanner(stop)
         generated = 0
         finish = "length"

@@ -85,9 +85,11 @@ class ExpertFFN:
     def one_token(self) -> OneTokenExperts:
         """The stacks as the CPU's one-token expert kernels take them, checked on first use (not every decode
         token: ~10 us a call on the 2-core VM) and kept with this FFN. Only for INT8_IDS types."""
+        biases = (self.gate_bias, self.up_bias, self.down_bias) if self.has_biases else None
+        if self.gate_up is not None:  # gate and up are views of it: the kernels read it in place
+            return OneTokenExperts((self.gate_up.data, self.down.data), (self.gate_up.qtype, self.down.qtype), biases)
         return OneTokenExperts((self.gate.data, self.up.data, self.down.data),
-                               (self.gate.qtype, self.up.qtype, self.down.qtype),
-                               (self.gate_bias, self.up_bias, self.down_bias) if self.has_biases else None)
+                               (self.gate.qtype, self.up.qtype, self.down.qtype), biases)
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ BUILTIN_TEMPLATES = {
     ),
 }
 ASCII_SPACE = " \t\n\r\v\f"  # what C's isspace trims in llama.cpp's built-ins
+GEMMA4_CHANNEL = ("<|channel>", "<channel|>")  # Gemma 4's reasoning opens and closes with these control tokens
 
 
 class RenderLimit(Exception):
@@ -183,6 +184,16 @@ class ChatTemplate:
     def speaks_harmony(self) -> bool:
         return speaks_harmony(self.source)
 
+    @property
+    def reply_format(self) -> str:
+        return reply_format(self.source)
+
+    @property
+    def reply_markup(self) -> tuple[str, ...]:
+        """The control tokens a reply's split reads, shown as text (llama.cpp's preserved tokens): Gemma 4's
+        channel markers. gpt-oss's are user-defined tokens, shown anyway."""
+        return GEMMA4_CHANNEL if self.reply_format == "gemma4" else ()
+
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **variables) -> str:
         """messages: [{"role": "system"|"user"|"assistant", "content": str}, ...]. variables: extra names the
         template may use (tools, documents...)."""
@@ -215,6 +226,14 @@ def speaks_harmony(source: str) -> bool:
     """Whether a template's source is gpt-oss's harmony format, whose replies come in channels (analysis,
     commentary, final); llama.cpp tells it so too."""
     return "<|channel|>" in source
+
+
+def reply_format(source: str) -> str:
+    """How a reply marks its reasoning under a template: "harmony" (gpt-oss's channels), "gemma4" (Gemma 4's
+    <|channel>thought ... <channel|>) or "think" (<think> tags, or no reasoning)."""
+    if speaks_harmony(source):
+        return "harmony"
+    return "gemma4" if GEMMA4_CHANNEL[0] in source else "think"
 
 
 def _token_text(metadata: dict, key: str) -> str:

@@ -379,9 +379,11 @@ class Tokenizer:
     def is_eog(self, token_id: int) -> bool:
         return token_id in self.eog_ids
 
-    def stream(self, special: bool = False, at_start: bool = True) -> "StreamDecoder":
-        """at_start=False: the tokens continue a text (a reply after its prompt), so no leading space is dropped."""
-        return StreamDecoder(self, special, at_start)
+    def stream(self, special: bool = False, at_start: bool = True, shown=()) -> "StreamDecoder":
+        """at_start=False: the tokens continue a text (a reply after its prompt), so no leading space is dropped.
+        shown: texts of control tokens that come as their text even without special (llama-server's preserved
+        tokens, such as Gemma 4's channel markers)."""
+        return StreamDecoder(self, special, at_start, shown)
 
 
 def _clean_spaces(text: bytes) -> bytes:
@@ -402,14 +404,15 @@ class StreamDecoder:
     spaces stay as generated.
     """
 
-    def __init__(self, tokenizer: Tokenizer, special: bool = False, at_start: bool = True):
+    def __init__(self, tokenizer: Tokenizer, special: bool = False, at_start: bool = True, shown=()):
         self._tokenizer = tokenizer
         self._special = special
+        self._shown = {tokenizer.vocab[t] for t in shown if t in tokenizer.vocab}
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._first = at_start
 
     def push(self, token_id: int) -> str:
-        piece = self._tokenizer.token_to_piece(token_id, self._special)
+        piece = self._tokenizer.token_to_piece(token_id, self._special or token_id in self._shown)
         if self._first and self._tokenizer.add_space_prefix and piece.startswith(b" "):
             piece = piece[1:]
         self._first = False

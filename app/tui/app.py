@@ -12,7 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.notifications import Notification, Notify
 from textual.widgets import Footer, Header, ProgressBar
 
-from app.reasoning import ReasoningEffortError, effort_vars
+from app.reasoning import ReasoningEffortError, effort_vars, thinking_vars
 from app.store import Chat, ChatStore, Sampling, StreamingReply
 from app.tui import engine_work
 from app.tui.chat_list import ChatList
@@ -54,10 +54,11 @@ class ChatApp(App):
 
     def __init__(self, store: ChatStore, model: str, sampling: Sampling | None = None,
                  system_prompt: str = "", ctx: int | None = None, drop_old_turns: bool = False,
-                 load_options: dict | None = None, reasoning_effort: str | None = None):
+                 load_options: dict | None = None, reasoning_effort: str | None = None, reasoning: str | None = None):
         """model (a path, owner/repo[:QUANT] or a pulled name), sampling and system_prompt: of new chats.
         load_options: more arguments of inference.load for every model (device, gpu_layers, vram_budget).
-        reasoning_effort: low, medium or high, for every model whose template takes one (gpt-oss's)."""
+        reasoning_effort: low, medium or high, for every model whose template takes one (gpt-oss's); reasoning: "on"
+        or "off", for every model whose template has the switch (Gemma 4's, Qwen3's; None: on)."""
         super().__init__()
         self.store = store
         self.new_chat_model = model
@@ -66,8 +67,8 @@ class ChatApp(App):
         self.ctx = ctx
         self.load_options = load_options or {}
         self.drop_old_turns = drop_old_turns  # a chat that outgrows the context loses its oldest turns
-        self.reasoning_effort = reasoning_effort
-        self.template_vars = {}        # what the loaded model's template is given (its reasoning effort)
+        self.reasoning_effort, self.reasoning = reasoning_effort, reasoning
+        self.template_vars = {}        # what the loaded model's template is given (thinking, reasoning effort)
         self.chat: Chat | None = None
         self.engine = None
         self.engine_model = ""         # the model self.engine runs
@@ -199,13 +200,15 @@ class ChatApp(App):
             self.start_generation()
 
     def reasoning_vars(self) -> dict:
-        """The reasoning effort asked for, as the loaded model's template takes it; one that takes none goes
-        without (said once a load)."""
-        try:
-            return effort_vars(self.engine.chat_template, self.reasoning_effort)
-        except ReasoningEffortError as e:
-            self.notify(f"{e}: its replies go without one", title="Model", severity="warning", timeout=10)
-            return {}
+        """Thinking and the reasoning effort asked for, as the loaded model's template takes them; what it cannot
+        take goes without (said once a load)."""
+        out = {}
+        for vars_of, asked in ((thinking_vars, self.reasoning), (effort_vars, self.reasoning_effort)):
+            try:
+                out |= vars_of(self.engine.chat_template, asked)
+            except ReasoningEffortError as e:
+                self.notify(f"{e}: its replies go without it", title="Model", severity="warning", timeout=10)
+        return out
 
     @on(EngineNotice)
     def engine_notice(self, event: EngineNotice) -> None:
@@ -295,7 +298,7 @@ class ChatApp(App):
         self.pieces, self.frame_budget, self.shown_chars = PieceBuffer(), FrameBudget(), 0
         self.frame_timer = self.set_interval(FRAME_SECONDS, self.show_frame)
         template = self.engine.chat_template
-        self.reply_view.harmony = template is not None and template.speaks_harmony
+        self.reply_view.reply_format = template.reply_format if template else "think"
         self.generate(self.engine, engine_work.chat_history(self.chat, messages), self.chat.sampling,
                       self.stop_event, self.pieces)
 

@@ -65,11 +65,12 @@ def chat_history(chat: Chat, messages: list[Message]) -> list[dict]:
 def generate_reply(engine, history: list[dict], sampling: Sampling, stop: threading.Event, pieces: PieceBuffer,
                    post, drop_old_turns: bool = False, template_vars: dict | None = None) -> None:
     """Put the reply's text into `pieces` as it comes, then post how it ended; when `stop` is set, close the
-    generator at the next piece. template_vars: what the chat template is given (reasoning_effort)."""
+    generator at the next piece. template_vars: what the chat template is given (enable_thinking, reasoning_effort)."""
     stats = None
     try:
+        template = engine.chat_template
         reply = engine.generate(history, drop_old_turns=drop_old_turns, template_vars=template_vars,
-                                **asdict(sampling))
+                                shown=template.reply_markup if template else (), **asdict(sampling))
         try:
             for piece in reply:
                 if stop.is_set():

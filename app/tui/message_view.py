@@ -59,7 +59,7 @@ class MessageView(Vertical, can_focus=True):
         self.message = message
         self.author = author
         self._split = None  # the splitter of a streaming reply
-        self.harmony = False  # a streaming reply's template speaks harmony (gpt-oss's channels)
+        self.reply_format = "think"  # how a streaming reply's template marks reasoning (ChatTemplate.reply_format)
         self._tail: Static | None = None  # a streaming reply's unfinished paragraph, as plain text
         self.reasoning, self.answer = split_reply(message.content) if message.role == "assistant" else (
             "", message.content)
@@ -79,7 +79,7 @@ class MessageView(Vertical, can_focus=True):
         onto the end of the Markdown (without re-rendering what is there), the rest under it."""
         self.message.content += text
         if self._split is None:
-            self._split = reply_splitter(self.harmony)
+            self._split = reply_splitter(self.reply_format)
         await self._show(*self._split.feed(text))
 
     async def _show(self, reasoning: str, answer: str) -> None:

@@ -224,8 +224,8 @@ def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, n_workers, own
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def expert_ffn_int8(gate_up_tids, gate_up, down_tid, down, ids, weights, x, act, biases, table, out, f16, n_chunks,
-                    n_workers):
+def expert_ffn_int8(gate_up_tids, gate_up, step, down_tid, down, ids, weights, x, act, biases, table, out, f16,
+                    n_chunks, n_workers):
     """out[0] = the sum over slots s of weights[s] * down(glu(gate x[0], up x[0])) of expert ids[s], one token's
     chosen experts in ONE parallel region: ops.glu of expert_matvecs_int8's gate and up, and expert_matvecs_int8
     (own_row) of the downs on that, bit for bit, summed in slot order. Each gate/up chunk multiplies the same rows of
@@ -242,6 +242,8 @@ def expert_ffn_int8(gate_up_tids, gate_up, down_tid, down, ids, weights, x, act,
     219-254 -> 184-194 us a token's 8 experts (BENCHMARKS.md, session 16).
 
     gate_up_tids, gate_up: the (gate, up) stacks' type ids (INT8_IDS) and uint8 [n_expert, n_ff, row_bytes_m];
+    step: 1, or 2 where gate and up are one stack of both (gemma4's ffn_gate_up_exps) seen as [2 n_expert, n_ff,
+    row_bytes] and given twice: expert e's gate is gate_up[0][step e], its up gate_up[1][step e + step - 1];
     down_tid, down: the same of uint8 [n_expert, n_embd, row_bytes]; ids: int32 [k], weights: float32 [k],
     x: float32 [1, n_embd], table: ops.GELU_TABLE, out: float32 [1, n_embd]."""
     k, n_ff, n_embd = len(ids), gate_up[0].shape[1], down.shape[1]
@@ -265,8 +267,8 @@ def expert_ffn_int8(gate_up_tids, gate_up, down_tid, down, ids, weights, x, act,
         while c < first[2 * k]:
             p, r0, r1 = _chunk(first, rows, c)
             if p < k:
-                _dot_rows(gate_up_tids[0], gate_up[0][ids[p]], r0, r1, xs, 0, 1, gate, p, f16)
-                _dot_rows(gate_up_tids[1], gate_up[1][ids[p]], r0, r1, xs, 0, 1, up, p, f16)
+                _dot_rows(gate_up_tids[0], gate_up[0][step * ids[p]], r0, r1, xs, 0, 1, gate, p, f16)
+                _dot_rows(gate_up_tids[1], gate_up[1][step * ids[p] + step - 1], r0, r1, xs, 0, 1, up, p, f16)
                 if with_bias:
                     for r in range(r0, r1):
                         gate[p, r] += gate_bias[ids[p], r]

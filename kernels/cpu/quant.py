@@ -248,12 +248,24 @@ class OneTokenExperts:
     (expert_ffn_int8).
 
     stacks: gate, up uint8 [n_expert, n_ff, row_bytes_m], down uint8 [n_expert, n_embd, row_bytes] (a GGUF file's
-    stacks: C-contiguous) of INT8_IDS types qtypes; biases: None, or the experts' (gate, up, down) output biases
-    (gpt-oss) [n_expert, n_ff] x 2, [n_expert, n_embd]."""
+    stacks: C-contiguous) of INT8_IDS types qtypes; or gate_up, down with gate_up uint8 [n_expert, 2 n_ff,
+    row_bytes_m], each expert's gate rows then its up rows (gemma4's ffn_gate_up_exps), read in place: seen as
+    [2 n_expert, n_ff, row_bytes_m], expert e's gate is matrix 2e and its up 2e + 1 (no copy, and no view the kernel
+    would be compiled anew for). biases: None, or the experts' (gate, up, down) output biases (gpt-oss) [n_expert,
+    n_ff] x 2, [n_expert, n_embd]."""
 
-    def __init__(self, stacks: tuple[np.ndarray, np.ndarray, np.ndarray], qtypes: tuple[GGMLType, GGMLType, GGMLType],
+    def __init__(self, stacks: tuple[np.ndarray, ...], qtypes: tuple[GGMLType, ...],
                  biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
-        n_expert, self.n_ff, self.n_embd = _check_stacks(stacks[:2], qtypes[:2])
+        self.step = 1  # expert e's gate and up are matrices step e and step e + step - 1 of the gate_up stacks
+        if len(stacks) == 2:
+            gate_up, down = stacks
+            if gate_up.ndim != 3 or gate_up.shape[1] % 2 or not gate_up.flags.c_contiguous:
+                raise ValueError(f"a gate_up stack must be C-contiguous [n_expert, 2 n_ff, row_bytes], got "
+                                 f"{gate_up.shape} strides {gate_up.strides}")
+            halves = gate_up.reshape(2 * gate_up.shape[0], gate_up.shape[1] // 2, gate_up.shape[2])
+            stacks, qtypes, self.step = (halves, halves, down), (qtypes[0], qtypes[0], qtypes[1]), 2
+        n_stacked, self.n_ff, self.n_embd = _check_stacks(stacks[:2], qtypes[:2])
+        n_expert = n_stacked // self.step
         if _check_stacks(stacks[2:], qtypes[2:]) != (n_expert, self.n_embd, self.n_ff):
             raise ValueError(f"the down stack must be {n_expert} experts [{self.n_embd}, {self.n_ff}] as gate and up "
                              f"are [{self.n_ff}, {self.n_embd}], got {qtypes[2].name} {stacks[2].shape}")
@@ -288,8 +300,9 @@ class OneTokenExperts:
             out = np.empty((1, self.n_embd), np.float32)
         elif out.dtype != np.float32 or out.shape != (1, self.n_embd) or not out.flags.c_contiguous:
             raise ValueError(f"out must be C-contiguous float32 [1, {self.n_embd}], got {out.dtype} {out.shape}")
-        expert_ffn_int8(self.gate_up_tids, self.gate_up, self.down_tid, self.down, ids, weights, np.ascontiguousarray(h),
-                        ACTIVATIONS[activation], self.biases, GELU_TABLE, out, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
+        expert_ffn_int8(self.gate_up_tids, self.gate_up, self.step, self.down_tid, self.down, ids, weights,
+                        np.ascontiguousarray(h), ACTIVATIONS[activation], self.biases, GELU_TABLE, out, F16_TO_F32,
+                        MATVEC_CHUNKS, N_WORKERS)
         return out
 
 

@@ -13,6 +13,7 @@ import uvicorn
 from app.cmd_serve import build_app
 from app.server_worker import EngineWorker
 from inference import load
+from tests.models.test_tokenizer import write_vocab_only
 
 
 @contextlib.contextmanager
@@ -33,6 +34,15 @@ def serving(worker, key: str | None):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@contextlib.contextmanager
+def serving_scripted(vocab: Path, path: Path, source: str, engine):
+    """(base URL, engine) of a server on a free port of 127.0.0.1 whose one model is engine (a scripted one); path:
+    a file for the catalog and /api/show, vocab's vocabulary (a real file's) with the template source, no weights."""
+    write_vocab_only(vocab, path, tokenizer__chat_template=source)
+    with serving(EngineWorker(str(path), lambda *a, **k: engine, {}, None, 4), None) as url:
+        yield url, engine
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
-"""An engine that speaks gpt-oss's harmony without a model, for what no test file's weights can do: reply in
-harmony. It has gpt-oss's real template (llama.cpp's, tests/models/templates) and a token a character, keeps every
-prompt it is given, and replies REPLY in 3-character pieces; what `run`, the chat and the server's worker ask of an
-engine."""
+"""An engine that speaks gpt-oss's harmony (or Gemma 4's thought channel) without a model, for what no test file's
+weights can do: reply in it. It has the model's real template (llama.cpp's, tests/models/templates) and a token a
+character, keeps every prompt it is given, and replies REPLY in 3-character pieces; what `run`, the chat and the
+server's worker ask of an engine."""
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,13 +14,15 @@ REPLY = f"<|channel|>analysis<|message|>{REASONING}<|end|><|start|>assistant<|ch
 
 
 class ScriptedEngine:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, template: ChatTemplate | None = None, reply: str = REPLY):
         self.path, self.n_ctx, self.config = path, 4096, SimpleNamespace(n_ctx_train=4096)
         self.placement, self.gpu_share = SimpleNamespace(layers=range(2), n_gpu_layers=0), None
-        self.chat_template = ChatTemplate(TEMPLATE, "<|startoftext|>", "<|return|>")
+        self.chat_template = template or ChatTemplate(TEMPLATE, "<|startoftext|>", "<|return|>")
+        self.reply = reply
         self.tokenizer = SimpleNamespace(encode_prompt=lambda text: [ord(c) for c in text], vocab={})  # no tag a token
         self.prompts = []
         self.constraint = None  # the last reply's
+        self.shown = ()  # the control tokens the last reply showed as text
 
     def summary(self) -> str:
         return "scripted: no layers"
@@ -45,9 +47,10 @@ class ScriptedEngine:
     def generate(self, prompt, max_tokens=512, chat_template=None, template_vars=None, **sampling):
         ids = self.prompt_ids(prompt, chat_template, template_vars)
         self.prompts.append("".join(map(chr, ids)))
-        self.constraint = sampling.get("constraint")
-        yield from (REPLY[i:i + 3] for i in range(0, len(REPLY), 3))
-        yield GenerationStats(len(ids), 0.01, len(REPLY), 0.01, "stop", len(ids) + len(REPLY))
+        self.constraint, self.shown = sampling.get("constraint"), sampling.get("shown", ())
+        reply = self.reply
+        yield from (reply[i:i + 3] for i in range(0, len(reply), 3))
+        yield GenerationStats(len(ids), 0.01, len(reply), 0.01, "stop", len(ids) + len(reply))
 
     def reasoning_line(self) -> str:
         """The line of the last prompt's system message that gives the reasoning effort."""

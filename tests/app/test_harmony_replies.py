@@ -13,10 +13,8 @@ import pytest
 
 import inference
 from app.cli import main
-from app.server_worker import EngineWorker
-from tests.app.in_process_server import serving
+from tests.app.in_process_server import serving_scripted
 from tests.app.scripted_engine import ANSWER, REASONING, TEMPLATE, ScriptedEngine
-from tests.models.test_tokenizer import write_vocab_only
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 
@@ -38,12 +36,9 @@ def test_run_prints_the_final_channel_on_stdout_and_the_analysis_on_stderr(tmp_p
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, smollm2):
     """(base URL, engine) of a server on a free port of 127.0.0.1."""
-    # a file for the catalog and /api/show: SmolLM2's vocab with gpt-oss's template, no weights
-    path = write_vocab_only(smollm2, tmp_path_factory.mktemp("oss") / "gpt-oss-20b-mxfp4.gguf",
-                            tokenizer__chat_template=TEMPLATE)
-    engine = ScriptedEngine(path)
-    with serving(EngineWorker(str(path), lambda *a, **k: engine, {}, None, 4), None) as url:
-        yield url, engine
+    path = tmp_path_factory.mktemp("oss") / "gpt-oss-20b-mxfp4.gguf"
+    with serving_scripted(smollm2, path, TEMPLATE, ScriptedEngine(path)) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import pytest
 from app.harmony_split import HarmonySplitter, split_harmony
 from app.reply_split import reply_splitter, split_reply
 from app.think_split import ThinkSplitter
-from tests.app.test_think_split import every_cut
+from tests.app.test_think_split import every_cut, fed
 
 THOUGHTS, HELLO = "I'm\nthinking", "Hello, world!\nWhat's up?"
 REPLIES = [  # (reply, reasoning, answer)
@@ -42,13 +42,7 @@ REPLIES = [  # (reply, reasoning, answer)
 
 
 def split(pieces: list[str]) -> tuple[str, str]:
-    s = HarmonySplitter()
-    reasoning, answer = [], []
-    for i, piece in enumerate(pieces + [""]):
-        r, a = s.feed(piece, final=i == len(pieces))
-        reasoning.append(r)
-        answer.append(a)
-    return "".join(reasoning), "".join(answer)
+    return fed(HarmonySplitter(), pieces)
 
 
 @pytest.mark.parametrize("reply, reasoning, answer", REPLIES)
@@ -69,8 +63,8 @@ def test_text_is_not_held_back_longer_than_possible_markup():
 
 
 def test_the_split_is_chosen_by_the_template_and_a_stored_reply_by_its_opening():
-    assert isinstance(reply_splitter(harmony=True), HarmonySplitter)
-    assert isinstance(reply_splitter(harmony=False, prompt_opened=True), ThinkSplitter)
+    assert isinstance(reply_splitter("harmony"), HarmonySplitter)
+    assert isinstance(reply_splitter("think", prompt_opened=True), ThinkSplitter)
     assert split_reply(REPLIES[2][0]) == (THOUGHTS, HELLO)
     assert split_reply("<think>\nHm.\n</think>\n\nFour.") == ("Hm.\n", "Four.")
     assert split_reply(" to=the shop") == ("", " to=the shop")  # only a harmony template's reply can open a call

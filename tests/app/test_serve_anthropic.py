@@ -242,7 +242,8 @@ def test_bad_input_is_a_4xx_in_anthropics_error_shape(client, served):
 def test_sampling_reaches_the_engine(client, served):
     client.messages.create(model=MODEL, max_tokens=8, messages=HI,
                            extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 20})  # no longer named by this client
-    assert served[1].sampling == {"temperature": 0.5, "top_p": 0.9, "top_k": 20, "constraint": None}
+    assert served[1].sampling == {"temperature": 0.5, "top_p": 0.9, "top_k": 20, "constraint": None,
+                                  "shown": ()}
 
 
 def test_an_engine_failure_mid_stream_is_an_error_event(client, served):

@@ -22,6 +22,7 @@ from tests.app.test_tool_calls import TEMPLATES, TOOLS
     ("Qwen-Qwen3-0.6B.jinja", True, "</think>", ""),                    # a prompt that ends inside <think>
     ("openai-gpt-oss-120b.jinja", False, HARMONY_FINAL, ""),            # harmony: the final channel
     ("meta-llama-Llama-3.1-8B-Instruct.jinja", False, "", ""),         # no thinking
+    ("../../models/templates/google-gemma-4-31B-it.jinja", False, "<channel|>", "<|channel>"),  # Gemma 4's thought
 ])
 def test_the_grammar_starts_where_the_answer_does(template, thinks, after, think):
     chat = ChatTemplate((TEMPLATES / template).read_text()) if template else None

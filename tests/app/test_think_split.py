@@ -3,7 +3,11 @@ from app.think_split import ThinkSplitter
 
 
 def split(pieces: list[str], prompt_opened: bool = False) -> tuple[str, str]:
-    s = ThinkSplitter(prompt_opened)
+    return fed(ThinkSplitter(prompt_opened), pieces)
+
+
+def fed(s, pieces: list[str]) -> tuple[str, str]:
+    """(reasoning, answer) of pieces fed one by one to the splitter s, then the reply's end."""
     reasoning, answer = [], []
     for i, piece in enumerate(pieces + [""]):
         r, a = s.feed(piece, final=i == len(pieces))

@@ -568,7 +568,7 @@ def test_a_harmony_reply_folds_its_analysis_and_shows_its_final_channel(tmp_path
         app = One()
         async with app.run_test() as pilot:
             view = app.query_one(MessageView)
-            view.harmony = True
+            view.reply_format = "harmony"
             for piece in ["<|chan", "nel|>analysis<|message|>Seventeen has no divisors", " but 1 and itself.<|e",
                           "nd|><|start|>assistant<|channel|>final<|mess", "age|>Yes, 17 ", "is prime."]:
                 await view.append(piece)
@@ -603,7 +603,7 @@ def test_a_reasoning_effort_the_models_template_cannot_take_is_said_and_the_chat
 
     shown, reply = asyncio.run(run())
     assert any(n.startswith("reasoning effort 'high' is not supported by this model") and
-               n.endswith("its replies go without one") for n in shown), shown
+               n.endswith("its replies go without it") for n in shown), shown
     assert reply.state == "done" and reply.content
 
 

@@ -198,6 +198,30 @@ def test_moe_experts_write_out(n_tokens, gate_up, down):
     np.testing.assert_array_equal(buf, want)
 
 
+@pytest.mark.parametrize("gate_up, down", [(T.Q4_K, T.Q8_0), (T.Q8_0, T.Q6_K)])
+def test_a_stacked_gate_up_runs_in_place_in_the_one_token_kernel(gate_up, down, monkeypatch):
+    """gemma4's experts with gate and up in one stack (ffn_gate_up_exps: each expert's gate rows, then its up rows;
+    weights.gemma4_experts makes gate and up views of it) take the one-token kernel as two stacks do, reading the
+    stack in place, and give what the same experts as two contiguous stacks give, bit for bit (the same kernel, dots
+    and chunks). Planted fault, seen once: the kernel reading each expert's gate rows as its up fails every case."""
+    from inference import backend_cpu
+    from inference.weights import QuantExperts
+    two = _random_experts(dict(gate=gate_up, up=gate_up, down=down), seed=4)
+    n, ff, d = two.gate.data.shape[0], two.gate.n_rows, two.gate.n_cols
+    stack = np.concatenate((two.gate.data, two.up.data), axis=1)  # [n, 2 ff, row bytes], as the file holds it
+    stack.flags.writeable = False  # as the file's mmap: a writable stack would compile the kernel anew
+    one = QuantExperts(stack, two.gate.qtype, 2 * ff, d)
+    gate, up = (QuantExperts(stack[:, rows], one.qtype, ff, d) for rows in (slice(0, ff), slice(ff, 2 * ff)))
+    stacked = ExpertFFN(two.router, gate, up, two.down, gate_up=one)
+    h = np.random.default_rng(5).standard_normal((1, d)).astype(np.float32)
+    ids, weights = np.array([[n - 1, 0, 3]], np.int32), np.array([[0.5, 0.3, 0.2]], np.float32)
+    want = backend_cpu.moe_experts(two, h, ids, weights, "silu")
+    monkeypatch.setattr(backend_cpu, "_moe_experts_listed", None)  # the per-expert path: not taken
+    np.testing.assert_array_equal(backend_cpu.moe_experts(stacked, h, ids, weights, "silu"), want)
+    kernel = vars(stacked)["one_token"]
+    assert kernel.step == 2 and all(np.shares_memory(m, stack) for m in kernel.gate_up)  # no copy
+
+
 def test_one_token_experts_are_checked_once_and_dropped_with_their_ffn():
     """moe_experts' one-token branch checks an FFN's stacks on its first call (ExpertFFN.one_token, kept in the
     FFN) and keeps them no longer than the FFN."""

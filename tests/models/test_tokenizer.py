@@ -133,6 +133,18 @@ def test_stream_decoder_holds_partial_utf8_bytes(gemma_tokenizer):
     assert stream.flush() == "\ufffd"
 
 
+def test_shown_control_tokens_come_as_their_text_as_llama_server_shows_preserved_ones(gemma3, gemma_tokenizer):
+    """A chat format's preserved tokens (Gemma 4's channel markers; Gemma 3's <start_of_turn> here) are pieces with
+    special, the other control tokens stay hidden."""
+    tok, oracle = gemma_tokenizer, Oracle(gemma3)
+    shown, hidden = tok.vocab["<start_of_turn>"], tok.vocab["<mask>"]
+    ids = [shown, *tok.encode("model", add_special=False), hidden]
+    stream = tok.stream(at_start=False, shown=("<start_of_turn>", "<not in the vocab>"))
+    pieces = [stream.push(i).encode() for i in ids]
+    assert pieces == [oracle.piece(shown, True), *(oracle.piece(i, False) for i in ids[1:])]
+    assert pieces[0] == b"<start_of_turn>" and pieces[-1] == b""
+
+
 def test_end_of_generation_ids_equal_llama_cpp(model):
     tok, oracle = model
     assert tok.eog_ids == {i for i in range(tok.vocab_size) if oracle.is_eog(i)}
