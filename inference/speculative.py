@@ -38,6 +38,9 @@ VERIFY_TOKEN_COST = 0.15
 # the prior of the acceptance rate (kept / reached drafts): worth RATE_PRIOR_WEIGHT drafts, and older drafts' weight
 # decays by RATE_DECAY a verify step, so the rate follows what the text is doing now
 RATE_PRIOR, RATE_PRIOR_WEIGHT, RATE_DECAY = 0.5, 2.0, 0.9
+# while no draft length pays (plain steps give more tokens per unit of cost), one step in PROBE_EVERY still drafts a
+# token, so that the rate can tell when drafting pays again (the text turns to quoting, the drafts start to agree)
+PROBE_EVERY = 16
 
 
 @dataclass
@@ -137,20 +140,26 @@ def accepted_tokens(logits: np.ndarray, history: list[int], draft: Draft, params
 
 
 class DraftLength:
-    """How many tokens to draft next (1 to k_max): the k with the most tokens per unit of cost, the expected
+    """How many tokens to draft next (0 to k_max): the k with the most tokens per unit of cost, the expected
     tokens of a verify step (1 + a + ... + a^k, at the running acceptance rate a of a draft reached) over its
-    cost (one step, plus VERIFY_TOKEN_COST and the drafter's cost a draft). From counts alone, not timings, so
-    that a seed gives the same reply every time."""
+    cost (one step, plus VERIFY_TOKEN_COST and the drafter's cost a draft); 0 (a plain step) where no k beats a
+    plain step's one token, but for a probe every PROBE_EVERY steps. From counts alone, not timings, so that a
+    seed gives the same reply every time."""
 
     def __init__(self, k_max: int, draft_cost: float):
         self.k_max = k_max
         self.cost = VERIFY_TOKEN_COST + draft_cost
         self.kept, self.reached = RATE_PRIOR * RATE_PRIOR_WEIGHT, RATE_PRIOR_WEIGHT
+        self.plain_steps = 0  # in a row, since the last draft
 
     def __call__(self) -> int:
         a = self.kept / self.reached
         gain = [sum(a ** j for j in range(k + 1)) / (1 + self.cost * k) for k in range(1, self.k_max + 1)]
-        return 1 + int(np.argmax(gain))
+        if max(gain) > 1 or self.plain_steps + 1 == PROBE_EVERY:
+            self.plain_steps = 0
+            return 1 + int(np.argmax(gain))
+        self.plain_steps += 1
+        return 0
 
     def update(self, drafted: int, kept: int) -> None:
         """After a verify step of drafted tokens that kept the first kept: those were reached and kept, and the

@@ -1,3 +1,4 @@
+import functools
 import os
 import subprocess
 import sys
@@ -51,6 +52,14 @@ def smollm2() -> Path:
 def gemma3() -> Path:
     """Gemma 3 270M Q4_K_M, assembled from its PyPI part packages."""
     return Path(os.environ["GGUF_CHAT_TEST_GEMMA3"]) if "GGUF_CHAT_TEST_GEMMA3" in os.environ else gemma3_path()
+
+
+@pytest.fixture(scope="session")
+def gguf_py():
+    """gguf-py's reader (an oracle we did not write) of a file, made once a worker for each path: it takes 10-20 s
+    on Gemma 3's 262144-token vocabulary, which test_gguf and test_info both read."""
+    from gguf import GGUFReader
+    return functools.cache(GGUFReader)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFWriter
+from gguf import GGUFWriter
 
 from tests.inference.parity import oracle as llama_oracle
 from tests.models.malformed.build import corpus
@@ -22,12 +22,12 @@ def info(*args) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("model, arch, template", [("smollm2", "llama", True), ("gemma3", "gemma3", False)])
-def test_json_matches_gguf_py(model, arch, template, request):
+def test_json_matches_gguf_py(model, arch, template, request, gguf_py):
     path = request.getfixturevalue(model)
     done = info(path, "--json")
     assert done.returncode == 0 and done.stderr == ""
     got = json.loads(done.stdout)
-    oracle = GGUFReader(path)
+    oracle = gguf_py(path)
 
     def field(key):
         return oracle.fields[key].contents()

@@ -10,8 +10,8 @@ from inference import load
 from inference.backend_cpu import CPUBackend
 from inference.speculative import SpeculationError, check_draft_vocabulary
 from inference.sampling import SamplingParams, distribution
-from inference.speculative import (Draft, DraftLength, DraftModel, PromptLookup, SpecCounts, Speculation,
-                                   accepted_tokens, speculative_tokens)
+from inference.speculative import (PROBE_EVERY, Draft, DraftLength, DraftModel, PromptLookup, SpecCounts,
+                                   Speculation, accepted_tokens, speculative_tokens)
 from tests.inference.conftest import _write_small
 
 N_TOKENS = 16
@@ -59,16 +59,17 @@ PROMPT = "one two three four five six seven one two three four"
 @pytest.mark.parametrize("name", ["smollm2", "qwen3moe", "qwen35"])
 def test_greedy_reply_is_the_same_with_every_drafter(name, request, smollm2_engine):
     """Replayed drafts all right, a third wrong, all wrong; prompt lookup; a draft model (the model itself: all kept,
-    and for the synthetic files the other synthetic model, same made-up vocabulary: almost nothing kept)."""
+    and for the synthetic files the other synthetic model, same made-up vocabulary: almost nothing kept), each priced
+    as a draft model a twentieth of the model's size: one of its own size never pays, and DraftLength drafts nothing."""
     engine = smollm2_engine if name == "smollm2" else request.getfixturevalue(f"{name}_engine")
     ids = engine.tokenizer.encode(PROMPT)
     plain, _ = reply(engine, ids, n=N_TOKENS + 1)  # the cache then holds all N_TOKENS tokens
     assert len(plain) == N_TOKENS
     drafters = [Replay(ids + plain, 1.0), Replay(ids + plain, 0.67), Replay(ids + plain, 0.0), PromptLookup(),
-                DraftModel(load(engine.path, device="cpu", ctx=256), engine.config.n_vocab, 1.0)]
+                DraftModel(load(engine.path, device="cpu", ctx=256), engine.config.n_vocab, 0.05)]
     if name != "smollm2":
         other = "qwen35" if name == "qwen3moe" else "qwen3moe"
-        drafters.append(DraftModel(request.getfixturevalue(f"{other}_engine"), engine.config.n_vocab, 0.5))
+        drafters.append(DraftModel(request.getfixturevalue(f"{other}_engine"), engine.config.n_vocab, 0.05))
     for drafter in drafters:
         ours, stats = reply(engine, ids, Speculation("test", drafter, 3), n=N_TOKENS + 1)
         assert ours == plain, type(drafter).__name__
@@ -151,13 +152,25 @@ def test_prompt_lookup_proposes_what_followed_the_latest_match():
 
 
 def test_draft_length_follows_the_acceptance_rate():
+    """Drafts that agree: the longest draft. Drafts that never agree: plain steps (0), drafting one token once in
+    PROBE_EVERY steps, until drafts agree again."""
     length = DraftLength(3, 0.0)
     for _ in range(10):
         length.update(3, 3)
     assert length() == 3
-    for _ in range(20):
-        length.update(length(), 0)
-    assert length() == 1
+    ks = []
+    for _ in range(5 * PROBE_EVERY):
+        ks.append(length())
+        if ks[-1]:
+            length.update(ks[-1], 0)
+    tail = ks[-3 * PROBE_EVERY:]
+    probes = [i for i, k in enumerate(tail) if k]
+    assert set(tail) == {0, 1} and np.diff(probes).tolist() == [PROBE_EVERY] * 2
+    for _ in range(3 * PROBE_EVERY):
+        k = length()
+        if k:
+            length.update(k, k)
+    assert length() == 3
 
 
 def test_draft_vocabulary_must_be_the_models(smollm2_engine, qwen35_engine, qwen3moe_engine):

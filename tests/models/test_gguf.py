@@ -22,9 +22,9 @@ def oracle_value(field):
 
 
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
-def test_real_model_equals_gguf_py(model, request):
+def test_real_model_equals_gguf_py(model, request, gguf_py):
     path = request.getfixturevalue(model)
-    oracle = GGUFReader(path)
+    oracle = gguf_py(path)
     with open_gguf(path) as m:
         keys = [k for k in oracle.fields if not k.startswith("GGUF.")]
         assert list(m.metadata) == keys
