@@ -174,12 +174,12 @@ class HostExperts:
 
 def _read_in_place(experts: ExpertFFN, pinned: PinnedPages):
     """(gate, up, down) of a host layer's experts as stacks the decode kernels read where they lie (pinned file
-    pages, over PCIe), or None where they cannot: pages not pinned, a type without such kernels, or a gate/up pair
-    gate_up_glu does not take."""
-    stacks = (experts.gate, experts.up, experts.down)
-    if not all(pinned.holds(m.data) for m in stacks):
+    pages, over PCIe; gemma4's gate and up as views of its ffn_gate_up_exps), or None where they cannot: pages not
+    pinned, a type without such kernels, or a gate/up pair gate_up_glu does not take."""
+    # the stacks as the file holds them: a view's own bytes (nbytes from its first) stop short of its last expert
+    if not all(pinned.holds(m.data) for m in experts.host_stacks):
         return None
-    share = tuple(cuda_moe.experts_in_host_memory(m.data, m.qtype) for m in stacks)
+    share = tuple(cuda_moe.experts_in_host_memory(m.data, m.qtype) for m in (experts.gate, experts.up, experts.down))
     if None in share or share[0].qtype != share[1].qtype or share[0].n_rows % 32:
         return None
     return share

@@ -71,3 +71,14 @@ def repack(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:
     meta[:, :, :front] = blocks[:, :, :front]
     meta[:, :, front:] = blocks[:, :, qtype.block_bytes - back :]
     return out
+
+
+def expert_rows(raw: np.ndarray) -> int | None:
+    """Of raw uint8 [n_expert, n_rows, row_bytes] (an expert stack, or a view of one whose experts have other rows
+    between them: gemma4's gate or up of ffn_gate_up_exps), the rows from one expert's first row to the next's; None
+    where an expert's rows are not back to back or the experts not a whole number of rows apart."""
+    n_expert, n_rows, row_bytes = raw.shape
+    step = raw.strides[0]
+    if raw.dtype != np.uint8 or raw.strides[1:] != (row_bytes, 1) or step % row_bytes or step < n_rows * row_bytes:
+        return None
+    return step // row_bytes

@@ -214,16 +214,20 @@ __device__ __forceinline__ void moe_matvec_q(const uint8_t* w0, const uint8_t* w
 // The same for gate and up at once, and glu: out[p][row] = glu_value(Wg[ids[p]] . x + bg, Wu[ids[p]] . x + bu, act)
 // (the biases bg, bu of the expert's row where gate_bias, up_bias are given), also as q8_1 (oq, ods) for the down
 // projection, in one launch. Block 256: 32 rows of 8 threads, so one warp can quantize the block's 32 outputs;
-// grid (n_rows / 32, pairs). n_rows a multiple of 32.
+// grid (n_rows / 32, pairs). n_rows a multiple of 32. Expert e's rows begin at row e * expert_rows: n_rows for a
+// stack of its own; 2 n_ff for gemma4's gate and up read in place from the file's ffn_gate_up_exps (wu then points
+// n_ff rows past wg), in host memory, whose kernels' types keep no meta apart (META 0): n_total, where a VRAM stack's
+// meta begins, is not read for them.
 template <class T>
 __device__ __forceinline__ void moe_gate_up_glu_q(const uint8_t* wg, const uint8_t* wu, const float* gate_bias,
                                                   const float* up_bias, const int* __restrict__ ids,
                                                   int k, const int8_t* __restrict__ xq, const float2* __restrict__ xds,
                                                   float* __restrict__ out, int8_t* __restrict__ oq,
-                                                  float2* __restrict__ ods, int n_rows, int n_total, int nb, int act) {
+                                                  float2* __restrict__ ods, int n_rows, int expert_rows, int n_total,
+                                                  int nb, int act) {
     __shared__ float gs[32], us[32];
     int pair = blockIdx.y, r = threadIdx.x >> 3, t = threadIdx.x & 7;
-    int row = ids[pair] * n_rows + blockIdx.x * 32 + r;
+    int row = ids[pair] * expert_rows + blockIdx.x * 32 + r;
     size_t x0 = (size_t)(pair / k) * nb * T::QK;
     float g = 0.0f, u = 0.0f;
     size_t bulk = (size_t)row * nb * T::BULK, meta = (size_t)n_total * nb * T::BULK + (size_t)row * nb * T::META;
@@ -310,10 +314,10 @@ __device__ __forceinline__ void moe_down_q(const uint8_t* w, const float* bias, 
         moe_gate_up_glu_##SUFFIX(const uint8_t* wg, const uint8_t* wu, const float* gate_bias,                \
                                  const float* up_bias, const int* ids, int k, const int8_t* xq,               \
                                  const float2* xds, float* out, int8_t* oq, float2* ods, int n_rows,          \
-                                 int n_total, int nb, int act) {                                              \
+                                 int expert_rows, int n_total, int nb, int act) {                             \
         wait_prior();                                                                                         \
-        moe_gate_up_glu_q<T>(wg, wu, gate_bias, up_bias, ids, k, xq, xds, out, oq, ods, n_rows, n_total, nb,  \
-                             act);                                                                            \
+        moe_gate_up_glu_q<T>(wg, wu, gate_bias, up_bias, ids, k, xq, xds, out, oq, ods, n_rows, expert_rows,  \
+                             n_total, nb, act);                                                               \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         moe_down_##SUFFIX(const uint8_t* w, const float* bias, const int* ids, const float* weights, int k,   \

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import cupy as cp
 import numpy as np
 
-from kernels.cuda.layout import ELEMS_PER_ITEM
+from kernels.cuda.layout import ELEMS_PER_ITEM, expert_rows
 from kernels.cuda.module import Kernel, kernel
 from kernels.cuda.ops import GLU_ACTIVATIONS, NULL
 from kernels.cuda.quant import (FLOAT_TYPES, THREADS, DeviceWeight, Q8Vector, default_threads_per_row, matrix_shape,
@@ -25,14 +25,21 @@ MAX_USED = 32  # moe_route keeps one choice a lane of a warp
 class DeviceExperts:
     """n_expert matrices [n_rows, n_cols] in VRAM as one weight of n_expert * n_rows rows (expert e's rows are
     e * n_rows ..), in cuda_layout's layout: the matvecs index it by expert, the prompt path dequantizes runs of
-    experts at once."""
+    experts at once. In host memory (in_host) gap_rows other rows may lie between one expert's rows and the next's:
+    expert e's rows are then e * expert_rows ..; only gate_up_glu reads such a stack."""
     weight: DeviceWeight
     n_expert: int
     in_host: bool = False  # the file's bytes in pinned host memory, read in place (experts_in_host_memory)
+    gap_rows: int = 0  # gemma4's gate or up read in place from ffn_gate_up_exps: the other's n_ff rows
 
     @property
     def n_rows(self) -> int:
         return self.weight.n_rows // self.n_expert
+
+    @property
+    def expert_rows(self) -> int:
+        """Rows from one expert's first row to the next's."""
+        return self.n_rows + self.gap_rows
 
     @property
     def n_cols(self) -> int:
@@ -56,14 +63,19 @@ HOST_KERNELS = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k_file", "MXFP4": "m
 def experts_in_host_memory(raw: np.ndarray, qtype: GGMLType) -> DeviceExperts | None:
     """raw uint8 [n_expert, n_rows, row_bytes] in registered (pinned) host memory -> a stack the decode kernels
     read in place over PCIe (unified addressing: the host address is the device's), or None for a type without
-    such kernels. Takes no VRAM; raw must stay registered while it is used."""
-    if qtype.name not in HOST_KERNELS or not raw.flags.c_contiguous:
+    such kernels or a layout they do not read. raw may be a view of a stacked tensor with other rows between its
+    experts (gemma4's gate or up of ffn_gate_up_exps), each expert's rows back to back (layout.expert_rows). Takes
+    no VRAM; raw must stay registered while it is used."""
+    step = expert_rows(raw)
+    if qtype.name not in HOST_KERNELS or step is None:
         return None
-    flat = raw.reshape(-1, raw.shape[2])
-    n_rows, n_cols = matrix_shape(flat, qtype)
-    memory = cp.cuda.UnownedMemory(flat.ctypes.data, flat.nbytes, flat)  # holds flat, so its mapping
-    data = cp.ndarray((flat.nbytes,), cp.uint8, cp.cuda.MemoryPointer(memory, 0))
-    return DeviceExperts(DeviceWeight(data, qtype, n_rows, n_cols), raw.shape[0], in_host=True)
+    n_expert, n_rows, row_bytes = raw.shape
+    _, n_cols = matrix_shape(raw[0], qtype)
+    span = (n_expert - 1) * step * row_bytes + n_rows * row_bytes  # raw's first byte to its last
+    memory = cp.cuda.UnownedMemory(raw.ctypes.data, span, raw)  # holds raw, so its mapping
+    data = cp.ndarray((span,), cp.uint8, cp.cuda.MemoryPointer(memory, 0))
+    return DeviceExperts(DeviceWeight(data, qtype, n_expert * n_rows, n_cols), n_expert, in_host=True,
+                         gap_rows=step - n_rows)
 
 
 def experts_to_device(raw: np.ndarray, qtype: GGMLType) -> DeviceExperts:
@@ -151,9 +163,9 @@ def gate_up(ws: tuple[DeviceExperts, ...], ids: cp.ndarray, xq: Q8Vector, out: c
     w = ws[0]
     n_tok, k = ids.shape
     biases = biases or (None,) * len(ws)
-    if len(ws) not in (1, 2) or any((v.qtype, v.n_rows, v.n_cols) != (w.qtype, w.n_rows, w.n_cols) for v in ws) \
-            or len(biases) != len(ws):
-        raise ValueError("gate_up: one or two expert stacks of one type and shape, a bias (or None) each")
+    if len(ws) not in (1, 2) or any((v.qtype, v.n_rows, v.n_cols) != (w.qtype, w.n_rows, w.n_cols) or v.gap_rows
+                                    for v in ws) or len(biases) != len(ws):
+        raise ValueError("gate_up: one or two expert stacks of one type and shape, no gap_rows, a bias (or None) each")
     if xq.qs.size != n_tok * w.n_cols or out.shape != (len(ws), n_tok * k, w.n_rows) or out.dtype != cp.float32:
         raise ValueError(f"gate_up: xq of {n_tok} x {w.n_cols}, out float32 [{len(ws)}, {n_tok * k}, {w.n_rows}]")
     for b in biases:
@@ -169,13 +181,15 @@ def gate_up(ws: tuple[DeviceExperts, ...], ids: cp.ndarray, xq: Q8Vector, out: c
 def gate_up_glu(gate: DeviceExperts, up: DeviceExperts, ids: cp.ndarray, xq: Q8Vector, out: cp.ndarray,
                 out_q: Q8Vector, activation: str, biases: tuple | None = None, stream=None) -> None:
     """out[p] = activation(gate[ids[p]] . x[p // k]) * (up[ids[p]] . x[p // k]) (ops.glu's activations), and out
-    quantized into out_q, in one launch: the gate, up and glu of the chosen experts. Stacks of one type and shape,
-    n_rows a multiple of 32. ids int32 [n_tok, k]; xq: q8_1 of x [n_tok, n_cols]; out float32 [n_tok * k, n_rows].
+    quantized into out_q, in one launch: the gate, up and glu of the chosen experts. Stacks of one type, shape and
+    expert_rows (gemma4's gate and up read in place from one stack), n_rows a multiple of 32. ids int32 [n_tok, k];
+    xq: q8_1 of x [n_tok, n_cols]; out float32 [n_tok * k, n_rows].
     biases (gate_bias, up_bias), each None or float32 [n_expert, n_rows]: added to the expert's gate and up rows
     before the glu (gpt-oss)."""
     n_tok, k = ids.shape
-    if (gate.qtype, gate.n_rows, gate.n_cols) != (up.qtype, up.n_rows, up.n_cols) or gate.n_rows % 32:
-        raise ValueError("gate_up_glu: gate and up stacks of one type and shape, rows a multiple of 32")
+    if (gate.qtype, gate.n_rows, gate.n_cols, gate.expert_rows) != (up.qtype, up.n_rows, up.n_cols, up.expert_rows) \
+            or gate.n_rows % 32:
+        raise ValueError("gate_up_glu: gate and up stacks of one type, shape and expert_rows, rows a multiple of 32")
     if xq.qs.size != n_tok * gate.n_cols or out.shape != (n_tok * k, gate.n_rows) or out_q.qs.size != out.size:
         raise ValueError(f"gate_up_glu: xq of {n_tok} x {gate.n_cols}, out and out_q of {n_tok * k} x {gate.n_rows}")
     gate_bias, up_bias = biases or (None, None)
@@ -183,8 +197,8 @@ def gate_up_glu(gate: DeviceExperts, up: DeviceExperts, ids: cp.ndarray, xq: Q8V
         _check_bias("gate_up_glu: a bias", b, (gate.n_expert, gate.n_rows))
     args = (gate.weight.data, up.weight.data, _ptr(gate_bias), _ptr(up_bias), ids, np.int32(k), xq.qs, xq.ds, out,
             out_q.qs, out_q.ds,
-            np.int32(gate.n_rows), np.int32(gate.weight.n_rows), np.int32(gate.n_cols // gate.qtype.block_elems),
-            np.int32(GLU_ACTIVATIONS[activation]))
+            np.int32(gate.n_rows), np.int32(gate.expert_rows), np.int32(gate.weight.n_rows),
+            np.int32(gate.n_cols // gate.qtype.block_elems), np.int32(GLU_ACTIVATIONS[activation]))
     with stream or cp.cuda.get_current_stream():
         kernel("matvec.cu", "moe_gate_up_glu_" + gate.kernels)((gate.n_rows // 32, n_tok * k), (256,), args)
 
@@ -197,8 +211,8 @@ def down(w: DeviceExperts, ids: cp.ndarray, weights: cp.ndarray, xq: Q8Vector, o
     ids int32 and weights float32 [n_tok, k]; xq: q8_1 of x [n_tok * k, n_cols]; out, residual float32
     [n_tok, n_rows]."""
     n_tok, k = ids.shape
-    if xq.qs.size != n_tok * k * w.n_cols or weights.shape != (n_tok, k):
-        raise ValueError(f"down: xq of {n_tok * k} x {w.n_cols}, weights [{n_tok}, {k}]")
+    if xq.qs.size != n_tok * k * w.n_cols or weights.shape != (n_tok, k) or w.gap_rows:
+        raise ValueError(f"down: xq of {n_tok * k} x {w.n_cols}, weights [{n_tok}, {k}], a stack without gap_rows")
     for name, a in (("out", out), ("residual", residual)):
         if a.dtype != cp.float32 or a.shape != (n_tok, w.n_rows) or not a.flags.c_contiguous:
             raise ValueError(f"down: {name} must be contiguous float32 ({n_tok}, {w.n_rows}), got {a.dtype} {a.shape}")
@@ -257,8 +271,8 @@ def grouped_supported(gate: DeviceExperts, up: DeviceExperts, down: DeviceExpert
 
 
 def _check_grouped(name: str, w: DeviceExperts, x16: cp.ndarray, n_pairs: int, out: cp.ndarray, dtype) -> None:
-    if w.qtype.name in FLOAT_TYPES or w.n_cols % MM_COLS_STEP or w.n_rows % 2:
-        raise ValueError(f"{name}: a quantized stack with a multiple of {MM_COLS_STEP} columns and even rows")
+    if w.qtype.name in FLOAT_TYPES or w.n_cols % MM_COLS_STEP or w.n_rows % 2 or w.gap_rows:
+        raise ValueError(f"{name}: a quantized stack with a multiple of {MM_COLS_STEP} columns, even rows, no gap_rows")
     if x16.dtype != cp.float16 or x16.ndim != 2 or x16.shape[1] != w.n_cols or not x16.flags.c_contiguous:
         raise ValueError(f"{name}: x16 must be contiguous float16 [*, {w.n_cols}]")
     if out.dtype != dtype or out.shape != (n_pairs, w.n_rows) or not out.flags.c_contiguous:

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels.cuda.layout import ELEMS_PER_ITEM, META_SPLIT, bulk_meta_bytes, repack
+from kernels.cuda.layout import ELEMS_PER_ITEM, META_SPLIT, bulk_meta_bytes, expert_rows, repack
 from models.ggml_types import TYPES_BY_NAME
 
 KERNEL_DIR = Path(__file__).parents[2] / "kernels" / "cuda"
@@ -67,3 +67,24 @@ def test_iq_tables_hold_the_grids(monkeypatch):
     wrong[5, 2] += 2
     monkeypatch.setattr(iq_tables, "GRIDS", dict(GRIDS, IQ3_S=wrong))
     assert iq_tables.render() != text
+
+
+def test_expert_rows_of_stacks_and_of_a_stacked_gate_up():
+    """A stack's experts lie n_rows apart; gemma4's gate and up, views of ffn_gate_up_exps [n_expert, 2 n_ff,
+    row_bytes] (inference/weights.py), 2 n_ff apart: row r of expert e lies (e * expert_rows + r) rows past the view's
+    first byte, as moe_gate_up_glu reads it. Views whose rows are not back to back, or not whole rows apart, are
+    refused."""
+    n_expert, ff, row_bytes = 5, 6, 144
+    stacked = np.random.default_rng(0).integers(0, 256, (n_expert, 2 * ff, row_bytes), dtype=np.uint8)
+    assert expert_rows(stacked) == 2 * ff and expert_rows(np.ascontiguousarray(stacked[:, :ff])) == ff
+    for first, view in ((0, stacked[:, :ff]), (ff, stacked[:, ff:])):
+        assert expert_rows(view) == 2 * ff
+        flat = stacked.reshape(-1)
+        base = view.ctypes.data - stacked.ctypes.data
+        for e, r in ((0, 0), (2, 5), (n_expert - 1, ff - 1)):
+            at = base + (e * expert_rows(view) + r) * row_bytes
+            assert np.array_equal(flat[at:at + row_bytes], stacked[e, first + r])
+    wider = np.lib.stride_tricks.as_strided(stacked.reshape(-1), (n_expert - 1, ff, row_bytes),
+                                            (2 * ff * row_bytes + 16, row_bytes, 1))
+    for refused in (stacked[:, ::2], stacked[:, :, :72], stacked[::-1], wider, stacked.view(np.int8)):
+        assert expert_rows(refused) is None
