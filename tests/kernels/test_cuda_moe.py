@@ -192,6 +192,55 @@ def test_stacks_read_in_place_from_host_memory_match_vram(cuda, name):
     assert _rel_err(ffn(*host[:2], shifted)[1] - cp.asnumpy(residual), out_v - cp.asnumpy(residual)) > 0.1
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "MXFP4"])
+def test_gate_and_up_read_in_place_from_one_stacked_tensor(cuda, name):
+    """gemma4's gate and up as views of its one stack ffn_gate_up_exps [n_expert, 2 f, row_bytes] (each expert's f
+    gate rows, then its f up rows; inference/weights.py) in pinned host memory, read in place by gate_up_glu
+    (experts_in_host_memory: gap_rows f, so moe_gate_up_glu_* step 2 f rows from one expert to the next, and up's
+    pointer lies f rows past gate's): bit for bit what the same kernel gives on gate and up copied out into pinned
+    stacks of their own (the same bytes and kernel; only where an expert's rows begin differs). The chosen experts
+    include the first and the last (the views' span ends at the last expert's last up row), two tokens.
+    The same views read without the gap (gap_rows 0: the stride the kernels took before) give a clearly different
+    result, so the comparison can fail. Planted in reasoning, not run (no GPU where this was written): up's view one
+    row late (stacked[:, f + 1:], or the kernel's wu one row on) makes every up row the next row's, independent
+    random bytes: the bit comparison fails at once; the kernel stepping n_rows instead of expert_rows is the gap_rows
+    0 case above."""
+    import dataclasses
+
+    import cupyx
+    cp, cq, moe = cuda
+    n_expert, k, d, f = 8, 4, 512, 256
+    raw, qtype = _stack(name, n_expert, 2 * f, d, 11)
+    stacked = cupyx.empty_pinned(raw.shape, np.uint8)
+    stacked[:] = raw
+    gate, up = (moe.experts_in_host_memory(stacked[:, rows], qtype) for rows in (slice(0, f), slice(f, 2 * f)))
+    assert (gate.gap_rows, gate.expert_rows, gate.n_rows, gate.n_expert) == (f, 2 * f, f, n_expert)
+    assert up.weight.data.data.ptr - gate.weight.data.data.ptr == f * raw.shape[2]
+    assert gate.weight.data.data.ptr == stacked.ctypes.data and gate.weight.data.nbytes == raw.nbytes - f * raw.shape[2]
+
+    def own_stack(rows):
+        pinned = cupyx.empty_pinned((n_expert, f, raw.shape[2]), np.uint8)
+        pinned[:] = raw[:, rows]
+        return moe.experts_in_host_memory(pinned, qtype)
+
+    apart = own_stack(slice(0, f)), own_stack(slice(f, 2 * f))
+    assert apart[0].gap_rows == 0
+    ids = cp.asarray([[n_expert - 1, 0, 5, 2], [3, n_expert - 1, 1, 6]], dtype=cp.int32)
+    xq, _ = _q8(cp, cq, np.random.default_rng(1).standard_normal((2, d)).astype(np.float32))
+
+    def glu(g, u):
+        act, act_q = cp.full((2 * k, f), cp.nan, cp.float32), cq.Q8Vector.empty(2 * k * f)
+        moe.gate_up_glu(g, u, ids, xq, act, act_q, "gelu")
+        return cp.asnumpy(act), cp.asnumpy(act_q.qs), cp.asnumpy(act_q.ds)
+
+    in_place, copied = glu(gate, up), glu(*apart)
+    assert np.isfinite(in_place[0]).all() and np.abs(in_place[0]).max() > 0
+    for a, b in zip(in_place, copied):
+        np.testing.assert_array_equal(a, b)
+    no_gap = glu(*(dataclasses.replace(w, gap_rows=0) for w in (gate, up)))[0]
+    assert _rel_err(no_gap[k:], copied[0][k:]) > 0.5  # the second token: no slot of expert 0
+
+
 @pytest.mark.parametrize("n_expert, k, n_embd, biased", [(128, 8, 2048, False), (60, 4, 4096, False), (8, 2, 1024, False),
                                                          (32, 4, 2880, True)])
 def test_norm_router_route_is_the_norm_then_router_then_route(cuda, n_expert, k, n_embd, biased):
