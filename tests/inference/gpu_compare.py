@@ -99,6 +99,23 @@ def assert_decode_close(engine, other, ids: list[int], n: int, min_agree: int, w
         assert_close_logits(logits[:agree - 1], other_logits[:agree - 1], what)
 
 
+def host_experts_ffn(engine, layer: int, x: np.ndarray, in_place: bool) -> np.ndarray:
+    """What layer's experts add to x (float32 [1, n_embd]) through the engine's backend as a decode step runs them
+    with its experts on the host (the router on the GPU, the experts on the cores), with (in_place) or without the
+    GPU's share of the chosen ones. gemma4's: its routed experts alone, which run beside its dense FFN (be.moe)."""
+    import cupy as cp
+    be, lw, k = engine._be, engine._weights.layers[layer], engine.config.n_expert_used
+    saved = be.host_experts.in_place
+    be.host_experts.in_place = saved if in_place else {}
+    try:
+        be.begin_step()
+        if lw.ffn_gate is not None:
+            return be.to_host(be.moe(cp.asarray(x), lw.experts, lw.pre_ffw_norm_2, k))
+        return be.to_host(be.add_moe(cp.asarray(x), lw.experts, lw.ffn_norm, k)) - x
+    finally:
+        be.host_experts.in_place = saved
+
+
 def assert_graph_replay_equals_eager(graph, eager) -> None:
     """Engines of one model with and without the CUDA graph: the same 40 greedy tokens and bit-equal logits."""
     ids = random_prompt(graph, 12)

@@ -10,7 +10,8 @@ import pytest
 from inference.placement import DEFAULT_GPU_SHARE, RUNTIME_RESERVE_BYTES, GiB, MiB, VramBudgetError, split
 from models.gguf import open_gguf
 from tests.inference.gpu_compare import (assert_close_logits, assert_decode_close, assert_graph_replay_equals_eager,
-                                         greedy_steps, random_prompt, reference_logits, teacher_prompt)
+                                         greedy_steps, host_experts_ffn, random_prompt, reference_logits,
+                                         teacher_prompt)
 
 pytestmark = pytest.mark.gpu
 
@@ -282,21 +283,6 @@ def test_layers_on_the_cpu_and_experts_on_the_host(synth_qwen3moe):
 
 # ---- the GPU's share of a token's host experts, read in place from the file's pinned pages
 
-def _host_moe(engine, layer: int, x, in_place: bool):
-    """x + layer's experts on x (float32 [1, n_embd]) through the engine's backend as a decode step runs them (the
-    router on the GPU, the experts on the host), with (in_place) or without the GPU's share of the chosen ones."""
-    import cupy as cp
-    be, lw = engine._be, engine._weights.layers[layer]
-    saved = be.host_experts.in_place
-    be.host_experts.in_place = saved if in_place else {}
-    try:
-        be.begin_step()
-        out = be.add_moe(cp.asarray(x), lw.experts, lw.ffn_norm, engine.config.n_expert_used)
-        return be.to_host(out)
-    finally:
-        be.host_experts.in_place = saved
-
-
 def test_gpu_share_of_host_experts_adds_what_the_cores_would(synth_qwen3moe_k, monkeypatch):
     """A one-token FFN of host experts with the GPU running the last gpu_slots of the chosen experts
     from the pinned file pages (Q4_K down in layer 0, Q6_K in layer 1) equals the cores running all of them (the
@@ -318,7 +304,7 @@ def test_gpu_share_of_host_experts_adds_what_the_cores_would(synth_qwen3moe_k, m
     rng = np.random.default_rng(0)
     for i in range(len(layers)):
         xs = rng.standard_normal((2, 1, engine.config.n_embd)).astype(np.float32)
-        ffn = [[_host_moe(engine, i, x, in_place) - x for in_place in (True, False)] for x in xs]
+        ffn = [[host_experts_ffn(engine, i, x, in_place) for in_place in (True, False)] for x in xs]
         for shared, cores in ffn:
             assert np.corrcoef(shared.ravel(), cores.ravel())[0, 1] > 0.999, i
         assert np.corrcoef(ffn[0][0].ravel(), ffn[1][0].ravel())[0, 1] < 0.5, i
