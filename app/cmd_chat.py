@@ -3,6 +3,7 @@
 
 from app.cmd_run import add_reasoning_args
 from app.device_args import add_device_args, load_options
+from app.warm_up import add_no_warmup_arg
 
 
 def register(sub) -> None:
@@ -15,6 +16,7 @@ def register(sub) -> None:
     p.add_argument("--ctx", type=int, help="context size in tokens (default: what fits, up to the model's)")
     add_reasoning_args(p)
     add_device_args(p)
+    add_no_warmup_arg(p)
     p.add_argument("--drop-old-turns", action="store_true",
                    help="when a chat outgrows the context, leave out its oldest turns instead of stopping")
     p.set_defaults(func=run)
@@ -40,7 +42,7 @@ def run(args) -> int:
     try:
         sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
         ChatApp(store, model, sampling, args.system, args.ctx, args.drop_old_turns, options,
-                args.reasoning_effort, args.reasoning).run()
+                args.reasoning_effort, args.reasoning, warm_up=not args.no_warmup).run()
     finally:
         store.close()
     return 0

@@ -14,7 +14,7 @@ SHORT_PROMPT = "Hi, how are you today?"
 
 
 def add_no_warmup_arg(p) -> None:
-    """The flag run and serve share (llama.cpp's name for it)."""
+    """The flag run, serve and chat share (llama.cpp's name for it)."""
     p.add_argument("--no-warmup", action="store_true",
                    help="start without the warm-up run: sooner, and the first reply pays what it skipped (on a first "
                    "start, compiling the kernels)")

@@ -17,25 +17,27 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
 
 import pytest  # noqa: E402  (after the thread counts)
 
-# The heaviest test files, in CPU seconds of a clean-clone run (session 21's profile: the workers' and their child
-# processes' time). The README's two workers take a file at a time in collection order (pytest-xdist's loadfile,
-# told not to reorder by test counts: pyproject's --no-loadscope-reorder), so these go first, heaviest first, and the
-# many small files fill in behind them: by test count, files of few long tests (test_run, test_parity) came last and
-# one worker ran alone for the last ~2 minutes. test_serve and test_run both wait for cli_kernels_cached: test_serve
-# compiles them while the other worker runs test_cpu_quant.
-HEAVIEST_FIRST = {name: cost for cost, name in (
-    (224, "tests/app/test_serve.py"), (204, "tests/kernels/test_cpu_quant.py"), (132, "tests/app/test_tui.py"),
-    (116, "tests/kernels/test_cuda_compile.py"), (109, "tests/app/test_run.py"), (86, "tests/inference/test_moe.py"),
-    (82, "tests/inference/test_parity.py"), (51, "tests/models/test_tokenizer.py"), (48, "tests/app/test_info.py"),
-    (48, "tests/app/test_serve_json.py"), (46, "tests/kernels/test_cpu_regions.py"),
-    (42, "tests/inference/test_engine.py"), (38, "tests/inference/test_qwen35.py"), (35, "tests/models/test_gguf.py"),
-    (34, "tests/inference/test_gemma4.py"))}
+# The files that go first, in this order; the rest follow as collected. The README's two workers take files in
+# collection order (pytest-xdist's loadfile, told not to reorder them: pyproject's --no-loadscope-reorder), two each
+# to start: test_serve and test_tui to the first, test_tokenizer and test_cuda_compile to the second, which then takes
+# the next ones as it finishes. test_serve begins by compiling the CLI's numba kernels (cli_kernels_cached, ~100
+# CPU-s), so the second worker first runs files that compile none (~110 CPU-s of them): test_cpu_quant after them
+# loads those kernels from numba's cache, where it had compiled them a second time at the same moment. Then the
+# heavy files, heaviest first (CPU-s of session 23's profile), so that no worker is left alone with a long one.
+FIRST = ["tests/app/test_serve.py", "tests/models/test_tokenizer.py", "tests/app/test_tui.py",
+         "tests/kernels/test_cuda_compile.py", "tests/models/test_gguf_fuzz.py", "tests/models/test_dequant.py",
+         "tests/models/test_chat_template.py", "tests/kernels/test_cpu_quant.py", "tests/inference/test_parity.py",
+         "tests/app/test_run.py", "tests/app/test_info.py", "tests/inference/test_engine.py",
+         "tests/app/test_serve_json.py", "tests/inference/test_moe.py", "tests/app/test_tui_snapshots.py",
+         "tests/inference/test_qwen35.py", "tests/inference/test_gemma4.py"]
 
 
 def pytest_collection_modifyitems(config, items):
-    """HEAVIEST_FIRST's files first, heaviest first; the rest after them as collected (a stable sort)."""
+    """FIRST's files first, in its order; the rest after them as collected (a stable sort)."""
     root = Path(__file__).resolve().parents[1]
-    items.sort(key=lambda item: -HEAVIEST_FIRST.get(item.path.relative_to(root).as_posix(), 0))
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(FIRST)))
+
 
 from models.packaged import gemma3_path, smollm2_path  # noqa: E402
 

@@ -54,11 +54,13 @@ class ChatApp(App):
 
     def __init__(self, store: ChatStore, model: str, sampling: Sampling | None = None,
                  system_prompt: str = "", ctx: int | None = None, drop_old_turns: bool = False,
-                 load_options: dict | None = None, reasoning_effort: str | None = None, reasoning: str | None = None):
+                 load_options: dict | None = None, reasoning_effort: str | None = None, reasoning: str | None = None,
+                 warm_up: bool = True):
         """model (a path, owner/repo[:QUANT] or a pulled name), sampling and system_prompt: of new chats.
         load_options: more arguments of inference.load for every model (device, gpu_layers, vram_budget).
         reasoning_effort: low, medium or high, for every model whose template takes one (gpt-oss's); reasoning: "on"
-        or "off", for every model whose template has the switch (Gemma 4's, Qwen3's; None: on)."""
+        or "off", for every model whose template has the switch (Gemma 4's, Qwen3's; None: on). warm_up: each model
+        loaded is warmed up before its first reply (--no-warmup: not)."""
         super().__init__()
         self.store = store
         self.new_chat_model = model
@@ -66,6 +68,7 @@ class ChatApp(App):
         self.new_chat_system_prompt = system_prompt
         self.ctx = ctx
         self.load_options = load_options or {}
+        self.warm_up = warm_up
         self.drop_old_turns = drop_old_turns  # a chat that outgrows the context loses its oldest turns
         self.reasoning_effort, self.reasoning = reasoning_effort, reasoning
         self.template_vars = {}        # what the loaded model's template is given (thinking, reasoning effort)
@@ -173,7 +176,7 @@ class ChatApp(App):
     @work(exclusive=True, group="load")
     async def load_model(self, model: str) -> None:
         await asyncio.get_running_loop().run_in_executor(self.engine_thread, engine_work.load_model, model, self.ctx,
-                                                         self.post_message, self.load_options)
+                                                         self.post_message, self.load_options, self.warm_up)
 
     @on(ModelProgress)
     def model_progress(self, event: ModelProgress) -> None:

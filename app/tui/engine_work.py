@@ -25,8 +25,8 @@ def error_text(e: Exception) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def load_model(model: str, ctx: int | None, post, options: dict | None = None) -> None:
-    """options: more arguments of inference.load (device, gpu_layers, vram_budget)."""
+def load_model(model: str, ctx: int | None, post, options: dict | None = None, warm: bool = True) -> None:
+    """options: more arguments of inference.load (device, gpu_layers, vram_budget); warm: warm the model up."""
     from inference import load  # heavy: numba, and CuPy when there is a GPU
 
     gc.unfreeze()  # the model loaded before (frozen below), dropped by the app, can be collected again
@@ -38,7 +38,8 @@ def load_model(model: str, ctx: int | None, post, options: dict | None = None) -
     try:
         engine = load(model, ctx=ctx, progress=progress, notify=lambda text: post(EngineNotice(text)),
                       **(options or {}))
-        warm_up(engine, lambda text: post(EngineNotice(text)))  # the first reply at full speed
+        if warm:
+            warm_up(engine, lambda text: post(EngineNotice(text)))  # the first reply at full speed
     except Exception as e:  # noqa: BLE001 - any failure is shown, never a crash
         post(ModelFailed(model, error_text(e)))
         return

@@ -24,8 +24,10 @@ SIZE = (100, 36)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_app(store, model, max_tokens=16, ctx=512) -> ChatApp:
-    return ChatApp(store, str(model), Sampling(temperature=0.0, max_tokens=max_tokens), SYSTEM, ctx)
+def make_app(store, model, max_tokens=16, ctx=512, warm_up=False) -> ChatApp:
+    """A chat app on model, not warmed up unless asked (chat --no-warmup): the warm-up changes no reply (test_run),
+    and ~1.5 CPU-s a start over this file's apps was ~20 s of CI's 2-core machine."""
+    return ChatApp(store, str(model), Sampling(temperature=0.0, max_tokens=max_tokens), SYSTEM, ctx, warm_up=warm_up)
 
 
 async def wait_for(pilot, condition, timeout=120.0) -> None:
@@ -116,12 +118,12 @@ def test_the_load_and_every_reply_run_on_one_engine_thread(store, smollm2, monke
     threads = []
     load, generate = engine_work.load_model, engine_work.generate_reply
 
-    def lingering_load(model, ctx, post, options):
+    def lingering_load(model, ctx, post, options, warm):
         threads.append(("load", threading.get_ident()))
         post(EngineNotice(NOTICE))  # as warm_up says it on a first start
         post(EngineNotice(NOTICE))  # and again: the real warm-up below says it too where it is slow
         time.sleep(2.5)
-        load(model, ctx, post, options)
+        load(model, ctx, post, options, warm)
         time.sleep(0.5)
 
     def recorded_generate(*args, **kwargs):
@@ -132,7 +134,7 @@ def test_the_load_and_every_reply_run_on_one_engine_thread(store, smollm2, monke
     monkeypatch.setattr(engine_work, "generate_reply", recorded_generate)
 
     async def run():
-        app = make_app(store, smollm2, max_tokens=4)
+        app = make_app(store, smollm2, max_tokens=4, warm_up=True)
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: app.loading_model)
             await send(pilot, "Hi")  # while the model loads

@@ -45,7 +45,8 @@ def filled_app(store, smollm2) -> ChatApp:
     store.add_message(chat.id, "assistant", REPLY, stats=STATS)
     store.add_message(chat.id, "user", "And in C?")
     store.add_message(chat.id, "assistant", "In C you write:\n\n```c\n#include", state="interrupted")
-    return ChatApp(store, str(smollm2), Sampling(temperature=0.0, max_tokens=16), "Answer briefly.", ctx=512)
+    return ChatApp(store, str(smollm2), Sampling(temperature=0.0, max_tokens=16), "Answer briefly.", ctx=512,
+                   warm_up=False)  # no first-start notice to time a screen against
 
 
 async def settle(pilot) -> None:
