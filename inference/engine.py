@@ -14,9 +14,9 @@ from inference.grammar import Constraint, Guide, vocabulary
 from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, Placement, VramBudgetError,
                                  all_on_cpu, free_vram, holds_kv_sources, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
-from inference.mtp import MTPDrafter
-from inference.speculative import (SPEC_K, DraftModel, PromptLookup, Speculation, SpeculationError, SpecCounts,
-                                   check_draft_vocabulary, check_spec_options, common_prefix, speculative_tokens)
+from inference.mtp import MTPDrafter, mtp_drafter
+from inference.speculative import (SPEC_K, DraftModel, PromptLookup, Speculation, SpecCounts, check_draft_vocabulary,
+                                   check_spec_options, common_prefix, speculative_tokens)
 from inference.weights import load_weights
 from kernels.cuda.shapes import ATTENTION_HEAD_DIMS, DELTANET_CONV_K, DELTANET_HEAD_SIZES
 from models.chat_template import load_chat_template
@@ -626,17 +626,4 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
     elif spec == "mtp" or (spec == "auto" and weights.nextn is not None and engine.device == "cpu"):
         engine.speculation = Speculation("mtp", mtp_drafter(engine, gguf), spec_k)
     return engine
-
-
-def mtp_drafter(engine: Engine, gguf) -> MTPDrafter:
-    """The drafter of --spec mtp, or the one-line reason there is none."""
-    config, n = engine.config, engine.config.n_layers
-    if engine._weights.nextn is None:
-        raise SpeculationError(f"this model file has no MTP block (blk.{n}.nextn.*): use --spec ngram or --draft")
-    if engine.device != "cpu":
-        raise SpeculationError("--spec mtp runs on the CPU engine only so far: add --device cpu, or use --spec ngram")
-    # decode reads the weights once a token: a step of the block costs its share of the bytes (and the head's)
-    block = sum(t.nbytes for name, t in gguf.tensors.items() if name.startswith(f"blk.{n}."))
-    cost = (block + engine._weights.nextn.head.data.nbytes) / gguf.file_size
-    return MTPDrafter(config, engine._weights, engine.n_ctx, engine._be._head, cost)
 

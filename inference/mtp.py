@@ -13,7 +13,7 @@ import numpy as np
 from inference.backend_cpu import CPUBackend, lazy_zeros
 from inference.forward import mtp
 from inference.sampling import SamplingParams
-from inference.speculative import Draft, common_prefix, draft_from
+from inference.speculative import Draft, SpeculationError, common_prefix, draft_from
 from inference.weights import ModelWeights
 from models.config import ModelConfig
 
@@ -50,3 +50,16 @@ class MTPDrafter:
             draft_from(logits[0], history, params, rng, draft)
             start, tokens, h = start + len(tokens), draft.tokens[-1:], h[-1:]
         return draft
+
+
+def mtp_drafter(engine, gguf) -> MTPDrafter:
+    """The drafter of --spec mtp for an engine.Engine of the file gguf, or the one-line reason there is none."""
+    config, n = engine.config, engine.config.n_layers
+    if engine._weights.nextn is None:
+        raise SpeculationError(f"this model file has no MTP block (blk.{n}.nextn.*): use --spec ngram or --draft")
+    if engine.device != "cpu":
+        raise SpeculationError("--spec mtp runs on the CPU engine only so far: add --device cpu, or use --spec ngram")
+    # decode reads the weights once a token: a step of the block costs its share of the bytes (and the head's)
+    block = sum(t.nbytes for name, t in gguf.tensors.items() if name.startswith(f"blk.{n}."))
+    cost = (block + engine._weights.nextn.head.data.nbytes) / gguf.file_size
+    return MTPDrafter(config, engine._weights, engine.n_ctx, engine._be._head, cost)
