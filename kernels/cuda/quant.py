@@ -96,9 +96,13 @@ def quantize_q8_1(x: cp.ndarray, xq: Q8Vector, stream: cp.cuda.Stream | None = N
 
 def default_threads_per_row(n_rows: int, n_items: int) -> int:
     """Threads sharing a row of n_items work items: enough warps to cover memory latency (~32 a multiprocessor
-    of an H100), and at least 4 items a thread. Chosen from bench_cuda.py's sweep on the H100."""
+    of an H100), and at least 4 items a thread (bench_cuda.py's sweep on the H100). The H200 reads faster and
+    wants more threads in flight: up to 2^19 in all while a thread keeps more than 2 items (its sweep, 2026-11-28:
+    Q6_K 5376x21504 at 128 threads a row 36.9 us, at 64 46.7; IQ4_XS 4096x14336 16.2 against 19.4 at 32; Q4_K
+    8192x5376 12.7 at 64 against 15.1 at 32; matrices of 28672 rows or more stay fastest at 32)."""
     tpr = 32
-    while tpr < 128 and (n_items // (2 * tpr) >= 4 or n_rows * tpr < 32 * 4096):
+    while tpr < 128 and (n_items // (2 * tpr) >= 4 or n_rows * tpr < 32 * 4096
+                         or (n_rows * tpr < 1 << 19 and n_items > 2 * tpr)):
         tpr *= 2
     return tpr
 
