@@ -152,3 +152,13 @@ def test_ollama_gets_gemma4_tool_calls_with_their_arguments_as_objects(served, m
     assert (r.message.thinking, r.message.content) == ("The user wants the weather.", "Checking both.")
     assert [(c.function.name, c.function.arguments) for c in r.message.tool_calls] == [
         ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome", "days": 3})]
+
+
+def test_tool_choice_required_holds_the_gemma4_reply_to_calls_after_its_thought(served, monkeypatch):
+    url, engine = served
+    monkeypatch.setattr(engine, "reply", CALLS)
+    oai = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=30)
+    r = oai.chat.completions.create(model="gemma-4-31b-it.gguf", messages=ASK, tools=[WEATHER], tool_choice="required")
+    assert len(r.choices[0].message.tool_calls) == 2
+    assert (engine.constraint.think, engine.constraint.after) == ("<|channel>", "<channel|>")  # a thought first
+    assert "call:get_weather" in engine.constraint.grammar
