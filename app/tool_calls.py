@@ -345,11 +345,13 @@ class Gemma4Format(TaggedFormat):
 
     def parse(self, head, body):
         m = self.CALL.match(body)
-        try:
-            arguments, end = _gemma4_items(body, m.end(), "}") if m else (None, 0)
-        except ValueError:
+        if m is None:
             return None
-        return [(m.group(1), arguments)] if m and not body[end:].strip() else None
+        try:
+            arguments, end = _gemma4_items(body, m.end(), "}")
+        except (ValueError, RecursionError):  # RecursionError: [[[[... deeper than Python's stack
+            return None
+        return None if body[end:].strip() else [(m.group(1), arguments)]
 
 
 def _after_space(text: str, at: int) -> int:

@@ -171,6 +171,11 @@ def test_a_harmony_call_leaves_its_analysis_as_reasoning():
     assert split_harmony(text) == ("The user wants the weather.", "") and calls_of(calls) == [PARIS]
 
 
+def test_a_gemma4_call_nested_past_pythons_stack_is_text():
+    reply = "<|tool_call>call:get_weather{city:" + "[" * 5000 + "<tool_call|>"
+    assert split_tool_calls(Gemma4Format(TOOLS), reply) == (reply, [])
+
+
 def test_a_gemma4_call_after_its_thought_leaves_the_thought_as_reasoning():
     """Gemma 4 thinks in its thought channel, then calls: the calls come out, the channel splits as llama.cpp's
     test-chat.cpp expects (reasoning "I'm\\nthinking", no content)."""
