@@ -317,10 +317,94 @@ class HarmonyFormat(Format):
         return None if arguments is None else [(m.group(1) or m.group(2), arguments)]
 
 
+GEMMA4_QUOTE = '<|"|>'
+GEMMA4_LITERALS = {"true": True, "false": False, "null": None}
+JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?")
+GEMMA4_KEY = re.compile(r"([^:}]+):")  # llama.cpp's gemma4-dict-key: anything up to the colon
+
+
+class Gemma4Format(TaggedFormat):
+    """Gemma 4: <|tool_call>call:NAME{key:value,...}<tool_call|>, one tag per call, several in a row. Its arguments
+    are no JSON: keys bare, strings between <|"|> quotes (taken as written: no escapes), numbers, true, false and
+    null as JSON writes them, objects {k:v,...} and lists [v,...] nested; read as llama.cpp's gemma4 parser reads
+    them (common/chat.cpp's gemma4 rules, and gemma4_to_json), white space around them let pass."""
+    OPEN = {"<|tool_call>": "<tool_call|>"}
+    CALL = re.compile(r"call:([^\s{]+)\{")
+
+    def close(self, head, body, final):
+        at = 0  # the closing tag inside a string is the string's (llama.cpp reads a string up to its quote)
+        while (end := body.find("<tool_call|>", at)) >= 0:
+            quote = body.find(GEMMA4_QUOTE, at, end)
+            if quote < 0:
+                return end, end + len("<tool_call|>")
+            at = body.find(GEMMA4_QUOTE, quote + len(GEMMA4_QUOTE))
+            if at < 0:
+                return None  # inside a string still
+            at += len(GEMMA4_QUOTE)
+        return None
+
+    def parse(self, head, body):
+        m = self.CALL.match(body)
+        if m is None:
+            return None
+        try:
+            arguments, end = _gemma4_items(body, m.end(), "}")
+        except (ValueError, RecursionError):  # RecursionError: [[[[... deeper than Python's stack
+            return None
+        return None if body[end:].strip() else [(m.group(1), arguments)]
+
+
+def _after_space(text: str, at: int) -> int:
+    return len(text) - len(text[at:].lstrip())
+
+
+def _gemma4_value(text: str, at: int):
+    """(the Gemma 4 value at text[at:] after white space, where it ends); ValueError where there is none."""
+    at = _after_space(text, at)
+    if text.startswith(GEMMA4_QUOTE, at):
+        end = text.find(GEMMA4_QUOTE, at + len(GEMMA4_QUOTE))
+        if end < 0:
+            raise ValueError("a string never closed")
+        return text[at + len(GEMMA4_QUOTE):end], end + len(GEMMA4_QUOTE)
+    if text.startswith(("{", "["), at):
+        return _gemma4_items(text, at + 1, "}" if text[at] == "{" else "]")
+    word = next((w for w in GEMMA4_LITERALS if text.startswith(w, at)), None)
+    if word:
+        return GEMMA4_LITERALS[word], at + len(word)
+    if m := JSON_NUMBER.match(text, at):
+        return json.loads(m.group()), m.end()
+    raise ValueError(f"no value at {text[at:at + 20]!r}")
+
+
+def _gemma4_items(text: str, at: int, close: str):
+    """(the object (close "}") or list (close "]") whose items start at text[at:], where it ends)."""
+    items = {} if close == "}" else []
+    at = _after_space(text, at)
+    if text.startswith(close, at):
+        return items, at + 1
+    while True:
+        if close == "}":
+            m = GEMMA4_KEY.match(text, at)
+            if m is None:
+                raise ValueError("an object's key without its colon")
+            items[m.group(1).strip()], at = _gemma4_value(text, m.end())
+        else:
+            value, at = _gemma4_value(text, at)
+            items.append(value)
+        at = _after_space(text, at)
+        if text.startswith(close, at):
+            return items, at + 1
+        if not text.startswith(",", at):
+            raise ValueError(f"neither ',' nor '{close}' after an item")
+        at = _after_space(text, at + 1)
+
+
 def format_for(template_source: str, tools: list[dict]) -> Format:
     """The parser for the tool-call format a chat template speaks, by the marks in its text."""
     if "<|channel|>" in template_source:
         return HarmonyFormat(tools)
+    if "<|tool_call>" in template_source:
+        return Gemma4Format(tools)
     if "[TOOL_CALLS]" in template_source:
         return MistralFormat(tools, named="[ARGS]" in template_source)
     if "<tool_call>" in template_source and "<function=" in template_source:

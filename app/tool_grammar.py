@@ -3,15 +3,17 @@ the template's format writes them, each call's arguments held to its tool's para
 
 Formats: Hermes / Qwen (<tool_call>{"name", "arguments"}</tool_call>), Llama 3.x's bare {"name", "parameters"}, the
 generic {"tool_calls": [...]} of a template that takes no tools, Mistral ([TOOL_CALLS]NAME[ARGS]{...} or
-[TOOL_CALLS][{...}], as the template writes them), Qwen3-Coder / Qwen3.5 XML (<function=NAME><parameter=P>), and
-gpt-oss harmony (its free analysis first, as llama.cpp's grammar lets it, then the commentary channel's call).
+[TOOL_CALLS][{...}], as the template writes them), Qwen3-Coder / Qwen3.5 XML (<function=NAME><parameter=P>),
+gpt-oss harmony (its free analysis first, as llama.cpp's grammar lets it, then the commentary channel's call), and
+Gemma 4 (<|tool_call>call:NAME{key:value,...}<tool_call|>, its arguments in its own syntax, held to the schema).
 A tag that is a control token of the vocabulary ([TOOL_CALLS], [ARGS]) is written in the grammar as that token:
 only the token itself matches it, not its text spelled in pieces.
 """
 import json
 
 from app.server_schema import ToolRequest, bad
-from app.tool_calls import BareJsonFormat, Format, HarmonyFormat, HermesFormat, MistralFormat, XmlFormat
+from app.tool_calls import (GEMMA4_QUOTE, BareJsonFormat, Format, Gemma4Format, HarmonyFormat, HermesFormat,
+                            MistralFormat, XmlFormat)
 from inference.grammar import JSON_OPTIONS, GrammarError, closed, lark_grammar
 
 
@@ -36,6 +38,8 @@ def tool_call_grammar(fmt: Format, request: ToolRequest, template_takes_tools: b
             lark = _xml(tools, more)
         elif isinstance(fmt, HarmonyFormat):  # one call a reply: <|call|> ends the generation
             lark = _harmony(tools, _Tags(tokenizer))
+        elif isinstance(fmt, Gemma4Format):
+            lark = _Gemma4Grammar(_Tags(tokenizer)).lark(tools, request.parallel)
         else:
             raise GrammarError(f"no grammar for the tool calls of {type(fmt).__name__}")
         return lark_grammar(lark)
@@ -51,8 +55,13 @@ class _Tags:
         self.tokenizer = tokenizer
 
     def __call__(self, text: str) -> str:
+        i = self.token(text)
+        return _text(text) if i is None else f"<[{i}]>"
+
+    def token(self, text: str) -> int | None:
+        """The control token that text is, if it is one."""
         i = self.tokenizer.vocab.get(text)
-        return f"<[{i}]>" if i is not None and self.tokenizer.control[i] else _text(text)
+        return i if i is not None and self.tokenizer.control[i] else None
 
 
 def _text(text: str) -> str:
@@ -135,3 +144,106 @@ def _harmony(tools: list[dict], tag: _Tags) -> str:
     return "\n".join([f'start: (note {start} "assistant")* {channel} "commentary" ({calls})',
                       f'note: {channel} ("analysis" | "commentary") {message} text',
                       f'text[suffix={_text("<|end|>")}]: /(.|\\n)*/'])
+
+
+class _Gemma4Grammar:
+    """<|tool_call>call:NAME{key:value,...}<tool_call|> as Gemma 4 writes a call, calls back to back where parallel.
+    The arguments are held to the tool's parameters in Gemma 4's syntax: an object's keys in the order its template
+    writes them (sorted as Jinja's dictsort sorts: case aside), the required ones always, no others; a string free
+    text between <|"|> quotes within its minLength and maxLength (its pattern and format not held, as in _xml), or
+    one of its enum; a number, integer, boolean or null JSON of its schema (Gemma 4 writes them as JSON does); a
+    list's items by their schema, within minItems and maxItems; anyOf, oneOf and lists of types as alternatives. A
+    value of no schema is any Gemma 4 value, as llama.cpp's grammar allows for every argument."""
+
+    def __init__(self, tag: _Tags):
+        self.tag, self.quote = tag, tag(GEMMA4_QUOTE)
+        # a string's text ends at the quote token, which no text matches; a quote spelled as text ends it as XML's
+        self.quoted = tag.token(GEMMA4_QUOTE) is not None
+        self.rules: list[str] = []
+
+    def lark(self, tools: list[dict], parallel: bool) -> str:
+        for t in tools:
+            if t["parameters"].get("type", "object") != "object":
+                raise GrammarError(f"the tool {t['name']}'s parameters are not an object, which calls are made of")
+        calls = " | ".join(f'{_text("call:" + t["name"])} {self.object(t["parameters"])}' for t in tools)
+        head = [f'start: call{"+" if parallel else ""}',
+                f'call: {self.tag("<|tool_call>")} ({calls}) {self.tag("<tool_call|>")}']
+        return "\n".join(head + self.rules)
+
+    def value(self, spec) -> str:
+        """The grammar of a value held to spec (rules gains what it needs)."""
+        if not isinstance(spec, dict) or not spec:
+            return self.any()
+        if {"$ref", "allOf", "not"} & spec.keys():
+            raise GrammarError(f"$ref, allOf and not cannot be held in Gemma 4's calls here: {json.dumps(spec)}")
+        if "const" in spec or "enum" in spec:
+            values = [spec["const"]] if "const" in spec else spec["enum"]
+            return "(" + " | ".join(map(self.literal, values)) + ")"
+        if "anyOf" in spec or "oneOf" in spec:
+            return "(" + " | ".join(self.value(s) for s in spec.get("anyOf", spec.get("oneOf"))) + ")"
+        kinds = spec.get("type")
+        if isinstance(kinds, list):
+            return "(" + " | ".join(self.value(spec | {"type": k}) for k in kinds) + ")"
+        if kinds == "string":
+            return self.string(spec.get("minLength", 0), spec.get("maxLength", ""))
+        if kinds in ("number", "integer", "boolean", "null"):
+            return _json(spec)
+        if kinds == "object":
+            return self.object(spec)
+        if kinds == "array":
+            return self.list(self.value(spec.get("items")), spec.get("minItems", 0), spec.get("maxItems"))
+        if kinds is None:
+            return self.any()
+        raise GrammarError(f"Invalid type: {kinds}")
+
+    def literal(self, value) -> str:
+        if isinstance(value, str):
+            return f"{self.quote} {_text(value)} {self.quote}"
+        if isinstance(value, (dict, list)):
+            raise GrammarError(f"an enum of objects or lists cannot be held in Gemma 4's calls here: {value}")
+        return _text(json.dumps(value))
+
+    def string(self, low: int, high) -> str:
+        rule = f"g4_text{len(self.rules)}"
+        if self.quoted:
+            self.rules.append(f"{rule}: /(.|\\n){{{low},{high}}}/")
+            return f"{self.quote} {rule} {self.quote}"
+        self.rules.append(f"{rule}[suffix={_text(GEMMA4_QUOTE)}]: /(.|\\n){{{low},{high}}}/")
+        return f"{self.quote} {rule}"
+
+    def object(self, spec: dict) -> str:
+        properties = spec.get("properties")
+        if not isinstance(properties, dict):  # any object
+            self.any()
+            return "g4_object"
+        names = sorted(properties, key=str.lower)
+        required = set(spec.get("required") or ())
+        items = [f'{_text(name + ":")} {self.value(properties[name])}' for name in names]
+
+        def after(i):  # the items from i on, after one was written: each with its comma
+            return " ".join(f'("," {item})' + ("" if name in required else "?")
+                            for name, item in zip(names[i:], items[i:]))
+
+        def first(i):  # the items from i on, none written yet, at least one
+            whole = f"{items[i]} {after(i + 1)}"
+            return whole if names[i] in required or i + 1 == len(names) else f"({whole} | {first(i + 1)})"
+        body = "" if not names else first(0) if required & set(names) else f"({first(0)})?"
+        return f'"{{" {body} "}}"'
+
+    def list(self, item: str, low: int, high) -> str:
+        """[item,...] of low to high items (None: no bound)."""
+        if high == 0:
+            return '"[" "]"'
+        items = f'{item} ("," {item}){{{max(low - 1, 0)},{"" if high is None else high - 1}}}'
+        return f'"[" {items} "]"' if low else f'"[" ({items})? "]"'
+
+    def any(self) -> str:
+        """Any Gemma 4 value, as llama.cpp's gemma4-value: its rules written once."""
+        if not any(r.startswith("g4_any:") for r in self.rules):
+            self.rules += ["g4_any: g4_string | g4_object | g4_list | "
+                           + _json({"type": ["number", "boolean", "null"]}),
+                           "g4_string: " + self.string(0, ""),
+                           'g4_object: "{" (g4_key g4_any ("," g4_key g4_any)*)? "}"',
+                           'g4_key: /[^:}]+/ ":"',
+                           'g4_list: "[" (g4_any ("," g4_any)*)? "]"']
+        return "g4_any"

@@ -80,6 +80,7 @@ BUILTIN_TEMPLATES = {
 }
 ASCII_SPACE = " \t\n\r\v\f"  # what C's isspace trims in llama.cpp's built-ins
 GEMMA4_CHANNEL = ("<|channel>", "<channel|>")  # Gemma 4's reasoning opens and closes with these control tokens
+GEMMA4_TURN = ("<|turn>model\n", "<turn|>\n")  # a Gemma 4 reply's turn opens and closes so
 
 
 class RenderLimit(Exception):
@@ -219,7 +220,12 @@ class ChatTemplate:
             raise ChatTemplateError(f"{self.name} failed: {type(e).__name__}: {e}") from None
         finally:
             sys.settrace(previous)
-        return "".join(chunks)
+        text = "".join(chunks)
+        if add_generation_prompt and self.reply_format == "gemma4" and text.endswith(GEMMA4_TURN[1]):
+            # Gemma 4's template closes a model turn that had text beside its tool calls and their results, and
+            # then opens no reply: llama.cpp's gemma4 handler opens it (common_chat_params_init_gemma4)
+            text += GEMMA4_TURN[0]
+        return text
 
 
 def speaks_harmony(source: str) -> bool:

@@ -23,6 +23,7 @@ class ScriptedEngine:
         self.prompts = []
         self.constraint = None  # the last reply's
         self.shown = ()  # the control tokens the last reply showed as text
+        self.special = False  # the last reply showed every control token as text (for a tool-call parser)
 
     def summary(self) -> str:
         return "scripted: no layers"
@@ -48,6 +49,7 @@ class ScriptedEngine:
         ids = self.prompt_ids(prompt, chat_template, template_vars)
         self.prompts.append("".join(map(chr, ids)))
         self.constraint, self.shown = sampling.get("constraint"), sampling.get("shown", ())
+        self.special = sampling.get("special", False)
         reply = self.reply
         yield from (reply[i:i + 3] for i in range(0, len(reply), 3))
         yield GenerationStats(len(ids), 0.01, len(reply), 0.01, "stop", len(ids) + len(reply))

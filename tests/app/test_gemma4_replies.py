@@ -4,7 +4,9 @@ answer, and thinking switched on or off in the prompt as llama.cpp switches it (
 prompts are held to llama-cpp-python's rendering of Gemma 4's real template (llama.cpp's
 models/templates/google-gemma-4-31B-it.jinja). No file here makes a real model write Gemma 4's channels, so `run`
 and the server run a scripted engine (tests/app/scripted_engine.py). A fault planted once (thinking left to the
-template's default, off) failed the prompt checks of run and the OpenAI route.
+template's default, off) failed the prompt checks of run and the OpenAI route. Its tool calls come to OpenAI's and
+Ollama's clients as tool_calls, and go back with their results through the template; a fault planted once (no
+Gemma 4 parser picked for the template) failed both tool tests.
 """
 import json
 from pathlib import Path
@@ -102,3 +104,61 @@ def test_anthropic_gets_the_thought_as_a_thinking_block(served):
     client.messages.create(model="gemma-4-31b-it.gguf", max_tokens=256, messages=QUESTION,
                            thinking={"type": "disabled"})
     assert engine.prompts[-1] == llama_cpp_prompt(QUESTION, False)
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}
+ASK = [{"role": "user", "content": "Weather in Paris and Rome?"}]
+CALLS = ('<|channel>thought\nThe user wants the weather.<channel|>Checking both.<|tool_call>call:get_weather'
+         '{city:<|"|>Paris<|"|>}<tool_call|><|tool_call>call:get_weather{city:<|"|>Rome<|"|>,days:3}<tool_call|>')
+
+
+def test_openai_gets_gemma4_tool_calls_and_their_results_go_back_through_the_template(served, monkeypatch):
+    """The calls come out of the reply as tool_calls, apart from the thought and the text; sent back with their
+    results, the template writes them as Gemma 4 reads them and the next reply goes on right after the results."""
+    url, engine = served
+    oai = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=30)
+    monkeypatch.setattr(engine, "reply", CALLS)
+    r = oai.chat.completions.create(model="gemma-4-31b-it.gguf", messages=ASK, tools=[WEATHER])
+    message = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and message.content == "Checking both."
+    assert message.model_dump()["reasoning_content"] == "The user wants the weather."
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+        ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome", "days": 3})]
+    assert engine.special and "<|tool>declaration:get_weather{" in engine.prompts[-1]
+    chunks = list(oai.chat.completions.create(model="gemma-4-31b-it.gguf", messages=ASK, tools=[WEATHER],
+                                              stream=True))
+    deltas = [d for c in chunks for d in c.choices[0].delta.tool_calls or []]
+    assert [(d.index, d.function.name) for d in deltas if d.function.name] == [(0, "get_weather"), (1, "get_weather")]
+    assert json.loads("".join(d.function.arguments or "" for d in deltas if d.index == 1)) == {"city": "Rome", "days": 3}
+
+    monkeypatch.setattr(engine, "reply", "It is 18 C in Paris and 15 C in Rome.")
+    history = ASK + [message.model_dump(exclude_none=True)] + [
+        {"role": "tool", "tool_call_id": c.id, "content": result} for c, result in zip(message.tool_calls,
+                                                                                       ["18 C", "15 C"])]
+    r = oai.chat.completions.create(model="gemma-4-31b-it.gguf", messages=history, tools=[WEATHER])
+    assert r.choices[0].message.content == "It is 18 C in Paris and 15 C in Rome." and not r.choices[0].message.tool_calls
+    assert engine.prompts[-1].endswith(
+        '<|turn>model\n<|channel>thought\nThe user wants the weather.\n<channel|><|tool_call>call:get_weather'
+        '{city:<|"|>Paris<|"|>}<tool_call|><|tool_call>call:get_weather{city:<|"|>Rome<|"|>,days:3}<tool_call|>'
+        '<|tool_response>response:get_weather{value:<|"|>18 C<|"|>}<tool_response|><|tool_response>response:'
+        'get_weather{value:<|"|>15 C<|"|>}<tool_response|>Checking both.<turn|>\n<|turn>model\n')
+
+
+def test_ollama_gets_gemma4_tool_calls_with_their_arguments_as_objects(served, monkeypatch):
+    url, engine = served
+    monkeypatch.setattr(engine, "reply", CALLS)
+    r = ollama.Client(host=url, timeout=30).chat(model="gemma-4-31b-it.gguf", messages=ASK, tools=[WEATHER])
+    assert (r.message.thinking, r.message.content) == ("The user wants the weather.", "Checking both.")
+    assert [(c.function.name, c.function.arguments) for c in r.message.tool_calls] == [
+        ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome", "days": 3})]
+
+
+def test_tool_choice_required_holds_the_gemma4_reply_to_calls_after_its_thought(served, monkeypatch):
+    url, engine = served
+    monkeypatch.setattr(engine, "reply", CALLS)
+    oai = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=30)
+    r = oai.chat.completions.create(model="gemma-4-31b-it.gguf", messages=ASK, tools=[WEATHER], tool_choice="required")
+    assert len(r.choices[0].message.tool_calls) == 2
+    assert (engine.constraint.think, engine.constraint.after) == ("<|channel>", "<channel|>")  # a thought first
+    assert "call:get_weather" in engine.constraint.grammar

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from app.gemma4_split import split_gemma4
 from app.harmony_split import split_harmony
 from app.think_split import split_thinking
-from app.tool_calls import (BareJsonFormat, HarmonyFormat, HermesFormat, MistralFormat, ToolCallSplitter, XmlFormat,
-                            format_for, split_tool_calls)
+from app.tool_calls import (BareJsonFormat, Gemma4Format, HarmonyFormat, HermesFormat, MistralFormat, ToolCallSplitter,
+                            XmlFormat, format_for, split_tool_calls)
 
 TEMPLATES = Path(__file__).parent / "templates"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
@@ -19,6 +20,8 @@ PYTHON = {"type": "function", "function": {"name": "python", "description": "Run
 TOOLS = [WEATHER, PYTHON]
 PARIS = ("get_weather", {"city": "Paris"})
 ROME = ("get_weather", {"city": "Rome", "days": 3})
+GEMMA4_AFTER_THOUGHT = ('<|channel>thought\nI\'m\nthinking<channel|><|tool_call>call:get_time{city:<|"|>Paris<|"|>}'
+                        "<tool_call|>")
 
 # (format, reply, text, [(name, arguments)])
 REPLIES = [
@@ -69,6 +72,33 @@ REPLIES = [
     (HarmonyFormat, "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>It is "
      "sunny.", "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>It is sunny.",
      []),
+] + [(Gemma4Format, reply, text, calls) for reply, text, calls in [  # llama.cpp's tests/test-chat.cpp, its Gemma 4 cases
+    ('<|tool_call>call:get_time{city:<|"|>London<|"|>}<tool_call|>', "", [("get_time", {"city": "London"})]),
+    ('<|tool_call>call:get_time{city:<|"|>San Francisco<|"|>}<tool_call|>', "",
+     [("get_time", {"city": "San Francisco"})]),
+    ("<|tool_call>call:empty_args{}<tool_call|>", "", [("empty_args", {})]),
+    ('Hello, world!\nWhat\'s up?<|tool_call>call:get_time{city:<|"|>Paris<|"|>}<tool_call|>', "Hello, world!\nWhat's up?",
+     [("get_time", {"city": "Paris"})]),
+    (GEMMA4_AFTER_THOUGHT, "<|channel>thought\nI'm\nthinking<channel|>", [("get_time", {"city": "Paris"})]),
+    ('<|tool_call>call:get_time{city:<|"|>London<|"|>}<tool_call|><|tool_call>call:get_weather{city:<|"|>Paris<|"|>}'
+     "<tool_call|>", "", [("get_time", {"city": "London"}), ("get_weather", {"city": "Paris"})]),
+    ("<|tool_call>call:special_function{arg1:42}<tool_call|>", "", [("special_function", {"arg1": 42})]),
+    ("<|tool_call>call:special_function{arg1:-7}<tool_call|>", "", [("special_function", {"arg1": -7})]),
+    ("<|tool_call>call:amount{orig:3.14}<tool_call|>", "", [("amount", {"orig": 3.14})]),
+    ("<|tool_call>call:toggle{enabled:true}<tool_call|>", "", [("toggle", {"enabled": True})]),
+    ("<|tool_call>call:toggle{enabled:false}<tool_call|>", "", [("toggle", {"enabled": False})]),
+    ("<|tool_call>call:set_nullable{value:null}<tool_call|>", "", [("set_nullable", {"value": None})]),
+    ('<|tool_call>call:todo_list{todos:[<|"|>buy milk<|"|>,<|"|>walk dog<|"|>]}<tool_call|>', "",
+     [("todo_list", {"todos": ["buy milk", "walk dog"]})]),
+    ('<|tool_call>call:set_config{config:{theme:<|"|>dark<|"|>,count:3}}<tool_call|>', "",
+     [("set_config", {"config": {"theme": "dark", "count": 3}})]),
+    ("<|tool_call>call:todo_list{todos:[]}<tool_call|>", "", [("todo_list", {"todos": []})]),
+    ("<|tool_call>call:set_config{config:{}}<tool_call|>", "", [("set_config", {"config": {}})]),
+    ("<|tool_call>call:amount{orig:1.5e10}<tool_call|>", "", [("amount", {"orig": 1.5e10})]),
+]] + [  # ours: a string is taken as written, its quote alone ends it (JSON's quotes, escapes, markup and all)
+    (Gemma4Format, '<|tool_call>call:python{code:<|"|>print("a\\tb", {1: [2]})<tool_call|><|"|>}<tool_call|>\n\nDone.',
+     "Done.", [("python", {"code": 'print("a\\tb", {1: [2]})<tool_call|>'})]),
+    (Gemma4Format, "Use <|tool_call> for calls.", "Use <|tool_call> for calls.", []),
 ]
 MALFORMED = [  # returned as text, as written
     (HermesFormat, '<tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call>'),  # bad JSON
@@ -81,6 +111,12 @@ MALFORMED = [  # returned as text, as written
     (MistralFormat, "[TOOL_CALLS] sorry, I cannot."),
     (MistralFormat, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"'),
     (HarmonyFormat, "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": "),
+    (Gemma4Format, "<|tool_call>call:get_weather{city:Paris}<tool_call|>"),  # a string without its quotes
+    (Gemma4Format, '<|tool_call>call:get_weather{city:<|"|>Paris}<tool_call|>'),  # a quote never closed
+    (Gemma4Format, '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>'),  # a call never closed
+    (Gemma4Format, '<|tool_call>call:get_weather{"city": "Paris"}<tool_call|>'),  # JSON
+    (Gemma4Format, '<|tool_call>get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),  # no call:
+    (Gemma4Format, '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>} and more<tool_call|>'),
 ]
 
 
@@ -135,6 +171,18 @@ def test_a_harmony_call_leaves_its_analysis_as_reasoning():
     assert split_harmony(text) == ("The user wants the weather.", "") and calls_of(calls) == [PARIS]
 
 
+def test_a_gemma4_call_nested_past_pythons_stack_is_text():
+    reply = "<|tool_call>call:get_weather{city:" + "[" * 5000 + "<tool_call|>"
+    assert split_tool_calls(Gemma4Format(TOOLS), reply) == (reply, [])
+
+
+def test_a_gemma4_call_after_its_thought_leaves_the_thought_as_reasoning():
+    """Gemma 4 thinks in its thought channel, then calls: the calls come out, the channel splits as llama.cpp's
+    test-chat.cpp expects (reasoning "I'm\\nthinking", no content)."""
+    text, calls = split_tool_calls(Gemma4Format(TOOLS), GEMMA4_AFTER_THOUGHT)
+    assert split_gemma4(text) == ("I'm\nthinking", "") and calls_of(calls) == [("get_time", {"city": "Paris"})]
+
+
 def test_text_is_held_back_only_while_it_could_become_a_call():
     s = ToolCallSplitter(HermesFormat(TOOLS))
     assert s.feed("The answer is 4. <tool") == ("The answer is 4.", [])  # white space waits for what follows
@@ -142,6 +190,10 @@ def test_text_is_held_back_only_while_it_could_become_a_call():
     s = ToolCallSplitter(HarmonyFormat(TOOLS))
     assert s.feed("<|channel|>analysis") == ("", [])  # a header that may still name a recipient
     assert s.feed("<|message|>Thinking") == ("<|channel|>analysis<|message|>Thinking", [])
+    s = ToolCallSplitter(Gemma4Format(TOOLS))
+    assert s.feed("It is <|tool") == ("It is", [])
+    assert s.feed('_call>call:get_weather{city:<|"|>Paris <tool_call|>') == ("", [])  # the quote is open
+    assert calls_of(s.feed('<|"|>}<tool_call|>')[1]) == [("get_weather", {"city": "Paris <tool_call|>"})]
 
 
 def test_arguments_are_typed_by_the_tools_schema():
@@ -160,6 +212,7 @@ def test_ids_are_fresh_and_mistral_shaped():
     ("Qwen-Qwen3-0.6B", HermesFormat), ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use", HermesFormat),
     ("Qwen3-Coder", XmlFormat), ("../../models/templates/Qwen3.5-4B", XmlFormat),
     ("meta-llama-Llama-3.1-8B-Instruct", BareJsonFormat), ("mistralai-Mistral-Nemo-Instruct-2407", MistralFormat),
-    ("Mistral-Small-3.2-24B-Instruct-2506", MistralFormat), ("openai-gpt-oss-120b", HarmonyFormat)])
+    ("Mistral-Small-3.2-24B-Instruct-2506", MistralFormat), ("openai-gpt-oss-120b", HarmonyFormat),
+    ("../../models/templates/google-gemma-4-31B-it", Gemma4Format)])
 def test_the_format_is_picked_from_the_template(template, fmt):
     assert type(format_for((TEMPLATES / f"{template}.jinja").read_text(), TOOLS)) is fmt

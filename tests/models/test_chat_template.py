@@ -198,3 +198,23 @@ def test_gemma4_template_renders_as_llama_cpp_python(messages, thinking):
     assert "Add them" not in ours and "enable_thinking" in template.variables
     if messages is GEMMA4 and not thinking:
         assert ours.startswith("<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nWhat is 2+2?<turn|>\n")
+
+
+@pytest.mark.parametrize("text", ["Let me check.", ""])
+def test_gemma4_reply_after_tool_results_as_llama_cpp(text):
+    """llama.cpp's test-chat.cpp (its tests of PR 21760): after a model turn with text beside its tool call, and the
+    call's result, the template closes the turn and opens none; llama.cpp opens the reply (only when asked to).
+    Without the text the reply goes on in the same turn, right after the result, as the template leaves it."""
+    from pathlib import Path
+    template = ChatTemplate((Path(__file__).parent / "templates" / "google-gemma-4-31B-it.jinja").read_text(),
+                            "<bos>", "<turn|>")
+    tools = [{"type": "function", "function": {"name": "special_function", "description": "I'm special", "parameters": {
+        "type": "object", "properties": {"arg1": {"type": "integer", "description": "The arg."}}, "required": ["arg1"]}}}]
+    call = {"id": "c0", "type": "function", "function": {"name": "special_function", "arguments": {"arg1": 1}}}
+    messages = [{"role": "user", "content": "Hey there!"}, {"role": "assistant", "content": text, "tool_calls": [call]},
+                {"role": "tool", "content": '{"r":"ok"}', "tool_call_id": "c0", "name": "special_function"}]
+    opened = template.render(messages, tools=tools)
+    assert "<|tool_call>call:special_function{arg1:1}<tool_call|><|tool_response>response:special_function{value:" \
+           '<|"|>{"r":"ok"}<|"|>}<tool_response|>' in opened
+    assert opened.endswith("Let me check.<turn|>\n<|turn>model\n" if text else "<tool_response|>")
+    assert not template.render(messages, add_generation_prompt=False, tools=tools).endswith("<|turn>model\n")
