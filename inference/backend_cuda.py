@@ -104,19 +104,23 @@ class CUDABackend:
         self.layers = range(cfg.n_layers) if layers is None else layers
         self.stream = shares.stream if shares else cp.cuda.Stream(non_blocking=True)
         shared = shares._dev if shares else {}
+        # the model's backend may have pinned the file's pages beside the block's weights (its CPU layers'): CuPy
+        # copies from a pinned address without staging, past the registered range (_uploaded_from_host), so the
+        # block's weights go up from a copy
+        own = np.array if shares else (lambda a: a)
         with self.stream:
             self._groups: dict[tuple, list[RowGroup]] = {}  # _group_key of a matmuls call -> its row groups
             for i in self.layers:
                 for ws, biases in _matmuls_calls(weights.layers[i]):
-                    self._groups[_group_key(ws, biases)] = row_groups(ws, biases)
+                    self._groups[_group_key(ws, biases)] = row_groups(ws, biases, lambda raw, t: to_device(own(raw), t))
             self._dev: dict[int, object] = {}  # id of a host weight -> its device copy
             for m in _host_tensors(weights, self.layers, host_experts):
                 if id(m) in shared:
                     self._dev[id(m)] = shared[id(m)]
                 elif id(m) not in self._dev:
-                    self._dev[id(m)] = (to_device(m.data, m.qtype) if isinstance(m, QuantMatrix) else
-                                        cuda_moe.experts_to_device(m.data, m.qtype) if isinstance(m, QuantExperts)
-                                        else cp.asarray(m))
+                    self._dev[id(m)] = (to_device(own(m.data), m.qtype) if isinstance(m, QuantMatrix) else
+                                        cuda_moe.experts_to_device(own(m.data), m.qtype)
+                                        if isinstance(m, QuantExperts) else cp.asarray(own(m)))
             self._rope_freqs = weights.rope_freqs
             # the attention layers' caches, each of its layer's heads (gemma4's KV-shared layers have none: they read
             # their kv_source's, which must be here too)
