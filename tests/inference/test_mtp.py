@@ -279,6 +279,28 @@ def test_the_block_goes_with_the_head_when_layers_are_on_the_cpu(qwen35_mtp):
     assert ours[:N_TOKENS] == plain and stats.drafted > 0
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_constrained_reply_keeps_the_states_for_the_block(device, request):
+    """A reply under a grammar runs without drafts, a token at a time: with the block attached, the GPU's in eager
+    steps (its captured step keeps no states), so that the block's record holds the reply's states (those a prompt of
+    the same tokens keeps) for the drafts after it."""
+    from inference.grammar import Constraint, json_schema_grammar  # noqa: PLC0415
+    engine = request.getfixturevalue("qwen35_mtp" if device == "cpu" else "qwen35_mtp_gpu")
+    drafter = engine.speculation.drafter
+    ids = engine.tokenizer.encode(PROMPT)
+    engine.reset()
+    for _ in engine.generate(ids, max_tokens=8, temperature=0,
+                             constraint=Constraint(json_schema_grammar({"type": "string"}))):
+        pass
+    ran = list(engine._cached)  # the prompt and the reply's tokens the model ran (all but the last: 7 on the CPU)
+    assert len(ran) > len(ids) + 1
+    assert engine._decode is None or not any(masked for _, masked in engine._decode.graphs)
+    kept = np.array(drafter.be.to_host(drafter.states[:len(ran)]))  # a copy: the CPU's is the record itself
+    engine.reset()
+    engine.logits(ran)
+    assert _corr(kept[len(ids):], drafter.be.to_host(drafter.states[len(ids):len(ran)])).min() >= 0.999
+
+
 @pytest.mark.gpu
 def test_spec_auto_leaves_the_gpus_block_off(qwen35_mtp):
     """auto picks the block on the CPU engine only (not measured to pay on the GPU yet); --spec mtp takes it."""
