@@ -181,6 +181,16 @@ class CPUBackend:
     def copy(self, x: np.ndarray) -> np.ndarray:
         return x.copy()
 
+    def rows(self, width: int) -> np.ndarray:
+        """float32 [n_ctx, width], a row for each position of the context, its pages mapped as they fill
+        (lazy_zeros): the MTP drafter's record of the model's states (put_rows writes them)."""
+        return lazy_zeros((self.n_ctx, width))
+
+    def put_rows(self, rows: np.ndarray, pos: int, x: np.ndarray) -> np.ndarray:
+        """rows (rows()') with x [n, width] at positions pos..pos + n - 1."""
+        rows[pos:pos + len(x)] = x
+        return rows
+
     def embed(self, table: QuantMatrix, scale: float) -> np.ndarray:
         x = dequantize_rows(table.data, table.qtype, self.tokens)  # [n, n_embd]
         return x * np.float32(scale) if scale != 1.0 else x

@@ -48,8 +48,8 @@ class Arena:
         return a
 
 
-def _step_arena_bytes(cfg: ModelConfig) -> int:
-    """An upper bound on what one token's forward and sampling take from the arena."""
+def _step_arena_bytes(cfg: ModelConfig, n_layers: int) -> int:
+    """An upper bound on what one token's forward of n_layers layers and sampling take from the arena."""
     e, f = cfg.n_embd, cfg.n_ff
     q, kv = cfg.n_heads * max(cfg.head_dim, cfg.v_head_dim), cfg.n_kv_heads * max(cfg.head_dim, cfg.v_head_dim)
     experts = cfg.n_expert + 2 * cfg.n_expert_used + 4 * cfg.n_expert_used * cfg.n_ff_exp  # logits, choice, ffn
@@ -62,7 +62,7 @@ def _step_arena_bytes(cfg: ModelConfig) -> int:
     floats = 12 * e + 5 * q + 3 * kv + 4 * f + experts + shared + deltanet + beside + per_layer_input  # q8_1 as floats
     per_layer = 4 * floats + 32 * ALIGN
     per_layer_inputs = 4 * 6 * cfg.n_layers * cfg.n_embd_per_layer  # forward.per_layer_inputs' arrays
-    return cfg.n_layers * per_layer + per_layer_inputs + 4 * (4 * e + cfg.n_vocab) + 16 * ALIGN + (1 << 20)
+    return n_layers * per_layer + per_layer_inputs + 4 * (4 * e + cfg.n_vocab) + 16 * ALIGN + (1 << 20)
 
 
 @dataclass(frozen=True)
@@ -88,26 +88,39 @@ class CUDABackend:
     layers before this backend's (the CPU only embeds). Each of their weights is uploaded for the op that reads
     it (from the file's pages pinned in place: ~50 GB/s) and its VRAM goes back to the pool; their KV cache is
     lent one layer at a time (lend): keys and values before the chunk up from the host cache, the chunk's back.
-    The GPU's attention and the rest beat the cores' ~10x on a chunk, as the copies cost ~20 ms a GB."""
+    The GPU's attention and the rest beat the cores' ~10x on a chunk, as the copies cost ~20 ms a GB.
+
+    shares: the model's backend, where this one runs the MTP block's layer (weights.layers[n_layers]) alone for
+    mtp.MTPDrafter: its stream (the model's states it copies in are ordered before the block reads them) and its
+    device copies of the weights both read (the head where the block's is the model's, token_embd where every layer
+    is here); no layers before this one's (the block embeds its own tokens)."""
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None,
-                 host_experts: range = range(0), prefill_chunk: int = PREFILL_CHUNK):
+                 host_experts: range = range(0), prefill_chunk: int = PREFILL_CHUNK,
+                 shares: "CUDABackend | None" = None):
         self.cfg = cfg
         self.prefill_chunk = prefill_chunk  # prompt tokens a forward (the placement counted their buffers)
         self.n_ctx = n_ctx
         self.layers = range(cfg.n_layers) if layers is None else layers
-        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.stream = shares.stream if shares else cp.cuda.Stream(non_blocking=True)
+        shared = shares._dev if shares else {}
+        # the model's backend may have pinned the file's pages beside the block's weights (its CPU layers'): CuPy
+        # copies from a pinned address without staging, past the registered range (_uploaded_from_host), so the
+        # block's weights go up from a copy
+        own = np.array if shares else (lambda a: a)
         with self.stream:
             self._groups: dict[tuple, list[RowGroup]] = {}  # _group_key of a matmuls call -> its row groups
             for i in self.layers:
                 for ws, biases in _matmuls_calls(weights.layers[i]):
-                    self._groups[_group_key(ws, biases)] = row_groups(ws, biases)
+                    self._groups[_group_key(ws, biases)] = row_groups(ws, biases, lambda raw, t: to_device(own(raw), t))
             self._dev: dict[int, object] = {}  # id of a host weight -> its device copy
             for m in _host_tensors(weights, self.layers, host_experts):
-                if id(m) not in self._dev:
-                    self._dev[id(m)] = (to_device(m.data, m.qtype) if isinstance(m, QuantMatrix) else
-                                        cuda_moe.experts_to_device(m.data, m.qtype) if isinstance(m, QuantExperts)
-                                        else cp.asarray(m))
+                if id(m) in shared:
+                    self._dev[id(m)] = shared[id(m)]
+                elif id(m) not in self._dev:
+                    self._dev[id(m)] = (to_device(own(m.data), m.qtype) if isinstance(m, QuantMatrix) else
+                                        cuda_moe.experts_to_device(own(m.data), m.qtype)
+                                        if isinstance(m, QuantExperts) else cp.asarray(own(m)))
             self._rope_freqs = weights.rope_freqs
             # the attention layers' caches, each of its layer's heads (gemma4's KV-shared layers have none: they read
             # their kv_source's, which must be here too)
@@ -132,7 +145,8 @@ class CUDABackend:
             self._attn_scratch = {kind: cuda_ops.decode_scratch(*kind) for kind in kinds}
             self._argmax_scratch = cuda_ops.argmax_scratch()
             self._sample_scratch = cuda_ops.sample_scratch(cfg.n_vocab)
-            self._arena = Arena(_step_arena_bytes(cfg))
+            # the MTP block's embedding, norms and projection take less than a layer's share
+            self._arena = Arena(_step_arena_bytes(cfg, len(self.layers) + 1 if shares else cfg.n_layers))
             self._route_done = cp.zeros(1, dtype=cp.uint32)  # cuda_moe.norm_router_route's count of finished blocks
         self._sampled = cp.cuda.Event(block=False, disable_timing=True)  # mark_sampled's point (spin-waited)
         self._read_stream = cp.cuda.Stream(non_blocking=True)
@@ -146,7 +160,8 @@ class CUDABackend:
         self._shared_sources = {cfg.kv_source(i) for i in range(cfg.n_layers) if not cfg.has_kv(i)}  # gemma4
         self._pos = 0  # pos[0] of a prompt chunk, on the host
         # the file's pages a prompt chunk uploads, pinned where they lie so that it copies them up directly
-        uploaded = list(_uploaded_from_host(weights, range(self.layers.start), host_experts))
+        lent = range(0) if shares else range(self.layers.start)  # the layers a prompt chunk may run here (lend)
+        uploaded = list(_uploaded_from_host(weights, lent, host_experts))
         self._pinned = cuda_host.pin_in_place(uploaded) if uploaded else None
         self.pieces = StepPieces(self.stream)  # a captured decode step's graphs and the host work between them
         self.host_experts = HostExperts(self.stream, cfg, weights, host_experts, self._pinned, self.pieces)
@@ -260,6 +275,25 @@ class CUDABackend:
         copies on the null stream by default, which this non-blocking stream does not wait for, nor it for)."""
         with self.stream:
             return x.copy()
+
+    def rows(self, width: int) -> cp.ndarray:
+        """float32 [0, width] in VRAM, that put_rows grows to a row for each position of the context as it fills
+        (the MTP drafter's record of the model's states): a row for every position at once would take Qwen3.5-27B's
+        262144 x 5120 floats, 5.4 GB, at its full context."""
+        with self.stream:
+            return cp.empty((0, width), cp.float32)
+
+    def put_rows(self, rows: cp.ndarray, pos: int, x: cp.ndarray) -> cp.ndarray:
+        """rows (rows()') with x [n, width] (on this device) at positions pos..pos + n - 1, on the stream: rows
+        itself, or a copy twice as long (at most n_ctx; zeros past rows, as the CPU's) where it ends before pos + n."""
+        end = pos + len(x)
+        with self.stream:
+            if end > len(rows):
+                grown = cp.zeros((min(self.n_ctx, max(end, 2 * len(rows))), rows.shape[1]), cp.float32)
+                grown[:len(rows)] = rows
+                rows = grown
+            rows[pos:end] = x
+        return rows
 
     # ---- the hidden state from the CPU layers before this segment ----
 
@@ -560,6 +594,15 @@ class CUDABackend:
         """The mixture of experts alone on rms_norm(x [n, n_embd], norm): gemma4's, beside its dense FFN."""
         return backend_cuda_moe.moe(self, x, experts, norm, k)
 
+    def concat(self, x: cp.ndarray, y: cp.ndarray) -> cp.ndarray:
+        """[x y]: x [n, a] and y [n, b] side by side, [n, a + b] (the MTP block's input: forward.mtp)."""
+        a = x.shape[1]
+        out = self._empty((x.shape[0], a + y.shape[1]))
+        with self.stream:
+            out[:, :a] = x
+            out[:, a:] = y
+        return out
+
     def scale(self, x: cp.ndarray, s: float) -> cp.ndarray:
         out = self._empty(x.shape)
         cuda_ops.scale(x, s, out, stream=self.stream)
@@ -651,7 +694,7 @@ class CUDABackend:
         s = self._prefill_scratch
         if s is None or s.x16.size < self.n * n_cols:
             cfg = self.cfg
-            max_cols = max(cfg.n_embd, cfg.n_ff, cfg.n_heads * cfg.v_head_dim)
+            max_cols = max(cfg.n_embd, cfg.n_ff, cfg.n_heads * cfg.v_head_dim, n_cols)  # n_cols: the MTP eh_proj's
             largest = max(cfg.n_ff * cfg.n_embd, cfg.n_heads * cfg.head_dim * cfg.n_embd)
             with self.stream:
                 s = self._prefill_scratch = cuda_prefill.Scratch.empty(self.n, max_cols,
@@ -718,13 +761,17 @@ def _uploaded_from_host(w: ModelWeights, cpu_layers: range, host_experts: range)
 def _host_tensors(w: ModelWeights, layers: range, host_experts: range = range(0)):
     """Every weight forward() hands to an op on its own in these layers and the head: matrices, expert stacks (but
     those of host_experts' layers) and norm vectors (not the matmuls calls'); token_embd (and gemma4's per-layer
-    embeddings) only with the first layer (else the CPU embeds)."""
+    embeddings) only with the first layer (else the CPU embeds). The MTP block's layer (the last of w.layers, after
+    the model's) comes with the block's embedding, projection, norms and head (forward.mtp) in the head's place."""
     if layers.start == 0:
         yield w.token_embd
         if w.per_layer is not None:
             yield from (w.per_layer.token_embd, w.per_layer.model_proj, w.per_layer.proj_norm)
-    yield w.output
-    yield w.output_norm
+    nx = w.nextn
+    if nx is not None and layers.stop == len(w.layers):
+        yield from (nx.embed, nx.eh_proj, nx.enorm, nx.hnorm, nx.head_norm, nx.head)
+    else:
+        yield from (w.output, w.output_norm)
     for i in layers:
         lw = w.layers[i]
         grouped = {id(t) for ws, biases in _matmuls_calls(lw) for t in ws + (biases or ())}

@@ -200,11 +200,17 @@ class Engine:
             except Exception as e:
                 if self.device != "cuda" or not _out_of_vram(e):
                     raise
-            # past the except, no traceback holds the old backends: dropping them frees their VRAM
+            # past the except, no traceback holds the old backends: dropping them frees their VRAM (the MTP block's
+            # backend shares the head's copy and the stream: it is made again with the new ones)
+            remake = self._mtp() is not None
+            if remake:
+                self.speculation.drafter = None
             self._segments = self._chunk_segments = self._decode = self._be = self.gpu_share = None
             self._cached = []
             self._place(self._with_gpu_layers(_fewer_layers(self.placement.n_gpu_layers, self._notify,
                                                             "processing the prompt")))
+            if remake:
+                self.speculation.drafter = mtp_drafter(self, self._gguf)
 
     def _prefill_chunks(self, ids: list[int], all_logits: bool, cancelled=None):
         cached = common_prefix(ids, self._cached)
@@ -299,12 +305,17 @@ class Engine:
     def _forward(self, segments, pos: int, all_logits: bool):
         """forward() of the tokens the segments were given at pos; where the MTP block drafts, it is handed the
         model's states there (mtp.MTPDrafter.keep)."""
-        spec = self.speculation
-        if spec is None or not isinstance(spec.drafter, MTPDrafter):
+        drafter = self._mtp()
+        if drafter is None:
             return forward(segments, self.config, self._weights, all_logits=all_logits)
         logits, states = forward(segments, self.config, self._weights, all_logits=all_logits, hidden=True)
-        spec.drafter.keep(pos, self._be.to_host(states))
+        drafter.keep(pos, states)  # on the device of the head, where the block runs
         return logits
+
+    def _mtp(self) -> MTPDrafter | None:
+        """The MTP block's drafter where it drafts: every forward of the model keeps its states for it."""
+        spec = self.speculation
+        return spec.drafter if spec is not None and isinstance(spec.drafter, MTPDrafter) else None
 
     def _verify(self, tokens: list[int], pos: int) -> np.ndarray:
         """A verify step of speculative decoding: logits [len(tokens), n_vocab] on the host, the recurrent states
@@ -398,7 +409,7 @@ class Engine:
             tokens = speculative_tokens(self._be.to_host(logits)[0], ids, params, seed, spec.drafter, spec.k_max,
                                         self._verify, self._rewind_states, min(self.n_ctx, len(ids) + max_tokens - 1),
                                         counts)
-        elif self._decode:
+        elif self._decode and not self._mtp():  # the captured step keeps no states for the block: eager steps
             tokens = self._decode.tokens(logits, params, seed, ids, max_tokens, guide)
         else:
             tokens = self._host_tokens(logits, params, seed, ids, guide)
@@ -586,8 +597,8 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
     from pinned host memory (gpu_share.py); 0 is off. cpu_moe (a model with experts): how many of the first
     layers keep their experts on the CPU ("all", a count, or "auto": as few as make the rest fit).
     spec: speculative decoding (speculative.py): "ngram" (prompt lookup), "draft" (the model draft, loaded on the
-    same device), "mtp" (the model's own MTP block: mtp.py; the CPU engine only), "off", or "auto" (draft when one
-    is given, else mtp where it runs, else off); spec_k: at most that many drafts a step."""
+    same device), "mtp" (the model's own MTP block: mtp.py), "off", or "auto" (draft when one is given, else mtp
+    on the CPU engine, else off); spec_k: at most that many drafts a step."""
     check_spec_options(spec, spec_k, draft)
     if device not in ("auto", "cpu", "cuda"):
         raise DeviceError(f"device '{device}' is not available (use auto, cpu or cuda)")
@@ -623,6 +634,8 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
         # decode reads the weights once a token: a draft token costs what its file's share of the bytes says
         cost = drafter._gguf.file_size / gguf.file_size
         engine.speculation = Speculation("draft", DraftModel(drafter, config.n_vocab, cost), spec_k)
+    # auto leaves the GPU's block off until it is measured to pay there (its verify step runs eagerly, a plain
+    # step is one graph launch; a mixture of experts' verify reads more experts than its step does)
     elif spec == "mtp" or (spec == "auto" and weights.nextn is not None and engine.device == "cpu"):
         engine.speculation = Speculation("mtp", mtp_drafter(engine, gguf), spec_k)
     return engine

@@ -7,10 +7,14 @@ up to pos - 1, with the model's states there (kept by the engine as its forward 
 drafts the token at pos + 1; each next draft is a step at the next position on the block's own state and the
 draft before (a chain). The chain's entries past pos - 1 are provisional: the next call writes them again from
 the position the model's states then reach.
+
+The block runs where the model's head does (the CPU engine's backend, or the GPU's last segment), on a backend of its
+layer alone that shares the model's head: the model's states stay on that device, and only a draft's logits row
+comes to the host (draft_from samples there).
 """
 import numpy as np
 
-from inference.backend_cpu import CPUBackend, lazy_zeros
+from inference.backend_cpu import CPUBackend
 from inference.forward import mtp
 from inference.sampling import SamplingParams
 from inference.speculative import Draft, SpeculationError, common_prefix, draft_from
@@ -19,17 +23,16 @@ from models.config import ModelConfig
 
 
 class MTPDrafter:
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, head: tuple | None, cost: float):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, be, cost: float):
         self.cfg, self.weights = cfg, weights
         self.cost = cost  # what a step of the block costs, as a share of one step of the model
-        # a CPU backend of the block's layer alone, sharing the model's copy of the output head
-        self.be = CPUBackend(cfg, weights, n_ctx, range(cfg.n_layers, cfg.n_layers + 1), head=head)
-        self.states = lazy_zeros((n_ctx, cfg.n_embd))  # the model's state after the output norm at each position
+        self.be = be  # a backend of the block's layer alone (mtp_drafter's), on the device of the model's head
+        self.states = be.rows(cfg.n_embd)  # the model's state after the output norm at each position (be's device)
         self.entered: list[int] = []  # the history the cache's entries up to len - 2 were made from
 
-    def keep(self, pos: int, states: np.ndarray) -> None:
-        """The model's states [n, n_embd] (host) at positions pos.. of the tokens it just ran."""
-        self.states[pos:pos + len(states)] = states
+    def keep(self, pos: int, states) -> None:
+        """The model's states [n, n_embd] (on the block's device) at positions pos.. of the tokens it just ran."""
+        self.states = self.be.put_rows(self.states, pos, states)
 
     def propose(self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         pos = len(history) - 1  # the last token's, which the model runs next: its states stop at pos - 1
@@ -47,8 +50,9 @@ class MTPDrafter:
         for _ in range(k):
             self.be.set_input(np.array(tokens, np.int32), start)
             logits, h = mtp(self.be, self.cfg, self.weights, h)
-            draft_from(logits[0], history, params, rng, draft)
-            start, tokens, h = start + len(tokens), draft.tokens[-1:], h[-1:]
+            draft_from(self.be.to_host(logits)[0], history, params, rng, draft)
+            # the block's state out of the step's buffers (a GPU step's arena is the next step's)
+            start, tokens, h = start + len(tokens), draft.tokens[-1:], self.be.copy(h[-1:])
         return draft
 
 
@@ -57,9 +61,14 @@ def mtp_drafter(engine, gguf) -> MTPDrafter:
     config, n = engine.config, engine.config.n_layers
     if engine._weights.nextn is None:
         raise SpeculationError(f"this model file has no MTP block (blk.{n}.nextn.*): use --spec ngram or --draft")
-    if engine.device != "cpu":
-        raise SpeculationError("--spec mtp runs on the CPU engine only so far: add --device cpu, or use --spec ngram")
     # decode reads the weights once a token: a step of the block costs its share of the bytes (and the head's)
     block = sum(t.nbytes for name, t in gguf.tensors.items() if name.startswith(f"blk.{n}."))
     cost = (block + engine._weights.nextn.head.data.nbytes) / gguf.file_size
-    return MTPDrafter(config, engine._weights, engine.n_ctx, engine._be._head, cost)
+    layers, model = range(n, n + 1), engine._be  # the model's backend that runs its head
+    if isinstance(model, CPUBackend):
+        be = CPUBackend(config, engine._weights, engine.n_ctx, layers, head=model._head)
+    else:
+        from inference.backend_cuda import CUDABackend  # noqa: PLC0415  (CuPy only on this path)
+        be = CUDABackend(config, engine._weights, engine.n_ctx, layers, prefill_chunk=model.prefill_chunk,
+                         shares=model)
+    return MTPDrafter(config, engine._weights, be, cost)
