@@ -239,7 +239,8 @@ def test_gpu_block_matches_the_cpu_block(name, request, monkeypatch):
     n = len(ids) - 1
     states = cd.states[:n].copy()
     if name == "qwen35":  # qwen35moe's three layers amplify the 8-bit rounding of activations (conftest)
-        assert _corr(gd.be.to_host(gd.states[:n]), states).min() >= 0.999
+        corr = _corr(gd.be.to_host(gd.states[:n]), states)  # the GPU's q8_1 activations against the cores' int8
+        assert corr.mean() >= 0.999 and corr.min() >= 0.99, (corr.mean(), corr.min())
     monkeypatch.setattr(cd.be, "_repacked", {})  # float_activations' float32 reference, for the block's layer too
     with float_activations(cpu):
         cd.be.set_input(np.array(ids[1:], np.int32), 0)
@@ -247,9 +248,9 @@ def test_gpu_block_matches_the_cpu_block(name, request, monkeypatch):
         cd.be.set_input(np.array(ids[-1:], np.int32), n - 1)
         want_last = block(cd.be, cfg, w, states[-1:])[0]
     gd.be.set_input(np.array(ids[1:], np.int32), 0)
-    got = gd.be.to_host(block(gd.be, cfg, w, _to_device(gd.be, states), all_logits=True)[0])
+    got = gd.be.to_host(block(gd.be, cfg, gpu._weights, _to_device(gd.be, states), all_logits=True)[0])
     gd.be.set_input(np.array(ids[-1:], np.int32), n - 1)
-    got_last = gd.be.to_host(block(gd.be, cfg, w, _to_device(gd.be, states[-1:]))[0])
+    got_last = gd.be.to_host(block(gd.be, cfg, gpu._weights, _to_device(gd.be, states[-1:]))[0])
     assert_close_logits(got, want, f"{name} block logits of {n} positions")
     assert_close_logits(got_last, want_last, f"{name} block logits of a step")
     # the drafts from the same states (the prompt's last token's too), each block's cache made again from nothing
