@@ -81,16 +81,18 @@ def run(args) -> int:
     from app.reasoning import check_level, effort_vars, thinking_vars  # noqa: PLC0415
     from app.reply_split import reply_splitter  # noqa: PLC0415
     from app.structured import answer_constraint, schema_file_grammar  # noqa: PLC0415
-    from inference import load  # noqa: PLC0415  (heavy: numba, the model)
+    # what the flags alone decide is refused before the engine's imports (numba and the kernels: ~3 s on 2 cores)
     prompt = read_prompt(args)
     if args.raw and (args.system or args.chat_template or args.reasoning or args.reasoning_effort):
         raise NoPromptError("--raw is plain completion: it takes no --system, --chat-template, --reasoning or "
                             "--reasoning-effort")
-    check_max_tokens(args.max_tokens)  # before the model loads
+    check_max_tokens(args.max_tokens)
     check_level(args.reasoning_effort)
-    grammar = schema_file_grammar(args.json_schema) if args.json_schema else None  # before the model loads
+    grammar = schema_file_grammar(args.json_schema) if args.json_schema else None
+    options = load_options(args)
+    from inference import load  # noqa: PLC0415  (heavy: numba, the model)
     t0 = time.perf_counter()
-    engine = load(args.model, ctx=args.ctx, progress=DownloadBar(), **load_options(args))
+    engine = load(args.model, ctx=args.ctx, progress=DownloadBar(), **options)
     load_seconds = time.perf_counter() - t0
     if args.verbose:
         print(engine.summary(), file=sys.stderr)

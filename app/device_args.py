@@ -39,15 +39,17 @@ def add_expert_args(p) -> None:
 
 def load_options(args) -> dict:
     """The keyword arguments of inference.load for these flags (bad values raise a UserError)."""
-    from inference.speculative import SPEC_K  # noqa: PLC0415
+    from inference.speculative import SPEC_K, check_spec_options  # noqa: PLC0415
     from inference.placement import (  # noqa: PLC0415
         DEFAULT_GPU_SHARE, parse_cpu_moe, parse_gpu_layers, parse_gpu_share, parse_vram_budget)
 
+    spec_k = SPEC_K if args.spec_k is None else args.spec_k
+    check_spec_options(args.spec, spec_k, args.draft)
     return {"device": args.device, "gpu_layers": parse_gpu_layers(args.gpu_layers),
             "vram_budget": parse_vram_budget(args.vram_budget) if args.vram_budget else None,
             "cuda_graph": not args.no_graph, "cpu_moe": parse_cpu_moe(args.cpu_moe, args.n_cpu_moe),
             "gpu_share": DEFAULT_GPU_SHARE if args.gpu_share is None else parse_gpu_share(args.gpu_share),
-            "spec": args.spec, "spec_k": SPEC_K if args.spec_k is None else args.spec_k, "draft": args.draft}
+            "spec": args.spec, "spec_k": spec_k, "draft": args.draft}
 
 
 def speculation_summary(drafted: int, accepted: int) -> str:

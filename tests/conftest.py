@@ -18,18 +18,18 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
 import pytest  # noqa: E402  (after the thread counts)
 
 # The files that go first, in this order; the rest follow as collected. The README's two workers take files in
-# collection order (pytest-xdist's loadfile, told not to reorder them: pyproject's --no-loadscope-reorder), two each
-# to start: test_serve and test_tui to the first, test_tokenizer and test_cuda_compile to the second, which then takes
-# the next ones as it finishes. test_serve begins by compiling the CLI's numba kernels (cli_kernels_cached, ~100
-# CPU-s), so the second worker first runs files that compile none (~110 CPU-s of them): test_cpu_quant after them
-# loads those kernels from numba's cache, where it had compiled them a second time at the same moment. Then the
-# heavy files, heaviest first (CPU-s of session 23's profile), so that no worker is left alone with a long one.
-FIRST = ["tests/app/test_serve.py", "tests/models/test_tokenizer.py", "tests/app/test_tui.py",
-         "tests/kernels/test_cuda_compile.py", "tests/models/test_gguf_fuzz.py", "tests/models/test_dequant.py",
-         "tests/models/test_chat_template.py", "tests/kernels/test_cpu_quant.py", "tests/inference/test_parity.py",
-         "tests/app/test_run.py", "tests/app/test_info.py", "tests/inference/test_engine.py",
-         "tests/app/test_serve_json.py", "tests/inference/test_moe.py", "tests/app/test_tui_snapshots.py",
-         "tests/inference/test_qwen35.py", "tests/inference/test_gemma4.py"]
+# collection order (pytest-xdist's loadfile, told not to reorder them: pyproject's --no-loadscope-reorder), each the
+# next one as it nears the end of its last. test_serve begins by compiling the CLI's numba kernels for both packaged
+# models (cli_kernels_cached: ~170 CPU-s, one core), so the other worker first runs the files that compile none
+# (~180 CPU-s of them: test_tokenizer .. test_info) and only then those that load the same kernels in process
+# (test_tui, test_cpu_quant, ...), from numba's cache: session 24's profile saw test_tui compile them a second time at
+# the same moment (~100 CPU-s). Then the heavy files, heaviest first, so that no worker is left alone with a long one.
+FIRST = ["tests/app/test_serve.py", "tests/models/test_tokenizer.py", "tests/models/test_gguf.py",
+         "tests/models/test_gguf_fuzz.py", "tests/kernels/test_cuda_compile.py", "tests/models/test_chat_template.py",
+         "tests/app/test_info.py", "tests/app/test_tui.py", "tests/kernels/test_cpu_quant.py",
+         "tests/models/test_dequant.py", "tests/inference/test_parity.py", "tests/app/test_run.py",
+         "tests/inference/test_engine.py", "tests/app/test_serve_json.py", "tests/inference/test_moe.py",
+         "tests/app/test_tui_snapshots.py", "tests/inference/test_qwen35.py", "tests/inference/test_gemma4.py"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -71,7 +71,8 @@ def cli_kernels_cached(smollm2, gemma3, tmp_path_factory):
     cache can choose apart at a near tie (SmolLM2's greedy reply to test_serve's QUESTION, seen on a clean clone:
     "Marseillaise" on a first start, "Marseur" on later ones), so such a comparison holds only once both load
     them. Run in the suite's order, the first CLI test (test_bench) filled the cache first; with tests spread over
-    workers (pytest -n) this fixture does it, once a run: the first worker to need it, while the others wait."""
+    workers (pytest -n) this fixture does it, once a run: the first worker to need it, while the others wait. Tests
+    that load SmolLM2 in process (test_tui) wait for it too, rather than compile the same kernels beside it."""
     import fcntl
     run_dir = tmp_path_factory.getbasetemp()
     if "PYTEST_XDIST_WORKER" in os.environ:

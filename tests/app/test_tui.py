@@ -19,6 +19,8 @@ from app.tui.message_view import MessageView
 from app.tui.prompt_input import PromptInput
 from app.tui.status_bar import StatusBar
 
+pytestmark = pytest.mark.usefixtures("cli_kernels_cached")  # SmolLM2's kernels from numba's cache (conftest)
+
 SYSTEM = "You are a helpful assistant. Answer briefly."
 SIZE = (100, 36)
 ROOT = Path(__file__).resolve().parents[2]
