@@ -186,9 +186,12 @@ class ChatApp(App):
 
     @on(ModelLoaded)
     async def model_loaded(self, event: ModelLoaded) -> None:
+        # textual's message loop holds the last message it handled until the next one comes: the engine referenced
+        # there would outlive its replacement's load, whose gc.freeze() would then keep it (engine_work)
+        engine, event.engine = event.engine, None
         if event.model != self.loading_model:
             return  # another model was asked for meanwhile
-        self.engine, self.engine_model, self.loading_model = event.engine, event.model, ""
+        self.engine, self.engine_model, self.loading_model = engine, event.model, ""
         self.template_vars = self.reasoning_vars()
         self.query_one("#loading").display = False
         self.end_preparing()

@@ -63,6 +63,7 @@ def main() -> None:
     args = p.parse_args()
     engine = load(args.model, device=args.device, ctx=2048)
     engine.warm_up()
+    prompt = EDIT if engine.chat_template else EDIT[0]["content"]  # tests/synth_gguf.py's files have no template
     print(f"{engine.device}, load average {os.getloadavg()[0]:.2f}")
     if not any(engine.config.recurrent):
         costs = step_costs(engine, args.reps)
@@ -73,14 +74,14 @@ def main() -> None:
         drafter, name = PromptLookup(), "ngram"
     else:
         engine.reset()
-        list(engine.generate(EDIT, max_tokens=args.n + 1, temperature=0))
+        list(engine.generate(prompt, max_tokens=args.n + 1, temperature=0))
         drafter, name = Replay(list(engine._cached), args.replay), f"replay {args.replay}"
     texts = {}
     for rep in range(args.reps):
         for name, spec in (("plain", None), (name, Speculation(name, drafter, args.spec_k))):
             engine.reset()
             engine.speculation = spec
-            *pieces, stats = engine.generate(EDIT, max_tokens=args.n, temperature=0)
+            *pieces, stats = engine.generate(prompt, max_tokens=args.n, temperature=0)
             texts.setdefault(name, "".join(pieces))
             print(f"{rep} {name}: {stats.generated_tokens} tokens, {stats.generation_tok_s:.1f} tok/s, drafted "
                   f"{stats.drafted}, accepted {stats.accepted} | load average {os.getloadavg()[0]:.2f}", flush=True)
