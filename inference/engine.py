@@ -15,8 +15,8 @@ from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_
                                  all_on_cpu, free_vram, holds_kv_sources, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
 from inference.mtp import MTPDrafter, mtp_drafter
-from inference.speculative import (SPEC_K, DraftModel, PromptLookup, Speculation, SpecCounts, check_draft_vocabulary,
-                                   check_spec_options, common_prefix, speculative_tokens)
+from inference.speculative import (SPEC_K, DraftModel, PromptLookup, Speculation, SpecCounts, SpeculationError,
+                                   check_draft_vocabulary, check_spec_options, common_prefix, speculative_tokens)
 from inference.weights import load_weights
 from kernels.cuda.shapes import ATTENTION_HEAD_DIMS, DELTANET_CONV_K, DELTANET_HEAD_SIZES
 from models.chat_template import load_chat_template
@@ -637,6 +637,14 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
     # auto leaves the GPU's block off until it is measured to pay there (its verify step runs eagerly, a plain
     # step is one graph launch; a mixture of experts' verify reads more experts than its step does)
     elif spec == "mtp" or (spec == "auto" and weights.nextn is not None and engine.device == "cpu"):
-        engine.speculation = Speculation("mtp", mtp_drafter(engine, gguf), spec_k)
+        try:
+            drafter = mtp_drafter(engine, gguf)
+        except Exception as e:
+            if engine.device != "cuda" or not _out_of_vram(e):
+                raise
+            # placement counts the model's VRAM, not the block's (its weights, cache and the states it keeps)
+            raise SpeculationError("the MTP block does not fit in VRAM beside the model: use --spec off, or fewer "
+                                   "--gpu-layers") from None
+        engine.speculation = Speculation("mtp", drafter, spec_k)
     return engine
 

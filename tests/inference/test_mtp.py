@@ -307,3 +307,23 @@ def test_spec_auto_leaves_the_gpus_block_off(qwen35_mtp):
     """auto picks the block on the CPU engine only (not measured to pay on the GPU yet); --spec mtp takes it."""
     assert load(qwen35_mtp.path, device="cuda", ctx=64).speculation is None
     assert load(qwen35_mtp.path, device="cuda", ctx=64, spec="mtp").speculation.kind == "mtp"
+
+
+@pytest.mark.gpu
+def test_no_vram_for_the_block_is_a_one_line_error(qwen35_mtp, monkeypatch):
+    """Placement counts the model, not the block: a block that finds no VRAM left is refused in one line (a
+    UserError), not a CuPy traceback. The block's backend (the one made with shares=) is made to run out."""
+    import cupy as cp  # noqa: PLC0415
+
+    from inference import backend_cuda  # noqa: PLC0415
+    from models.errors import UserError  # noqa: PLC0415
+    made = backend_cuda.CUDABackend.__init__
+
+    def out_of_vram(self, *args, shares=None, **kwargs):
+        if shares is not None:
+            raise cp.cuda.memory.OutOfMemoryError(1 << 30, 0)
+        made(self, *args, **kwargs)
+
+    monkeypatch.setattr(backend_cuda.CUDABackend, "__init__", out_of_vram)
+    with pytest.raises(UserError, match="the MTP block does not fit in VRAM"):
+        load(qwen35_mtp.path, device="cuda", ctx=64, spec="mtp")
