@@ -21,12 +21,13 @@ import pytest  # noqa: E402  (after the thread counts)
 # collection order (pytest-xdist's loadfile, told not to reorder them: pyproject's --no-loadscope-reorder), each the
 # next one as it nears the end of its last. test_serve begins by compiling the CLI's numba kernels for both packaged
 # models (cli_kernels_cached: ~170 CPU-s, one core), so the other worker first runs the files that compile none
-# (~180 CPU-s of them: test_tokenizer .. test_info) and only then those that load the same kernels in process
+# (~200 CPU-s of them: test_tokenizer .. test_gguf_split) and only then those that load the same kernels in process
 # (test_tui, test_cpu_quant, ...), from numba's cache: session 24's profile saw test_tui compile them a second time at
 # the same moment (~100 CPU-s). Then the heavy files, heaviest first, so that no worker is left alone with a long one.
 FIRST = ["tests/app/test_serve.py", "tests/models/test_tokenizer.py", "tests/models/test_gguf.py",
          "tests/models/test_gguf_fuzz.py", "tests/kernels/test_cuda_compile.py", "tests/models/test_chat_template.py",
-         "tests/app/test_info.py", "tests/app/test_tui.py", "tests/kernels/test_cpu_quant.py",
+         "tests/app/test_info.py", "tests/app/test_tool_grammar.py", "tests/models/test_gguf_split.py",
+         "tests/app/test_tui.py", "tests/kernels/test_cpu_quant.py",
          "tests/models/test_dequant.py", "tests/inference/test_parity.py", "tests/app/test_run.py",
          "tests/inference/test_engine.py", "tests/app/test_serve_json.py", "tests/inference/test_moe.py",
          "tests/app/test_tui_snapshots.py", "tests/inference/test_qwen35.py", "tests/inference/test_gemma4.py"]
