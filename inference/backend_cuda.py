@@ -758,6 +758,15 @@ def _uploaded_from_host(w: ModelWeights, cpu_layers: range, host_experts: range)
         yield from (stack.data for stack in w.layers[i].experts.host_stacks)
 
 
+def out_of_vram(e: Exception) -> bool:
+    """CuPy's pool failing to allocate, a CUDA call failing for memory (cudaErrorMemoryAllocation = 2), or cuBLAS
+    unable to make its handle's workspace (CUBLAS_STATUS_ALLOC_FAILED = 3)."""
+    from cupy_backends.cuda.libs.cublas import CUBLASError  # noqa: PLC0415
+    return isinstance(e, cp.cuda.memory.OutOfMemoryError) or (
+        isinstance(e, cp.cuda.runtime.CUDARuntimeError) and e.status == 2) or (
+        isinstance(e, CUBLASError) and e.status == 3)
+
+
 def _host_tensors(w: ModelWeights, layers: range, host_experts: range = range(0)):
     """Every weight forward() hands to an op on its own in these layers and the head: matrices, expert stacks (but
     those of host_experts' layers) and norm vectors (not the matmuls calls'); token_embd (and gemma4's per-layer

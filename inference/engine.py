@@ -15,8 +15,8 @@ from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_
                                  all_on_cpu, free_vram, holds_kv_sources, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
 from inference.mtp import MTPDrafter, mtp_drafter
-from inference.speculative import (SPEC_K, DraftModel, PromptLookup, Speculation, SpecCounts, SpeculationError,
-                                   check_draft_vocabulary, check_spec_options, common_prefix, speculative_tokens)
+from inference.speculative import (SPEC_K, DraftModel, PromptLookup, Speculation, SpecCounts, check_draft_vocabulary,
+                                   check_spec_options, common_prefix, speculative_tokens)
 from inference.weights import load_weights
 from kernels.cuda.shapes import ATTENTION_HEAD_DIMS, DELTANET_CONV_K, DELTANET_HEAD_SIZES
 from models.chat_template import load_chat_template
@@ -538,13 +538,8 @@ def _build(config: ModelConfig, weights, n_ctx: int, n_gpu_layers: int, cuda_gra
 
 
 def _out_of_vram(e: Exception) -> bool:
-    """CuPy's pool failing to allocate, a CUDA call failing for memory (cudaErrorMemoryAllocation = 2), or cuBLAS
-    unable to make its handle's workspace (CUBLAS_STATUS_ALLOC_FAILED = 3)."""
-    import cupy  # noqa: PLC0415  (only asked once a GPU backend raised)
-    from cupy_backends.cuda.libs.cublas import CUBLASError  # noqa: PLC0415
-    return isinstance(e, cupy.cuda.memory.OutOfMemoryError) or (
-        isinstance(e, cupy.cuda.runtime.CUDARuntimeError) and e.status == 2) or (
-        isinstance(e, CUBLASError) and e.status == 3)
+    from inference.backend_cuda import out_of_vram  # noqa: PLC0415  (only asked once a GPU backend raised)
+    return out_of_vram(e)
 
 
 def _fewer_layers(k: int, notify, doing: str) -> int:
@@ -637,14 +632,6 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
     # auto leaves the GPU's block off until it is measured to pay there (its verify step runs eagerly, a plain
     # step is one graph launch; a mixture of experts' verify reads more experts than its step does)
     elif spec == "mtp" or (spec == "auto" and weights.nextn is not None and engine.device == "cpu"):
-        try:
-            drafter = mtp_drafter(engine, gguf)
-        except Exception as e:
-            if engine.device != "cuda" or not _out_of_vram(e):
-                raise
-            # placement counts the model's VRAM, not the block's (its weights, cache and the states it keeps)
-            raise SpeculationError("the MTP block does not fit in VRAM beside the model: use --spec off, or fewer "
-                                   "--gpu-layers") from None
-        engine.speculation = Speculation("mtp", drafter, spec_k)
+        engine.speculation = Speculation("mtp", mtp_drafter(engine, gguf), spec_k)
     return engine
 

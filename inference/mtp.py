@@ -68,7 +68,14 @@ def mtp_drafter(engine, gguf) -> MTPDrafter:
     if isinstance(model, CPUBackend):
         be = CPUBackend(config, engine._weights, engine.n_ctx, layers, head=model._head)
     else:
-        from inference.backend_cuda import CUDABackend  # noqa: PLC0415  (CuPy only on this path)
-        be = CUDABackend(config, engine._weights, engine.n_ctx, layers, prefill_chunk=model.prefill_chunk,
-                         shares=model)
+        from inference.backend_cuda import CUDABackend, out_of_vram  # noqa: PLC0415  (CuPy only on this path)
+        try:
+            be = CUDABackend(config, engine._weights, engine.n_ctx, layers, prefill_chunk=model.prefill_chunk,
+                             shares=model)
+        except Exception as e:
+            if not out_of_vram(e):
+                raise
+            # placement counts the model's VRAM, not the block's (its weights, cache and the states it keeps)
+            raise SpeculationError("the MTP block does not fit in VRAM beside the model: use --spec off, or fewer "
+                                   "--gpu-layers") from None
     return MTPDrafter(config, engine._weights, be, cost)
