@@ -113,7 +113,8 @@ def _quantize_x(x, tids):
 @fast
 def _chunk_starts(nbytes, n_rows, n_chunks):
     """first: int64 [n_mats + 1], matrix m (nbytes[m] bytes, n_rows[m] rows) has chunks first[m]..first[m + 1] - 1:
-    about n_chunks in all, each matrix's number in proportion to its bytes, at least one, at most one a row."""
+    about n_chunks in all, each matrix's number in proportion to its bytes, at least one, at most one a row (none
+    for a matrix of no rows: quant.padded_matvecs_args' padding)."""
     n_mats = len(nbytes)
     total = 0
     for m in range(n_mats):
@@ -122,7 +123,7 @@ def _chunk_starts(nbytes, n_rows, n_chunks):
     first[0] = 0
     for m in range(n_mats):
         share = (n_chunks * nbytes[m] + total // 2) // max(total, 1)
-        first[m + 1] = first[m] + max(1, min(n_rows[m], share))
+        first[m + 1] = first[m] + min(n_rows[m], max(1, share))
     return first
 
 

@@ -73,6 +73,27 @@ def _read_only(w: np.ndarray) -> np.ndarray:
     return w
 
 
+# matvecs_int8 compiles once for each length of its tuples (~25 s on 2 cores: every quant type's dots are in it), so
+# the calls pad theirs to one of these lengths with empty matrices, which get no rows to do
+MATVEC_ARITIES = (4, 16)
+_NO_ROWS = _read_only(np.empty((0, 0), np.uint8))
+_NO_OUT = np.empty((0, 0), np.float32)
+
+
+def padded_matvecs_args(tids: tuple, ws: tuple, outs: tuple) -> tuple[tuple, tuple, tuple]:
+    """(tids, ws, outs) padded to the next length of MATVEC_ARITIES (kept as they are past the last): the padding's
+    type is tids[0]'s, so x is quantized for no other block size."""
+    pad = next((n for n in MATVEC_ARITIES if n >= len(ws)), len(ws)) - len(ws)
+    return tids + tids[:1] * pad, ws + (_NO_ROWS,) * pad, outs + (_NO_OUT,) * pad
+
+
+def matvecs(tids: tuple, ws: tuple, x: np.ndarray, outs: tuple, own_row: bool = False, n_chunks: int = MATVEC_CHUNKS,
+            n_workers: int = N_WORKERS) -> None:
+    """matvecs_int8 on these matrices (read-only, checked by the caller), their tuples padded."""
+    tids, ws, outs = padded_matvecs_args(tids, tuple(_read_only(w) for w in ws), outs)
+    matvecs_int8(tids, ws, x, outs, F16_TO_F32, n_chunks, n_workers, own_row)
+
+
 def n_cols_of(w: np.ndarray, qtype: GGMLType) -> int:
     return w.shape[1] // qtype.block_bytes * qtype.block_elems
 
@@ -130,14 +151,14 @@ def quantized_matmul(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray,
     w = w if isinstance(w, Repacked) else _read_only(w)
     if isinstance(w, Repacked):
         if n_tokens <= MATVEC_MAX_TOKENS:
-            matvecs_int8((w.tid,), (w.data,), x, (out,), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS, False)
+            matvecs((w.tid,), (w.data,), x, (out,))
         else:
             _gemms([w], [qtype], x, [out])
     elif qtype.id == F32:
         np.matmul(x, w.view(np.float32).T, out=out)
     elif n_tokens <= MATVEC_MAX_TOKENS:
         if takes_int8(qtype.id):
-            matvecs_int8((qtype.id,), (w,), x, (out,), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS, False)
+            matvecs((qtype.id,), (w,), x, (out,))
         elif qtype.id in FUSED_IDS:
             matvec_fused(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
         else:
@@ -192,8 +213,7 @@ def quantized_matvecs_own_rows(ws: list[np.ndarray], qtypes: list[GGMLType], x: 
     outs = tuple(np.empty((1, w.shape[0]), np.float32) for w in ws)
     for w, q in zip(ws, qtypes):
         _check(w, q)
-    matvecs_int8(tuple(q.id for q in qtypes), tuple(_read_only(w) for w in ws), x, outs, F16_TO_F32, MATVEC_CHUNKS,
-                 N_WORKERS, True)
+    matvecs(tuple(q.id for q in qtypes), tuple(ws), x, outs, own_row=True)
     return list(outs)
 
 
@@ -236,7 +256,7 @@ def expert_matvecs(stacks: tuple[np.ndarray, ...], qtypes: tuple[GGMLType, ...],
     return out
 
 
-NO_NORM = np.zeros(0, np.float32)
+NO_NORM = _read_only(np.zeros(0, np.float32))  # read-only as a norm weight: one signature of matvec_add_int8
 NO_BIAS = np.zeros((0, 0), np.float32)
 
 
@@ -320,7 +340,7 @@ def quantized_matmuls(ws: list[np.ndarray | Repacked], qtypes: list[GGMLType], x
         x, outs[i] = _matmul_args(ws[i], qtypes[i], x, None)
     if fused:
         tids, datas = zip(*[_kernel_args(ws[i], qtypes[i]) for i in fused])
-        matvecs_int8(tids, datas, x, tuple(outs[i] for i in fused), F16_TO_F32, MATVEC_CHUNKS, N_WORKERS, False)
+        matvecs(tids, datas, x, tuple(outs[i] for i in fused))
     if gemm:
         _gemms([ws[i] for i in gemm], [qtypes[i] for i in gemm], x, [outs[i] for i in gemm])
     return outs
@@ -344,6 +364,7 @@ class OneToken:
             raise ValueError(f"matrices of one x must share n_cols, got {shapes}")
         self.n_rows, self.n_cols = tuple(r for r, _ in shapes), shapes[0][1]
         self.tids, self.datas = (tuple(a) for a in zip(*[_kernel_args(w, q) for w, q in zip(ws, qtypes)]))
+        self.padded_tids, self.padded_datas, self.padding_outs = padded_matvecs_args(self.tids, self.datas, ())
 
     def _x(self, x: np.ndarray) -> np.ndarray:
         if x.dtype != np.float32 or x.shape != (1, self.n_cols) or not x.flags.c_contiguous:
@@ -353,7 +374,8 @@ class OneToken:
     def matmuls(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
         """(x @ W_m.T for each matrix): float32 [1, n_rows_m] each, in one parallel region (matvecs_int8)."""
         outs = tuple([np.empty((1, n), np.float32) for n in self.n_rows])
-        matvecs_int8(self.tids, self.datas, self._x(x), outs, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS, False)
+        matvecs_int8(self.padded_tids, self.padded_datas, self._x(x), outs + self.padding_outs, F16_TO_F32,
+                     MATVEC_CHUNKS, N_WORKERS, False)
         return outs
 
     def glu(self, x: np.ndarray, activation: str) -> np.ndarray | None:
@@ -376,5 +398,5 @@ class OneToken:
             raise ValueError(f"one matrix and resid float32 [1, {self.n_rows[0]}], got {resid.dtype} {resid.shape}")
         out = np.empty((1, self.n_rows[0]), np.float32)
         matvec_add_int8(self.tids, self.datas, self._x(x), np.ascontiguousarray(resid),
-                        NO_NORM if norm is None else norm, eps, out, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
+                        NO_NORM if norm is None else _read_only(norm), eps, out, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
         return out
