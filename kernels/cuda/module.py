@@ -13,6 +13,8 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
+from kernels.cuda.sources import source_code
+
 KERNEL_DIR = Path(__file__).parent
 
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
@@ -89,8 +91,7 @@ def programmatic_launches():
 
 @functools.cache
 def _module(source: str) -> cp.RawModule:
-    code = (KERNEL_DIR / source).read_text()
-    return cp.RawModule(code=code, options=("-std=c++17", f"-I{KERNEL_DIR}"), backend="nvrtc")
+    return cp.RawModule(code=source_code(source), options=("-std=c++17", f"-I{KERNEL_DIR}"), backend="nvrtc")
 
 
 @functools.cache

@@ -84,3 +84,19 @@ def test_the_wait_check_catches_a_kernel_that_reads_first():
     assert name == "f" and "x[0]" in body.split("wait_prior")[0]
     (name, body), = _kernel_bodies(good)
     assert name == "g" and body.strip().startswith("prefetch_l2")
+
+
+def test_the_compiled_code_changes_with_any_header(tmp_path):
+    """CuPy's on-disk cache keys a module on the code given to NVRTC, so that code carries a digest of the headers
+    (kernels/cuda/sources.py): a header's edit, even one a .cu file only includes, gives each source new code.
+    Planted fault, seen once: the digest line left out fails the second assert."""
+    import shutil
+
+    from kernels.cuda.sources import source_code
+    for path in list(KERNEL_DIR.glob("*.cuh")) + [KERNEL_DIR / "matvec.cu"]:
+        shutil.copy(path, tmp_path / path.name)
+    before = source_code("matvec.cu", tmp_path)
+    assert before.endswith((KERNEL_DIR / "matvec.cu").read_text()) and source_code("matvec.cu", tmp_path) == before
+    header = tmp_path / "quant_dot_iq.cuh"
+    header.write_text(header.read_text().replace("0x6420", "0x6402"))
+    assert source_code("matvec.cu", tmp_path) != before
