@@ -621,17 +621,23 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
     else:
         placement = plan_gpu(gguf, config, ctx, gpu_layers, vram_budget, free_vram(), cpu_moe)
     engine = Engine(path, config, weights, tokenizer, gguf, placement.n_ctx, placement, cuda_graph, notify, gpu_share)
+    engine.speculation = _speculation(engine, spec, spec_k, draft, progress)
+    return engine
+
+
+def _speculation(engine: Engine, spec: str, spec_k: int, draft, progress) -> Speculation | None:
+    """The drafter load's spec, spec_k and draft (checked) give engine, or None for plain decoding."""
     if spec == "ngram":
-        engine.speculation = Speculation("ngram", PromptLookup(), spec_k)
-    elif draft is not None and spec in ("auto", "draft"):
+        return Speculation("ngram", PromptLookup(), spec_k)
+    if draft is not None and spec in ("auto", "draft"):
         drafter = load(draft, device=engine.device, ctx=engine.n_ctx, progress=progress, spec="off")
-        check_draft_vocabulary(tokenizer, drafter.tokenizer)
+        check_draft_vocabulary(engine.tokenizer, drafter.tokenizer)
         # decode reads the weights once a token: a draft token costs what its file's share of the bytes says
-        cost = drafter._gguf.file_size / gguf.file_size
-        engine.speculation = Speculation("draft", DraftModel(drafter, config.n_vocab, cost), spec_k)
+        cost = drafter._gguf.file_size / engine._gguf.file_size
+        return Speculation("draft", DraftModel(drafter, engine.config.n_vocab, cost), spec_k)
     # auto leaves the GPU's block off until it is measured to pay there (its verify step runs eagerly, a plain
     # step is one graph launch; a mixture of experts' verify reads more experts than its step does)
-    elif spec == "mtp" or (spec == "auto" and weights.nextn is not None and engine.device == "cpu"):
-        engine.speculation = Speculation("mtp", mtp_drafter(engine, gguf), spec_k)
-    return engine
+    if spec == "mtp" or (spec == "auto" and engine._weights.nextn is not None and engine.device == "cpu"):
+        return Speculation("mtp", mtp_drafter(engine, engine._gguf), spec_k)
+    return None
 
