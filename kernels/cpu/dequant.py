@@ -17,7 +17,7 @@ from models.iq_grids import GRIDS, IQ1_DELTA, KSIGNS, KVALUES_IQ4NL
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "models.iq_grids")  # the IQ tables are frozen into the kernels as constants
-INLINED_DIGEST = "5b34be41e9bafe7c"
+INLINED_DIGEST = "b4354cf7c1c102f8"
 
 
 @jit
@@ -434,7 +434,6 @@ def decode_row(tid, row, y, f16, n16):
 
 
 def _decode_rows(tid):
-    @jit
     def decode_rows(w, rows, out, f16, n16):
         """out[i] = dequantized row rows[i] of w (type tid). w: uint8 [n_rows, row_bytes], out: float32 [len(rows),
         n_cols].
@@ -446,4 +445,4 @@ def _decode_rows(tid):
     return decode_rows
 
 
-decode_rows_of = Variants(_decode_rows)  # decode_rows_of(tid): the decode_rows of type tid alone
+decode_rows_of = Variants(_decode_rows, jit)  # (tid): a kernel of type tid

@@ -18,7 +18,7 @@ from kernels.cpu.types import Q4_0, Q5_0, fast_leaf
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "ir", "repack")
-INLINED_DIGEST = "b89eaf268cd07ddb"
+INLINED_DIGEST = "7427965b3b060aa1"
 
 OFFSETS = {Q4_0: 8, Q5_0: 16}
 
@@ -151,5 +151,7 @@ def _groups(dot):
 
 
 # one a type (matvec's _dot_rows picks them): a kernel compiles the dots of the types it takes alone
-dot8_x8_q4_0, dot8_x8_q4_1, dot8_x8_q5_0, dot8_x8_q5_1 = (_groups(_dot(t)) for t in LAYOUTS)
+dot_x8_q4_0, dot_x8_q4_1, dot_x8_q5_0, dot_x8_q5_1 = (_dot(t) for t in LAYOUTS)
+dot8_x8_q4_0, dot8_x8_q4_1, dot8_x8_q5_0, dot8_x8_q5_1 = (_groups(f) for f in (dot_x8_q4_0, dot_x8_q4_1, dot_x8_q5_0,
+                                                                             dot_x8_q5_1))
 pack_x8_q4_0, pack_x8_q4_1, pack_x8_q5_0, pack_x8_q5_1 = (_pack(t) for t in LAYOUTS)

@@ -15,12 +15,13 @@ from kernels.cpu.gemm_int8 import (ROWS, SIGNED_X_IDS, TOKENS, pack_iq2_xxs, pac
                                    tile_with_min)
 from kernels.cpu.claim import claim, counters  # noqa: E402
 from kernels.cpu.types import (IQ2_XXS, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1,  # noqa: E402
-                               Q6_K, Q8_0, X8_Q4_0, X8_Q4_1, X8_Q5_0, X8_Q5_1, Variants, dispatch)
+                               Q6_K, Q8_0, X8_Q4_0, X8_Q4_1, X8_Q5_0, X8_Q5_1, Variants, dispatch,
+                               parallel)
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "gemm_int8", "dot_x8")
-INLINED_DIGEST = "341be5d814d5c4a6"
+INLINED_DIGEST = "6f30acff1490e0a9"
 
 
 def padded_tokens(n_tokens: int) -> int:
@@ -55,7 +56,6 @@ def quantize_biased(x, xu, xd, xds, block, bias):
 
 
 def _gemm_int8(tid):
-    @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
     def gemm_int8(w, xu, xd, xds, out, f16, n_workers):
         """out[t, r] = x8[t] . row r of W for W of an INT8_IDS type tid, w: uint8 [n_rows, row_bytes] (or tid X8 +
         a type and w repacked, repack: uint8 [n_groups, 8 * row_bytes]), x8 given by quantize_biased (xu, xd, xds; its
@@ -79,7 +79,7 @@ def _gemm_int8(tid):
     return gemm_int8
 
 
-gemm_int8_of = Variants(_gemm_int8)  # gemm_int8_of(tid): the gemm_int8 of type tid alone
+gemm_int8_of = Variants(_gemm_int8, parallel)  # (tid): a kernel of type tid
 
 
 @dispatch

@@ -22,12 +22,12 @@ from kernels.cpu.ir import prefetch  # noqa: E402
 from kernels.cpu.ops import _glu_act, _glu_one  # noqa: E402
 from kernels.cpu.types import (IQ2_XXS, IQ3_XXS, IQ4_NL, IQ4_XS, K256_IDS, MXFP4, Q4_0, Q4_1, Q4_K,  # noqa: E402
                                Q5_0, Q5_1, Q6_K, Q8_0, X8, X8_Q4_0, X8_Q4_1, X8_Q5_0, X8_Q5_1, Variants,
-                               dispatch, fast)
+                               dispatch, fast, parallel)
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "dequant", "dot_float", "dot_int8", "dot_x8", "ir", "ops")
-INLINED_DIGEST = "6fe4ba73065b535d"
+INLINED_DIGEST = "3e6073bbc2f695fa"
 
 # A matvec's rows go in chunks that the threads claim one at a time (claim) until none are left: numba's prange
 # hands each thread an equal share up front, and on the 16-core host one slow thread then held up the region
@@ -61,7 +61,6 @@ def _block_sums(x):
 
 
 def _matvec_fused(tid):
-    @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
     def matvec_fused(w, x, out, f16, n16, n_chunks):
         """out[t, r] = x[t] . row r of W for the FUSED_IDS type tid, the rows in n_chunks parallel chunks.
 
@@ -76,7 +75,7 @@ def _matvec_fused(tid):
     return matvec_fused
 
 
-matvec_fused_of = Variants(_matvec_fused)  # matvec_fused_of(tid): type tid's kernel
+matvec_fused_of = Variants(_matvec_fused, parallel)  # (tid): a kernel of type tid
 
 
 @fast
@@ -192,7 +191,6 @@ def _dot_rows(types, tid, w, r0, r1, xs, t0, t1, out, o, f16):
 
 
 def _matvecs_int8(types):
-    @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
     def matvecs_int8(tids, ws, x, outs, f16, n_chunks, n_workers, own_row):
         """outs[m][t, r] = x[t] . row r of ws[m] for matrices of the INT8_IDS or X8_IDS types tids[m] sharing x, in ONE
         parallel region (an X8_IDS matrix is repacked, repack: its "rows" are groups of 8): x is quantized once
@@ -222,7 +220,7 @@ def _matvecs_int8(types):
     return matvecs_int8
 
 
-matvecs_int8_of = Variants(_matvecs_int8)  # matvecs_int8_of(type_set(tids)): their types' kernel
+matvecs_int8_of = Variants(_matvecs_int8, parallel)  # (type_set(tids)): a kernel of these types
 
 
 @fast
@@ -233,7 +231,6 @@ def _check_ids(ids, n_expert):
 
 
 def _expert_matvecs_int8(types):
-    @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
     def expert_matvecs_int8(tids, stacks, ids, x, out, f16, n_chunks, n_workers, own_row):
         """out[m, s] = expert ids[s]'s matrix of stacks[m] times x[0] (own_row: times x[s]) for one token's chosen
         experts, in ONE parallel region as matvecs_int8's (x quantized once, chunks of rows in proportion to bytes):
@@ -264,11 +261,10 @@ def _expert_matvecs_int8(types):
     return expert_matvecs_int8
 
 
-expert_matvecs_int8_of = Variants(_expert_matvecs_int8)  # expert_matvecs_int8_of(type_set(tids)): their types' kernel
+expert_matvecs_int8_of = Variants(_expert_matvecs_int8, parallel)  # (type_set(tids)): a kernel of these types
 
 
 def _expert_ffn_int8(types):
-    @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
     def expert_ffn_int8(gate_up_tids, gate_up, step, down_tid, down, ids, weights, x, act, biases, table, out, f16,
                         n_chunks, n_workers):
         """out[0] = the sum over slots s of weights[s] * down(glu(gate x[0], up x[0])) of expert ids[s], one token's
@@ -343,11 +339,10 @@ def _expert_ffn_int8(types):
     return expert_ffn_int8
 
 
-expert_ffn_int8_of = Variants(_expert_ffn_int8)  # expert_ffn_int8_of(type_set(tids)): their types' kernel
+expert_ffn_int8_of = Variants(_expert_ffn_int8, parallel)  # (type_set(tids)): a kernel of these types
 
 
 def _matvec_decoded(tid):
-    @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
     def matvec_decoded(w, x, out, f16, n16, n_chunks):
         """As matvec_fused for the other types: each row is dequantized to float32, then dotted."""
         n_rows = w.shape[0]
@@ -364,11 +359,10 @@ def _matvec_decoded(tid):
     return matvec_decoded
 
 
-matvec_decoded_of = Variants(_matvec_decoded)  # matvec_decoded_of(tid): type tid's kernel
+matvec_decoded_of = Variants(_matvec_decoded, parallel)  # (tid): a kernel of type tid
 
 
 def _matvec_add_int8(types):
-    @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
     def matvec_add_int8(tids, ws, x, resid, norm, eps, out, f16, n_chunks, n_workers):
         """out[0] = resid[0] + W x[0] for ONE token and ONE matrix (ws, tids: 1-tuples, as matvecs_int8 takes them):
         a decode step's attention output and down projections with their residual add in the same call. norm (its
@@ -400,11 +394,10 @@ def _matvec_add_int8(types):
     return matvec_add_int8
 
 
-matvec_add_int8_of = Variants(_matvec_add_int8)  # matvec_add_int8_of(type_set(tids)): their types' kernel
+matvec_add_int8_of = Variants(_matvec_add_int8, parallel)  # (type_set(tids)): a kernel of these types
 
 
 def _glu_matvecs_int8(types):
-    @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
     def glu_matvecs_int8(tids, ws, x, gelu, table, out, f16, n_chunks, n_workers):
         """out[0, r] = act(gate[r]) * up[r] for ONE token, gate and up = ws[0] x[0], ws[1] x[0] (a layer's gate and
         up: one type tids[0] == tids[1], one shape), act silu or gelu (gelu: ops' table) as ops.glu computes it:
@@ -433,4 +426,4 @@ def _glu_matvecs_int8(types):
     return glu_matvecs_int8
 
 
-glu_matvecs_int8_of = Variants(_glu_matvecs_int8)  # glu_matvecs_int8_of(type_set(tids)): their types' kernel
+glu_matvecs_int8_of = Variants(_glu_matvecs_int8, parallel)  # (type_set(tids)): a kernel of these types

@@ -25,6 +25,7 @@ F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16
 
 jit = nb.njit(cache=True, nogil=True)  # bit-exact with ggml: no fastmath (no fused a*b+c)
 fast = nb.njit(cache=True, nogil=True, fastmath=True)
+parallel = nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
 # A dispatch on type ids (an if-chain, each branch a call): inlined into its caller's numba IR, where a type id, or
 # the tuple of those a kernel variant takes, that the caller holds as a constant prunes the other types' branches
 # before typing (numba's dead-branch pruning runs after inlining), so their code is never compiled. The pruning
@@ -37,19 +38,24 @@ fast_leaf = nb.njit(cache=False, nogil=True, fastmath=True)
 
 
 class Variants:
-    """The kernel made by make(key) for each key (a type id, or a sorted tuple of them) on its first use, kept in
-    made: a kernel that inlines a dispatch (above) with its key held in a closure cell compiles only those types'
-    code. numba caches such a closure on disk (its cache is keyed on the cells' pickles: plain ints and tuples),
-    so make's closure must reach other jitted functions as module globals, never through its cells (a
-    dispatcher's pickle differs in each process: it would compile again at every start)."""
+    """The kernel decorate(make(key)) for each key (a type id, or a sorted tuple of them), made on its first use and
+    kept in made: a kernel that inlines a dispatch (above) with its key held in a closure cell compiles only those
+    types' code. numba caches such a closure on disk (its cache is keyed on the cells' pickles: plain ints and
+    tuples), so make's closure must reach other jitted functions as module globals, never through its cells (a
+    dispatcher's pickle differs in each process: it would compile again at every start).
+    Each variant gets a name of its own (the key in its __qualname__), so its own cache index file: numba picks a new
+    entry's data file by reading the index, and two processes that compile two variants of one index at once (pytest
+    -n 2) both took file 1, one's index entry then loading the other's code."""
 
-    def __init__(self, make):
-        self.make, self.made = make, {}
+    def __init__(self, make, decorate):
+        self.make, self.decorate, self.made = make, decorate, {}
 
     def __call__(self, key):
         kernel = self.made.get(key)
         if kernel is None:
-            kernel = self.made[key] = self.make(key)
+            func = self.make(key)
+            func.__qualname__ += "_" + "_".join(map(str, key if isinstance(key, tuple) else (key,)))
+            kernel = self.made[key] = self.decorate(func)
         return kernel
 
 
