@@ -11,13 +11,13 @@ import math
 import numpy as np
 
 from kernels.cpu.types import (BF16, F16, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4,
-                               Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Variants, dispatch, jit)
+                               Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, jit)
 from models.iq_grids import GRIDS, IQ1_DELTA, KSIGNS, KVALUES_IQ4NL
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "models.iq_grids")  # the IQ tables are frozen into the kernels as constants
-INLINED_DIGEST = "b4354cf7c1c102f8"
+INLINED_DIGEST = "43be782d48253fc9"
 
 
 @jit
@@ -382,11 +382,9 @@ def decode_iq1_m(row, y, f16, n16):  # qs[32] | qh[16] (a nibble per 8 values) |
                 for j in range(8):
                     y[yo + j] = dl * (np.float32(GRID_IQ1_S[g, j]) + delta)
 
-
-@dispatch
+@jit
 def decode_row(tid, row, y, f16, n16):
-    """Dequantize row: uint8 [row_bytes] into y: float32 [n_cols]. Inlined: a caller's constant tid leaves the
-    call of its decoder alone (the decoders keep their own flags: no fastmath from a fastmath caller)."""
+    """Dequantize row: uint8 [row_bytes] into y: float32 [n_cols]."""
     if tid == F16:
         decode_f16(row, y, f16, n16)
     elif tid == BF16:
@@ -433,16 +431,11 @@ def decode_row(tid, row, y, f16, n16):
         decode_iq1_m(row, y, f16, n16)
 
 
-def _decode_rows(tid):
-    def decode_rows(w, rows, out, f16, n16):
-        """out[i] = dequantized row rows[i] of w (type tid). w: uint8 [n_rows, row_bytes], out: float32 [len(rows),
-        n_cols].
+@jit
+def decode_rows(tid, w, rows, out, f16, n16):
+    """out[i] = dequantized row rows[i] of w. w: uint8 [n_rows, row_bytes], out: float32 [len(rows), n_cols].
 
-        One thread: it runs between BLAS calls, whose worker thread spins on the other core for a while after
-        each call; numba's threads competing with it made the prompt path several times slower."""
-        for i in range(rows.size):
-            decode_row(tid, w[rows[i]], out[i], f16, n16)
-    return decode_rows
-
-
-decode_rows_of = Variants(_decode_rows, jit)  # (tid): a kernel of type tid
+    One thread: it runs between BLAS calls, whose worker thread spins on the other core for a while after
+    each call; numba's threads competing with it made the prompt path several times slower."""
+    for i in range(rows.size):
+        decode_row(tid, w[rows[i]], out[i], f16, n16)

@@ -9,13 +9,13 @@ through np.int32 before np.float32: numba computes in int64, and the narrowing l
 import numpy as np
 
 from kernels.cpu.dequant import half, scale_min_k4
-from kernels.cpu.types import IQ4_NL, Q5_K, dispatch, fast
+from kernels.cpu.types import IQ4_NL, Q5_K, fast
 from models.iq_grids import KVALUES_IQ4NL
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "dequant", "models.iq_grids")
-INLINED_DIGEST = "f46fb89bcb7d7060"
+INLINED_DIGEST = "b5f9d16bc8eac6ec"
 
 
 @fast
@@ -73,10 +73,9 @@ def dot_iq4_xs(row, x, f16, n16):  # d f16 | scales_h u16 | scales_l[4] | qs[128
     return acc
 
 
-@dispatch
+@fast
 def dot_fused(tid, row, x, xsum, f16, n16):
-    """row (of type tid, one of FUSED_IDS) . x; xsum: Q5_K's sums of x over each 32 values. Inlined: a caller's
-    constant tid leaves its type's dot alone."""
+    """row (of type tid, one of FUSED_IDS) . x; xsum: Q5_K's sums of x over each 32 values."""
     if tid == Q5_K:
         return dot_q5_k(row, x, xsum, f16, n16)
     if tid == IQ4_NL:

@@ -22,7 +22,7 @@ from numba.extending import intrinsic
 from kernels.cpu.ir import (abs_signed, array_data, call, constant_table, fold, fsum, gather, half_ir, i64, ir_loop,
                             load, load_bytes, lookup16, madd, madd32, madd_scaled, prefetch, ptr, shuffle, splat,
                             splat_f)
-from kernels.cpu.types import IQ2_XXS, IQ3_XXS, fast, fast_leaf
+from kernels.cpu.types import IQ2_XXS, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q5_0, Q6_K, fast
 from models.dequant import KVALUES_MXFP4
 from models.iq_grids import GRIDS, KSIGNS, KVALUES_IQ4NL
 
@@ -33,7 +33,7 @@ PREFETCH_BYTES = 2048
 # Q4_K and Q6_K: two cache lines of each row's block this far ahead, as the 32-value blocks' PREFETCH_BYTES. On the
 # 16-core host 2048 read Q4_K from DRAM ~1.3x faster than none, 1024 in between (BENCHMARKS.md, session 15).
 K_PREFETCH_BYTES = 2048
-INLINED_DIGEST = "9a9cf7a84376701f"
+INLINED_DIGEST = "7d476633c9bf2578"
 
 
 def _nibbles32(context, builder, row_t, row, off):
@@ -426,23 +426,59 @@ def q4_k_order(xq, xq4):
                     xq4[t, o4 + l] = xq[t, o + l]
 
 
-def _row_pairs(dot_rows):
-    """dot8(w, r0, r1, xq, xd, xs16, out, f16): out[r] = w[r] . x8 for the rows r0..r1 - 1 of w: uint8 [n_rows,
-    row_bytes] of dot_rows' type and one token's x8 (xq in its blocks' order: q4_k_order for Q4_K; blocks of 256 for
-    the K256_IDS, of 32 for the others). Row r pairs with the row half the range on, so both walk on through memory
-    (a pair of neighbours restarts two streams every pair: half the speed from DRAM); an odd last row pairs with
-    itself."""
-    @fast_leaf
-    def dot8(w, r0, r1, xq, xd, xs16, out, f16):
-        half_rows = (r1 - r0 + 1) // 2
-        for r in range(r0, r0 + half_rows):
-            r_b = r + half_rows if r + half_rows < r1 else r
-            out[r], out[r_b] = dot_rows(w, r, r_b, xq, xd, xs16, f16)
-    return dot8
+@fast
+def dot8_q4_k(w, r0, r1, xq, xd, xs16, out, f16):
+    """out[r] = w[r] . x8 for the Q4_K rows r0..r1 - 1 of w: uint8 [n_rows, row_bytes] and one token's x8 (xq in
+    q4_k_order, blocks of 256). Row r pairs with the row half the range on, so both walk on through memory (a pair
+    of neighbours restarts two streams every pair: half the speed from DRAM); an odd last row pairs with itself."""
+    half_rows = (r1 - r0 + 1) // 2
+    for r in range(r0, r0 + half_rows):  # xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq)) a block
+        r_b = r + half_rows if r + half_rows < r1 else r
+        out[r], out[r_b] = dot_q4_k_rows(w, r, r_b, xq, xd, xs16, f16)
 
 
-# one a type (matvec's _dot_rows picks them): a kernel compiles the dots of the types it takes alone
-dot8_q4_k, dot8_q6_k, dot8_iq4_xs, dot8_iq2_xxs, dot8_iq3_xxs = (_row_pairs(f) for f in (
-    dot_q4_k_rows, dot_q6_k_rows, dot_iq4_xs_rows, dot_iq2_xxs_rows, dot_iq3_xxs_rows))
-dot8_q4_0, dot8_q4_1, dot8_q5_0, dot8_q5_1, dot8_q8_0, dot8_iq4_nl, dot8_mxfp4 = (_row_pairs(f) for f in (
-    dot_q4_0_rows, dot_q4_1_rows, dot_q5_0_rows, dot_q5_1_rows, dot_q8_0_rows, dot_iq4_nl_rows, dot_mxfp4_rows))
+@fast
+def dot8_k256(tid, w, r0, r1, xq, xd, xs16, out, f16):
+    """As dot8_q4_k for Q6_K, IQ4_XS, IQ2_XXS or IQ3_XXS (tid) rows, x in blocks of 256 as it lies (llama.cpp's
+    q8_K)."""
+    half_rows = (r1 - r0 + 1) // 2
+    for r in range(r0, r0 + half_rows):
+        r_b = r + half_rows if r + half_rows < r1 else r
+        if tid == Q6_K:
+            out[r], out[r_b] = dot_q6_k_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == IQ4_XS:
+            out[r], out[r_b] = dot_iq4_xs_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == IQ2_XXS:
+            out[r], out[r_b] = dot_iq2_xxs_rows(w, r, r_b, xq, xd, xs16, f16)
+        else:
+            out[r], out[r_b] = dot_iq3_xxs_rows(w, r, r_b, xq, xd, xs16, f16)
+
+
+@fast
+def dot8_q8_0(w, r0, r1, xq, xd, xs16, out, f16):
+    """As dot8_q4_k for Q8_0 rows, whose blocks of 32 match x's."""
+    half_rows = (r1 - r0 + 1) // 2
+    for r in range(r0, r0 + half_rows):
+        r_b = r + half_rows if r + half_rows < r1 else r
+        out[r], out[r_b] = dot_q8_0_rows(w, r, r_b, xq, xd, xs16, f16)
+
+
+@fast
+def dot8_b32(tid, w, r0, r1, xq, xd, xs16, out, f16):
+    """As dot8_q8_0 for rows of Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL or MXFP4 (tid): a block is d * (q - 8) (Q4_0),
+    d * (q - 16) (Q5_0), d * q + m (Q4_1, Q5_1), d * table[q] (IQ4_NL; MXFP4 with its e8m0 scale)."""
+    half_rows = (r1 - r0 + 1) // 2
+    for r in range(r0, r0 + half_rows):
+        r_b = r + half_rows if r + half_rows < r1 else r
+        if tid == Q4_0:
+            out[r], out[r_b] = dot_q4_0_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == Q5_0:
+            out[r], out[r_b] = dot_q5_0_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == Q4_1:
+            out[r], out[r_b] = dot_q4_1_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == MXFP4:
+            out[r], out[r_b] = dot_mxfp4_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == IQ4_NL:
+            out[r], out[r_b] = dot_iq4_nl_rows(w, r, r_b, xq, xd, xs16, f16)
+        else:
+            out[r], out[r_b] = dot_q5_1_rows(w, r, r_b, xq, xd, xs16, f16)

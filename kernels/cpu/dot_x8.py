@@ -13,12 +13,12 @@ from numba.extending import intrinsic
 
 from kernels.cpu.ir import array_data, dot4, dot4_many, fma, i64, ir_loop, ptr, splat, splat_f
 from kernels.cpu.repack import LAYOUTS, ROWS
-from kernels.cpu.types import Q4_0, Q5_0, fast_leaf
+from kernels.cpu.types import Q4_0, Q4_1, Q5_0, X8, fast
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "ir", "repack")
-INLINED_DIGEST = "7427965b3b060aa1"
+INLINED_DIGEST = "5cac7bf0c663a900"
 
 OFFSETS = {Q4_0: 8, Q5_0: 16}
 
@@ -137,21 +137,23 @@ def _pack(tid):
     return pack
 
 
-def _groups(dot):
-    """dot8(w, g0, g1, xq, xd, xs16, out): out[8g + i] = row 8g + i of W . x8 for the groups g0..g1 - 1 of the
-    repacked w (dot's type) and one token's x8; rows past out's end (the last group's repeats) are dropped."""
-    @fast_leaf
-    def dot8(w, g0, g1, xq, xd, xs16, out):
-        n_rows = out.shape[0]
-        for g in range(g0, g1):
-            ys = dot(w, g, xq, xd, xs16)
-            for i in range(min(ROWS, n_rows - ROWS * g)):
-                out[ROWS * g + i] = ys[i]
-    return dot8
-
-
-# one a type (matvec's _dot_rows picks them): a kernel compiles the dots of the types it takes alone
 dot_x8_q4_0, dot_x8_q4_1, dot_x8_q5_0, dot_x8_q5_1 = (_dot(t) for t in LAYOUTS)
-dot8_x8_q4_0, dot8_x8_q4_1, dot8_x8_q5_0, dot8_x8_q5_1 = (_groups(f) for f in (dot_x8_q4_0, dot_x8_q4_1, dot_x8_q5_0,
-                                                                             dot_x8_q5_1))
 pack_x8_q4_0, pack_x8_q4_1, pack_x8_q5_0, pack_x8_q5_1 = (_pack(t) for t in LAYOUTS)
+
+
+@fast
+def dot8_x8(tid, w, g0, g1, xq, xd, xs16, out):
+    """out[8g + i] = row 8g + i of W . x8 for the groups g0..g1 - 1 of the repacked w (tid: X8 + its type) and one
+    token's x8; rows past out's end (the last group's repeats) are dropped."""
+    n_rows = out.shape[0]
+    for g in range(g0, g1):
+        if tid == X8 + Q4_0:
+            ys = dot_x8_q4_0(w, g, xq, xd, xs16)
+        elif tid == X8 + Q4_1:
+            ys = dot_x8_q4_1(w, g, xq, xd, xs16)
+        elif tid == X8 + Q5_0:
+            ys = dot_x8_q5_0(w, g, xq, xd, xs16)
+        else:
+            ys = dot_x8_q5_1(w, g, xq, xd, xs16)
+        for i in range(min(ROWS, n_rows - ROWS * g)):
+            out[ROWS * g + i] = ys[i]

@@ -15,13 +15,12 @@ from kernels.cpu.gemm_int8 import (ROWS, SIGNED_X_IDS, TOKENS, pack_iq2_xxs, pac
                                    tile_with_min)
 from kernels.cpu.claim import claim, counters  # noqa: E402
 from kernels.cpu.types import (IQ2_XXS, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1,  # noqa: E402
-                               Q6_K, Q8_0, X8_Q4_0, X8_Q4_1, X8_Q5_0, X8_Q5_1, Variants, dispatch,
-                               parallel)
+                               Q6_K, Q8_0, X8, fast)
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "gemm_int8", "dot_x8")
-INLINED_DIGEST = "6f30acff1490e0a9"
+INLINED_DIGEST = "d2b745580176e15b"
 
 
 def padded_tokens(n_tokens: int) -> int:
@@ -55,38 +54,33 @@ def quantize_biased(x, xu, xd, xds, block, bias):
                 xds[t, b] = xd[t, b] * np.float32(s)
 
 
-def _gemm_int8(tid):
-    def gemm_int8(w, xu, xd, xds, out, f16, n_workers):
-        """out[t, r] = x8[t] . row r of W for W of an INT8_IDS type tid, w: uint8 [n_rows, row_bytes] (or tid X8 +
-        a type and w repacked, repack: uint8 [n_groups, 8 * row_bytes]), x8 given by quantize_biased (xu, xd, xds; its
-        bias 0 for the SIGNED_X_IDS),
-        out: float32 [n_tokens, n_rows]. Tiles of ROWS rows are claimed by the n_workers threads one at a time (as the
-        matvecs' chunks: prange's equal shares wait for the slowest thread); each is packed into its thread's scratch
-        (~11 bytes a column, L1-sized), then multiplied with every TOKENS tokens."""
-        n_rows, n_groups = out.shape[1], xd.shape[1]
-        halves = 2 if tid == Q6_K else 1  # scales a group of 32
-        n_tiles = (n_rows + ROWS - 1) // ROWS
-        counter = counters(1)
-        for worker in nb.prange(n_workers):
-            packed = np.empty(n_groups * ROWS * 32, np.uint8)
-            corrs = np.empty(n_groups * halves * ROWS, np.int32)
-            scales, mins = np.empty(n_groups * halves * ROWS, np.float32), np.empty(n_groups * ROWS, np.float32)
-            y = np.empty(TOKENS * ROWS, np.float32)
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def gemm_int8(tid, w, xu, xd, xds, out, f16, n_workers):
+    """out[t, r] = x8[t] . row r of W for W of an INT8_IDS type tid, w: uint8 [n_rows, row_bytes] (or tid X8 +
+    a type and w repacked, repack: uint8 [n_groups, 8 * row_bytes]), x8 given by quantize_biased (xu, xd, xds; its
+    bias 0 for the SIGNED_X_IDS),
+    out: float32 [n_tokens, n_rows]. Tiles of ROWS rows are claimed by the n_workers threads one at a time (as the
+    matvecs' chunks: prange's equal shares wait for the slowest thread); each is packed into its thread's scratch
+    (~11 bytes a column, L1-sized), then multiplied with every TOKENS tokens."""
+    n_rows, n_groups = out.shape[1], xd.shape[1]
+    halves = 2 if tid == Q6_K else 1  # scales a group of 32
+    n_tiles = (n_rows + ROWS - 1) // ROWS
+    counter = counters(1)
+    for worker in nb.prange(n_workers):
+        packed = np.empty(n_groups * ROWS * 32, np.uint8)
+        corrs = np.empty(n_groups * halves * ROWS, np.int32)
+        scales, mins = np.empty(n_groups * halves * ROWS, np.float32), np.empty(n_groups * ROWS, np.float32)
+        y = np.empty(TOKENS * ROWS, np.float32)
+        tile = claim(counter)
+        while tile < n_tiles:
+            _gemm_tile(tid, w, tile, xu, xd, xds, out, f16, halves, packed, corrs, scales, mins, y)
             tile = claim(counter)
-            while tile < n_tiles:
-                _gemm_tile(tid, w, tile, xu, xd, xds, out, f16, packed, corrs, scales, mins, y)
-                tile = claim(counter)
-    return gemm_int8
 
 
-gemm_int8_of = Variants(_gemm_int8, parallel)  # (tid): a kernel of type tid
-
-
-@dispatch
-def _gemm_tile(tid, w, tile, xu, xd, xds, out, f16, packed, corrs, scales, mins, y):
+@fast
+def _gemm_tile(tid, w, tile, xu, xd, xds, out, f16, halves, packed, corrs, scales, mins, y):
     """gemm_int8's rows tile * ROWS .. + ROWS - 1: packed into the scratch (packed, corrs, scales, mins), then
-    multiplied with every TOKENS tokens through y. Inlined: the kernel's constant tid leaves its pack and tile
-    alone (each branch's condition on tid itself, so that it is pruned)."""
+    multiplied with every TOKENS tokens through y."""
     n_tokens, n_rows = out.shape[0], out.shape[1]
     r0 = tile * ROWS
     if tid == Q4_0:
@@ -113,18 +107,19 @@ def _gemm_tile(tid, w, tile, xu, xd, xds, out, f16, packed, corrs, scales, mins,
         pack_iq2_xxs(w, r0, packed, corrs, scales, mins, f16)
     elif tid == IQ3_XXS:
         pack_iq3_xxs(w, r0, packed, corrs, scales, mins, f16)
-    elif tid == X8_Q4_0:
+    elif tid == X8 + Q4_0:
         pack_x8_q4_0(w, tile, packed, corrs, scales, mins)
-    elif tid == X8_Q4_1:
+    elif tid == X8 + Q4_1:
         pack_x8_q4_1(w, tile, packed, corrs, scales, mins)
-    elif tid == X8_Q5_0:
+    elif tid == X8 + Q5_0:
         pack_x8_q5_0(w, tile, packed, corrs, scales, mins)
-    elif tid == X8_Q5_1:
+    else:
         pack_x8_q5_1(w, tile, packed, corrs, scales, mins)
+    with_min = tid == Q4_1 or tid == Q5_1 or tid == Q4_K or tid == X8 + Q4_1 or tid == X8 + Q5_1
     for t0 in range(0, xu.shape[0], TOKENS):
-        if tid == Q6_K:
+        if halves == 2:
             tile_halves(packed, corrs, scales, mins, xu, xd, xds, t0, y)
-        elif tid == Q4_1 or tid == Q5_1 or tid == Q4_K or tid == X8_Q4_1 or tid == X8_Q5_1:  # with a minimum
+        elif with_min:
             tile_with_min(packed, corrs, scales, mins, xu, xd, xds, t0, y)
         elif tid in SIGNED_X_IDS:  # values up to 128 in size
             tile_q8_0(packed, corrs, scales, mins, xu, xd, xds, t0, y)

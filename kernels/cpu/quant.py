@@ -29,17 +29,15 @@ edit to one reaches the cached kernels of the others.
 """
 import numpy as np
 
-from kernels.cpu.dequant import decode_rows_of
+from kernels.cpu.dequant import decode_rows
 from kernels.cpu.dot_int8 import quantize_q8
-from kernels.cpu.gemm import gemm_int8_of, padded_tokens, quantize_biased
+from kernels.cpu.gemm import gemm_int8, padded_tokens, quantize_biased
 from kernels.cpu.gemm_int8 import SIGNED_X_IDS
-from kernels.cpu.matvec import (MATVEC_CHUNKS, N_WORKERS, expert_ffn_int8_of, expert_matvecs_int8_of,
-                                glu_matvecs_int8_of, matvec_add_int8_of, matvec_decoded_of, matvec_fused_of,
-                                matvecs_int8_of)
+from kernels.cpu.matvec import (MATVEC_CHUNKS, N_WORKERS, expert_ffn_int8, expert_matvecs_int8, glu_matvecs_int8,
+                                matvec_add_int8, matvec_decoded, matvec_fused, matvecs_int8)
 from kernels.cpu.ops import ACTIVATIONS, GELU_TABLE
 from kernels.cpu.repack import ROWS, Repacked
-from kernels.cpu.types import (DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, IQ2_XXS, IQ3_XXS, IQ4_XS, MXFP4, N16,
-                               type_set)
+from kernels.cpu.types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, IQ2_XXS, IQ3_XXS, IQ4_XS, MXFP4, N16
 from models.ggml_types import GGMLType, UnsupportedTypeError
 
 IQ_K256_IDS = (IQ4_XS, IQ2_XXS, IQ3_XXS)  # their GEMM's x per 256, as llama.cpp's q8_K (per 32 cost parity)
@@ -93,7 +91,7 @@ def matvecs(tids: tuple, ws: tuple, x: np.ndarray, outs: tuple, own_row: bool = 
             n_workers: int = N_WORKERS) -> None:
     """matvecs_int8 on these matrices (read-only, checked by the caller), their tuples padded."""
     tids, ws, outs = padded_matvecs_args(tids, tuple(_read_only(w) for w in ws), outs)
-    matvecs_int8_of(type_set(tids))(tids, ws, x, outs, F16_TO_F32, n_chunks, n_workers, own_row)
+    matvecs_int8(tids, ws, x, outs, F16_TO_F32, n_chunks, n_workers, own_row)
 
 
 def n_cols_of(w: np.ndarray, qtype: GGMLType) -> int:
@@ -111,7 +109,7 @@ def dequantize_rows(w: np.ndarray, qtype: GGMLType, rows: np.ndarray) -> np.ndar
     if qtype.id == F32:
         return w.view(np.float32)[rows]
     out = np.empty((rows.size, n_cols_of(w, qtype)), np.float32)
-    decode_rows_of(qtype.id)(_read_only(w), rows, out, F16_TO_F32, N16)
+    decode_rows(qtype.id, _read_only(w), rows, out, F16_TO_F32, N16)
     return out
 
 
@@ -162,9 +160,9 @@ def quantized_matmul(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray,
         if takes_int8(qtype.id):
             matvecs((qtype.id,), (w,), x, (out,))
         elif qtype.id in FUSED_IDS:
-            matvec_fused_of(qtype.id)(w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
+            matvec_fused(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
         else:
-            matvec_decoded_of(qtype.id)(w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
+            matvec_decoded(qtype.id, w, x, out, F16_TO_F32, N16, min(n_rows, MATVEC_CHUNKS))
     elif takes_int8(qtype.id):
         _gemms([w], [qtype], x, [out])
     else:
@@ -172,7 +170,7 @@ def quantized_matmul(w: np.ndarray | Repacked, qtype: GGMLType, x: np.ndarray,
         tile = np.empty((min(tile_rows, n_rows), n_cols), np.float32)  # dequantized rows r0:r1
         for r0 in range(0, n_rows, tile_rows):
             r1 = min(r0 + tile_rows, n_rows)
-            decode_rows_of(qtype.id)(w, np.arange(r0, r1), tile[:r1 - r0], F16_TO_F32, N16)
+            decode_rows(qtype.id, w, np.arange(r0, r1), tile[:r1 - r0], F16_TO_F32, N16)
             np.matmul(x, tile[:r1 - r0].T, out=out[:, r0:r1])
     return out
 
@@ -203,8 +201,7 @@ def _gemms(ws: list, qtypes: list[GGMLType], x: np.ndarray, outs: list[np.ndarra
                 xs[*kind[:2], False] = xu, xd, xds
             xu, xd, xds = xs[*kind[:2], False]
             xs[kind] = xu, xd.astype(np.float16).astype(np.float32) if kind[2] else xd, xds  # MXFP4 reads no xds
-        tid, data = _kernel_args(w, qtype)
-        gemm_int8_of(tid)(data, *xs[kind], out, F16_TO_F32, N_WORKERS)
+        gemm_int8(*_kernel_args(w, qtype), *xs[kind], out, F16_TO_F32, N_WORKERS)
 
 
 def quantized_matvecs_own_rows(ws: list[np.ndarray], qtypes: list[GGMLType], x: np.ndarray) -> list[np.ndarray]:
@@ -254,9 +251,8 @@ def expert_matvecs(stacks: tuple[np.ndarray, ...], qtypes: tuple[GGMLType, ...],
     x: float32 [1 or k, n_cols]. Checked once a call, not per expert: the decode step calls this twice a layer."""
     ids, x, n_rows = _expert_args(stacks, qtypes, ids, x, own_rows)
     out = np.empty((len(stacks), len(ids), n_rows), np.float32)
-    tids = tuple(q.id for q in qtypes)
-    expert_matvecs_int8_of(type_set(tids))(tids, tuple(_read_only(w) for w in stacks), ids, x, out, F16_TO_F32,
-                                           MATVEC_CHUNKS, N_WORKERS, own_rows)
+    expert_matvecs_int8(tuple(q.id for q in qtypes), tuple(_read_only(w) for w in stacks), ids, x, out, F16_TO_F32,
+                        MATVEC_CHUNKS, N_WORKERS, own_rows)
     return out
 
 
@@ -306,7 +302,6 @@ class OneTokenExperts:
             v.flags.writeable = False
         self.gate_up_tids, self.gate_up = (qtypes[0].id, qtypes[1].id), (gate, up)
         self.down_tid, self.down = qtypes[2].id, down
-        self.kernel = expert_ffn_int8_of(type_set(self.gate_up_tids + (self.down_tid,)))
 
     def ffn(self, h: np.ndarray, ids: np.ndarray, weights: np.ndarray, activation: str,
             out: np.ndarray | None = None) -> np.ndarray:
@@ -325,9 +320,9 @@ class OneTokenExperts:
             out = np.empty((1, self.n_embd), np.float32)
         elif out.dtype != np.float32 or out.shape != (1, self.n_embd) or not out.flags.c_contiguous:
             raise ValueError(f"out must be C-contiguous float32 [1, {self.n_embd}], got {out.dtype} {out.shape}")
-        self.kernel(self.gate_up_tids, self.gate_up, self.step, self.down_tid, self.down, ids, weights,
-                    np.ascontiguousarray(h), ACTIVATIONS[activation], self.biases, GELU_TABLE, out, F16_TO_F32,
-                    MATVEC_CHUNKS, N_WORKERS)
+        expert_ffn_int8(self.gate_up_tids, self.gate_up, self.step, self.down_tid, self.down, ids, weights,
+                        np.ascontiguousarray(h), ACTIVATIONS[activation], self.biases, GELU_TABLE, out, F16_TO_F32,
+                        MATVEC_CHUNKS, N_WORKERS)
         return out
 
 
@@ -370,7 +365,6 @@ class OneToken:
         self.n_rows, self.n_cols = tuple(r for r, _ in shapes), shapes[0][1]
         self.tids, self.datas = (tuple(a) for a in zip(*[_kernel_args(w, q) for w, q in zip(ws, qtypes)]))
         self.padded_tids, self.padded_datas, self.padding_outs = padded_matvecs_args(self.tids, self.datas, ())
-        self.types = type_set(self.tids)  # the kernels' variant (Variants): these types' code alone
 
     def _x(self, x: np.ndarray) -> np.ndarray:
         if x.dtype != np.float32 or x.shape != (1, self.n_cols) or not x.flags.c_contiguous:
@@ -380,8 +374,8 @@ class OneToken:
     def matmuls(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
         """(x @ W_m.T for each matrix): float32 [1, n_rows_m] each, in one parallel region (matvecs_int8)."""
         outs = tuple([np.empty((1, n), np.float32) for n in self.n_rows])
-        matvecs_int8_of(self.types)(self.padded_tids, self.padded_datas, self._x(x), outs + self.padding_outs,
-                                    F16_TO_F32, MATVEC_CHUNKS, N_WORKERS, False)
+        matvecs_int8(self.padded_tids, self.padded_datas, self._x(x), outs + self.padding_outs, F16_TO_F32,
+                     MATVEC_CHUNKS, N_WORKERS, False)
         return outs
 
     def glu(self, x: np.ndarray, activation: str) -> np.ndarray | None:
@@ -392,8 +386,8 @@ class OneToken:
                 or self.n_rows[0] != self.n_rows[1]:
             return None
         out = np.empty((1, self.n_rows[0]), np.float32)
-        glu_matvecs_int8_of(self.types)(self.tids, self.datas, self._x(x), activation == "gelu", GELU_TABLE, out,
-                                        F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
+        glu_matvecs_int8(self.tids, self.datas, self._x(x), activation == "gelu", GELU_TABLE, out, F16_TO_F32,
+                         MATVEC_CHUNKS, N_WORKERS)
         return out
 
     def add_matmul(self, x: np.ndarray, resid: np.ndarray, norm: np.ndarray | None = None,
@@ -403,7 +397,6 @@ class OneToken:
         if len(self.n_rows) != 1 or resid.dtype != np.float32 or resid.shape != (1, self.n_rows[0]):
             raise ValueError(f"one matrix and resid float32 [1, {self.n_rows[0]}], got {resid.dtype} {resid.shape}")
         out = np.empty((1, self.n_rows[0]), np.float32)
-        matvec_add_int8_of(self.types)(self.tids, self.datas, self._x(x), np.ascontiguousarray(resid),
-                                       NO_NORM if norm is None else _read_only(norm), eps, out, F16_TO_F32,
-                                       MATVEC_CHUNKS, N_WORKERS)
+        matvec_add_int8(self.tids, self.datas, self._x(x), np.ascontiguousarray(resid),
+                        NO_NORM if norm is None else _read_only(norm), eps, out, F16_TO_F32, MATVEC_CHUNKS, N_WORKERS)
         return out

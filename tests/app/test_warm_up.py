@@ -32,10 +32,8 @@ def test_a_slow_warm_up_is_said_once_and_a_quick_one_not(monkeypatch):
 
 
 def compiled_kernels() -> dict:
-    """Every numba kernel of the CPU engine with the signatures compiled (or loaded from the cache) so far: the
-    modules' jitted functions and the kernel variants made so far (types.Variants)."""
+    """Every numba kernel of the CPU engine with the signatures compiled (or loaded from the cache) so far."""
     import kernels.cpu
-    from kernels.cpu.types import Variants
     from numba.core.registry import CPUDispatcher
     found = {}
     for info in pkgutil.iter_modules(kernels.cpu.__path__):
@@ -43,9 +41,6 @@ def compiled_kernels() -> dict:
         for name, value in vars(module).items():
             if isinstance(value, CPUDispatcher):
                 found[f"{info.name}.{name}"] = set(value.signatures)
-            elif isinstance(value, Variants):
-                for key, kernel in value.made.items():
-                    found[f"{info.name}.{name}{key}"] = set(kernel.signatures)
     return found
 
 

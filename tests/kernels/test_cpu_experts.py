@@ -75,6 +75,7 @@ def test_gpt_oss_experts_in_one_kernel_with_their_biases_and_glu():
 
 def _check_one_token_experts(names: tuple[str, str, str], activation: str, biased: bool) -> None:
     from kernels.cpu import ops as cpu_ops
+    from kernels.cpu.matvec import expert_ffn_int8
     from kernels.cpu.quant import OneTokenExperts, expert_matvecs
     n_expert, ids = 6, np.array([4, 0, 5], np.int32)
     qtypes = tuple(TYPES_BY_NAME[t] for t in names)
@@ -103,9 +104,9 @@ def _check_one_token_experts(names: tuple[str, str, str], activation: str, biase
     np.testing.assert_array_equal(experts.ffn(h, ids, weights, activation), out)
     for n_chunks, n_workers in [(1, 3), (6, 1), (7, 2), (64, 3), (300, 4)]:  # one chunk a pair, rows split unevenly
         again = np.full((1, 512), np.nan, np.float32)
-        experts.kernel(experts.gate_up_tids, experts.gate_up, experts.step, experts.down_tid, experts.down, ids,
-                       weights, h, cpu_ops.ACTIVATIONS[activation], experts.biases, GELU_TABLE, again, F16_TO_F32,
-                       n_chunks, n_workers)
+        expert_ffn_int8(experts.gate_up_tids, experts.gate_up, experts.step, experts.down_tid, experts.down, ids,
+                        weights, h, cpu_ops.ACTIVATIONS[activation], experts.biases, GELU_TABLE, again, F16_TO_F32,
+                        n_chunks, n_workers)
         np.testing.assert_array_equal(again, out, err_msg=str((n_chunks, n_workers)))
 
 

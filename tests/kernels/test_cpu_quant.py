@@ -214,8 +214,7 @@ def test_matvecs_of_one_to_four_matrices_share_one_compiled_kernel():
     """One, two and three matrices (an output projection; gate and up; q, k and v) go to matvecs_int8 padded to four
     with empty matrices, which get no rows: one compile (~25 s on 2 cores) instead of three, results unchanged.
     Planted fault, seen once: the padding dropped (the tuples passed as given) fails the signature check."""
-    from kernels.cpu.matvec import matvecs_int8_of
-    from kernels.cpu.types import type_set
+    from kernels.cpu.matvec import matvecs_int8
     names, rows = ("Q4_K", "Q8_0", "Q4_0"), (40, 37, 9)
     ws = [random_weight(name, n, 512, seed=k) for k, (name, n) in enumerate(zip(names, rows))]
     qtypes = [TYPES_BY_NAME[name] for name in names]
@@ -224,9 +223,7 @@ def test_matvecs_of_one_to_four_matrices_share_one_compiled_kernel():
     for k in (2, 3):
         for got, want in zip(quantized_matmuls(ws[:k], qtypes[:k], x), alone):
             np.testing.assert_array_equal(got, want)
-    for k in (2, 3):  # the variant of these k types
-        signatures = matvecs_int8_of(type_set(q.id for q in qtypes[:k])).signatures
-        assert {len(sig[0]) for sig in signatures} <= set(cpu_quant.MATVEC_ARITIES)
+    assert {len(sig[0]) for sig in matvecs_int8.signatures} <= set(cpu_quant.MATVEC_ARITIES)
 
 
 @pytest.mark.parametrize("n_workers", [1, 3, 16])
@@ -234,7 +231,7 @@ def test_claimed_gemm_tiles_each_run_once_whatever_the_workers(n_workers):
     """gemm_int8's workers claim tiles of ROWS rows until none are left: one worker, fewer or more workers than
     threads, a last tile short of ROWS, and every row of every token comes out once, with quantized_matmul's bits.
     Planted fault, seen once: the claim loop stopping one tile short fails every case (NaN rows)."""
-    from kernels.cpu.gemm import gemm_int8_of, padded_tokens, quantize_biased
+    from kernels.cpu.gemm import gemm_int8, padded_tokens, quantize_biased
     w, n_tokens = random_weight("Q4_K", 203, 512), 9
     x = np.random.default_rng(5).standard_normal((n_tokens, 512), np.float32)
     n_padded = padded_tokens(n_tokens)
@@ -242,7 +239,7 @@ def test_claimed_gemm_tiles_each_run_once_whatever_the_workers(n_workers):
         (n_padded, 16), np.float32)
     quantize_biased(x, xu, xd, xds, 32, 128)
     out = np.full((n_tokens, 203), np.nan, np.float32)
-    gemm_int8_of(TYPES_BY_NAME["Q4_K"].id)(w, xu, xd, xds, out, F16_TO_F32, n_workers)
+    gemm_int8(TYPES_BY_NAME["Q4_K"].id, w, xu, xd, xds, out, F16_TO_F32, n_workers)
     np.testing.assert_array_equal(out, quantized_matmul(w, TYPES_BY_NAME["Q4_K"], x))
 
 def test_bad_shapes_are_refused():

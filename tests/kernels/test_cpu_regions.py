@@ -86,15 +86,10 @@ def test_one_token_kernel_is_one_parallel_region(kernel, call, monkeypatch):
     """The kernel, typed for the arguments its cpu_quant wrapper gives it and taken through the parfor passes with
     the flags it is compiled with, has one top-level parallel loop."""
     module = cpu_gemm if kernel == "gemm_int8" else cpu_matvec
-    variants = getattr(module, f"{kernel}_of")
-
-    def up_to_parfors(key):  # the variant the wrapper asks for, compiled only as far as the parfor passes
-        jitted = variants(key)
-        assert jitted.targetoptions["parallel"]
-        options = {k: v for k, v in jitted.targetoptions.items() if k != "nopython"}  # njit sets it itself
-        return nb.njit(pipeline_class=UpToParfors, **options)(jitted.py_func)
-
-    monkeypatch.setattr(cpu_quant, f"{kernel}_of", up_to_parfors)
+    jitted = getattr(module, kernel)
+    assert jitted.targetoptions["parallel"]
+    options = {k: v for k, v in jitted.targetoptions.items() if k != "nopython"}  # njit sets it itself
+    monkeypatch.setattr(cpu_quant, kernel, nb.njit(pipeline_class=UpToParfors, **options)(jitted.py_func))
     with pytest.raises(ParallelLoops) as found:
         call()
     loops = found.value.args[0]
