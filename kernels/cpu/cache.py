@@ -11,14 +11,39 @@ file, and numba recompiles its kernels. It cascades on its own: ir changes -> do
 matvec's digest of dot_int8 goes stale.
 
     python -m kernels.cpu.cache     # writes the current digests into the modules whose are stale
+
+Two processes that compile at once (pytest's two workers, a server and a `run` started together on an empty cache)
+would corrupt it: numba's index picks a new entry's data file from the index as it read it, so two entries of one
+kernel saved at once both took file 1 and one signature then loaded the other's code (seen in CI: an expert sum
+with a relative error of 1.0). serialize_saves makes each save hold a lock on its index.
 """
 import ast
+import fcntl
 import hashlib
 import re
 from pathlib import Path
 
+from numba.core.caching import IndexDataCacheFile
+
 KERNELS = Path(__file__).parent
 ROOT = KERNELS.parents[1]
+
+
+def serialize_saves() -> None:
+    """numba's cache saves an entry (reads its index, adds the entry, writes both back) holding a lock on the index's
+    lock file, so a process that saves beside another reads the other's entry first. Loads need none: numba writes
+    each file whole under a temporary name, then renames it."""
+    save = IndexDataCacheFile.save
+    if getattr(save, "serialized", False):
+        return
+
+    def locked_save(self, key, data):
+        with open(self._index_path + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            save(self, key, data)
+
+    locked_save.serialized = True
+    IndexDataCacheFile.save = locked_save
 
 
 def source(name: str) -> Path:

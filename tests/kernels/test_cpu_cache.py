@@ -55,3 +55,31 @@ def test_a_changed_helper_makes_its_dependants_stale(tmp_path, monkeypatch):
     # gemm the latter and dot_x8
     assert set(cache.write_digests()) == {"dot_int8", "dot_x8", "matvec", "gemm_int8", "gemm"}
     assert cache.write_digests() == []
+
+
+def test_two_saves_at_once_keep_both_entries_apart(tmp_path, monkeypatch):
+    """Two saves into one kernel's cache index at once (two processes compiling two signatures of a kernel): each
+    entry gets a data file of its own and loads its own data. numba's save reads the index, picks the first free
+    data file and writes the index back; here each read is held 0.3 s, so that unserialized both read the empty index.
+    Planted fault, seen once: the lock in serialize_saves left out, sig_a's entry was lost (loads None)."""
+    import threading
+    import time
+
+    from numba.core.caching import IndexDataCacheFile
+
+    import kernels.cpu  # noqa: F401  (serialize_saves, as every kernel module's import does)
+    load_index = IndexDataCacheFile._load_index
+
+    def slow_load_index(self):
+        overloads = load_index(self)
+        time.sleep(0.3)
+        return overloads
+
+    monkeypatch.setattr(IndexDataCacheFile, "_load_index", slow_load_index)
+    cache = IndexDataCacheFile(str(tmp_path), "kernel-1.py311", source_stamp=(1.0, 100))
+    saves = [threading.Thread(target=cache.save, args=(key, f"code of {key}")) for key in ("sig_a", "sig_b")]
+    for t in saves:
+        t.start()
+    for t in saves:
+        t.join()
+    assert (cache.load("sig_a"), cache.load("sig_b")) == ("code of sig_a", "code of sig_b")
