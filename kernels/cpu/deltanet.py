@@ -19,6 +19,7 @@ import math
 import numba as nb
 import numpy as np
 
+import kernels.cpu.types  # noqa: F401  (numba's cache saves serialized: kernels/cpu/cache.py)
 
 
 @nb.njit(cache=True, nogil=True, fastmath=True)

@@ -20,7 +20,7 @@ from kernels.cpu.types import (IQ2_XXS, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "gemm_int8", "dot_x8")
-INLINED_DIGEST = "d2b745580176e15b"
+INLINED_DIGEST = "c4b56d072f90ad0a"
 
 
 def padded_tokens(n_tokens: int) -> int:

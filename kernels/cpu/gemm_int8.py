@@ -28,7 +28,7 @@ from kernels.cpu.types import IQ2_XXS, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "ir", "dot_int8")
-INLINED_DIGEST = "0a39d75da69e2a86"
+INLINED_DIGEST = "fe3386e98b25ab18"
 
 # values up to 128 in size: their tile (tile_q8_0) takes x's bytes signed (xq), the others' biased (xq + 128)
 SIGNED_X_IDS = (Q8_0, IQ4_NL, IQ4_XS)

@@ -9,6 +9,8 @@ import math
 import numba as nb
 import numpy as np
 
+import kernels.cpu.types  # noqa: F401  (numba's cache saves serialized: kernels/cpu/cache.py)
+
 _jit = nb.njit(cache=True, nogil=True)
 ATTENTION_LOOP_MAX_TOKENS = 4  # up to this many queries the loop kernel beats BLAS
 # From this many multiply-adds (queries x heads x keys x head dim) the loop runs on all cores. Measured on 2

@@ -5,6 +5,10 @@ Numbers here are frozen into the compiled kernels when they compile: see kernels
 import numba as nb
 import numpy as np
 
+from kernels.cpu.cache import serialize_saves
+
+serialize_saves()  # at the first import of the kernels, before any compiles (kernels/cpu/cache.py says why)
+
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
 MXFP4 = 39
 IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, IQ1_M = 16, 17, 18, 19, 20, 21, 22, 23, 29

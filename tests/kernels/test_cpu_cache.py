@@ -67,7 +67,7 @@ def test_two_saves_at_once_keep_both_entries_apart(tmp_path, monkeypatch):
 
     from numba.core.caching import IndexDataCacheFile
 
-    import kernels.cpu  # noqa: F401  (serialize_saves, as every kernel module's import does)
+    import kernels.cpu.types  # noqa: F401  (serialize_saves, as every kernel module's import does)
     load_index = IndexDataCacheFile._load_index
 
     def slow_load_index(self):
