@@ -34,7 +34,7 @@ def serialize_saves() -> None:
     lock file, so a process that saves beside another reads the other's entry first. Loads need none: numba writes
     each file whole under a temporary name, then renames it."""
     save = IndexDataCacheFile.save
-    if getattr(save, "serialized", False):
+    if getattr(save, "serialized", False):  # wrapped twice, a save would wait on its own lock (a second open file)
         return
 
     def locked_save(self, key, data):
