@@ -23,7 +23,7 @@ from kernels.cpu.types import K256_IDS, Q4_K, Q8_0, X8, fast  # noqa: E402
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "dequant", "dot_float", "dot_int8", "dot_x8", "ir", "ops")
-INLINED_DIGEST = "8c8276647da4fac5"
+INLINED_DIGEST = "f7271b937bc06be9"
 
 # A matvec's rows go in chunks that the threads claim one at a time (claim) until none are left: numba's prange
 # hands each thread an equal share up front, and on the 16-core host one slow thread then held up the region
@@ -319,7 +319,7 @@ def matvec_add_int8(tids, ws, x, resid, norm, eps, out, f16, n_chunks, n_workers
     size > 0): out[0] = resid[0] + rms_norm(W x[0]) * norm (a sandwich norm), as ops.rms_norm computes it.
 
     x: float32 [1, n_cols], resid, out: float32 [1, n_rows], norm: float32 [n_rows] or [0]."""
-    xs = _quantize_x(x, tids)
+    xs = _quantize_x(x, (tids[0], tids[0], tids[0], tids[0]))  # matvecs_int8's padded 4-tuple: one compile
     nbytes, n_rows = np.empty(1, np.int64), np.empty(1, np.int64)
     nbytes[0], n_rows[0] = ws[0].size, ws[0].shape[0]
     first = _chunk_starts(nbytes, n_rows, n_chunks)
@@ -329,7 +329,7 @@ def matvec_add_int8(tids, ws, x, resid, norm, eps, out, f16, n_chunks, n_workers
         c = claim(counter)
         while c < first[1]:
             _, r0, r1 = _chunk(first, n_rows, c)
-            _dot_rows(tids[0], ws[0], r0, r1, xs, 0, 1, y, 0, f16)
+            _dot_rows(tids[0], ws[0], r0, r1, xs, np.int64(0), np.int64(1), y, 0, f16)  # tokens 0..1, not literals: one compile
             c = claim(counter)
     if norm.size > 0:
         ss = 0.0
@@ -352,7 +352,7 @@ def glu_matvecs_int8(tids, ws, x, gelu, table, out, f16, n_chunks, n_workers):
     the other core's half of gate and up). gate and up are what matvecs_int8 gives, bit for bit.
 
     x: float32 [1, n_cols], out: float32 [1, n_rows], table: ops.GELU_TABLE."""
-    xs = _quantize_x(x, tids)
+    xs = _quantize_x(x, (tids[0], tids[1], tids[0], tids[0]))  # matvecs_int8's padded 4-tuple: one compile
     n_units = ws[0].shape[0]  # rows, or groups of 8 rows for a repacked type
     n_rows = out.shape[1]
     per_unit = 8 if tids[0] > X8 else 1
@@ -363,8 +363,8 @@ def glu_matvecs_int8(tids, ws, x, gelu, table, out, f16, n_chunks, n_workers):
         c = claim(counter)
         while c < n_chunks:
             u0, u1 = c * n_units // n_chunks, (c + 1) * n_units // n_chunks
-            _dot_rows(tids[0], ws[0], u0, u1, xs, 0, 1, gate, 0, f16)
-            _dot_rows(tids[1], ws[1], u0, u1, xs, 0, 1, up, 0, f16)
+            _dot_rows(tids[0], ws[0], u0, u1, xs, np.int64(0), np.int64(1), gate, 0, f16)  # not literals: one compile
+            _dot_rows(tids[1], ws[1], u0, u1, xs, np.int64(0), np.int64(1), up, 0, f16)
             for r in range(u0 * per_unit, min(u1 * per_unit, n_rows)):
                 out[0, r] = _glu_one(gate[0, r], up[0, r], gelu, table)
             c = claim(counter)

@@ -112,7 +112,8 @@ def _rope_kv_store(q, k, v, cos, sin, neox, k_cache, v_cache, pos, q_out):
             _rotate_into(q[t, h], cos[t], sin[t], neox, q_out[t, h])
         for h in range(k.shape[1]):
             _rotate_into(k[t, h], cos[t], sin[t], neox, k_cache[h, (pos + t) % slots])
-            v_cache[h, (pos + t) % slots, :] = v[t, h]
+            for d in range(v.shape[2]):  # a loop: a slice assignment compiles numba's shape-mismatch message (~4 s)
+                v_cache[h, (pos + t) % slots, d] = v[t, h, d]
 
 
 def rope_kv_store(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str,
@@ -169,7 +170,8 @@ def _attend(q, k, v, i, h, pos0, start, window, scale, sinks, ring, out):
         w, vj = scores[j] / total, vh[(lo + j) % ring if ring else lo + j]
         for d in range(acc.shape[0]):
             acc[d] += w * vj[d]
-    out[i, h] = acc
+    for d in range(acc.shape[0]):  # a loop: a slice assignment compiles numba's shape-mismatch message (~5 s)
+        out[i, h, d] = acc[d]
 
 
 @_jit
