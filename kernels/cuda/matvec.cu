@@ -64,14 +64,38 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, const in
     row_store(acc, row, n_rows, tpr, out, res, add_res);
 }
 
+// Rows a group of tpr threads does in matvec (rows_dot: x loaded once for them): 2 for the types of 256-value
+// blocks (K-quants, the IQ super-blocks), 1 for those of 32 (Q4_0 .. Q8_0, MXFP4, IQ4_NL), which lost with 2; the
+// launcher gives it n_rows / (blockDim.x / tpr * rows) blocks (kernels/cuda/quant.py's matvec_rows, the same rule).
+// Graph-replayed matvecs on the H200 (BENCHMARKS.md, session 26), GB/s at 28672x4096: Q4_K 2384 -> 2866, Q6_K 2628
+// -> 3133, IQ4_XS 2299 -> 2397; Q8_0 3516 -> 3288, Q4_0 2877 -> 2725, MXFP4 2391 -> 2285 (kept at 1). 4 rows lost
+// on most types (registers).
+template <class T>
+__host__ __device__ constexpr int matvec_rows_per_group() { return T::QK == 256 ? 2 : 1; }
+
+template <class T>
+__device__ __forceinline__ void matvec_rows(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
+                                            const float2* __restrict__ xds, float* out, int n_rows, int nb,
+                                            int tpr, const float* res, int add_res, int block) {
+    constexpr int R = matvec_rows_per_group<T>();
+    int row0 = (block * (blockDim.x / tpr) + threadIdx.x / tpr) * R;
+    float acc[R];
+    rows_dot<T, R>(w, row0, n_rows, nb, threadIdx.x % tpr, tpr, xq, xds, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r > 0 && tpr > 32) __syncthreads();  // row_store's shared sums of the row before read by all
+        row_store(acc[r], row0 + r, n_rows, tpr, out, res, add_res);
+    }
+}
+
 // res / add_res: see row_store. CuPy passes None as an invalid pointer, hence the flag.
 #define MATVEC_Q(NAME, T)                                                                               \
     extern "C" __global__ void __launch_bounds__(128)                                                   \
         NAME(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb,    \
              int tpr, const float* res, int add_res) {                                                  \
-        prefetch_rows(w, n_rows, nb, tpr, T::BULK, T::META, blockIdx.x);                                \
+        prefetch_rows(w, n_rows, nb, tpr / matvec_rows_per_group<T>(), T::BULK, T::META, blockIdx.x);    \
         wait_prior();                                                                                   \
-        matvec_q<T>(w, xq, xds, out, n_rows, nb, tpr, res, add_res, blockIdx.x);                        \
+        matvec_rows<T>(w, xq, xds, out, n_rows, nb, tpr, res, add_res, blockIdx.x);                     \
     }
 
 MATVEC_Q(matvec_q4_0, Q4_0)

@@ -122,7 +122,7 @@ def matvec(
     tpr = threads_per_row or default_threads_per_row(w.n_rows, w.n_cols // ELEMS_PER_ITEM[w.qtype.name])
     if tpr not in (32, 64, 128):
         raise ValueError(f"threads_per_row must be 32, 64 or 128, got {tpr}")
-    grid = (_blocks(w.n_rows, tpr),)
+    grid = (_blocks(w.n_rows, tpr, matvec_rows(w)),)
     name = "matvec_" + w.qtype.name.lower()
     if w.takes_q8:
         _check_q8_input(w, x)
@@ -137,6 +137,12 @@ def matvec(
     args += (out if residual is None else residual, np.int32(residual is not None))
     with stream or cp.cuda.get_current_stream():
         kernel("matvec.cu", name)(grid, (THREADS,), args)
+
+
+def matvec_rows(w: DeviceWeight) -> int:
+    """Rows a group of threads_per_row threads does in matvec: 2 for the quantized types of 256-value blocks, else
+    1 (matvec.cu's matvec_rows_per_group, the same rule, says why)."""
+    return 2 if w.takes_q8 and w.qtype.block_elems == 256 else 1
 
 
 def pairs_in_one_launch(w0: DeviceWeight, w1: DeviceWeight) -> bool:
@@ -167,8 +173,9 @@ def matvec_pair(w0: DeviceWeight, w1: DeviceWeight, x: Q8Vector, out0: cp.ndarra
              np.int32(tpr[0]), np.int32(tpr[1]), np.int32(blocks0)))
 
 
-def _blocks(n_rows: int, tpr: int) -> int:
-    return (n_rows + THREADS // tpr - 1) // (THREADS // tpr)
+def _blocks(n_rows: int, tpr: int, rows_per_group: int = 1) -> int:
+    per_block = THREADS // tpr * rows_per_group
+    return (n_rows + per_block - 1) // per_block
 
 
 def _check_out(name: str, a: cp.ndarray, n_rows: int) -> None:

@@ -362,3 +362,28 @@ QD float row_dot(const uint8_t* w, int row, int n_rows, int nb, int t, int strid
     }
     return acc;
 }
+
+// row_dot of R consecutive rows row0.. (those past n_rows read the last row again; their sums are not stored): each
+// item's x is loaded once for the R rows. One row a thread group read x from L1 twice for every weight byte (an
+// IQ4_XS item: 40 bytes of weights, 80 of x and its scales), and L1 was what bounded the decode matvecs (ncu, H200:
+// llama3-8b's gate/up at L1 86%, DRAM 39%).
+template <class T, int R>
+QD void rows_dot(const uint8_t* w, int row0, int n_rows, int nb, int t, int stride, const int8_t* xq,
+                 const float2* xds, float (&acc)[R]) {
+    const uint8_t *bulk[R], *meta[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        int row = min(row0 + r, n_rows - 1);
+        bulk[r] = w + (size_t)row * nb * T::BULK;
+        meta[r] = w + (size_t)n_rows * nb * T::BULK + (size_t)row * nb * T::META;
+        acc[r] = 0.0f;
+    }
+#pragma unroll 2
+    for (int i = t; i < nb * T::ITEMS; i += stride) {
+        int blk = i / T::ITEMS, k = i % T::ITEMS;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            acc[r] += T::dot(bulk[r] + blk * T::BULK, meta[r] + blk * T::META, k, xq + blk * T::QK,
+                             xds + blk * (T::QK / 32));
+    }
+}
