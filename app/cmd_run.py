@@ -81,7 +81,6 @@ def run(args) -> int:
     from app.reasoning import check_level, effort_vars, thinking_vars  # noqa: PLC0415
     from app.reply_split import reply_splitter  # noqa: PLC0415
     from app.structured import answer_constraint, schema_file_grammar  # noqa: PLC0415
-    from models.model_ref import resolve_model  # noqa: PLC0415
     # what the flags alone decide is refused before the engine's imports (numba and the kernels: ~3 s on 2 cores)
     prompt = read_prompt(args)
     if args.raw and (args.system or args.chat_template or args.reasoning or args.reasoning_effort):
@@ -91,10 +90,9 @@ def run(args) -> int:
     check_level(args.reasoning_effort)
     grammar = schema_file_grammar(args.json_schema) if args.json_schema else None
     options = load_options(args)
-    t0 = time.perf_counter()
-    model = resolve_model(args.model, DownloadBar())  # a path that is no model fails before the engine's imports
     from inference import load  # noqa: PLC0415  (heavy: numba, the model)
-    engine = load(model, ctx=args.ctx, **options)
+    t0 = time.perf_counter()
+    engine = load(args.model, ctx=args.ctx, progress=DownloadBar(), **options)
     load_seconds = time.perf_counter() - t0
     if args.verbose:
         print(engine.summary(), file=sys.stderr)
