@@ -329,7 +329,8 @@ def matvec_add_int8(tids, ws, x, resid, norm, eps, out, f16, n_chunks, n_workers
         c = claim(counter)
         while c < first[1]:
             _, r0, r1 = _chunk(first, n_rows, c)
-            _dot_rows(tids[0], ws[0], r0, r1, xs, np.int64(0), np.int64(1), y, 0, f16)  # tokens 0..1, not literals: one compile
+            # token range 0..1 as int64, not literals: the signature matvecs_int8 compiles
+            _dot_rows(tids[0], ws[0], r0, r1, xs, np.int64(0), np.int64(1), y, 0, f16)
             c = claim(counter)
     if norm.size > 0:
         ss = 0.0

@@ -66,7 +66,8 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, const in
 
 // Rows a group of tpr threads does in matvec (rows_dot: x loaded once for them): 2 for the types of 256-value
 // blocks (K-quants, the IQ super-blocks), 1 for those of 32 (Q4_0 .. Q8_0, MXFP4, IQ4_NL), which lost with 2; the
-// launcher gives it n_rows / (blockDim.x / tpr * rows) blocks (kernels/cuda/quant.py's matvec_rows, the same rule).
+// launcher gives it n_rows / (blockDim.x / tpr * rows) blocks (kernels/cuda/quant.py's matvec_rows_per_group, the
+// same rule).
 // Graph-replayed matvecs on the H200 (BENCHMARKS.md, session 26), GB/s at 28672x4096: Q4_K 2384 -> 2866, Q6_K 2628
 // -> 3133, IQ4_XS 2299 -> 2397; Q8_0 3516 -> 3288, Q4_0 2877 -> 2725, MXFP4 2391 -> 2285 (kept at 1). 4 rows lost
 // on most types (registers).

@@ -122,7 +122,7 @@ def matvec(
     tpr = threads_per_row or default_threads_per_row(w.n_rows, w.n_cols // ELEMS_PER_ITEM[w.qtype.name])
     if tpr not in (32, 64, 128):
         raise ValueError(f"threads_per_row must be 32, 64 or 128, got {tpr}")
-    grid = (_blocks(w.n_rows, tpr, matvec_rows(w)),)
+    grid = (_blocks(w.n_rows, tpr, matvec_rows_per_group(w)),)
     name = "matvec_" + w.qtype.name.lower()
     if w.takes_q8:
         _check_q8_input(w, x)
@@ -139,7 +139,7 @@ def matvec(
         kernel("matvec.cu", name)(grid, (THREADS,), args)
 
 
-def matvec_rows(w: DeviceWeight) -> int:
+def matvec_rows_per_group(w: DeviceWeight) -> int:
     """Rows a group of threads_per_row threads does in matvec: 2 for the quantized types of 256-value blocks, else
     1 (matvec.cu's matvec_rows_per_group, the same rule, says why)."""
     return 2 if w.takes_q8 and w.qtype.block_elems == 256 else 1
