@@ -64,15 +64,18 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, const in
     row_store(acc, row, n_rows, tpr, out, res, add_res);
 }
 
-// Rows a group of tpr threads does in matvec (rows_dot: x loaded once for them): 2 for the types of 256-value
-// blocks (K-quants, the IQ super-blocks), 1 for those of 32 (Q4_0 .. Q8_0, MXFP4, IQ4_NL), which lost with 2; the
-// launcher gives it n_rows / (blockDim.x / tpr * rows) blocks (kernels/cuda/quant.py's matvec_rows_per_group, the
-// same rule).
+// Rows a group of tpr threads does in matvec (rows_dot: x loaded once for them): 4 for Q6_K, 2 for the other types
+// of 256-value blocks (K-quants, the IQ super-blocks), 1 for those of 32 (Q4_0 .. Q8_0, MXFP4, IQ4_NL), which lost
+// with 2; the launcher gives it n_rows / (blockDim.x / tpr * rows) blocks (kernels/cuda/quant.py's
+// matvec_rows_per_group, the same rule).
 // Graph-replayed matvecs on the H200 (BENCHMARKS.md, session 26), GB/s at 28672x4096: Q4_K 2384 -> 2866, Q6_K 2628
 // -> 3133, IQ4_XS 2299 -> 2397; Q8_0 3516 -> 3288, Q4_0 2877 -> 2725, MXFP4 2391 -> 2285 (kept at 1). 4 rows lost
-// on most types (registers).
+// on most types (registers), not on Q6_K (session 27, launched programmatically without the prefetch: 4096x14336
+// 2569 -> 3060, 4096x4096 1746 -> 2098).
 template <class T>
 __host__ __device__ constexpr int matvec_rows_per_group() { return T::QK == 256 ? 2 : 1; }
+template <>
+__host__ __device__ constexpr int matvec_rows_per_group<Q6_K>() { return 4; }
 
 template <class T>
 __device__ __forceinline__ void matvec_rows(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
@@ -89,12 +92,16 @@ __device__ __forceinline__ void matvec_rows(const uint8_t* __restrict__ w, const
     }
 }
 
-// res / add_res: see row_store. CuPy passes None as an invalid pointer, hence the flag.
+// res / add_res: see row_store. CuPy passes None as an invalid pointer, hence the flag. prefetch: ask L2 for the
+// block's rows first (the launcher sets it for matrices of at most half the L2: a larger one's prefetches only
+// queue ahead of the loads, e.g. Q4_K 28672x4096 2957 GB/s with them, 3373 without; 4096x4096 IQ4_XS 1682 with,
+// 1525 without, launched programmatically as in the decode step; BENCHMARKS.md, session 27).
 #define MATVEC_Q(NAME, T)                                                                               \
     extern "C" __global__ void __launch_bounds__(128)                                                   \
         NAME(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb,    \
-             int tpr, const float* res, int add_res) {                                                  \
-        prefetch_rows(w, n_rows, nb, tpr / matvec_rows_per_group<T>(), T::BULK, T::META, blockIdx.x);    \
+             int tpr, const float* res, int add_res, int prefetch) {                                    \
+        if (prefetch)                                                                                   \
+            prefetch_rows(w, n_rows, nb, tpr / matvec_rows_per_group<T>(), T::BULK, T::META, blockIdx.x); \
         wait_prior();                                                                                   \
         matvec_rows<T>(w, xq, xds, out, n_rows, nb, tpr, res, add_res, blockIdx.x);                     \
     }

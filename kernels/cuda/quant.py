@@ -11,6 +11,7 @@ reads it (q, k and v; gate and up). F32 / F16 / BF16 weights take the float32 ac
 Nothing here allocates or syncs after setup (to_device, Q8Vector.empty): matvec and quantize_q8_1 only
 launch on the given stream, so they can be captured into a CUDA graph.
 """
+import functools
 from dataclasses import dataclass
 
 import cupy as cp
@@ -135,14 +136,25 @@ def matvec(
                              f"of ({w.n_cols},)")
         args = (w.data, x, out, np.int32(w.n_rows), np.int32(w.n_cols), np.int32(tpr))
     args += (out if residual is None else residual, np.int32(residual is not None))
+    if w.takes_q8:
+        args += (np.int32(w.data.nbytes <= matvec_prefetch_max_bytes()),)
     with stream or cp.cuda.get_current_stream():
         kernel("matvec.cu", name)(grid, (THREADS,), args)
 
 
 def matvec_rows_per_group(w: DeviceWeight) -> int:
-    """Rows a group of threads_per_row threads does in matvec: 2 for the quantized types of 256-value blocks, else
-    1 (matvec.cu's matvec_rows_per_group, the same rule, says why)."""
-    return 2 if w.takes_q8 and w.qtype.block_elems == 256 else 1
+    """Rows a group of threads_per_row threads does in matvec: 4 for Q6_K, 2 for the other quantized types of
+    256-value blocks, else 1 (matvec.cu's matvec_rows_per_group, the same rule, says why)."""
+    if not w.takes_q8 or w.qtype.block_elems != 256:
+        return 1
+    return 4 if w.qtype.name == "Q6_K" else 2
+
+
+@functools.cache
+def matvec_prefetch_max_bytes() -> int:
+    """The largest matrix whose rows matvec asks L2 for before it reads them: half the device's L2 (matvec.cu's
+    MATVEC_Q says why)."""
+    return cp.cuda.Device().attributes["L2CacheSize"] // 2
 
 
 def pairs_in_one_launch(w0: DeviceWeight, w1: DeviceWeight) -> bool:
