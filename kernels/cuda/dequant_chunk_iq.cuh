@@ -4,15 +4,18 @@
 #pragma once
 #include "quant_dot.cuh"
 
-// 32 codes of a 16-value table (quant_dot_iq.cuh's table16) times d
-template <class K>
+// 32 codes of a 16-value table (quant_dot_iq.cuh's table16_dot, SEQ as there) times d
+template <class K, bool SEQ = false>
 QD void table16_chunk(const uint8_t* b, float d, float* v) {
     uint4 q = load16(b);
     uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         int lo, hi;
-        table16<K>(w[j], lo, hi);
+        if (SEQ)
+            table16_seq<K>(w[j], lo, hi);
+        else
+            table16<K>(w[j], lo, hi);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             v[4 * j + i] = d * (float)(int8_t)(lo >> (8 * i));
@@ -31,7 +34,7 @@ QD void chunk(IQ4_NL, const uint8_t* b, const uint8_t* m, int, float* v) {
 
 QD void chunk(IQ4_XS, const uint8_t* b, const uint8_t* m, int c, float* v) {
     uint32_t lo = (m[4 + c / 2] >> (4 * (c & 1))) & 15, hi = (u16_at(m + 2) >> (2 * c)) & 3;
-    table16_chunk<KvaluesIq4nl>(b + 16 * c, half_at(m) * (float)((int)(lo | (hi << 4)) - 32), v);
+    table16_chunk<KvaluesIq4nl, true>(b + 16 * c, half_at(m) * (float)((int)(lo | (hi << 4)) - 32), v);
 }
 
 // 8 values of an 8-byte grid entry g, times db, negated where bits of the sign byte s are set

@@ -54,6 +54,24 @@ def bulk_meta_bytes(qtype: GGMLType) -> tuple[int, int]:
     return qtype.block_bytes - front - back, front + back
 
 
+# Types whose bulk is 16-byte groups of 4-bit table codes that the device reads in sequence (table16_in_sequence)
+TABLE16_IN_SEQUENCE = {"IQ4_XS"}
+
+
+def table16_in_sequence(qs):
+    """uint8 [..., 16] groups of 32 4-bit codes in ggml's order (byte l: weight l in its low nibble, 16 + l in its
+    high one) -> the same codes in sequence: 32-bit word j holds weights 4j..4j+3 in its low 16 bits and
+    16+4j..19+4j in its high ones, nibble by nibble. The table lookup (quant_dot_iq.cuh's table16_seq) then leaves
+    the values in x's order without the two permutes a word that ggml's order needs (a matvec's ALU work, which
+    bounds IQ4_XS's decode matvecs on the H200: BENCHMARKS.md, session 27). Array methods only, as repack."""
+    lo = (qs & 15).reshape(*qs.shape[:-1], 4, 2, 2)  # [word j, byte of its half, nibble]: weight 4j + 2p + e
+    hi = (qs >> 4).reshape(*qs.shape[:-1], 4, 2, 2)  # weight 16 + 4j + 2p + e
+    out = qs.copy().reshape(*qs.shape[:-1], 4, 4)
+    out[..., :2] = lo[..., 0] | (lo[..., 1] << 4)
+    out[..., 2:] = hi[..., 0] | (hi[..., 1] << 4)
+    return out.reshape(qs.shape)
+
+
 def repack(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:
     """raw uint8 [n_rows, row_bytes] as in the file -> uint8 [n_rows * row_bytes] in the device layout.
 
@@ -65,6 +83,8 @@ def repack(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:
     n_blocks = row_bytes // qtype.block_bytes
     blocks = raw.reshape(n_rows, n_blocks, qtype.block_bytes)
     bulk = blocks[:, :, front : qtype.block_bytes - back]
+    if qtype.name in TABLE16_IN_SEQUENCE:
+        bulk = table16_in_sequence(bulk.reshape(n_rows, n_blocks, -1, 16))
     out = raw.reshape(-1).copy()  # array methods only, so a CuPy array repacks on the device too
     out[: bulk.size] = bulk.reshape(-1)
     meta = out[bulk.size :].reshape(n_rows, n_blocks, front + back)  # a view: the front bytes, then the back ones

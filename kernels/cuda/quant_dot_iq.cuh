@@ -26,31 +26,39 @@ QD int popc(uint32_t v) {
 #endif
 }
 
-// The table values (int8, 4 a word) of the 8 codes of q: lo those of the low nibbles of bytes 0..3, hi of the high
-// ones. A permute picks by a selector's low 3 bits from 8 bytes: values 0-7 and 8-15 apart, then one of the two by
-// the code's bit 3; q's nibbles come out interleaved (lo0 hi0 lo1 hi1 ...), two more permutes sort them.
+// The table values (int8, 4 a word) of the 8 codes (nibbles) of q: lo those of nibbles 0..3, hi of 4..7. A permute
+// picks by a selector's low 3 bits from 8 bytes: values 0-7 and 8-15 apart, then one of the two by the code's bit 3.
 template <class K>
-QD void table16(uint32_t q, int& lo, int& hi) {
+QD void table16_seq(uint32_t q, int& lo, int& hi) {
     uint32_t pick = 0x32103210u | ((q & 0x88888888u) >> 1);
-    uint32_t t[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        uint32_t s = q >> (16 * i);
-        t[i] = byte_perm(byte_perm(K::K0, K::K1, s), byte_perm(K::K2, K::K3, s), pick >> (16 * i));
-    }
-    lo = (int)byte_perm(t[0], t[1], 0x6420);
-    hi = (int)byte_perm(t[0], t[1], 0x7531);
+    lo = (int)byte_perm(byte_perm(K::K0, K::K1, q), byte_perm(K::K2, K::K3, q), pick);
+    hi = (int)byte_perm(byte_perm(K::K0, K::K1, q >> 16), byte_perm(K::K2, K::K3, q >> 16), pick >> 16);
 }
 
-// 32 codes (16 bytes: weight l < 16 the low nibble of byte l, weight 16 + l its high nibble) . 32 activations
+// As table16_seq for a word of ggml's order (the low nibbles of its bytes, then the high ones: lo0 hi0 lo1 hi1 ..):
+// lo the values of the 4 low nibbles, hi of the high ones; two more permutes sort them.
 template <class K>
+QD void table16(uint32_t q, int& lo, int& hi) {
+    int a, b;
+    table16_seq<K>(q, a, b);
+    lo = (int)byte_perm(a, b, 0x6420);
+    hi = (int)byte_perm(a, b, 0x7531);
+}
+
+// 32 codes (16 bytes: weight l < 16 the low nibble of byte l, weight 16 + l its high nibble; with SEQ, as
+// kernels/cuda/layout.py's table16_in_sequence stores them: word j holds weights 4j..4j+3, then 16+4j..19+4j)
+// . 32 activations
+template <class K, bool SEQ = false>
 QD int table16_dot(uint4 q, uint4 xlo, uint4 xhi) {
     uint32_t w[4] = {q.x, q.y, q.z, q.w}, a[4] = {xlo.x, xlo.y, xlo.z, xlo.w}, b[4] = {xhi.x, xhi.y, xhi.z, xhi.w};
     int s = 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         int lo, hi;
-        table16<K>(w[j], lo, hi);
+        if (SEQ)
+            table16_seq<K>(w[j], lo, hi);
+        else
+            table16<K>(w[j], lo, hi);
         s = dp4a(lo, (int)a[j], dp4a(hi, (int)b[j], s));
     }
     return s;
@@ -124,15 +132,16 @@ struct IQ4_NL {
     }
 };
 
-// ---- IQ4_XS: block d(2) scales_h(2) scales_l(4) qs(128). bulk qs, meta d scales_h scales_l (8). 4 items of 64:
-// sub-blocks 2c and 2c+1, each 16 qs bytes as IQ4_NL's, scale (4 bits of scales_l, 2 of scales_h) - 32.
+// ---- IQ4_XS: block d(2) scales_h(2) scales_l(4) qs(128). bulk qs (its codes in sequence: layout.py), meta d
+// scales_h scales_l (8). 4 items of 64: sub-blocks 2c and 2c+1, each 16 qs bytes, scale (4 bits of scales_l, 2 of
+// scales_h) - 32.
 struct IQ4_XS {
     static constexpr int QK = 256, BULK = 128, META = 8, ITEMS = 4;
     static QD float dot(const uint8_t* b, const uint8_t* m, int c, const int8_t* xq, const float2* xds) {
         uint2 meta = *reinterpret_cast<const uint2*>(m);
         const int8_t* x = xq + 64 * c;
-        int s0 = table16_dot<KvaluesIq4nl>(load16(b + 32 * c), xload16(x), xload16(x + 16));
-        int s1 = table16_dot<KvaluesIq4nl>(load16(b + 32 * c + 16), xload16(x + 32), xload16(x + 48));
+        int s0 = table16_dot<KvaluesIq4nl, true>(load16(b + 32 * c), xload16(x), xload16(x + 16));
+        int s1 = table16_dot<KvaluesIq4nl, true>(load16(b + 32 * c + 16), xload16(x + 32), xload16(x + 48));
         uint32_t hi = meta.x >> (16 + 4 * c), lo = meta.y >> (8 * c);  // sub-block 2c: low nibble, 2c+1: high
         int ls0 = (int)((lo & 15) | ((hi & 3) << 4)) - 32, ls1 = (int)(((lo >> 4) & 15) | (((hi >> 2) & 3) << 4)) - 32;
         return half_bits(meta.x) * ((float)ls0 * xds[2 * c].x * (float)s0 + (float)ls1 * xds[2 * c + 1].x * (float)s1);

@@ -5,7 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels.cuda.layout import ELEMS_PER_ITEM, META_SPLIT, bulk_meta_bytes, expert_rows, repack
+from kernels.cuda.layout import (ELEMS_PER_ITEM, META_SPLIT, TABLE16_IN_SEQUENCE, bulk_meta_bytes, expert_rows, repack,
+                                 table16_in_sequence)
 from models.ggml_types import TYPES_BY_NAME
 
 KERNEL_DIR = Path(__file__).parents[2] / "kernels" / "cuda"
@@ -42,10 +43,24 @@ def test_repack_moves_every_byte_once(name):
         for b in range(n_blocks):
             block = raw[r, b * qtype.block_bytes : (b + 1) * qtype.block_bytes]
             i = r * n_blocks + b
-            assert np.array_equal(out[i * bulk : (i + 1) * bulk], block[front : qtype.block_bytes - back])
+            block_bulk = block[front : qtype.block_bytes - back]
+            if name in TABLE16_IN_SEQUENCE:
+                block_bulk = table16_in_sequence(block_bulk.reshape(-1, 16)).reshape(-1)
+            assert np.array_equal(out[i * bulk : (i + 1) * bulk], block_bulk)
             m0 = n_rows * n_blocks * bulk + i * meta
             block_meta = np.concatenate([block[:front], block[qtype.block_bytes - back :]])
             assert np.array_equal(out[m0 : m0 + meta], block_meta)
+
+
+def test_table16_in_sequence_puts_each_word_s_codes_in_order():
+    """Word j of a group holds the codes of weights 4j..4j+3, then 16+4j..19+4j, a nibble each from the lowest."""
+    codes = np.random.default_rng(1).integers(0, 16, size=(5, 32), dtype=np.uint8)
+    ggml = codes[:, :16] | (codes[:, 16:] << 4)  # byte l: weight l low, weight 16 + l high
+    words = table16_in_sequence(ggml).view("<u4")
+    for g in range(5):
+        for j in range(4):
+            nibbles = [int(words[g, j]) >> (4 * n) & 15 for n in range(8)]
+            assert nibbles == [*codes[g, 4 * j : 4 * j + 4], *codes[g, 16 + 4 * j : 20 + 4 * j]]
 
 
 def test_iq_tables_header_is_generated_from_the_references():
