@@ -20,7 +20,7 @@ from kernels.cpu.types import (IQ2_XXS, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "gemm_int8", "dot_x8")
-INLINED_DIGEST = "c4b56d072f90ad0a"
+INLINED_DIGEST = "5cb8d1020c9bc104"
 
 
 def padded_tokens(n_tokens: int) -> int:
@@ -30,8 +30,8 @@ def padded_tokens(n_tokens: int) -> int:
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def quantize_biased(x, xu, xd, xds, block, bias):
-    """x: float32 [n_tokens, n_cols] -> xu: uint8 [n_padded, n_cols] = xq + bias (128, or 0 for the SIGNED_X_IDS
-    tiles: xq's bytes), xq int8 to the nearest of x / xd,
+    """x: float32 [n_tokens, n_cols] -> xu: uint8 [n_padded, n_cols] = xq + bias (128, or 0 where the SIGNED_X_IDS
+    tile takes xq's bytes: gemm_int8.x_bias), xq int8 to the nearest of x / xd,
     xd: float32 [n_padded, n_cols // 32] = amax / 127 of each block (32, as quantize_q8; or 256: one amax
     for 8 groups of 32, llama.cpp's q8_K, which IQ4_XS's dots take there), xds: xd * the sum of xq over each 32.
     Rows from n_tokens on are zeros (xq 0)."""
@@ -58,7 +58,7 @@ def quantize_biased(x, xu, xd, xds, block, bias):
 def gemm_int8(tid, w, xu, xd, xds, out, f16, n_workers):
     """out[t, r] = x8[t] . row r of W for W of an INT8_IDS type tid, w: uint8 [n_rows, row_bytes] (or tid X8 +
     a type and w repacked, repack: uint8 [n_groups, 8 * row_bytes]), x8 given by quantize_biased (xu, xd, xds; its
-    bias 0 for the SIGNED_X_IDS),
+    bias gemm_int8.x_bias(tid)),
     out: float32 [n_tokens, n_rows]. Tiles of ROWS rows are claimed by the n_workers threads one at a time (as the
     matvecs' chunks: prange's equal shares wait for the slowest thread); each is packed into its thread's scratch
     (~11 bytes a column, L1-sized), then multiplied with every TOKENS tokens."""

@@ -3,7 +3,8 @@ LLVM vector IR (a packing step and a register-tile micro-kernel); gemm drives th
 
 x is quantized per 32 values as for the matvecs, but stored biased, xu = xq + 128 (uint8), because the byte dot
 (vpdpbusd: u8 x s8 summed in fours into int32) takes one operand unsigned and the weights' values are signed;
-for the types of values up to 128 (SIGNED_X_IDS, tile_q8_0) it is stored signed, xq, which AVX2's dot of them takes.
+for the types of values up to 128 (SIGNED_X_IDS, tile_q8_0) on AVX2 without VNNI it is stored signed, xq, which
+that path's dot of them takes (signed_x).
 A tile of ROWS rows is packed once, into scratch that stays in L1, for all the prompt's tokens, as groups of 32
 values (a block of the 32-value types, a run of a k-quant's 256; Q6_K's scales cover 16 values: two halves):
 - packed: per group, ROWS x 32 signed values as 8 vectors, vector k lane i = values 4k..4k+3 of row i (so a
@@ -16,6 +17,7 @@ Q5_0's -16, Q6_K's -32) are in the packed values, so they need no sums of x.
 """
 from llvmlite import ir
 from numba.core import types
+from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
 from kernels.cpu.dot_int8 import (IQ4_NL_TABLE, MXFP4_TABLE, _high_bits32, _nibbles32, _row_at, e8m0_half_ir,
@@ -30,7 +32,7 @@ from kernels.cpu.types import IQ2_XXS, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_
 INLINED = ("types", "ir", "dot_int8")
 INLINED_DIGEST = "fe3386e98b25ab18"
 
-# values up to 128 in size: their tile (tile_q8_0) takes x's bytes signed (xq), the others' biased (xq + 128)
+# values up to 128 in size: their tile (tile_q8_0) takes x's bytes signed (xq) where signed_x, else biased (xq + 128)
 SIGNED_X_IDS = (Q8_0, IQ4_NL, IQ4_XS)
 ROWS = 8  # rows of a tile: the int32 lanes of a 256-bit vector
 TOKENS = 4  # tokens of the micro-kernel's register tile (4 float + 4 int32 accumulators, 8 weight vectors)
@@ -38,6 +40,20 @@ TOKENS = 4  # tokens of the micro-kernel's register tile (4 float + 4 int32 accu
 # 32-value block types: type id -> (block bytes, quants at, 5th bits at, offset, minimum at); d (f16) at 0 in each
 BLOCKS = {Q4_0: (18, 2, None, 8, None), Q4_1: (20, 4, None, 0, 2), Q5_0: (22, 6, 2, 16, None),
           Q5_1: (24, 8, 4, 0, 2), Q8_0: (34, 2, None, 0, None)}
+
+
+def signed_x(context) -> bool:
+    """Whether tile_q8_0 takes x's bytes signed (xq): on AVX2 without VNNI, whose dot of values up to 128
+    (_signed_sums) moves their signs onto x. With VNNI (vpdpbusd) and in generic IR it takes them biased, as the
+    other tiles: a xor of every 4 bytes back to xu cost those paths a quarter of the tile (IQ4_XS 2048x2048, 512
+    tokens, one thread on the AVX-512 VNNI 2-core VM: 217 GFLOP/s, Q4_0's tile 300)."""
+    return bool(cpu_ir.simd(context)) and not cpu_ir.vnni(context)
+
+
+def x_bias(tid) -> int:
+    """quantize_biased's bias of x for a GEMM of type tid on this host: 0 where its tile takes xq (signed_x), else
+    128."""
+    return 0 if tid in SIGNED_X_IDS and signed_x(cpu_target.target_context) else 128
 
 
 def _byte(context, builder, row_t, row, off):
@@ -238,12 +254,11 @@ def _tile(with_min, halves=1, max_abs=128):
     (|xq| <= 127), or xq itself where max_abs is 128 (signed_x); xd and xds float32 [n_tokens, n_groups] (xds: xd *
     the sum of xq over the group; read only with_min); halves: scales a group (2: Q6_K's, one a 16); max_abs: the
     largest |packed value| of the types it runs (ir.dot4_many: below 64, AVX2's pmaddubsw of xu where there is no
-    VNNI). At 128 (Q8_0, IQ4_NL, IQ4_XS), without VNNI but with AVX2, the tile dots xq with the values' signs moved
-    onto it (_signed_sums), as llama.cpp's x86 Q8_0 dot does: generic IR (bytes widened to int32) made IQ4_XS's
-    prompt 3x slower than dequantizing to BLAS on the AVX2-only 2-core VM; xq rather than xu ^ 0x80 made the tile
-    1.4x faster there (the xor, done narrow before the splat, cost two vector ops of six); elsewhere (VNNI, generic
-    IR) it takes xq ^ 0x80 = xu."""
-    signed_x = max_abs == 128
+    VNNI). At 128 (Q8_0, IQ4_NL, IQ4_XS), without VNNI but with AVX2 (signed_x), the tile dots xq with the values'
+    signs moved onto it (_signed_sums), as llama.cpp's x86 Q8_0 dot does: generic IR (bytes widened to int32) made
+    IQ4_XS's prompt 3x slower than dequantizing to BLAS on the AVX2-only 2-core VM; xq rather than xu ^ 0x80 made
+    the tile 1.4x faster there (the xor, done narrow before the splat, cost two vector ops of six); elsewhere (VNNI,
+    generic IR) it takes xu as the other tiles."""
 
     @intrinsic
     def tile(typingctx, packed, corrs, scales, mins, xu, xd, xds, t0, y):
@@ -253,7 +268,7 @@ def _tile(with_min, halves=1, max_abs=128):
             i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
             v8, f8, b32 = ir.VectorType(i32, 8), ir.VectorType(f32, 8), ir.VectorType(i8, 32)
             # through the module, as ir's own helpers look them up: a test's patch of the path reaches this
-            signed_dots = signed_x and cpu_ir.simd(context) and not cpu_ir.vnni(context)
+            signed_dots = max_abs == 128 and signed_x(context)
             n_groups = builder.extract_value(array_data(context, builder, xd_t, xd).shape, 1)
             t0 = context.cast(builder, t0, t0_t, types.int64)
             rows_of = [builder.mul(builder.add(t0, i64(j)), n_groups) for j in range(TOKENS)]  # flat xd index of g 0
@@ -275,7 +290,6 @@ def _tile(with_min, halves=1, max_abs=128):
                         x4 = [builder.load(ptr(context, builder, xu_t, xu, builder.add(builder.mul(xg[j], i64(32)),
                                                                                        i64(4 * k)), i32), align=1)
                               for k in range(8)]
-                        x4 = [builder.xor(x, i32(-0x7F7F7F80)) for x in x4] if signed_x else x4  # xq ^ 0x80: xu
                         operands = [(builder.bitcast(splat(builder, x4[k], 8, 32), b32), weights[k]) for k in range(8)]
                         sums.append([dot4_many(context, builder, corr[h], operands[8 * h // halves:8 * (h + 1) //
                                                                                    halves], 255 * max_abs)
@@ -306,6 +320,7 @@ pack_q4_0, pack_q4_1, pack_q5_0, pack_q5_1, pack_q8_0, pack_q4_k, pack_q6_k, pac
     _pack(tid) for tid in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS))
 pack_iq2_xxs, pack_iq3_xxs = _pack(IQ2_XXS), _pack(IQ3_XXS)
 # the packed values' largest size: Q4_1, Q4_K 15, Q5_1 31 (with a minimum); Q4_0 8, Q5_0 16, MXFP4 12; Q6_K 32;
-# Q8_0 128, IQ4_NL and IQ4_XS 127 (tile_q8_0: SIGNED_X_IDS, x given as xq); IQ2_XXS 43, IQ3_XXS 62 (tile_grid)
+# Q8_0 128, IQ4_NL and IQ4_XS 127 (tile_q8_0: SIGNED_X_IDS, x given as xq where signed_x); IQ2_XXS 43, IQ3_XXS 62
+# (tile_grid)
 tile_with_min, tile_no_min, tile_halves = _tile(True, max_abs=31), _tile(False, max_abs=16), _tile(False, 2, 32)
 tile_q8_0, tile_grid = _tile(False), _tile(False, max_abs=62)

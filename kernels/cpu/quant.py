@@ -32,7 +32,7 @@ import numpy as np
 from kernels.cpu.dequant import decode_rows
 from kernels.cpu.dot_int8 import quantize_q8
 from kernels.cpu.gemm import gemm_int8, padded_tokens, quantize_biased
-from kernels.cpu.gemm_int8 import SIGNED_X_IDS
+from kernels.cpu.gemm_int8 import x_bias
 from kernels.cpu.matvec import (MATVEC_CHUNKS, N_WORKERS, expert_ffn_int8, expert_matvecs_int8, glu_matvecs_int8,
                                 matvec_add_int8, matvec_decoded, matvec_fused, matvecs_int8)
 from kernels.cpu.ops import ACTIVATIONS, GELU_TABLE
@@ -188,11 +188,11 @@ def q8_0_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _gemms(ws: list, qtypes: list[GGMLType], x: np.ndarray, outs: list[np.ndarray]) -> None:
     """outs[m] = x8 @ W_m.T for INT8_IDS matrices (bytes or repacked) sharing x (C-contiguous, checked): x
     quantized once per kind in use, in blocks of 32 (IQ4_XS: of 256, as llama.cpp's q8_K), its bytes biased or
-    signed (SIGNED_X_IDS); MXFP4's scales rounded to fp16, as its q8_0."""
+    signed (x_bias); MXFP4's scales rounded to fp16, as its q8_0."""
     n_padded, n_cols = padded_tokens(len(x)), x.shape[1]
     xs = {}  # (block, bias, fp16 scales) -> (xu, xd, xds)
     for w, qtype, out in zip(ws, qtypes, outs):
-        kind = (256 if qtype.id in IQ_K256_IDS else 32, 0 if qtype.id in SIGNED_X_IDS else 128, qtype.id == MXFP4)
+        kind = (256 if qtype.id in IQ_K256_IDS else 32, x_bias(qtype.id), qtype.id == MXFP4)
         if kind not in xs:
             if (*kind[:2], False) not in xs:
                 xu = np.empty((n_padded, n_cols), np.uint8)

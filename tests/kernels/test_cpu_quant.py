@@ -472,11 +472,11 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
     255 * 127 pair sums overflow int16; IQ4_XS's table -127 and 113; IQ3_XXS's grid entry 255, 52 and 62 in a pair,
     all signs minus, against tile_grid's biased x). An AVX2 host runs the AVX2 and generic paths,
     an AVX-512 one all of them (its no-VNNI path is AVX2's IR).
-    tile_q8_0 takes x's bytes signed (xq: SIGNED_X_IDS), the others biased.
+    tile_q8_0 takes x's bytes signed (xq: SIGNED_X_IDS) on AVX2 without VNNI, the others and it elsewhere biased.
     Planted faults, each seen once: tile_q8_0 made as the 4-bit types' (max_abs=16, pmaddubsw sums of biased x)
     fails Q8_0 here; the signed path summing two pmaddubsw in int16 (max_product 64 * 127) fails Q8_0 and IQ4_XS;
-    tile_q8_0's generic path taking xq as if biased (no xor), and its AVX2 path reading x 5 bytes a step where it
-    moves 4, fail Q8_0 and IQ4_XS."""
+    tile_q8_0's AVX2 path reading x 5 bytes a step where it moves 4 fails Q8_0 and IQ4_XS. (x_bias giving the
+    VNNI path xq, signed, fails 12 matmul tests of this file on a VNNI host.)"""
     from kernels.cpu.dot_x8 import pack_x8_q4_1, pack_x8_q5_0
     from kernels.cpu.gemm import quantize_biased
     from kernels.cpu.repack import repack
@@ -512,7 +512,8 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
             xq = case_xu.reshape(len(x), 64, 32).astype(np.int64) - 128
             xds = (xd * xq.sum(-1)).astype(np.float32)
             data = repack(weight, qtype.id).data if name.startswith("X8_") else weight
-            x_bytes = case_xu ^ 0x80 if GEMM_TILES[base] == "tile_q8_0" else case_xu  # it takes xq's bytes
+            signed = GEMM_TILES[base] == "tile_q8_0" and simd != "" and not has_vnni  # cpu_gemm_int8.signed_x
+            x_bytes = case_xu ^ 0x80 if signed else case_xu  # it takes xq's bytes
             got = packed_tile(data, x_bytes, xd, xds).reshape(cpu_gemm_int8.TOKENS, cpu_gemm_int8.ROWS)
             x8 = (xq * xd[:, :, None].astype(np.float64)).reshape(x.shape)
             W = reference(weight, base).astype(np.float64)
