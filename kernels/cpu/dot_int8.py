@@ -22,7 +22,7 @@ from numba.extending import intrinsic
 from kernels.cpu.ir import (abs_signed, array_data, call, constant_table, fold, fsum, gather, half_ir, i64, ir_loop,
                             load, load_bytes, lookup16, madd, madd32, madd_scaled, prefetch, ptr, shuffle, splat,
                             splat_f)
-from kernels.cpu.types import IQ2_XXS, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q5_0, Q6_K, fast
+from kernels.cpu.types import IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q5_0, Q6_K, fast
 from models.dequant import KVALUES_MXFP4
 from models.iq_grids import GRIDS, KSIGNS, KVALUES_IQ4NL
 
@@ -33,7 +33,7 @@ PREFETCH_BYTES = 2048
 # Q4_K and Q6_K: two cache lines of each row's block this far ahead, as the 32-value blocks' PREFETCH_BYTES. On the
 # 16-core host 2048 read Q4_K from DRAM ~1.3x faster than none, 1024 in between (BENCHMARKS.md, session 15).
 K_PREFETCH_BYTES = 2048
-INLINED_DIGEST = "6d09a9fca3377412"
+INLINED_DIGEST = "1fbc0ffffc1cf627"
 
 
 def _nibbles32(context, builder, row_t, row, off):
@@ -156,9 +156,12 @@ GRID_SUBS = {IQ2_XXS: (GRIDS["IQ2_XXS"].view("<i8").ravel().tolist(), lambda j: 
 
 def grid_sub_block(tid, context, builder, row_t, row, o, j):
     """(<32 x i8> values, <32 x i8> their signs, +1 or -1, i16 2 ls + 1) of sub-block j (32 values) of the
-    IQ2_XXS or IQ3_XXS (tid) block at row[o:]: its grid entries' values (unsigned: 8, 25, 43 / 4..62), the signs of
-    its u32's 4 x 7 bits (ggml's keven_signs_q2xs: the 8th is their parity) and its 4-bit scale ls from the u32's
-    top, which ggml's dots take as 2 ls + 1 (the block's d * (0.5 + ls) / 4 or / 2 = d * (2 ls + 1) / 8 or / 4)."""
+    IQ2_XXS, IQ3_XXS or IQ3_S (tid) block at row[o:]: its grid entries' values (unsigned: 8, 25, 43 / 4..62), the
+    signs of its u32's 4 x 7 bits (ggml's keven_signs_q2xs: the 8th is their parity) and its 4-bit scale ls from the
+    u32's top, which ggml's dots take as 2 ls + 1 (the block's d * (0.5 + ls) / 4 or / 2 = d * (2 ls + 1) / 8 or /
+    4); IQ3_S's: _iq3_s_sub_block."""
+    if tid == IQ3_S:
+        return _iq3_s_sub_block(context, builder, row_t, row, o, j)
     entries, index_at, word_at = GRID_SUBS[tid]
     i32, i64t = ir.IntType(32), ir.IntType(64)
     n = 32 // (8 if tid == IQ2_XXS else 4)  # entries a sub-block
@@ -173,8 +176,32 @@ def grid_sub_block(tid, context, builder, row_t, row, o, j):
     return builder.bitcast(values, b32), builder.bitcast(signs, b32), scale
 
 
+IQ3_S_GRID = GRIDS["IQ3_S"].view("<i4").ravel().tolist()  # 512 entries of 4 values (1..15) as little-endian words
+
+
+def _iq3_s_sub_block(context, builder, row_t, row, o, j):
+    """grid_sub_block of IQ3_S (d | qs[64] | qh[8] | signs[32] | scales[4]): 8 grid entries of 4 values (1..15),
+    entry k's index qs[8j + k] with bit k of qh[j] as its ninth; the 32 sign bits of the u32 at signs[4j], one a
+    value; ls a nibble of scales[j / 2] (low for even j), taken as 2 ls + 1 (ggml's d * (1 + 2 ls))."""
+    i8, i32, i64t = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+    idx = load_bytes(context, builder, row_t, row, builder.add(o, i64(2 + 8 * j)), 8)
+    qh = builder.zext(builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(66 + j)), i8)), i64t)
+    indices = [builder.or_(builder.zext(builder.extract_element(idx, i64(k)), i64t),
+                           builder.shl(builder.and_(builder.lshr(qh, i64(k)), i64(1)), i64(8))) for k in range(8)]
+    values = gather(builder, constant_table(builder, "grid_iq3_s", IQ3_S_GRID, 32), indices)
+    word = builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(74 + 4 * j)), i32), align=1)
+    v32 = ir.VectorType(i32, 32)
+    bits = builder.and_(builder.lshr(splat(builder, word, 32, 32), v32(list(range(32)))), splat(builder, 1, 32, 32))
+    signs = builder.trunc(builder.sub(splat(builder, 1, 32, 32), builder.shl(bits, splat(builder, 1, 32, 32))),
+                          ir.VectorType(i8, 32))
+    sc = builder.zext(builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(106 + j // 2)), i8)), i32)
+    ls = builder.and_(builder.lshr(sc, i32(4 * (j % 2))), i32(15))
+    scale = builder.trunc(builder.add(builder.shl(ls, i32(1)), i32(1)), ir.IntType(16))
+    return builder.bitcast(values, ir.VectorType(i8, 32)), signs, scale
+
+
 def _grid_block(tid):
-    """block function of _k_rows for the IQ2_XXS or IQ3_XXS (tid) block: [<8 x i32> summing to sum over its 8
+    """block function of _k_rows for the IQ2_XXS, IQ3_XXS or IQ3_S (tid) block: [<8 x i32> summing to sum over its 8
     sub-blocks j of (2 ls_j + 1) * (signed grid values . xq)], two sub-blocks a step: x given the values' signs
     (psignb), pmaddubsw of the grid values by it, pmaddwd by the scales, as ggml_vec_dot_iq2_xxs_q8_K /
     ggml_vec_dot_iq3_xxs_q8_K do on AVX2."""
@@ -251,6 +278,7 @@ dot_iq4_xs_rows = _k_rows(_iq4_xs_block, 136, ((0, 1),))  # xd * d * sum of (ls 
 # xd * d * sum of (2 ls + 1) * (v . xq) / 8 (IQ2_XXS), / 4 (IQ3_XXS) a block
 dot_iq2_xxs_rows = _k_rows(_grid_block(IQ2_XXS), 66, ((0, 1),), 0.125)
 dot_iq3_xxs_rows = _k_rows(_grid_block(IQ3_XXS), 98, ((0, 1),), 0.25)
+dot_iq3_s_rows = _k_rows(_grid_block(IQ3_S), 110, ((0, 1),))  # xd * d * sum of (2 ls + 1) * (v . xq) a block
 
 
 
@@ -439,8 +467,8 @@ def dot8_q4_k(w, r0, r1, xq, xd, xs16, out, f16):
 
 @fast
 def dot8_k256(tid, w, r0, r1, xq, xd, xs16, out, f16):
-    """As dot8_q4_k for Q6_K, IQ4_XS, IQ2_XXS or IQ3_XXS (tid) rows, x in blocks of 256 as it lies (llama.cpp's
-    q8_K)."""
+    """As dot8_q4_k for Q6_K, IQ4_XS, IQ2_XXS, IQ3_XXS or IQ3_S (tid) rows, x in blocks of 256 as it lies
+    (llama.cpp's q8_K)."""
     half_rows = (r1 - r0 + 1) // 2
     for r in range(r0, r0 + half_rows):
         r_b = r + half_rows if r + half_rows < r1 else r
@@ -450,8 +478,10 @@ def dot8_k256(tid, w, r0, r1, xq, xd, xs16, out, f16):
             out[r], out[r_b] = dot_iq4_xs_rows(w, r, r_b, xq, xd, xs16, f16)
         elif tid == IQ2_XXS:
             out[r], out[r_b] = dot_iq2_xxs_rows(w, r, r_b, xq, xd, xs16, f16)
-        else:
+        elif tid == IQ3_XXS:
             out[r], out[r_b] = dot_iq3_xxs_rows(w, r, r_b, xq, xd, xs16, f16)
+        else:
+            out[r], out[r_b] = dot_iq3_s_rows(w, r, r_b, xq, xd, xs16, f16)
 
 
 @fast

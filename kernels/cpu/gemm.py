@@ -9,18 +9,18 @@ import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kernels.cpu.dot_x8 import pack_x8_q4_0, pack_x8_q4_1, pack_x8_q5_0, pack_x8_q5_1  # noqa: E402
-from kernels.cpu.gemm_int8 import (ROWS, SIGNED_X_IDS, TOKENS, pack_iq2_xxs, pack_iq3_xxs, pack_iq4_nl,  # noqa: E402
-                                   pack_iq4_xs, pack_mxfp4, pack_q4_0, pack_q4_1, pack_q4_k, pack_q5_0, pack_q5_1,
+from kernels.cpu.gemm_int8 import (ROWS, SIGNED_X_IDS, TOKENS, pack_iq2_xxs, pack_iq3_s, pack_iq3_xxs,  # noqa: E402
+                                   pack_iq4_nl, pack_iq4_xs, pack_mxfp4, pack_q4_0, pack_q4_1, pack_q4_k, pack_q5_0, pack_q5_1,
                                    pack_q6_k, pack_q8_0, tile_grid, tile_halves, tile_no_min, tile_q8_0,
                                    tile_with_min)
 from kernels.cpu.claim import claim, counters  # noqa: E402
-from kernels.cpu.types import (IQ2_XXS, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1,  # noqa: E402
+from kernels.cpu.types import (IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1,  # noqa: E402
                                Q6_K, Q8_0, X8, fast)
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "gemm_int8", "dot_x8")
-INLINED_DIGEST = "5cb8d1020c9bc104"
+INLINED_DIGEST = "d69b7302dc0ce822"
 
 
 def padded_tokens(n_tokens: int) -> int:
@@ -107,6 +107,8 @@ def _gemm_tile(tid, w, tile, xu, xd, xds, out, f16, halves, packed, corrs, scale
         pack_iq2_xxs(w, r0, packed, corrs, scales, mins, f16)
     elif tid == IQ3_XXS:
         pack_iq3_xxs(w, r0, packed, corrs, scales, mins, f16)
+    elif tid == IQ3_S:
+        pack_iq3_s(w, r0, packed, corrs, scales, mins, f16)
     elif tid == X8 + Q4_0:
         pack_x8_q4_0(w, tile, packed, corrs, scales, mins)
     elif tid == X8 + Q4_1:
@@ -123,7 +125,7 @@ def _gemm_tile(tid, w, tile, xu, xd, xds, out, f16, halves, packed, corrs, scale
             tile_with_min(packed, corrs, scales, mins, xu, xd, xds, t0, y)
         elif tid in SIGNED_X_IDS:  # values up to 128 in size
             tile_q8_0(packed, corrs, scales, mins, xu, xd, xds, t0, y)
-        elif tid == IQ2_XXS or tid == IQ3_XXS:  # up to 62
+        elif tid == IQ2_XXS or tid == IQ3_XXS or tid == IQ3_S:  # up to 62
             tile_grid(packed, corrs, scales, mins, xu, xd, xds, t0, y)
         else:
             tile_no_min(packed, corrs, scales, mins, xu, xd, xds, t0, y)
