@@ -22,7 +22,8 @@ from numba.extending import intrinsic
 from kernels.cpu.ir import (abs_signed, array_data, call, constant_table, fold, fsum, gather, half_ir, i64, ir_loop,
                             load, load_bytes, lookup16, madd, madd32, madd_scaled, prefetch, ptr, shuffle, splat,
                             splat_f)
-from kernels.cpu.types import IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q5_0, Q6_K, fast
+from kernels.cpu.types import (IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q5_0, Q6_K,
+                               fast)
 from models.dequant import KVALUES_MXFP4
 from models.iq_grids import GRIDS, KSIGNS, KVALUES_IQ4NL
 
@@ -33,7 +34,7 @@ PREFETCH_BYTES = 2048
 # Q4_K and Q6_K: two cache lines of each row's block this far ahead, as the 32-value blocks' PREFETCH_BYTES. On the
 # 16-core host 2048 read Q4_K from DRAM ~1.3x faster than none, 1024 in between (BENCHMARKS.md, session 15).
 K_PREFETCH_BYTES = 2048
-INLINED_DIGEST = "1fbc0ffffc1cf627"
+INLINED_DIGEST = "7968a50510e6d890"
 
 
 def _nibbles32(context, builder, row_t, row, off):
@@ -152,16 +153,28 @@ SIGN_BYTES = np.where((KSIGNS[:, None] >> np.arange(8)) & 1, 0xFF, 1).astype(np.
 # int32; the byte offsets in a block of sub-block j's grid indices, and of its u32 of 4 x 7 sign bits and a scale)
 GRID_SUBS = {IQ2_XXS: (GRIDS["IQ2_XXS"].view("<i8").ravel().tolist(), lambda j: 2 + 8 * j, lambda j: 6 + 8 * j),
              IQ3_XXS: (GRIDS["IQ3_XXS"].view("<i4").ravel().tolist(), lambda j: 2 + 8 * j, lambda j: 66 + 4 * j)}
+# the grids of the other grid types as little-endian words: 512 entries of 8 values (IQ2_XS), 1024 of 8 (IQ2_S),
+# 512 of 4 (IQ3_S)
+IQ2_XS_GRID = GRIDS["IQ2_XS"].view("<i8").ravel().tolist()
+IQ2_S_GRID = GRIDS["IQ2_S"].view("<i8").ravel().tolist()
+IQ3_S_GRID = GRIDS["IQ3_S"].view("<i4").ravel().tolist()
+# scales a grid type's sub-block of 32 has: one (2 ls + 1), or one a 16 values (IQ2_XS, IQ2_S)
+GRID_SCALES = {IQ2_XXS: 1, IQ3_XXS: 1, IQ3_S: 1, IQ2_XS: 2, IQ2_S: 2}
 
 
 def grid_sub_block(tid, context, builder, row_t, row, o, j):
-    """(<32 x i8> values, <32 x i8> their signs, +1 or -1, i16 2 ls + 1) of sub-block j (32 values) of the
-    IQ2_XXS, IQ3_XXS or IQ3_S (tid) block at row[o:]: its grid entries' values (unsigned: 8, 25, 43 / 4..62), the
-    signs of its u32's 4 x 7 bits (ggml's keven_signs_q2xs: the 8th is their parity) and its 4-bit scale ls from the
-    u32's top, which ggml's dots take as 2 ls + 1 (the block's d * (0.5 + ls) / 4 or / 2 = d * (2 ls + 1) / 8 or /
-    4); IQ3_S's: _iq3_s_sub_block."""
+    """(<32 x i8> values, <32 x i8> their signs, +1 or -1, [i16 2 ls + 1] for each GRID_SCALES[tid] run of its
+    values) of sub-block j (32 values) of the grid-type (tid) block at row[o:]. IQ2_XXS, IQ3_XXS: its grid entries'
+    values (unsigned: 8, 25, 43 / 4..62), the signs of its u32's 4 x 7 bits (ggml's keven_signs_q2xs: the 8th is
+    their parity) and its 4-bit scale ls from the u32's top, which ggml's dots take as 2 ls + 1 (the block's d *
+    (0.5 + ls) / 4 or / 2 = d * (2 ls + 1) / 8 or / 4); the others: _iq2_xs_sub_block, _iq2_s_sub_block,
+    _iq3_s_sub_block."""
     if tid == IQ3_S:
         return _iq3_s_sub_block(context, builder, row_t, row, o, j)
+    if tid == IQ2_S:
+        return _iq2_s_sub_block(context, builder, row_t, row, o, j)
+    if tid == IQ2_XS:
+        return _iq2_xs_sub_block(context, builder, row_t, row, o, j)
     entries, index_at, word_at = GRID_SUBS[tid]
     i32, i64t = ir.IntType(32), ir.IntType(64)
     n = 32 // (8 if tid == IQ2_XXS else 4)  # entries a sub-block
@@ -173,38 +186,85 @@ def grid_sub_block(tid, context, builder, row_t, row, o, j):
     signs = gather(builder, constant_table(builder, "ksigns_bytes", SIGN_BYTES, 64), sign_idx)
     b32 = ir.VectorType(ir.IntType(8), 32)
     scale = builder.trunc(builder.add(builder.shl(builder.lshr(word, i32(28)), i32(1)), i32(1)), ir.IntType(16))
-    return builder.bitcast(values, b32), builder.bitcast(signs, b32), scale
+    return builder.bitcast(values, b32), builder.bitcast(signs, b32), [scale]
 
 
-IQ3_S_GRID = GRIDS["IQ3_S"].view("<i4").ravel().tolist()  # 512 entries of 4 values (1..15) as little-endian words
+def _byte_at(context, builder, row_t, row, off, ty):
+    """row[off] zero-extended to the integer type ty."""
+    return builder.zext(builder.load(ptr(context, builder, row_t, row, off, ir.IntType(8))), ty)
+
+
+def _sign_bits(builder, word):
+    """<32 x i8>: +1 or -1 (bit v of the i32 word set) for each value v of a sub-block."""
+    v32 = ir.VectorType(ir.IntType(32), 32)
+    bits = builder.and_(builder.lshr(splat(builder, word, 32, 32), v32(list(range(32)))), splat(builder, 1, 32, 32))
+    return builder.trunc(builder.sub(splat(builder, 1, 32, 32), builder.shl(bits, splat(builder, 1, 32, 32))),
+                         ir.VectorType(ir.IntType(8), 32))
+
+
+def _nibble_scales(builder, sc, i32):
+    """[2 lo + 1, 2 hi + 1] as i16 of the low and high nibble of the i32 byte value sc."""
+    return [builder.trunc(builder.add(builder.shl(builder.and_(builder.lshr(sc, i32(4 * h)), i32(15)), i32(1)),
+                                      i32(1)), ir.IntType(16)) for h in range(2)]
+
+
+def _iq2_xs_sub_block(context, builder, row_t, row, o, j):
+    """grid_sub_block of IQ2_XS (d | qs u16[32] | scales[8]): 4 u16 at qs[4j], each a 9-bit index of an 8-value
+    entry (8, 25, 43) and 7 sign bits (keven_signs_q2xs, as IQ2_XXS's); scales[j]'s low nibble for values 0-15, its
+    high one for 16-31."""
+    i32, i64t = ir.IntType(32), ir.IntType(64)
+    words = [builder.zext(builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(2 + 8 * j + 2 * k)),
+                                           ir.IntType(16)), align=1), i64t) for k in range(4)]
+    values = gather(builder, constant_table(builder, "grid_iq2_xs", IQ2_XS_GRID, 64),
+                    [builder.and_(w, i64(511)) for w in words])
+    signs = gather(builder, constant_table(builder, "ksigns_bytes", SIGN_BYTES, 64),
+                   [builder.lshr(w, i64(9)) for w in words])
+    b32 = ir.VectorType(ir.IntType(8), 32)
+    scales = _nibble_scales(builder, _byte_at(context, builder, row_t, row, builder.add(o, i64(66 + j)), i32), i32)
+    return builder.bitcast(values, b32), builder.bitcast(signs, b32), scales
+
+
+def _iq2_s_sub_block(context, builder, row_t, row, o, j):
+    """grid_sub_block of IQ2_S (d | qs[32] | signs[32] | qh[8] | scales[8]): 4 entries of a 1024-entry grid of 8
+    values (8, 25, 43), entry l's index qs[4j + l] with bits 2l, 2l + 1 of qh[j] as its ninth and tenth; the 32 sign
+    bits of the u32 at signs[4j], one a value; scales[j]'s low nibble for values 0-15, its high one for 16-31."""
+    i32, i64t = ir.IntType(32), ir.IntType(64)
+    idx = load_bytes(context, builder, row_t, row, builder.add(o, i64(2 + 4 * j)), 4)
+    qh = _byte_at(context, builder, row_t, row, builder.add(o, i64(66 + j)), i64t)
+    indices = [builder.or_(builder.zext(builder.extract_element(idx, i64(k)), i64t),
+                           builder.shl(builder.and_(builder.lshr(qh, i64(2 * k)), i64(3)), i64(8))) for k in range(4)]
+    values = gather(builder, constant_table(builder, "grid_iq2_s", IQ2_S_GRID, 64), indices)
+    word = builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(34 + 4 * j)), i32), align=1)
+    scales = _nibble_scales(builder, _byte_at(context, builder, row_t, row, builder.add(o, i64(74 + j)), i32), i32)
+    return builder.bitcast(values, ir.VectorType(ir.IntType(8), 32)), _sign_bits(builder, word), scales
 
 
 def _iq3_s_sub_block(context, builder, row_t, row, o, j):
     """grid_sub_block of IQ3_S (d | qs[64] | qh[8] | signs[32] | scales[4]): 8 grid entries of 4 values (1..15),
     entry k's index qs[8j + k] with bit k of qh[j] as its ninth; the 32 sign bits of the u32 at signs[4j], one a
     value; ls a nibble of scales[j / 2] (low for even j), taken as 2 ls + 1 (ggml's d * (1 + 2 ls))."""
-    i8, i32, i64t = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+    i32, i64t = ir.IntType(32), ir.IntType(64)
     idx = load_bytes(context, builder, row_t, row, builder.add(o, i64(2 + 8 * j)), 8)
-    qh = builder.zext(builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(66 + j)), i8)), i64t)
+    qh = _byte_at(context, builder, row_t, row, builder.add(o, i64(66 + j)), i64t)
     indices = [builder.or_(builder.zext(builder.extract_element(idx, i64(k)), i64t),
                            builder.shl(builder.and_(builder.lshr(qh, i64(k)), i64(1)), i64(8))) for k in range(8)]
     values = gather(builder, constant_table(builder, "grid_iq3_s", IQ3_S_GRID, 32), indices)
     word = builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(74 + 4 * j)), i32), align=1)
-    v32 = ir.VectorType(i32, 32)
-    bits = builder.and_(builder.lshr(splat(builder, word, 32, 32), v32(list(range(32)))), splat(builder, 1, 32, 32))
-    signs = builder.trunc(builder.sub(splat(builder, 1, 32, 32), builder.shl(bits, splat(builder, 1, 32, 32))),
-                          ir.VectorType(i8, 32))
-    sc = builder.zext(builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(106 + j // 2)), i8)), i32)
-    ls = builder.and_(builder.lshr(sc, i32(4 * (j % 2))), i32(15))
-    scale = builder.trunc(builder.add(builder.shl(ls, i32(1)), i32(1)), ir.IntType(16))
-    return builder.bitcast(values, ir.VectorType(i8, 32)), signs, scale
+    sc = _byte_at(context, builder, row_t, row, builder.add(o, i64(106 + j // 2)), i32)
+    scale = _nibble_scales(builder, sc, i32)[j % 2]
+    return builder.bitcast(values, ir.VectorType(ir.IntType(8), 32)), _sign_bits(builder, word), [scale]
 
 
 def _grid_block(tid):
-    """block function of _k_rows for the IQ2_XXS, IQ3_XXS or IQ3_S (tid) block: [<8 x i32> summing to sum over its 8
-    sub-blocks j of (2 ls_j + 1) * (signed grid values . xq)], two sub-blocks a step: x given the values' signs
-    (psignb), pmaddubsw of the grid values by it, pmaddwd by the scales, as ggml_vec_dot_iq2_xxs_q8_K /
-    ggml_vec_dot_iq3_xxs_q8_K do on AVX2."""
+    """block function of _k_rows for a grid type's (tid) block: [<8 x i32> summing to sum over its 8 sub-blocks j
+    of (2 ls_j + 1) * (signed grid values . xq)] (ls per 16 values for IQ2_XS, IQ2_S), two sub-blocks a step: x
+    given the values' signs (psignb), pmaddubsw of the grid values by it, pmaddwd by the scales, as
+    ggml_vec_dot_iq2_xxs_q8_K / ggml_vec_dot_iq3_xxs_q8_K do on AVX2."""
+    def lanes(builder, scales):  # pmaddubsw's 16 pair sums of a sub-block, each by its values' scale
+        if len(scales) == 1:
+            return splat(builder, scales[0], 16, 16)
+        return shuffle(builder, splat(builder, scales[0], 8, 16), splat(builder, scales[1], 8, 16), range(16))
+
     def block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
         x0 = builder.mul(i, i64(256))
         acc = ir.VectorType(ir.IntType(32), 16)([0] * 16)
@@ -213,7 +273,7 @@ def _grid_block(tid):
                                           for k in range(2))
             x = load(context, builder, xq_t, xq, builder.add(x0, i64(64 * h)), 64)
             signed = abs_signed(context, builder, shuffle(builder, sa, sb, range(64)), x)[1]
-            scales = shuffle(builder, splat(builder, la, 16, 16), splat(builder, lb, 16, 16), range(32))
+            scales = shuffle(builder, lanes(builder, la), lanes(builder, lb), range(32))
             acc = builder.add(acc, madd_scaled(context, builder, shuffle(builder, va, vb, range(64)), signed, scales))
         return [fold(builder, acc)]
     return block
@@ -279,6 +339,8 @@ dot_iq4_xs_rows = _k_rows(_iq4_xs_block, 136, ((0, 1),))  # xd * d * sum of (ls 
 dot_iq2_xxs_rows = _k_rows(_grid_block(IQ2_XXS), 66, ((0, 1),), 0.125)
 dot_iq3_xxs_rows = _k_rows(_grid_block(IQ3_XXS), 98, ((0, 1),), 0.25)
 dot_iq3_s_rows = _k_rows(_grid_block(IQ3_S), 110, ((0, 1),))  # xd * d * sum of (2 ls + 1) * (v . xq) a block
+dot_iq2_xs_rows = _k_rows(_grid_block(IQ2_XS), 74, ((0, 1),), 0.125)  # / 8 as IQ2_XXS
+dot_iq2_s_rows = _k_rows(_grid_block(IQ2_S), 82, ((0, 1),), 0.125)
 
 
 
@@ -467,8 +529,8 @@ def dot8_q4_k(w, r0, r1, xq, xd, xs16, out, f16):
 
 @fast
 def dot8_k256(tid, w, r0, r1, xq, xd, xs16, out, f16):
-    """As dot8_q4_k for Q6_K, IQ4_XS, IQ2_XXS, IQ3_XXS or IQ3_S (tid) rows, x in blocks of 256 as it lies
-    (llama.cpp's q8_K)."""
+    """As dot8_q4_k for Q6_K, IQ4_XS or the grid types' (tid) rows, x in blocks of 256 as it lies (llama.cpp's
+    q8_K)."""
     half_rows = (r1 - r0 + 1) // 2
     for r in range(r0, r0 + half_rows):
         r_b = r + half_rows if r + half_rows < r1 else r
@@ -480,8 +542,12 @@ def dot8_k256(tid, w, r0, r1, xq, xd, xs16, out, f16):
             out[r], out[r_b] = dot_iq2_xxs_rows(w, r, r_b, xq, xd, xs16, f16)
         elif tid == IQ3_XXS:
             out[r], out[r_b] = dot_iq3_xxs_rows(w, r, r_b, xq, xd, xs16, f16)
-        else:
+        elif tid == IQ3_S:
             out[r], out[r_b] = dot_iq3_s_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == IQ2_XS:
+            out[r], out[r_b] = dot_iq2_xs_rows(w, r, r_b, xq, xd, xs16, f16)
+        else:
+            out[r], out[r_b] = dot_iq2_s_rows(w, r, r_b, xq, xd, xs16, f16)
 
 
 @fast
