@@ -12,7 +12,7 @@ from kernels.cpu.types import fast
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types",)
-INLINED_DIGEST = "1b7fe001b1f3838c"
+INLINED_DIGEST = "330468d6e679d23c"
 
 
 @intrinsic

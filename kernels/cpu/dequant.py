@@ -17,7 +17,7 @@ from models.iq_grids import GRIDS, IQ1_DELTA, KSIGNS, KVALUES_IQ4NL
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "models.iq_grids")  # the IQ tables are frozen into the kernels as constants
-INLINED_DIGEST = "0cdcdb4553d2c4a6"
+INLINED_DIGEST = "bef03ca411a7eb36"
 
 
 @jit

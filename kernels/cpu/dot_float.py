@@ -15,7 +15,7 @@ from models.iq_grids import KVALUES_IQ4NL
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "dequant", "models.iq_grids")
-INLINED_DIGEST = "b785c2d2bc8d9ddd"
+INLINED_DIGEST = "b450c1dfb5847faa"
 
 
 @fast

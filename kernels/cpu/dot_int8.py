@@ -22,8 +22,8 @@ from numba.extending import intrinsic
 from kernels.cpu.ir import (abs_signed, array_data, call, constant_table, fold, fsum, gather, half_ir, i64, ir_loop,
                             load, load_bytes, lookup16, madd, madd32, madd_scaled, prefetch, ptr, shuffle, splat,
                             splat_f)
-from kernels.cpu.types import (IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q5_0, Q6_K,
-                               fast)
+from kernels.cpu.types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1,
+                               Q5_0, Q6_K, fast)
 from models.dequant import KVALUES_MXFP4
 from models.iq_grids import GRIDS, KSIGNS, KVALUES_IQ4NL
 
@@ -34,7 +34,7 @@ PREFETCH_BYTES = 2048
 # Q4_K and Q6_K: two cache lines of each row's block this far ahead, as the 32-value blocks' PREFETCH_BYTES. On the
 # 16-core host 2048 read Q4_K from DRAM ~1.3x faster than none, 1024 in between (BENCHMARKS.md, session 15).
 K_PREFETCH_BYTES = 2048
-INLINED_DIGEST = "7968a50510e6d890"
+INLINED_DIGEST = "ee4de251d276ffbf"
 
 
 def _nibbles32(context, builder, row_t, row, off):
@@ -158,17 +158,21 @@ GRID_SUBS = {IQ2_XXS: (GRIDS["IQ2_XXS"].view("<i8").ravel().tolist(), lambda j: 
 IQ2_XS_GRID = GRIDS["IQ2_XS"].view("<i8").ravel().tolist()
 IQ2_S_GRID = GRIDS["IQ2_S"].view("<i8").ravel().tolist()
 IQ3_S_GRID = GRIDS["IQ3_S"].view("<i4").ravel().tolist()
-# scales a grid type's sub-block of 32 has: one (2 ls + 1), or one a 16 values (IQ2_XS, IQ2_S)
-GRID_SCALES = {IQ2_XXS: 1, IQ3_XXS: 1, IQ3_S: 1, IQ2_XS: 2, IQ2_S: 2}
+# IQ1_S's 2048 entries of 8 values g (-1, 0, 1) times 8, as little-endian int64 words
+IQ1_GRID8 = (GRIDS["IQ1_S"].astype(np.int8) * 8).view("<i8").ravel().tolist()
 
 
 def grid_sub_block(tid, context, builder, row_t, row, o, j):
-    """(<32 x i8> values, <32 x i8> their signs, +1 or -1, [i16 2 ls + 1] for each GRID_SCALES[tid] run of its
-    values) of sub-block j (32 values) of the grid-type (tid) block at row[o:]. IQ2_XXS, IQ3_XXS: its grid entries'
-    values (unsigned: 8, 25, 43 / 4..62), the signs of its u32's 4 x 7 bits (ggml's keven_signs_q2xs: the 8th is
-    their parity) and its 4-bit scale ls from the u32's top, which ggml's dots take as 2 ls + 1 (the block's d *
-    (0.5 + ls) / 4 or / 2 = d * (2 ls + 1) / 8 or / 4); the others: _iq2_xs_sub_block, _iq2_s_sub_block,
-    _iq3_s_sub_block."""
+    """(<32 x i8> values' sizes, <32 x i8> with the values' signs (+1 or -1, or the values themselves where none is
+    0), [i16 2 ls + 1] for its one scale or each 16 values') of sub-block j (32 values) of the grid-type (tid)
+    block at row[o:]. IQ2_XXS, IQ3_XXS: its grid entries' values (unsigned: 8, 25, 43 / 4..62), the signs of its
+    u32's 4 x 7 bits (ggml's keven_signs_q2xs: the 8th is their parity) and its 4-bit scale ls from the u32's top,
+    which ggml's dots take as 2 ls + 1 (the block's d * (0.5 + ls) / 4 or / 2 = d * (2 ls + 1) / 8 or / 4); the
+    others: _iq2_xs_sub_block, _iq2_s_sub_block, _iq3_s_sub_block, _iq1_s_sub_block, _iq1_m_sub_block."""
+    if tid == IQ1_S:
+        return _iq1_s_sub_block(context, builder, row_t, row, o, j)
+    if tid == IQ1_M:
+        return _iq1_m_sub_block(context, builder, row_t, row, o, j)
     if tid == IQ3_S:
         return _iq3_s_sub_block(context, builder, row_t, row, o, j)
     if tid == IQ2_S:
@@ -255,6 +259,64 @@ def _iq3_s_sub_block(context, builder, row_t, row, o, j):
     return builder.bitcast(values, ir.VectorType(ir.IntType(8), 32)), _sign_bits(builder, word), [scale]
 
 
+def _iq1_s_sub_block(context, builder, row_t, row, o, j):
+    """grid_sub_block of IQ1_S (d | qs[32] | qh u16[8]): 4 entries of a 2048-entry grid of 8 values g (-1, 0, 1),
+    entry l's index qs[4j + l] with bits 3l..3l + 2 of qh[j] as its top three; the sub-block's delta +-1/8 (bit 15 of
+    qh[j]: minus) and ls (bits 12-14). Its values come as v = 8 (g + delta) (+-9, +-7, +-1: none 0, so v carries its
+    own sign) with 2 ls + 1, the block's d * (2 ls + 1) / 8 its factor: d (2 ls + 1) (g + delta) in integer sums,
+    as ggml's dot sums g . x and delta's sum of x."""
+    i8, i64t = ir.IntType(8), ir.IntType(64)
+    b32 = ir.VectorType(i8, 32)
+    idx = load_bytes(context, builder, row_t, row, builder.add(o, i64(2 + 4 * j)), 4)
+    qh = builder.zext(builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(34 + 2 * j)), ir.IntType(16)),
+                                   align=1), i64t)
+    indices = [builder.or_(builder.zext(builder.extract_element(idx, i64(k)), i64t),
+                           builder.shl(builder.and_(builder.lshr(qh, i64(3 * k)), i64(7)), i64(8))) for k in range(4)]
+    g8 = builder.bitcast(gather(builder, constant_table(builder, "grid_iq1_8", IQ1_GRID8, 64), indices), b32)
+    minus = builder.icmp_unsigned("!=", builder.and_(qh, i64(0x8000)), i64(0))
+    v = builder.add(g8, splat(builder, builder.select(minus, ir.Constant(i8, -1), ir.Constant(i8, 1)), 32))
+    size = builder.select(builder.icmp_signed("<", v, splat(builder, 0, 32)), builder.sub(splat(builder, 0, 32), v), v)
+    scale = builder.trunc(builder.add(builder.shl(builder.and_(builder.lshr(qh, i64(12)), i64(7)), i64(1)), i64(1)),
+                          ir.IntType(16))
+    return size, v, [scale]
+
+
+def _iq1_m_sub_block(context, builder, row_t, row, o, j):
+    """grid_sub_block of IQ1_M (qs[32] | qh[16] | scales u16[4]): IQ1_S's grid, entry l's index qs[4j + l] with the
+    low 3 bits of its qh nibble (qh[2j + l / 2], low nibble for even l) as its top three, the nibble's bit 3 the sign
+    of its own delta; 3-bit scales at bits 6 (j % 2) and 6 (j % 2) + 3 of scales[j / 2] for values 0-15 and 16-31.
+    Values 8 (g + delta) as IQ1_S's; the block's d is iq1_m_d."""
+    i8, i32, i64t = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+    b32 = ir.VectorType(i8, 32)
+    idx = load_bytes(context, builder, row_t, row, builder.add(o, i64(4 * j)), 4)
+    qh = [_byte_at(context, builder, row_t, row, builder.add(o, i64(32 + 2 * j + h)), i64t) for h in range(2)]
+    nibbles = [builder.and_(builder.lshr(qh[k // 2], i64(4 * (k % 2))), i64(15)) for k in range(4)]
+    indices = [builder.or_(builder.zext(builder.extract_element(idx, i64(k)), i64t),
+                           builder.shl(builder.and_(nibbles[k], i64(7)), i64(8))) for k in range(4)]
+    g8 = builder.bitcast(gather(builder, constant_table(builder, "grid_iq1_8", IQ1_GRID8, 64), indices), b32)
+    deltas = [splat(builder, builder.select(builder.icmp_unsigned("!=", builder.and_(n, i64(8)), i64(0)),
+                                            ir.Constant(i8, -1), ir.Constant(i8, 1)), 8) for n in nibbles]
+    v = builder.add(g8, shuffle(builder, shuffle(builder, deltas[0], deltas[1], range(16)),
+                                shuffle(builder, deltas[2], deltas[3], range(16)), range(32)))
+    size = builder.select(builder.icmp_signed("<", v, splat(builder, 0, 32)), builder.sub(splat(builder, 0, 32), v), v)
+    sc = builder.zext(builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(48 + 2 * (j // 2))),
+                                       ir.IntType(16)), align=1), i32)
+    scales = [builder.trunc(builder.add(builder.shl(builder.and_(builder.lshr(sc, i32(6 * (j % 2) + 3 * h)), i32(7)),
+                                                    i32(1)), i32(1)), ir.IntType(16)) for h in range(2)]
+    return size, v, scales
+
+
+def iq1_m_d(context, builder, row_t, row, o, f16_t, f16):
+    """IQ1_M's block scale: the fp16 whose four nibbles are the top nibbles of its scales u16[4] (at 48), lowest
+    first, looked up in the table f16."""
+    words = [builder.zext(builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(48 + 2 * k)),
+                                           ir.IntType(16)), align=1), ir.IntType(64)) for k in range(4)]
+    bits = builder.lshr(words[0], i64(12))
+    for k in range(1, 4):
+        bits = builder.or_(bits, builder.and_(builder.lshr(words[k], i64(12 - 4 * k)), i64(0xF << (4 * k))))
+    return builder.load(builder.gep(array_data(context, builder, f16_t, f16).data, [bits]))
+
+
 def _grid_block(tid):
     """block function of _k_rows for a grid type's (tid) block: [<8 x i32> summing to sum over its 8 sub-blocks j
     of (2 ls_j + 1) * (signed grid values . xq)] (ls per 16 values for IQ2_XS, IQ2_S), two sub-blocks a step: x
@@ -293,9 +355,9 @@ def _k_rows(block, block_bytes, scales_at, factor=1.0):
     """An intrinsic f(w, ra, rb, xq, xd, xs16, f16) -> (w[ra] . x8, w[rb] . x8) for two rows of a k-quant's matrix
     w (uint8 [n_rows, row_bytes], see _row_at) and one token's x8 (xq in the block's order, xd [n_blocks], xs16): a
     loop over the blocks in IR that scales the int32 vectors of block(...) by their f16 scale at scales_at (byte
-    offset, sign) times xd (times factor) into one float vector a row, summed once a row. A numba loop over the
-    blocks reduced every block's vectors to scalars first: a shuffle tree a block, on the shuffle port that Q4_K is
-    bound by on the Xeon (llvm-mca)."""
+    offset, or a function of the block that gives it, as iq1_m_d; sign) times xd (times factor) into one float
+    vector a row, summed once a row. A numba loop over the blocks reduced every block's vectors to scalars first: a
+    shuffle tree a block, on the shuffle port that Q4_K is bound by on the Xeon (llvm-mca)."""
     @intrinsic
     def rows_dot(typingctx, w, ra, rb, xq, xd, xs16, f16):
         def codegen(context, builder, sig, args):
@@ -314,8 +376,9 @@ def _k_rows(block, block_bytes, scales_at, factor=1.0):
                         prefetch(context, builder, row_t, row, builder.add(o, i64(ahead)))
                     vecs = block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i)
                     for v, (at, sign) in zip(vecs, scales_at):
-                        scale = builder.fmul(half_ir(context, builder, row_t, row, builder.add(o, i64(at)), f16_t,
-                                                     f16), xd_i)
+                        d = (at(context, builder, row_t, row, o, f16_t, f16) if callable(at) else
+                             half_ir(context, builder, row_t, row, builder.add(o, i64(at)), f16_t, f16))
+                        scale = builder.fmul(d, xd_i)
                         if factor != 1.0:
                             scale = builder.fmul(scale, ir.Constant(ir.FloatType(), factor))
                         scaled = builder.fmul(builder.sitofp(v, vec), splat_f(builder, scale, 8))
@@ -341,6 +404,8 @@ dot_iq3_xxs_rows = _k_rows(_grid_block(IQ3_XXS), 98, ((0, 1),), 0.25)
 dot_iq3_s_rows = _k_rows(_grid_block(IQ3_S), 110, ((0, 1),))  # xd * d * sum of (2 ls + 1) * (v . xq) a block
 dot_iq2_xs_rows = _k_rows(_grid_block(IQ2_XS), 74, ((0, 1),), 0.125)  # / 8 as IQ2_XXS
 dot_iq2_s_rows = _k_rows(_grid_block(IQ2_S), 82, ((0, 1),), 0.125)
+dot_iq1_s_rows = _k_rows(_grid_block(IQ1_S), 50, ((0, 1),), 0.125)  # its values 8 (g + delta)
+dot_iq1_m_rows = _k_rows(_grid_block(IQ1_M), 56, ((iq1_m_d, 1),), 0.125)
 
 
 
@@ -546,8 +611,12 @@ def dot8_k256(tid, w, r0, r1, xq, xd, xs16, out, f16):
             out[r], out[r_b] = dot_iq3_s_rows(w, r, r_b, xq, xd, xs16, f16)
         elif tid == IQ2_XS:
             out[r], out[r_b] = dot_iq2_xs_rows(w, r, r_b, xq, xd, xs16, f16)
-        else:
+        elif tid == IQ2_S:
             out[r], out[r_b] = dot_iq2_s_rows(w, r, r_b, xq, xd, xs16, f16)
+        elif tid == IQ1_S:
+            out[r], out[r_b] = dot_iq1_s_rows(w, r, r_b, xq, xd, xs16, f16)
+        else:
+            out[r], out[r_b] = dot_iq1_m_rows(w, r, r_b, xq, xd, xs16, f16)
 
 
 @fast

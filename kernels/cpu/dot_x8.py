@@ -18,7 +18,7 @@ from kernels.cpu.types import Q4_0, Q4_1, Q5_0, X8, fast
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "ir", "repack")
-INLINED_DIGEST = "5af93c9eebe62005"
+INLINED_DIGEST = "fa4caf0e7ba71d76"
 
 OFFSETS = {Q4_0: 8, Q5_0: 16}
 

@@ -21,17 +21,17 @@ from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
 from kernels.cpu.dot_int8 import (IQ4_NL_TABLE, MXFP4_TABLE, _high_bits32, _nibbles32, _row_at, e8m0_half_ir,
-                                  grid_sub_block, iq4_xs_scales)
+                                  grid_sub_block, iq1_m_d, iq4_xs_scales)
 from kernels.cpu import ir as cpu_ir
 from kernels.cpu.ir import (abs_signed, array_data, dot4, dot4_many, fma, half_ir, i64, ir_loop, load_bytes,
                             lookup16, ptr, shuffle, splat, splat_f)
-from kernels.cpu.types import (IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0,
-                               Q5_1, Q6_K, Q8_0)
+from kernels.cpu.types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1,
+                               Q4_K, Q5_0, Q5_1, Q6_K, Q8_0)
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "ir", "dot_int8")
-INLINED_DIGEST = "269b3f63aceed3da"
+INLINED_DIGEST = "944087238b9264d8"
 
 # values up to 128 in size: their tile (tile_q8_0) takes x's bytes signed (xq) where signed_x, else biased (xq + 128)
 SIGNED_X_IDS = (Q8_0, IQ4_NL, IQ4_XS)
@@ -145,12 +145,13 @@ def _iq4_xs_d(context, builder, row_t, row, o, j, f16_t, f16):
 
 def _grid_group(tid, factor):
     """group function of a grid type (tid): sub-block j's grid values with their signs, [d * (2 ls + 1) * factor]
-    for each of its scales (one, or one a 16 values: IQ2_XS, IQ2_S; the block's d * (0.5 + ls) / 4 or / 2, as
-    gguf-py's: 0.5 + ls and the powers of two are exact; IQ3_S's d * (1 + 2 ls))."""
+    for each of its scales (one, or one a 16 values: IQ2_XS, IQ2_S, IQ1_M; the block's d * (0.5 + ls) / 4 or / 2,
+    as gguf-py's: 0.5 + ls and the powers of two are exact; IQ3_S's d * (1 + 2 ls); IQ1_S's and IQ1_M's d * (2 ls +
+    1) / 8 of their values 8 (g + delta))."""
     def group(context, builder, row_t, row, o, j, f16_t, f16):
         values, signs, scales = grid_sub_block(tid, context, builder, row_t, row, o, j)
         f32 = ir.FloatType()
-        d = half_ir(context, builder, row_t, row, o, f16_t, f16)
+        d = (iq1_m_d if tid == IQ1_M else half_ir)(context, builder, row_t, row, o, f16_t, f16)
         return abs_signed(context, builder, signs, values)[1], [
             builder.fmul(builder.fmul(d, builder.sitofp(s, f32)), ir.Constant(f32, factor)) for s in scales], None
     return group
@@ -166,7 +167,9 @@ GROUPS = {**{tid: (spec[0], 1, 1, spec[4] is not None, _block32(tid)) for tid, s
           IQ3_XXS: (98, 8, 1, False, _grid_group(IQ3_XXS, 0.25)),
           IQ3_S: (110, 8, 1, False, _grid_group(IQ3_S, 1.0)),
           IQ2_XS: (74, 8, 2, False, _grid_group(IQ2_XS, 0.125)),
-          IQ2_S: (82, 8, 2, False, _grid_group(IQ2_S, 0.125))}
+          IQ2_S: (82, 8, 2, False, _grid_group(IQ2_S, 0.125)),
+          IQ1_S: (50, 8, 1, False, _grid_group(IQ1_S, 0.125)),
+          IQ1_M: (56, 8, 2, False, _grid_group(IQ1_M, 0.125))}
 
 
 def _pack(tid):
@@ -324,10 +327,10 @@ def _tile(with_min, halves=1, max_abs=128):
 
 pack_q4_0, pack_q4_1, pack_q5_0, pack_q5_1, pack_q8_0, pack_q4_k, pack_q6_k, pack_mxfp4, pack_iq4_nl, pack_iq4_xs = (
     _pack(tid) for tid in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS))
-pack_iq2_xxs, pack_iq3_xxs, pack_iq3_s, pack_iq2_xs, pack_iq2_s = (_pack(t) for t in (IQ2_XXS, IQ3_XXS, IQ3_S, IQ2_XS,
-                                                                                    IQ2_S))
+pack_iq2_xxs, pack_iq3_xxs, pack_iq3_s, pack_iq2_xs, pack_iq2_s, pack_iq1_s, pack_iq1_m = (
+    _pack(t) for t in (IQ2_XXS, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M))
 # the packed values' largest size: Q4_1, Q4_K 15, Q5_1 31 (with a minimum); Q4_0 8, Q5_0 16, MXFP4 12; Q6_K 32;
 # Q8_0 128, IQ4_NL and IQ4_XS 127 (tile_q8_0: SIGNED_X_IDS, x given as xq where signed_x); IQ2_XXS 43, IQ3_XXS 62,
-# IQ3_S 15 (tile_grid); IQ2_XS, IQ2_S 43, a scale a 16 (tile_grid_halves)
+# IQ3_S 15, IQ1_S 9 (tile_grid); IQ2_XS, IQ2_S 43, IQ1_M 9, a scale a 16 (tile_grid_halves)
 tile_with_min, tile_no_min, tile_halves = _tile(True, max_abs=31), _tile(False, max_abs=16), _tile(False, 2, 32)
 tile_q8_0, tile_grid, tile_grid_halves = _tile(False), _tile(False, max_abs=62), _tile(False, 2, 62)

@@ -6,13 +6,13 @@ once at load: the same bytes reordered so a vector dots 8 rows at once, ~2x fast
 dequantizes a whole matrix:
 - few tokens (generation): a matrix-vector kernel reads each row's blocks once and dots them with every
   token's x, chunks of rows claimed by all cores in turn. The INT8_IDS types (Q4_K, Q6_K, IQ4_XS, the grid types
-  IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 in blocks of 32) dot
+  IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 in blocks of 32) dot
   integers: x is quantized once per call to int8 with one float scale per block of 256 (the former) or 32 (the
   others), as llama.cpp does on the CPU, so the result is x8 @ dequantize(W).T, x8 the dequantized int8 x, to
   float32 rounding; |x8 - x| <= amax/254 per element (amax of its block of x). MXFP4's x scales are rounded to fp16
   as llama.cpp's q8_0 blocks store them (MXFP4_INT8_X). The 4-bit codebook types (MXFP4, IQ4_NL, IQ4_XS) look their
   values up by a byte shuffle, the grid types gather theirs from their grid. Other types dot float32 x: Q5_K fused,
-  the rest (Q2_K, Q3_K, IQ1_S, IQ1_M, F16, BF16) decoded to a float32 row first.
+  the rest (Q2_K, Q3_K, F16, BF16) decoded to a float32 row first.
 - many tokens (prompt): the INT8_IDS types go through an int8 GEMM (gemm: x quantized per 32 values, the IQ
   types' per 256 as llama.cpp's q8_K, so the result is x8 @ dequantize(W).T too); for the others tiles of rows are
   dequantized to float32 and multiplied with numpy BLAS; these and the float32 matvecs match x @ dequantize(W).T
@@ -37,11 +37,12 @@ from kernels.cpu.matvec import (MATVEC_CHUNKS, N_WORKERS, expert_ffn_int8, exper
                                 matvec_add_int8, matvec_decoded, matvec_fused, matvecs_int8)
 from kernels.cpu.ops import ACTIVATIONS, GELU_TABLE
 from kernels.cpu.repack import ROWS, Repacked
-from kernels.cpu.types import (DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS,
-                               IQ4_XS, MXFP4, N16)
+from kernels.cpu.types import (DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS,
+                               IQ3_S, IQ3_XXS, IQ4_XS, MXFP4, N16)
 from models.ggml_types import GGMLType, UnsupportedTypeError
 
-IQ_K256_IDS = (IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S)  # their GEMM's x per 256, as llama.cpp's q8_K (per 32 cost parity)
+# their GEMM's x per 256, as llama.cpp's q8_K (per 32 cost parity)
+IQ_K256_IDS = (IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M)
 MATVEC_MAX_TOKENS = 4  # up to this many tokens the matvec kernel beats dequantize + BLAS
 # MXFP4's matmuls round x to int8 blocks of 32 (as llama.cpp's CPU does); the GPU tests' float32 reference
 # (gpu_compare.float_activations) turns this off, and MXFP4 then dequantizes rows as the other decoded types do

@@ -21,7 +21,7 @@ from kernels.cpu.types import Q4_0, Q4_1, Q5_0, Q5_1, X8
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types",)
-INLINED_DIGEST = "1b7fe001b1f3838c"
+INLINED_DIGEST = "330468d6e679d23c"
 
 # type id -> (block bytes, has a minimum, has 5th bits)
 LAYOUTS = {Q4_0: (18, False, False), Q4_1: (20, True, False), Q5_0: (22, False, True), Q5_1: (24, True, True)}

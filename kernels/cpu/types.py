@@ -19,7 +19,7 @@ FUSED_IDS = (Q5_K, IQ4_NL, IQ4_XS)
 # blocks of 32 values: x goes in int8 blocks of 32 alike (MXFP4's scales rounded to fp16, as llama.cpp's q8_0)
 BLOCK32_IDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4)
 # super-blocks of 256: x in int8 blocks of 256 in the matvecs (llama.cpp's q8_K)
-K256_IDS = (Q4_K, Q6_K, IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S)
+K256_IDS = (Q4_K, Q6_K, IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M)
 INT8_IDS = K256_IDS + BLOCK32_IDS  # fused dots of int8-quantized x (dot_int8), int8 GEMM tiles (gemm_int8)
 X8 = 64  # X8 + a type id: that type repacked eight rows at a time (repack), dotted by dot_x8
 X8_IDS = tuple(X8 + t for t in (Q4_0, Q4_1, Q5_0, Q5_1))

@@ -149,7 +149,8 @@ def test_int8_error_against_float_x_and_a_wrong_weight_fails(name, n_tokens):
     quants = {"Q4_K": slice(16, 144), "Q6_K": slice(0, 128), "Q8_0": slice(2, 34), "Q4_0": slice(2, 18),
               "Q4_1": slice(4, 20), "Q5_0": slice(6, 22), "Q5_1": slice(8, 24), "MXFP4": slice(1, 17),
               "IQ4_NL": slice(2, 18), "IQ4_XS": slice(8, 136), "IQ2_XXS": slice(2, 66), "IQ3_XXS": slice(2, 66),
-              "IQ3_S": slice(2, 66), "IQ2_XS": slice(2, 66), "IQ2_S": slice(2, 34)}[name]
+              "IQ3_S": slice(2, 66), "IQ2_XS": slice(2, 66), "IQ2_S": slice(2, 34),
+              "IQ1_S": slice(2, 34), "IQ1_M": slice(0, 32)}[name]
     if name == "Q8_0":  # the two halves of each block swapped
         blocks[:, quants] = np.roll(blocks[:, quants], 16, axis=1)
     else:  # low and high nibbles swapped
@@ -281,7 +282,8 @@ def test_real_tensors_of_every_type_in_the_packaged_models(model, request):
     assert seen >= ({"Q4_1", "Q8_0"} if model == "smollm2" else {"Q4_K", "Q5_0", "Q6_K", "Q8_0"})
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ3_XXS", "IQ3_S", "IQ2_XS", "IQ2_S"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ3_XXS", "IQ3_S", "IQ2_XS", "IQ2_S",
+                                  "IQ1_S", "IQ1_M"])
 def test_super_block_dots_agree_on_every_simd_path(name, monkeypatch):
     """The AVX2 and generic-IR versions of the super-block rows (compiled for CPUs this machine may not be)
     give the same results as the one the kernels use here, which the tests above hold to x8 @ W.T (IQ4_XS: its
@@ -460,11 +462,12 @@ def test_one_token_matvecs_match_quantized_matmuls(names):
 GEMM_TILES = {"Q4_0": "tile_no_min", "Q5_0": "tile_no_min", "Q4_1": "tile_with_min", "Q5_1": "tile_with_min",
               "Q4_K": "tile_with_min", "Q6_K": "tile_halves", "Q8_0": "tile_q8_0", "IQ4_XS": "tile_q8_0",
               "IQ3_XXS": "tile_grid", "IQ3_S": "tile_grid", "IQ2_XS": "tile_grid_halves",
-              "IQ2_S": "tile_grid_halves"}
+              "IQ2_S": "tile_grid_halves", "IQ1_S": "tile_grid", "IQ1_M": "tile_grid_halves"}
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "X8_Q4_1", "X8_Q5_0",
-                                  "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XS", "IQ2_S"])
+                                  "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XS", "IQ2_S", "IQ1_S",
+                                  "IQ1_M"])
 def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
     """The GEMM tile on every byte-dot path this host can compile (vpdpbusd with AVX-512 VNNI; without VNNI,
     AVX2's pmaddubsw, int16 sums of as many vectors as cannot overflow, of x's biased bytes where the packed values
@@ -491,7 +494,9 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
     cases = [(w, xu)]
     scale_at = {"Q4_0": [0, 1], "Q4_1": [0, 1, 2, 3], "Q5_0": [0, 1], "Q5_1": [0, 1, 2, 3], "Q8_0": [0, 1],
                 "Q4_K": list(range(16)), "Q6_K": list(range(192, 210)), "IQ4_XS": list(range(8)),
-                "IQ3_XXS": [0, 1], "IQ3_S": [0, 1], "IQ2_XS": [0, 1], "IQ2_S": [0, 1]}[base]  # scales kept (IQ3_XXS: its grid's largest entry and all signs minus at 0xFF)
+                "IQ3_XXS": [0, 1], "IQ3_S": [0, 1], "IQ2_XS": [0, 1], "IQ2_S": [0, 1],
+                "IQ1_S": [0, 1], "IQ1_M": list(range(48, 56))}[base]
+    # scales kept (IQ1_M's hold d); at 0xFF IQ3_XXS has its grid's largest entry and all signs minus
     fills = (0x00, 0xFF, 0x7F, 0x81) if base == "Q8_0" else (0x00, 0xFF)  # Q8_0's: 0, -1, 127, -127
     for fill in fills:
         extreme = np.full(w.shape, fill, np.uint8)
@@ -524,7 +529,8 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
         llvm_ir = next(iter(packed_tile.inspect_llvm().values()))
         assert ("vpdpbusd" in llvm_ir) == has_vnni
         assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni)
-        signs = (not has_vnni and GEMM_TILES[base] == "tile_q8_0") or base.startswith(("IQ3", "IQ2"))  # tile's, pack's
+        grid = base.startswith(("IQ3", "IQ2", "IQ1"))
+        signs = (not has_vnni and GEMM_TILES[base] == "tile_q8_0") or grid  # the tile's psignb, or the pack's
         assert ("llvm.x86.avx2.psign.b" in llvm_ir) == (simd != "" and signs)
 
 
