@@ -12,10 +12,7 @@ QD void table16_chunk(const uint8_t* b, float d, float* v) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         int lo, hi;
-        if (SEQ)
-            table16_seq<K>(w[j], lo, hi);
-        else
-            table16<K>(w[j], lo, hi);
+        table16_word<K, SEQ>(w[j], lo, hi);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             v[4 * j + i] = d * (float)(int8_t)(lo >> (8 * i));

@@ -45,8 +45,17 @@ QD void table16(uint32_t q, int& lo, int& hi) {
     hi = (int)byte_perm(a, b, 0x7531);
 }
 
-// 32 codes (16 bytes: weight l < 16 the low nibble of byte l, weight 16 + l its high nibble; with SEQ, as
-// kernels/cuda/layout.py's table16_in_sequence stores them: word j holds weights 4j..4j+3, then 16+4j..19+4j)
+// table16_seq of a word in sequence (SEQ: kernels/cuda/layout.py's table16_in_sequence stores them so, word j of 16
+// bytes holding weights 4j..4j+3, then 16+4j..19+4j), else table16 of one in ggml's order
+template <class K, bool SEQ>
+QD void table16_word(uint32_t q, int& lo, int& hi) {
+    if (SEQ)
+        table16_seq<K>(q, lo, hi);
+    else
+        table16<K>(q, lo, hi);
+}
+
+// 32 codes (16 bytes: weight l < 16 the low nibble of byte l, weight 16 + l its high nibble; or in sequence: SEQ)
 // . 32 activations
 template <class K, bool SEQ = false>
 QD int table16_dot(uint4 q, uint4 xlo, uint4 xhi) {
@@ -55,10 +64,7 @@ QD int table16_dot(uint4 q, uint4 xlo, uint4 xhi) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         int lo, hi;
-        if (SEQ)
-            table16_seq<K>(w[j], lo, hi);
-        else
-            table16<K>(w[j], lo, hi);
+        table16_word<K, SEQ>(w[j], lo, hi);
         s = dp4a(lo, (int)a[j], dp4a(hi, (int)b[j], s));
     }
     return s;
