@@ -289,7 +289,7 @@ from app.tui.app import ChatApp
 
 async def main():
     store = ChatStore(Path(sys.argv[1]))
-    app = ChatApp(store, sys.argv[2], Sampling(temperature=0.0, max_tokens=400), "", 512)
+    app = ChatApp(store, sys.argv[2], Sampling(temperature=0.0, max_tokens=4000), "", 4096)  # streams past the kill
     async with app.run_test() as pilot:
         await pilot.press("ctrl+n")
         await pilot.press(*"Tell me a long story about a cat.", "enter")
@@ -383,7 +383,8 @@ def test_context_full_ends_the_reply_with_a_warning(store, smollm2):
     async def run():
         app = make_app(store, smollm2, max_tokens=200, ctx=48)
         async with app.run_test(size=SIZE) as pilot:
-            await send(pilot, "Count from one to fifty.")
+            # a long greedy reply on every CPU path (on AVX-512 VNNI, "Count from one to fifty." got a 12-token one)
+            await send(pilot, "Write a long story about a dragon.")
             await wait_for(pilot, lambda: len(store.messages(app.chat.id)) == 2 and app.reply is None)
             return notes(app), store.messages(app.chat.id)[-1], app.query_one(StatusBar)
 
@@ -492,7 +493,8 @@ def test_switching_chats_mid_reply_stops_it_in_its_own_chat(store, smollm2):
     store.add_message(other.id, "user", "Earlier question")
 
     async def run():
-        app = make_app(store, smollm2, max_tokens=400)
+        # room for a reply longer than the click takes: 400 tokens ended (done) before it on a fast 2-core VM
+        app = make_app(store, smollm2, max_tokens=4000, ctx=4096)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press("ctrl+n")
             await send(pilot, "Write a long story about a dragon.")
