@@ -10,9 +10,9 @@ The K256_IDS types: a whole super-block of 256 of two rows at a time, as llama.c
 blocks one row. Each loops over a row's blocks in IR, scales every block's int32 sums into float accumulators and
 ends in one horizontal sum a row. The 4-bit codebook types (MXFP4, IQ4_NL, IQ4_XS) look their codes' signed values
 up by a byte shuffle (ir.lookup16) and dot them as Q8_0's signed bytes (ir.abs_signed), as llama.cpp's x86 dots
-(ggml_vec_dot_iq4_nl_q8_0, ggml_vec_dot_mxfp4_q8_0, ggml_vec_dot_iq4_xs_q8_K). The grid types (IQ2_XXS, IQ3_XXS)
-gather their grid entries' magnitudes and their sign bytes from tables (ir.gather) and move the signs onto x, as
-ggml_vec_dot_iq2_xxs_q8_K and ggml_vec_dot_iq3_xxs_q8_K do.
+(ggml_vec_dot_iq4_nl_q8_0, ggml_vec_dot_mxfp4_q8_0, ggml_vec_dot_iq4_xs_q8_K). The grid types (IQ2_XXS, IQ2_XS,
+IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: grid_sub_block) gather their grid entries' magnitudes and their sign bytes
+from tables (ir.gather) and move the signs onto x, as ggml_vec_dot_iq2_xxs_q8_K and ggml_vec_dot_iq3_xxs_q8_K do.
 """
 import numpy as np
 from llvmlite import ir
@@ -259,6 +259,16 @@ def _iq3_s_sub_block(context, builder, row_t, row, o, j):
     return builder.bitcast(values, ir.VectorType(ir.IntType(8), 32)), _sign_bits(builder, word), [scale]
 
 
+def _iq1_values(builder, indices, delta):
+    """(|v|, v) of v = 8 g + delta (<32 x i8>: +-1 each), g the 8 values of each of the 4 IQ1 grid entries at
+    indices."""
+    g8 = builder.bitcast(gather(builder, constant_table(builder, "grid_iq1_8", IQ1_GRID8, 64), indices),
+                         ir.VectorType(ir.IntType(8), 32))
+    v = builder.add(g8, delta)
+    zero = splat(builder, 0, 32)
+    return builder.select(builder.icmp_signed("<", v, zero), builder.sub(zero, v), v), v
+
+
 def _iq1_s_sub_block(context, builder, row_t, row, o, j):
     """grid_sub_block of IQ1_S (d | qs[32] | qh u16[8]): 4 entries of a 2048-entry grid of 8 values g (-1, 0, 1),
     entry l's index qs[4j + l] with bits 3l..3l + 2 of qh[j] as its top three; the sub-block's delta +-1/8 (bit 15 of
@@ -266,16 +276,14 @@ def _iq1_s_sub_block(context, builder, row_t, row, o, j):
     own sign) with 2 ls + 1, the block's d * (2 ls + 1) / 8 its factor: d (2 ls + 1) (g + delta) in integer sums,
     as ggml's dot sums g . x and delta's sum of x."""
     i8, i64t = ir.IntType(8), ir.IntType(64)
-    b32 = ir.VectorType(i8, 32)
     idx = load_bytes(context, builder, row_t, row, builder.add(o, i64(2 + 4 * j)), 4)
     qh = builder.zext(builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(34 + 2 * j)), ir.IntType(16)),
                                    align=1), i64t)
     indices = [builder.or_(builder.zext(builder.extract_element(idx, i64(k)), i64t),
                            builder.shl(builder.and_(builder.lshr(qh, i64(3 * k)), i64(7)), i64(8))) for k in range(4)]
-    g8 = builder.bitcast(gather(builder, constant_table(builder, "grid_iq1_8", IQ1_GRID8, 64), indices), b32)
     minus = builder.icmp_unsigned("!=", builder.and_(qh, i64(0x8000)), i64(0))
-    v = builder.add(g8, splat(builder, builder.select(minus, ir.Constant(i8, -1), ir.Constant(i8, 1)), 32))
-    size = builder.select(builder.icmp_signed("<", v, splat(builder, 0, 32)), builder.sub(splat(builder, 0, 32), v), v)
+    delta = splat(builder, builder.select(minus, ir.Constant(i8, -1), ir.Constant(i8, 1)), 32)
+    size, v = _iq1_values(builder, indices, delta)
     scale = builder.trunc(builder.add(builder.shl(builder.and_(builder.lshr(qh, i64(12)), i64(7)), i64(1)), i64(1)),
                           ir.IntType(16))
     return size, v, [scale]
@@ -287,18 +295,15 @@ def _iq1_m_sub_block(context, builder, row_t, row, o, j):
     of its own delta; 3-bit scales at bits 6 (j % 2) and 6 (j % 2) + 3 of scales[j / 2] for values 0-15 and 16-31.
     Values 8 (g + delta) as IQ1_S's; the block's d is iq1_m_d."""
     i8, i32, i64t = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-    b32 = ir.VectorType(i8, 32)
     idx = load_bytes(context, builder, row_t, row, builder.add(o, i64(4 * j)), 4)
     qh = [_byte_at(context, builder, row_t, row, builder.add(o, i64(32 + 2 * j + h)), i64t) for h in range(2)]
     nibbles = [builder.and_(builder.lshr(qh[k // 2], i64(4 * (k % 2))), i64(15)) for k in range(4)]
     indices = [builder.or_(builder.zext(builder.extract_element(idx, i64(k)), i64t),
                            builder.shl(builder.and_(nibbles[k], i64(7)), i64(8))) for k in range(4)]
-    g8 = builder.bitcast(gather(builder, constant_table(builder, "grid_iq1_8", IQ1_GRID8, 64), indices), b32)
     deltas = [splat(builder, builder.select(builder.icmp_unsigned("!=", builder.and_(n, i64(8)), i64(0)),
                                             ir.Constant(i8, -1), ir.Constant(i8, 1)), 8) for n in nibbles]
-    v = builder.add(g8, shuffle(builder, shuffle(builder, deltas[0], deltas[1], range(16)),
-                                shuffle(builder, deltas[2], deltas[3], range(16)), range(32)))
-    size = builder.select(builder.icmp_signed("<", v, splat(builder, 0, 32)), builder.sub(splat(builder, 0, 32), v), v)
+    size, v = _iq1_values(builder, indices, shuffle(builder, shuffle(builder, deltas[0], deltas[1], range(16)),
+                                                    shuffle(builder, deltas[2], deltas[3], range(16)), range(32)))
     sc = builder.zext(builder.load(ptr(context, builder, row_t, row, builder.add(o, i64(48 + 2 * (j // 2))),
                                        ir.IntType(16)), align=1), i32)
     scales = [builder.trunc(builder.add(builder.shl(builder.and_(builder.lshr(sc, i32(6 * (j % 2) + 3 * h)), i32(7)),
