@@ -199,11 +199,15 @@ def _byte_at(context, builder, row_t, row, off, ty):
 
 
 def _sign_bits(builder, word):
-    """<32 x i8>: +1 or -1 (bit v of the i32 word set) for each value v of a sub-block."""
-    v32 = ir.VectorType(ir.IntType(32), 32)
-    bits = builder.and_(builder.lshr(splat(builder, word, 32, 32), v32(list(range(32)))), splat(builder, 1, 32, 32))
-    return builder.trunc(builder.sub(splat(builder, 1, 32, 32), builder.shl(bits, splat(builder, 1, 32, 32))),
-                         ir.VectorType(ir.IntType(8), 32))
+    """<32 x i8>: +1 or -1 (bit v of the i32 word set) for each value v of a sub-block: each of the word's bytes
+    spread over 8 lanes, tested against that lane's bit (a byte shuffle, an and and a compare, as ggml's x86 dots
+    expand IQ2_S's and IQ3_S's sign bytes)."""
+    i8 = ir.IntType(8)
+    b32 = ir.VectorType(i8, 32)
+    spread = shuffle(builder, builder.bitcast(word, ir.VectorType(i8, 4)), None, [v // 8 for v in range(32)])
+    bit = builder.and_(spread, b32([1 << (v % 8) for v in range(32)]))
+    minus = builder.sext(builder.icmp_unsigned("!=", bit, splat(builder, 0, 32)), b32)
+    return builder.or_(minus, splat(builder, 1, 32))
 
 
 def _nibble_scales(builder, sc, i32):
