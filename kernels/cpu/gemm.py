@@ -9,11 +9,11 @@ import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kernels.cpu.dot_x8 import pack_x8_q4_0, pack_x8_q4_1, pack_x8_q5_0, pack_x8_q5_1  # noqa: E402
-from kernels.cpu.gemm_int8 import (ROWS, SIGNED_X_IDS, TOKENS, pack_iq1_m, pack_iq1_s, pack_iq2_s,  # noqa: E402
-                                   pack_iq2_xs, pack_iq2_xxs, pack_iq3_s, pack_iq3_xxs, pack_iq4_nl, pack_iq4_xs,
-                                   pack_mxfp4, pack_q4_0, pack_q4_1, pack_q4_k, pack_q5_0, pack_q5_1, pack_q6_k,
-                                   pack_q8_0, tile_grid, tile_grid_halves, tile_halves, tile_no_min, tile_q8_0,
-                                   tile_with_min)
+from kernels.cpu.gemm_int8 import (GRID_IDS, HALVES_IDS, ROWS, SIGNED_X_IDS, TOKENS, pack_iq1_m,  # noqa: E402
+                                   pack_iq1_s, pack_iq2_s, pack_iq2_xs, pack_iq2_xxs, pack_iq3_s, pack_iq3_xxs,
+                                   pack_iq4_nl, pack_iq4_xs, pack_mxfp4, pack_q4_0, pack_q4_1, pack_q4_k, pack_q5_0,
+                                   pack_q5_1, pack_q6_k, pack_q8_0, tile_grid, tile_grid_halves, tile_halves,
+                                   tile_no_min, tile_q8_0, tile_with_min)
 from kernels.cpu.claim import claim, counters  # noqa: E402
 from kernels.cpu.types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4,  # noqa: E402
                                Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, X8, fast)
@@ -21,7 +21,7 @@ from kernels.cpu.types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "gemm_int8", "dot_x8")
-INLINED_DIGEST = "bb0fbddfc0922607"
+INLINED_DIGEST = "93b44499db116e15"
 
 
 def padded_tokens(n_tokens: int) -> int:
@@ -64,7 +64,7 @@ def gemm_int8(tid, w, xu, xd, xds, out, f16, n_workers):
     matvecs' chunks: prange's equal shares wait for the slowest thread); each is packed into its thread's scratch
     (~11 bytes a column, L1-sized), then multiplied with every TOKENS tokens."""
     n_rows, n_groups = out.shape[1], xd.shape[1]
-    halves = 2 if tid == Q6_K or tid == IQ2_XS or tid == IQ2_S or tid == IQ1_M else 1  # scales a group of 32
+    halves = 2 if tid in HALVES_IDS else 1  # scales a group of 32
     n_tiles = (n_rows + ROWS - 1) // ROWS
     counter = counters(1)
     for worker in nb.prange(n_workers):
@@ -128,7 +128,7 @@ def _gemm_tile(tid, w, tile, xu, xd, xds, out, f16, halves, packed, corrs, scale
         pack_x8_q5_1(w, tile, packed, corrs, scales, mins)
     with_min = tid == Q4_1 or tid == Q5_1 or tid == Q4_K or tid == X8 + Q4_1 or tid == X8 + Q5_1
     for t0 in range(0, xu.shape[0], TOKENS):
-        if tid == IQ2_XS or tid == IQ2_S or tid == IQ1_M:  # up to 43, a scale a 16
+        if tid in GRID_IDS and halves == 2:  # up to 43, a scale a 16
             tile_grid_halves(packed, corrs, scales, mins, xu, xd, xds, t0, y)
         elif halves == 2:
             tile_halves(packed, corrs, scales, mins, xu, xd, xds, t0, y)
@@ -136,7 +136,7 @@ def _gemm_tile(tid, w, tile, xu, xd, xds, out, f16, halves, packed, corrs, scale
             tile_with_min(packed, corrs, scales, mins, xu, xd, xds, t0, y)
         elif tid in SIGNED_X_IDS:  # values up to 128 in size
             tile_q8_0(packed, corrs, scales, mins, xu, xd, xds, t0, y)
-        elif tid == IQ2_XXS or tid == IQ3_XXS or tid == IQ3_S or tid == IQ1_S:  # up to 62
+        elif tid in GRID_IDS:  # up to 62
             tile_grid(packed, corrs, scales, mins, xu, xd, xds, t0, y)
         else:
             tile_no_min(packed, corrs, scales, mins, xu, xd, xds, t0, y)

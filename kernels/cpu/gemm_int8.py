@@ -21,7 +21,8 @@ from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
 from kernels.cpu.dot_int8 import (IQ4_NL_TABLE, MXFP4_TABLE, _high_bits32, _nibbles32, _row_at, e8m0_half_ir,
-                                  grid_sub_block, iq1_m_d, iq4_xs_scales)
+                                  iq4_xs_scales)
+from kernels.cpu.iq_grid import grid_sub_block, iq1_m_d
 from kernels.cpu import ir as cpu_ir
 from kernels.cpu.ir import (abs_signed, array_data, dot4, dot4_many, fma, half_ir, i64, ir_loop, load_bytes,
                             lookup16, ptr, shuffle, splat, splat_f)
@@ -30,8 +31,8 @@ from kernels.cpu.types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
-INLINED = ("types", "ir", "dot_int8")
-INLINED_DIGEST = "1df038ad720b3c47"
+INLINED = ("types", "ir", "dot_int8", "iq_grid")
+INLINED_DIGEST = "777201bce74caf23"
 
 # values up to 128 in size: their tile (tile_q8_0) takes x's bytes signed (xq) where signed_x, else biased (xq + 128)
 SIGNED_X_IDS = (Q8_0, IQ4_NL, IQ4_XS)
@@ -170,6 +171,11 @@ GROUPS = {**{tid: (spec[0], 1, 1, spec[4] is not None, _block32(tid)) for tid, s
           IQ2_S: (82, 8, 2, False, _grid_group(IQ2_S, 0.125)),
           IQ1_S: (50, 8, 1, False, _grid_group(IQ1_S, 0.125)),
           IQ1_M: (56, 8, 2, False, _grid_group(IQ1_M, 0.125))}
+
+
+# the grid types (_grid_group's) and the types whose groups of 32 have a scale a 16 values (two halves)
+GRID_IDS = (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)
+HALVES_IDS = tuple(tid for tid, (_, _, halves, _, _) in GROUPS.items() if halves == 2)
 
 
 def _pack(tid):

@@ -37,12 +37,11 @@ from kernels.cpu.matvec import (MATVEC_CHUNKS, N_WORKERS, expert_ffn_int8, exper
                                 matvec_add_int8, matvec_decoded, matvec_fused, matvecs_int8)
 from kernels.cpu.ops import ACTIVATIONS, GELU_TABLE
 from kernels.cpu.repack import ROWS, Repacked
-from kernels.cpu.types import (DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS,
-                               IQ3_S, IQ3_XXS, IQ4_XS, MXFP4, N16)
+from kernels.cpu.types import DECODED_IDS, F16_TO_F32, F32, FUSED_IDS, INT8_IDS, IQ_IDS, K256_IDS, MXFP4, N16
 from models.ggml_types import GGMLType, UnsupportedTypeError
 
 # their GEMM's x per 256, as llama.cpp's q8_K (per 32 cost parity)
-IQ_K256_IDS = (IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M)
+IQ_K256_IDS = tuple(t for t in K256_IDS if t in IQ_IDS)
 MATVEC_MAX_TOKENS = 4  # up to this many tokens the matvec kernel beats dequantize + BLAS
 # MXFP4's matmuls round x to int8 blocks of 32 (as llama.cpp's CPU does); the GPU tests' float32 reference
 # (gpu_compare.float_activations) turns this off, and MXFP4 then dequantizes rows as the other decoded types do

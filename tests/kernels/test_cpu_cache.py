@@ -51,9 +51,9 @@ def test_a_changed_helper_makes_its_dependants_stale(tmp_path, monkeypatch):
     before = cache.digest(("types", "ir"))
     (tmp_path / "ir.py").write_text((tmp_path / "ir.py").read_text() + "\n# an edit\n")
     assert cache.digest(("types", "ir")) != before
-    # the cascade: dot_int8 and dot_x8 inline ir, matvec and gemm_int8 inline dot_int8,
-    # gemm the latter and dot_x8
-    assert set(cache.write_digests()) == {"dot_int8", "dot_x8", "matvec", "gemm_int8", "gemm"}
+    # the cascade: iq_grid, dot_int8 and dot_x8 inline ir, dot_int8 and gemm_int8 iq_grid, matvec and gemm_int8
+    # dot_int8, gemm the latter and dot_x8
+    assert set(cache.write_digests()) == {"iq_grid", "dot_int8", "dot_x8", "matvec", "gemm_int8", "gemm"}
     assert cache.write_digests() == []
 
 
