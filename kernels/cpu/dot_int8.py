@@ -34,7 +34,7 @@ PREFETCH_BYTES = 2048
 # Q4_K and Q6_K: two cache lines of each row's block this far ahead, as the 32-value blocks' PREFETCH_BYTES. On the
 # 16-core host 2048 read Q4_K from DRAM ~1.3x faster than none, 1024 in between (BENCHMARKS.md, session 15).
 K_PREFETCH_BYTES = 2048
-INLINED_DIGEST = "4ec7f80d4082f9d6"
+INLINED_DIGEST = "0ea482cf2af02dd6"
 
 
 def _nibbles32(context, builder, row_t, row, off):

@@ -11,14 +11,14 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from kernels.cpu.ir import array_data, dot4, dot4_many, fma, i64, ir_loop, ptr, splat, splat_f
+from kernels.cpu.ir import array_data, dot4, dot4_many, fma, i64, ir_loop, ptr, splat, splat_f, tile_rows
 from kernels.cpu.repack import LAYOUTS, ROWS
 from kernels.cpu.types import Q4_0, Q4_1, Q5_0, X8, fast
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "ir", "repack")
-INLINED_DIGEST = "fa4caf0e7ba71d76"
+INLINED_DIGEST = "64a941b07064a497"
 
 OFFSETS = {Q4_0: 8, Q5_0: 16}
 
@@ -100,39 +100,50 @@ def _dot(tid):
 
 
 def _pack(tid):
-    """An intrinsic f(w, g, packed, corrs, scales, mins): group g of the repacked w in the prompt GEMM's tile
-    format (gemm_int8: signed values, -128 * their sums, d, m), from the layout the matvec reads."""
+    """An intrinsic f(w, tile, packed, corrs, scales, mins): rows of the repacked w in the prompt GEMM's tile format
+    (gemm_int8: signed values, -128 * their sums, d, m), from the layout the matvec reads: group tile of 8 rows, or
+    groups 2 tile and 2 tile + 1 where a tile has 16 rows (ir.tile_rows; past the last group it repeats it)."""
     block_bytes, has_min, _ = LAYOUTS[tid]
     offset = OFFSETS.get(tid, 0)
 
     @intrinsic
-    def pack(typingctx, w, g, packed, corrs, scales, mins):
+    def pack(typingctx, w, tile, packed, corrs, scales, mins):
         def codegen(context, builder, sig, args):
-            w_t, g_t, packed_t, corrs_t, scales_t, mins_t = sig.args
-            w, g, packed, corrs, scales, mins = args
+            w_t, tile_t, packed_t, corrs_t, scales_t, mins_t = sig.args
+            w, tile, packed, corrs, scales, mins = args
+            rows = tile_rows(context)
             v8, f8 = ir.VectorType(ir.IntType(32), 8), ir.VectorType(ir.FloatType(), 8)
-            base, n_blocks = _group_base(context, builder, w_t, w, g_t, g, block_bytes)
+            n_groups = builder.extract_value(array_data(context, builder, w_t, w).shape, 0)
+            tile = context.cast(builder, tile, tile_t, types.int64)
+            groups = []  # (base, blocks) of the tile's groups of 8 rows
+            for s in range(rows // ROWS):
+                g = builder.add(builder.mul(tile, i64(rows // ROWS)), i64(s))
+                g = builder.select(builder.icmp_signed("<", g, n_groups), g, builder.sub(n_groups, i64(1)))
+                groups.append(_group_base(context, builder, w_t, w, types.int64, g, block_bytes))
 
             def body(b, _):
-                values, d, m = unpack(context, builder, tid, w_t, w,
-                                      builder.add(base, builder.mul(b, i64(ROWS * block_bytes))))
-                at = builder.mul(b, i64(ROWS))
-                bias = v8([0] * 8)
-                for k, vec in enumerate(values):
-                    vec = builder.sub(vec, splat(builder, offset, 32)) if offset else vec
-                    builder.store(vec, ptr(context, builder, packed_t, packed,
-                                            builder.mul(builder.add(at, i64(k)), i64(32)), vec.type), align=1)
-                    bias = dot4(context, builder, bias, splat(builder, 128, 32), vec)
-                builder.store(builder.sub(v8([0] * 8), bias), ptr(context, builder, corrs_t, corrs, at, v8), align=4)
-                builder.store(d, ptr(context, builder, scales_t, scales, at, f8), align=4)
-                if has_min:
-                    builder.store(m, ptr(context, builder, mins_t, mins, at, f8), align=4)
+                for s, (base, _) in enumerate(groups):  # lanes 8 s..8 s + 7 of the tile's vectors
+                    values, d, m = unpack(context, builder, tid, w_t, w,
+                                          builder.add(base, builder.mul(b, i64(ROWS * block_bytes))))
+                    at = builder.add(builder.mul(b, i64(rows)), i64(ROWS * s))
+                    bias = v8([0] * 8)
+                    for k, vec in enumerate(values):
+                        vec = builder.sub(vec, splat(builder, offset, 32)) if offset else vec
+                        vec_at = builder.add(builder.mul(builder.add(builder.mul(b, i64(8)), i64(k)), i64(4 * rows)),
+                                             i64(4 * ROWS * s))
+                        builder.store(vec, ptr(context, builder, packed_t, packed, vec_at, vec.type), align=1)
+                        bias = dot4(context, builder, bias, splat(builder, 128, 32), vec)
+                    builder.store(builder.sub(v8([0] * 8), bias), ptr(context, builder, corrs_t, corrs, at, v8),
+                                  align=4)
+                    builder.store(d, ptr(context, builder, scales_t, scales, at, f8), align=4)
+                    if has_min:
+                        builder.store(m, ptr(context, builder, mins_t, mins, at, f8), align=4)
                 return []
 
-            ir_loop(builder, n_blocks, [], body)
+            ir_loop(builder, groups[0][1], [], body)
             return context.get_dummy_value()
 
-        return types.void(w, g, packed, corrs, scales, mins), codegen
+        return types.void(w, tile, packed, corrs, scales, mins), codegen
 
     return pack
 

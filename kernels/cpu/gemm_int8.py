@@ -5,8 +5,9 @@ x is quantized per 32 values as for the matvecs, but stored biased, xu = xq + 12
 (vpdpbusd: u8 x s8 summed in fours into int32) takes one operand unsigned and the weights' values are signed;
 for the types of values up to 128 (SIGNED_X_IDS, tile_q8_0) on AVX2 without VNNI it is stored signed, xq, which
 that path's dot of them takes (signed_x).
-A tile of ROWS rows is packed once, into scratch that stays in L1, for all the prompt's tokens, as groups of 32
-values (a block of the 32-value types, a run of a k-quant's 256; Q6_K's scales cover 16 values: two halves):
+A tile of ROWS rows (16 with AVX-512 VNNI, in 512-bit vectors, else 8: ir.tile_rows) is packed once, into scratch
+that stays in L1 or L2, for all the prompt's tokens, as groups of 32 values (a block of the 32-value types, a run of
+a k-quant's 256; Q6_K's scales cover 16 values: two halves):
 - packed: per group, ROWS x 32 signed values as 8 vectors, vector k lane i = values 4k..4k+3 of row i (so a
   broadcast of 4 bytes of one token's x dots all the tile's rows at once: one int32 lane per row);
 - corrs: per group (half) and row, -128 * (sum of its values): the bias of xu taken back, the int32 sums' start;
@@ -32,11 +33,11 @@ from kernels.cpu.types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "ir", "dot_int8", "iq_grid")
-INLINED_DIGEST = "777201bce74caf23"
+INLINED_DIGEST = "5b291b41548ad51e"
 
 # values up to 128 in size: their tile (tile_q8_0) takes x's bytes signed (xq) where signed_x, else biased (xq + 128)
 SIGNED_X_IDS = (Q8_0, IQ4_NL, IQ4_XS)
-ROWS = 8  # rows of a tile: the int32 lanes of a 256-bit vector
+ROWS = cpu_ir.tile_rows(cpu_target.target_context)  # this host's rows of a tile: gemm's scratch and output
 TOKENS = 4  # tokens of the micro-kernel's register tile (4 float + 4 int32 accumulators, 8 weight vectors)
 
 # 32-value block types: type id -> (block bytes, quants at, 5th bits at, offset, minimum at); d (f16) at 0 in each
@@ -191,11 +192,12 @@ def _pack(tid):
             w_t, r0_t, packed_t, corrs_t, scales_t, mins_t, f16_t = sig.args
             w, r0, packed, corrs, scales, mins, f16 = args
             i32, f32 = ir.IntType(32), ir.FloatType()
-            v8, f8 = ir.VectorType(i32, 8), ir.VectorType(f32, 8)
+            rows = cpu_ir.tile_rows(context)
+            v8, vr, fr = ir.VectorType(i32, 8), ir.VectorType(i32, rows), ir.VectorType(f32, rows)
             n_rows = builder.extract_value(array_data(context, builder, w_t, w).shape, 0)
             r0 = context.cast(builder, r0, r0_t, types.int64)
             bases, n_blocks = [], None
-            for i in range(ROWS):
+            for i in range(rows):
                 r = builder.add(r0, i64(i))
                 r = builder.select(builder.icmp_signed("<", r, n_rows), r, builder.sub(n_rows, i64(1)))
                 base, n_blocks = _row_at(context, builder, w_t, w, types.int64, r, block_bytes)
@@ -203,32 +205,33 @@ def _pack(tid):
 
             def body(b, _):
                 for j in range(n_groups):
-                    rows, ds, m = [], [f8(ir.Undefined)] * halves, f8(ir.Undefined)
+                    values_of, ds, m = [], [fr(ir.Undefined)] * halves, fr(ir.Undefined)
                     for i, base in enumerate(bases):
                         o = builder.add(base, builder.mul(b, i64(block_bytes)))
                         values, row_scales, row_min = group(context, builder, w_t, w, o, j, f16_t, f16)
-                        rows.append(builder.bitcast(values, v8))
+                        values_of.append(builder.bitcast(values, v8))
                         ds = [builder.insert_element(d, v, i64(i)) for d, v in zip(ds, row_scales)]
                         if with_min:
                             m = builder.insert_element(m, row_min, i64(i))
-                    while len(rows) > 1:  # ROWS vectors of 8 int32 concatenated: lane 8 i + k = row i's values 4k..
-                        rows = [shuffle(builder, a, c, range(2 * a.type.count)) for a, c in zip(rows[0::2], rows[1::2])]
+                    while len(values_of) > 1:  # the rows' vectors of 8 int32 concatenated: lane 8 i + k = row i's 4k..
+                        values_of = [shuffle(builder, a, c, range(2 * a.type.count))
+                                     for a, c in zip(values_of[0::2], values_of[1::2])]
                     g = builder.add(builder.mul(b, i64(n_groups)), i64(j))
-                    biases = [v8([0] * 8)] * halves
+                    biases = [vr([0] * rows)] * halves
                     for k in range(8):
-                        vec = shuffle(builder, rows[0], None, [ROWS * i + k for i in range(ROWS)])
-                        at = builder.mul(builder.add(builder.mul(g, i64(8)), i64(k)), i64(32))
-                        builder.store(vec, ptr(context, builder, packed_t, packed, at, v8), align=1)
+                        vec = shuffle(builder, values_of[0], None, [8 * i + k for i in range(rows)])
+                        at = builder.mul(builder.add(builder.mul(g, i64(8)), i64(k)), i64(4 * rows))
+                        builder.store(vec, ptr(context, builder, packed_t, packed, at, vr), align=1)
                         h = k * halves // 8
-                        biases[h] = dot4(context, builder, biases[h], splat(builder, 128, 32),
-                                         builder.bitcast(vec, ir.VectorType(ir.IntType(8), 32)))
+                        biases[h] = dot4(context, builder, biases[h], splat(builder, 128, 4 * rows),
+                                         builder.bitcast(vec, ir.VectorType(ir.IntType(8), 4 * rows)))
                     for h in range(halves):
-                        at = builder.mul(builder.add(builder.mul(g, i64(halves)), i64(h)), i64(ROWS))
-                        builder.store(builder.sub(v8([0] * 8), biases[h]), ptr(context, builder, corrs_t, corrs, at,
-                                                                                v8), align=4)
-                        builder.store(ds[h], ptr(context, builder, scales_t, scales, at, f8), align=4)
+                        at = builder.mul(builder.add(builder.mul(g, i64(halves)), i64(h)), i64(rows))
+                        builder.store(builder.sub(vr([0] * rows), biases[h]), ptr(context, builder, corrs_t, corrs, at,
+                                                                                  vr), align=4)
+                        builder.store(ds[h], ptr(context, builder, scales_t, scales, at, fr), align=4)
                     if with_min:
-                        builder.store(m, ptr(context, builder, mins_t, mins, builder.mul(g, i64(ROWS)), f8), align=4)
+                        builder.store(m, ptr(context, builder, mins_t, mins, builder.mul(g, i64(rows)), fr), align=4)
                 return []
 
             ir_loop(builder, n_blocks, [], body)
@@ -281,49 +284,51 @@ def _tile(with_min, halves=1, max_abs=128):
             packed_t, corrs_t, scales_t, mins_t, xu_t, xd_t, xds_t, t0_t, y_t = sig.args
             packed, corrs, scales, mins, xu, xd, xds, t0, y = args
             i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
-            v8, f8, b32 = ir.VectorType(i32, 8), ir.VectorType(f32, 8), ir.VectorType(i8, 32)
             # through the module, as ir's own helpers look them up: a test's patch of the path reaches this
-            signed_dots = max_abs == 128 and signed_x(context)
+            rows = cpu_ir.tile_rows(context)
+            vr, fr, br = ir.VectorType(i32, rows), ir.VectorType(f32, rows), ir.VectorType(i8, 4 * rows)
+            signed_dots = max_abs == 128 and signed_x(context)  # AVX2 without VNNI: rows is 8
             n_groups = builder.extract_value(array_data(context, builder, xd_t, xd).shape, 1)
             t0 = context.cast(builder, t0, t0_t, types.int64)
             rows_of = [builder.mul(builder.add(t0, i64(j)), n_groups) for j in range(TOKENS)]  # flat xd index of g 0
 
             def body(g, accs):
-                at = [builder.mul(builder.add(builder.mul(g, i64(halves)), i64(h)), i64(ROWS)) for h in range(halves)]
-                corr = [builder.load(ptr(context, builder, corrs_t, corrs, a, v8), align=4) for a in at]
-                d = [builder.load(ptr(context, builder, scales_t, scales, a, f8), align=4) for a in at]
+                at = [builder.mul(builder.add(builder.mul(g, i64(halves)), i64(h)), i64(rows)) for h in range(halves)]
+                corr = [builder.load(ptr(context, builder, corrs_t, corrs, a, vr), align=4) for a in at]
+                d = [builder.load(ptr(context, builder, scales_t, scales, a, fr), align=4) for a in at]
                 if with_min:
-                    m = builder.load(ptr(context, builder, mins_t, mins, builder.mul(g, i64(ROWS)), f8), align=4)
+                    m = builder.load(ptr(context, builder, mins_t, mins, builder.mul(g, i64(rows)), fr), align=4)
                 xg = [builder.add(rows_of[j], g) for j in range(TOKENS)]  # token j's group g in xd, xds; 32 xg: xu
                 if signed_dots:
                     sums = _signed_sums(context, builder, packed_t, packed, xu_t, xu, g, xg)
                 else:
                     weights = [builder.load(ptr(context, builder, packed_t, packed, builder.mul(builder.add(
-                        builder.mul(g, i64(8)), i64(k)), i64(32)), b32), align=1) for k in range(8)]
+                        builder.mul(g, i64(8)), i64(k)), i64(4 * rows)), br), align=1) for k in range(8)]
                     sums = []
                     for j in range(TOKENS):  # a splat of 4 bytes of x as one int32: against every row's 4 values k
                         x4 = [builder.load(ptr(context, builder, xu_t, xu, builder.add(builder.mul(xg[j], i64(32)),
                                                                                        i64(4 * k)), i32), align=1)
                               for k in range(8)]
-                        operands = [(builder.bitcast(splat(builder, x4[k], 8, 32), b32), weights[k]) for k in range(8)]
+                        operands = [(builder.bitcast(splat(builder, x4[k], rows, 32), br), weights[k])
+                                    for k in range(8)]
                         sums.append([dot4_many(context, builder, corr[h], operands[8 * h // halves:8 * (h + 1) //
                                                                                    halves], 255 * max_abs)
                                      for h in range(halves)])
                 new = []
                 for j, acc in enumerate(accs):
                     xd_g = splat_f(builder, builder.load(builder.gep(array_data(context, builder, xd_t, xd).data,
-                                                                     [xg[j]])), 8)
+                                                                     [xg[j]])), rows)
                     for h in range(halves):
-                        acc = fma(builder, builder.sitofp(sums[j][h], f8), builder.fmul(d[h], xd_g), acc)
+                        acc = fma(builder, builder.sitofp(sums[j][h], fr), builder.fmul(d[h], xd_g), acc)
                     if with_min:
                         xs = builder.load(builder.gep(array_data(context, builder, xds_t, xds).data, [xg[j]]))
-                        acc = fma(builder, m, splat_f(builder, xs, 8), acc)
+                        acc = fma(builder, m, splat_f(builder, xs, rows), acc)
                     new.append(acc)
                 return new
 
-            totals = ir_loop(builder, n_groups, [f8([0.0] * 8)] * TOKENS, body)
+            totals = ir_loop(builder, n_groups, [fr([0.0] * rows)] * TOKENS, body)
             for j, total in enumerate(totals):
-                builder.store(total, ptr(context, builder, y_t, y, i64(j * ROWS), f8), align=4)
+                builder.store(total, ptr(context, builder, y_t, y, i64(j * rows), fr), align=4)
             return context.get_dummy_value()
 
         return types.void(packed, corrs, scales, mins, xu, xd, xds, t0, y), codegen

@@ -12,7 +12,7 @@ from models.iq_grids import GRIDS, KSIGNS
 
 # numba's cache keys the kernels that inline this on their own files: kernels/cpu/cache.py (INLINED, INLINED_DIGEST)
 INLINED = ("types", "ir", "models.iq_grids")
-INLINED_DIGEST = "2d89cf77374b24b1"
+INLINED_DIGEST = "975f63b2336d0a01"
 
 
 # ggml's keven_signs_q2xs: KSIGNS[i]'s 8 sign bits as 8 bytes, 0xFF (minus) or 1, for psignb; as int64 words

@@ -364,7 +364,7 @@ def _packed_tile(pack, tile, f16_table: bool):
             pack(w, 0, packed, corrs, scales, mins)
 
     @nb.njit
-    def packed_tile(w, xu, xd, xds):
+    def packed_tile(w, xu, xd, xds):  # scratch of the host's rows, as many as any path's (cpu_ir.tile_rows)
         n = xd.shape[1] * cpu_gemm_int8.ROWS
         packed, corrs = np.empty(n * 32, np.uint8), np.empty(2 * n, np.int32)
         scales, mins = np.empty(2 * n, np.float32), np.empty(n, np.float32)
@@ -378,15 +378,16 @@ def _packed_tile(pack, tile, f16_table: bool):
 @pytest.mark.parametrize("n_tokens", [1, 3, 9, 64])
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_repacked_matmul_matches_dequantized_reference(name, n_tokens):
-    """A weight repacked eight rows at a time (201 rows: a last group of one row) through the matvec (few tokens)
+    """A weight repacked eight rows at a time (193 rows: 25 groups, the last of one row, so a GEMM tile of 16 rows
+    repeats it for a group past the end) through the matvec (few tokens)
     and the GEMM: x8 @ W.T as the row layout's kernels, to float32 rounding."""
     from kernels.cpu.repack import repack
     qtype = TYPES_BY_NAME[name]
-    w = random_weight(name, 201, 512, seed=n_tokens)
+    w = random_weight(name, 193, 512, seed=n_tokens)
     x = np.random.default_rng(1).standard_normal((n_tokens, 512), np.float32)
     want, bound = expected(w, name, x)
     got = quantized_matmul(repack(w, qtype.id), qtype, x)
-    assert got.shape == (n_tokens, 201) and np.all(np.abs(got - want) <= bound)
+    assert got.shape == (n_tokens, 193) and np.all(np.abs(got - want) <= bound)
     assert quantized_matmuls([repack(w, qtype.id), w], [qtype] * 2, x)[0].tolist() == got.tolist()
 
 
@@ -485,9 +486,10 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
     from kernels.cpu.dot_x8 import pack_x8_q4_1, pack_x8_q5_0
     from kernels.cpu.gemm import quantize_biased
     from kernels.cpu.repack import repack
+    from numba.core.registry import cpu_target
     base = name.removeprefix("X8_")
     qtype = TYPES_BY_NAME[base]
-    w = random_weight(base, cpu_gemm_int8.ROWS, 2048)
+    w = random_weight(base, 11, 2048)  # more rows than a tile of 8, fewer than one of 16: it repeats the last
     x = np.random.default_rng(5).standard_normal((cpu_gemm_int8.TOKENS, 2048), np.float32) * 3
     xu = np.empty(x.shape, np.uint8)
     quantize_biased(x, xu, np.empty((len(x), 64), np.float32), np.empty((len(x), 64), np.float32), 32, 128)
@@ -515,19 +517,21 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
         monkeypatch.setattr(cpu_ir, "simd", lambda context, simd=simd: simd)
         monkeypatch.setattr(cpu_ir, "vnni", lambda context, has_vnni=has_vnni: has_vnni)
         packed_tile = _packed_tile(pack, tile, f16_table=not name.startswith("X8_"))  # compiled anew a path
+        rows = cpu_ir.tile_rows(cpu_target.target_context)  # 16 in 512-bit vectors with VNNI, else 8
         for weight, case_xu in cases:
             xq = case_xu.reshape(len(x), 64, 32).astype(np.int64) - 128
             xds = (xd * xq.sum(-1)).astype(np.float32)
             data = repack(weight, qtype.id).data if name.startswith("X8_") else weight
             signed = GEMM_TILES[base] == "tile_q8_0" and simd != "" and not has_vnni  # cpu_gemm_int8.signed_x
             x_bytes = case_xu ^ 0x80 if signed else case_xu  # it takes xq's bytes
-            got = packed_tile(data, x_bytes, xd, xds).reshape(cpu_gemm_int8.TOKENS, cpu_gemm_int8.ROWS)
+            got = packed_tile(data, x_bytes, xd, xds)[:cpu_gemm_int8.TOKENS * rows].reshape(-1, rows)
             x8 = (xq * xd[:, :, None].astype(np.float64)).reshape(x.shape)
-            W = reference(weight, base).astype(np.float64)
+            W = reference(weight, base).astype(np.float64)[np.minimum(np.arange(rows), len(weight) - 1)]
             bound = 1e-5 * (np.abs(x8) @ np.abs(W).T)
             assert np.all(np.abs(got - x8 @ W.T) <= bound), (simd, has_vnni, hex(weight[0, -1]), case_xu[0, 0])
         llvm_ir = next(iter(packed_tile.inspect_llvm().values()))
         assert ("vpdpbusd" in llvm_ir) == has_vnni
+        assert ("vpdpbusd.512" in llvm_ir) == (rows == 16) == (simd == "avx512bw" and has_vnni)
         assert ("llvm.x86.avx2.pmadd.ub.sw" in llvm_ir) == (simd != "" and not has_vnni)
         grid = base.startswith(("IQ3", "IQ2", "IQ1"))
         signs = (not has_vnni and GEMM_TILES[base] == "tile_q8_0") or grid  # the tile's psignb, or the pack's
