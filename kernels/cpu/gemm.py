@@ -9,11 +9,11 @@ import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kernels.cpu.dot_x8 import pack_x8_q4_0, pack_x8_q4_1, pack_x8_q5_0, pack_x8_q5_1  # noqa: E402
-from kernels.cpu.gemm_int8 import (GRID_IDS, HALVES_IDS, ROWS, SIGNED_X_IDS, TOKENS, pack_iq1_m,  # noqa: E402
-                                   pack_iq1_s, pack_iq2_s, pack_iq2_xs, pack_iq2_xxs, pack_iq3_s, pack_iq3_xxs,
+from kernels.cpu.gemm_int8 import (GRID_IDS, HALVES_IDS, ROWS, SIGNED_X_IDS, TOKENS, amax32,  # noqa: E402
+                                   pack_iq1_m, pack_iq1_s, pack_iq2_s, pack_iq2_xs, pack_iq2_xxs, pack_iq3_s, pack_iq3_xxs,
                                    pack_iq4_nl, pack_iq4_xs, pack_mxfp4, pack_q4_0, pack_q4_1, pack_q4_k, pack_q5_0,
-                                   pack_q5_1, pack_q6_k, pack_q8_0, tile_grid, tile_grid_halves, tile_halves,
-                                   tile_no_min, tile_q8_0, tile_with_min)
+                                   pack_q5_1, pack_q6_k, pack_q8_0, quantize32, tile_grid, tile_grid_halves,
+                                   tile_halves, tile_no_min, tile_q8_0, tile_with_min)
 from kernels.cpu.claim import claim, counters  # noqa: E402
 from kernels.cpu.types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4,  # noqa: E402
                                Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, X8, fast)
@@ -21,7 +21,7 @@ from kernels.cpu.types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "gemm_int8", "dot_x8")
-INLINED_DIGEST = "2b49f40c5492928c"
+INLINED_DIGEST = "ca8cd20e7fdb1a63"
 
 
 def padded_tokens(n_tokens: int) -> int:
@@ -42,15 +42,16 @@ def quantize_biased(x, xu, xd, xds, block, bias):
         for b0 in range(0, xd.shape[1], per):
             amax = np.float32(0)
             if t < n_tokens:
-                for l in range(32 * b0, 32 * (b0 + per)):
-                    amax = max(amax, abs(x[t, l]))
+                for b in range(b0, b0 + per):
+                    amax = max(amax, amax32(x, t, 32 * b))
             inv = np.float32(127) / amax if amax > 0 else np.float32(0)
             for b in range(b0, b0 + per):
-                s = 0
-                for l in range(32):
-                    q = np.int32(np.rint(x[t, 32 * b + l] * inv)) if t < n_tokens else np.int32(0)
-                    xu[t, 32 * b + l] = np.uint8((q + bias) & 0xFF)
-                    s += q
+                if t < n_tokens:
+                    s = quantize32(x, t, 32 * b, inv, bias, xu)
+                else:
+                    s = 0
+                    for l in range(32 * b, 32 * b + 32):
+                        xu[t, l] = np.uint8(bias)
                 xd[t, b] = amax / np.float32(127)
                 xds[t, b] = xd[t, b] * np.float32(s)
 

@@ -228,6 +228,31 @@ def test_matvecs_of_one_to_four_matrices_share_one_compiled_kernel():
     assert {len(sig[0]) for sig in matvecs_int8.signatures} <= set(cpu_quant.MATVEC_ARITIES)
 
 
+@pytest.mark.parametrize("block,bias", [(32, 128), (256, 128), (32, 0)])
+def test_quantize_biased_is_x_rounded_to_its_scale(block, bias):
+    """The GEMM's x: per block amax / 127 as xd, xq = x / xd rounded half to even (values at .5 ties placed), its
+    bytes + bias, xds = xd * the sum of xq a 32; the padded rows zeros (xq 0). Planted: rounding half away from zero
+    fails the ties."""
+    from kernels.cpu.gemm import quantize_biased
+    rng = np.random.default_rng(block + bias)
+    x = rng.standard_normal((5, 512)).astype(np.float32)
+    x[:, 0] = 127.0  # amax of every first block: 1 a step, so these land on .5 ties
+    x[:, 1:9] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5]
+    xu, xd, xds = np.empty((8, 512), np.uint8), np.empty((8, 16), np.float32), np.empty((8, 16), np.float32)
+    quantize_biased(x, xu, xd, xds, block, bias)
+    amax = np.abs(x).reshape(5, -1, block).max(-1)
+    want_d = np.repeat(amax / np.float32(127), block // 32, axis=1).astype(np.float32)
+    inv = np.repeat(np.float32(127) / amax, block, axis=1).astype(np.float32)
+    xq = np.rint(x * inv).astype(np.int32)
+    got = (xu[:5].astype(np.int32) - bias + 128) % 256 - 128
+    # fastmath divides by multiplying with reciprocals: xd within an ulp, a near-tie of another scale may round apart
+    np.testing.assert_allclose(xd[:5], want_d, rtol=2.5e-7)
+    assert np.abs(got - xq).max() <= 1 and (got != xq).mean() < 1e-3
+    np.testing.assert_array_equal(got[:, 1:9], [[0, 2, 2, 0, -2, -2, 126, -126]] * 5)
+    np.testing.assert_allclose(xds[:5], xd[:5] * got.reshape(5, 16, 32).sum(-1), rtol=1e-6)
+    assert (xu[5:] == bias).all() and (xd[5:] == 0).all() and (xds[5:] == 0).all()
+
+
 @pytest.mark.parametrize("n_workers", [1, 3, 16])
 def test_claimed_gemm_tiles_each_run_once_whatever_the_workers(n_workers):
     """gemm_int8's workers claim tiles of ROWS rows until none are left: one worker, fewer or more workers than
