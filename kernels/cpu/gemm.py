@@ -10,10 +10,10 @@ import numpy as np  # noqa: E402
 
 from kernels.cpu.dot_x8 import pack_x8_q4_0, pack_x8_q4_1, pack_x8_q5_0, pack_x8_q5_1  # noqa: E402
 from kernels.cpu.gemm_int8 import (GRID_IDS, HALVES_IDS, ROWS, SIGNED_X_IDS, TOKENS, amax32,  # noqa: E402
-                                   pack_iq1_m, pack_iq1_s, pack_iq2_s, pack_iq2_xs, pack_iq2_xxs, pack_iq3_s, pack_iq3_xxs,
-                                   pack_iq4_nl, pack_iq4_xs, pack_mxfp4, pack_q4_0, pack_q4_1, pack_q4_k, pack_q5_0,
-                                   pack_q5_1, pack_q6_k, pack_q8_0, quantize32, tile_grid, tile_grid_halves,
-                                   tile_halves, tile_no_min, tile_q8_0, tile_with_min)
+                                   pack_iq1_m, pack_iq1_s, pack_iq2_s, pack_iq2_xs, pack_iq2_xxs, pack_iq3_s,
+                                   pack_iq3_xxs, pack_iq4_nl, pack_iq4_xs, pack_mxfp4, pack_q4_0, pack_q4_1,
+                                   pack_q4_k, pack_q5_0, pack_q5_1, pack_q6_k, pack_q8_0, quantize32, tile_grid,
+                                   tile_grid_halves, tile_halves, tile_no_min, tile_q8_0, tile_with_min)
 from kernels.cpu.claim import claim, counters  # noqa: E402
 from kernels.cpu.types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4,  # noqa: E402
                                Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, X8, fast)
