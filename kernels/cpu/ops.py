@@ -1,8 +1,8 @@
 """The non-matmul ops of a transformer on the CPU, over float32 numpy arrays (no model knowledge).
 
 Small fused numba loops: during generation each op works on a few hundred numbers, where numpy's
-per-call overhead (a dozen temporaries per op) would cost more than the arithmetic. Prompt-sized
-attention goes through numpy BLAS instead.
+per-call overhead (a dozen temporaries per op) would cost more than the arithmetic. A prompt's attention runs
+in one numba region where it is small, in numpy BLAS beyond.
 """
 import math
 
@@ -16,6 +16,12 @@ import kernels.cpu.types  # noqa: F401  (numba's cache saves serialized: kernels
 
 _jit = nb.njit(cache=True, nogil=True)
 ATTENTION_LOOP_MAX_TOKENS = 4  # up to this many queries the loop kernel beats BLAS
+# Up to this many query-key pairs a head (queries x keys from the first any of them sees) a prompt's attention runs
+# in one numba region (_attention_blocks), beyond it in BLAS. 2-core AVX-512 VM, BLAS path / blocks, ms: 128 x 128
+# (16 heads, hd 64) 1.64 / 0.73; 256 x 256 (32 heads, hd 128) 12.8 / 8.8; 128 queries after 128 cached 1.22 / 1.93;
+# 512 x 512 6.7 / 9.8. In the engine BLAS does worse than alone: its threads wait on numba's spinning ones.
+ATTENTION_BLOCKS_MAX_PAIRS = 1 << 16
+ATTENTION_QUERY_BLOCK = 16  # queries of a block: they share one copy of their keys, transposed
 # From this many multiply-adds (queries x heads x keys x head dim) the loop runs on all cores. Measured on 2
 # cores: 32 heads x 64 keys x 128 dims 0.065 -> 0.042 ms, SmolLM2's 9 heads x 128 keys x 64 0.024 -> 0.017 ms;
 # below ~64k the wake-up of the threads is most of it (SmolLM2 lost 15% a token with every step parallel).
@@ -225,16 +231,70 @@ def _causal_softmax(scores, n, pos0, start, window, scale, sinks):
         p = pos0 + r % n
         lo = max(start, p - window + 1) if window > 0 else start
         row = scores[r]
-        best = sinks[r // n] if sinks.size else -np.inf
-        for j in range(lo - start, p + 1 - start):
-            row[j] *= scale
-            best = max(best, row[j])
+        seen = row[lo - start:p + 1 - start]  # loops from 0: numba's wraparound of negative indices kept them scalar
+        best = sinks[r // n] if sinks.size else np.float32(-np.inf)
+        for j in range(seen.shape[0]):
+            seen[j] *= scale
+            best = max(best, seen[j])
         total = exp_f32(sinks[r // n] - best) if sinks.size else np.float32(0.0)
-        for j in range(lo - start, p + 1 - start):
-            row[j] = exp_f32(row[j] - best)
-            total += row[j]
+        for j in range(seen.shape[0]):
+            seen[j] = exp_f32(seen[j] - best)
+            total += seen[j]
+        inv = np.float32(1.0) / total
         for j in range(row.shape[0]):
-            row[j] = row[j] / total if lo - start <= j <= p - start else np.float32(0.0)
+            row[j] = row[j] * inv if lo - start <= j <= p - start else np.float32(0.0)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def _attention_blocks(q, k, v, pos0, start, window, scale, sinks, ring, out):
+    """out [n, n_heads, vd] of a prompt's queries q [n, n_heads, hd] at positions pos0.. (see attention): a task a
+    KV head and block of ATTENTION_QUERY_BLOCK queries, on all cores. A task copies the keys its queries see, K
+    transposed (a query's scores then add one row of K^T a dimension: vector loops over the keys, where a dot a key
+    ends in a horizontal sum) and V, then runs each query of each head of its group: scores, softmax, values."""
+    n, n_heads, hd = q.shape
+    n_kv, vd = k.shape[0], v.shape[2]
+    group, n_blocks = n_heads // n_kv, (n + ATTENTION_QUERY_BLOCK - 1) // ATTENTION_QUERY_BLOCK
+    for task in nb.prange(n_kv * n_blocks):
+        kv, i0 = task // n_blocks, task % n_blocks * ATTENTION_QUERY_BLOCK
+        i1 = min(n, i0 + ATTENTION_QUERY_BLOCK)
+        lo = max(start, pos0 + i0 - window + 1) if window > 0 else start  # the first key a query here sees
+        n_keys = pos0 + i1 - lo
+        kt, values = np.empty((hd, n_keys), np.float32), np.empty((n_keys, vd), np.float32)
+        for j in range(n_keys):
+            row = (lo + j) % ring if ring else lo + j
+            for d in range(hd):
+                kt[d, j] = k[kv, row, d]
+            for d in range(vd):
+                values[j, d] = v[kv, row, d]
+        scores, acc = np.empty(n_keys, np.float32), np.empty(vd, np.float32)
+        for h in range(kv * group, (kv + 1) * group):
+            for i in range(i0, i1):
+                p = pos0 + i
+                first = (max(start, p - window + 1) if window > 0 else start) - lo
+                # slices, so the loops count from 0: numba's wraparound of a maybe-negative index kept them scalar
+                seen = scores[first:p + 1 - lo]
+                for j in range(seen.shape[0]):  # loops, not slice assignments (numba compiles those ~5 s longer)
+                    seen[j] = 0.0
+                for d in range(hd):
+                    qd, keys = q[i, h, d] * scale, kt[d, first:p + 1 - lo]
+                    for j in range(seen.shape[0]):
+                        seen[j] += qd * keys[j]
+                best = sinks[h] if sinks.size else np.float32(-np.inf)
+                for j in range(seen.shape[0]):
+                    best = max(best, seen[j])
+                total = exp_f32(sinks[h] - best) if sinks.size else np.float32(0.0)
+                for j in range(seen.shape[0]):
+                    seen[j] = exp_f32(seen[j] - best)
+                    total += seen[j]
+                for d in range(vd):
+                    acc[d] = 0.0
+                for j in range(seen.shape[0]):
+                    w, value = seen[j], values[first + j]
+                    for d in range(vd):
+                        acc[d] += w * value[d]
+                inv = np.float32(1.0) / total
+                for d in range(vd):
+                    out[i, h, d] = acc[d] * inv
 
 
 NO_SINKS = np.zeros(0, np.float32)
@@ -258,12 +318,13 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, window: in
         sinks = NO_SINKS
     elif sinks.shape != (n_heads,) or sinks.dtype != np.float32:
         raise ValueError(f"sinks must be float32 [{n_heads}], got {sinks.dtype} {sinks.shape}")
-    if n <= ATTENTION_LOOP_MAX_TOKENS:
+    if n <= ATTENTION_LOOP_MAX_TOKENS or n * (T - start) <= ATTENTION_BLOCKS_MAX_PAIRS:
         out = np.empty((n, n_heads, vd), np.float32)
         work = n * n_heads * (T - start) * hd
-        loop = _attention_loop_parallel if work >= ATTENTION_PARALLEL_WORK else _attention_loop
-        loop(np.ascontiguousarray(q, np.float32), k, v, pos0, start, window, np.float32(scale), sinks,
-             k.shape[1] if ring else 0, out)
+        kernel = (_attention_blocks if n > ATTENTION_LOOP_MAX_TOKENS else
+                  _attention_loop_parallel if work >= ATTENTION_PARALLEL_WORK else _attention_loop)
+        kernel(np.ascontiguousarray(q, np.float32), k, v, pos0, start, window, np.float32(scale), sinks,
+               k.shape[1] if ring else 0, out)
         return out.reshape(n, n_heads * vd)
     group = n_heads // n_kv
     if ring:  # the keys start..T-1 in order, gathered from the ring's rows

@@ -26,10 +26,14 @@ def reference_attention(q, k, v, pos0, window, scale, sinks=None):
 
 
 @pytest.mark.parametrize("parallel", [False, True])
-@pytest.mark.parametrize("pos0,n,window", [(0, 7, 0), (5, 3, 0), (0, 9, 4), (6, 4, 3), (10, 1, 5)])
+@pytest.mark.parametrize("pos0,n,window", [(0, 7, 0), (5, 3, 0), (0, 9, 4), (6, 4, 3), (10, 1, 5), (3, 37, 0),
+                                           (40, 21, 9)])
 def test_attention_causal_gqa_and_window(pos0, n, window, parallel, monkeypatch):
-    # the decode loop runs serially on a small model, on all cores on a big one: both must agree
+    """Every path against the reference: up to 4 queries the decode loop, serially on a small model, on all cores on
+    a big one (parallel); more queries in blocks of 16 (_attention_blocks, a last block short) or, past
+    ATTENTION_BLOCKS_MAX_PAIRS, BLAS (parallel here: the whole prompt through BLAS)."""
     monkeypatch.setattr(cpu_ops, "ATTENTION_PARALLEL_WORK", 0 if parallel else 1 << 62)
+    monkeypatch.setattr(cpu_ops, "ATTENTION_BLOCKS_MAX_PAIRS", 0 if parallel else 1 << 62)
     rng = np.random.default_rng(pos0 * 100 + n)
     n_heads, n_kv, hd, vd = 6, 2, 8, 5
     q = rng.standard_normal((n, n_heads, hd)).astype(np.float32)
@@ -185,10 +189,13 @@ def test_rope_kv_store_refuses_what_does_not_fit():
         cpu_ops.rope_kv_store(q, np.zeros((1, 3, 8), np.float32), v, cos, sin, "normal", *caches, 0)
 
 
-@pytest.mark.parametrize("pos0,n", [(30, 1), (30, 3), (27, 9)])  # the loop kernel and BLAS, past the ring's end
-def test_attention_over_a_ring_is_attention_over_the_whole_cache(pos0, n):
+@pytest.mark.parametrize("blas", [False, True])
+@pytest.mark.parametrize("pos0,n", [(30, 1), (30, 3), (27, 9)])  # the loop kernel and a prompt's, past the ring's end
+def test_attention_over_a_ring_is_attention_over_the_whole_cache(pos0, n, blas, monkeypatch):
     """A sliding window's ring (rope_kv_store's: position p in row p % rows) gives what the cache of every position
-    gives, where its rows hold the window before the first query and the new positions."""
+    gives, where its rows hold the window before the first query and the new positions (a prompt's queries in
+    blocks, or in BLAS)."""
+    monkeypatch.setattr(cpu_ops, "ATTENTION_BLOCKS_MAX_PAIRS", 0 if blas else 1 << 62)
     rng = np.random.default_rng(pos0 + n)
     n_heads, n_kv, hd, window, rows = 4, 2, 8, 6, 16
     q = rng.standard_normal((n, n_heads, hd)).astype(np.float32)
