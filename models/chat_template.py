@@ -198,6 +198,8 @@ class ChatTemplate:
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **variables) -> str:
         """messages: [{"role": "system"|"user"|"assistant", "content": str}, ...]. variables: extra names the
         template may use (tools, documents...)."""
+        if reads_tool_responses(self.source):
+            messages = gemma4_tool_responses(messages)
         context = dict(messages=messages, bos_token=self.bos_token, eos_token=self.eos_token,
                        add_generation_prompt=add_generation_prompt, **variables)
         chunks, size = [], 0
@@ -226,6 +228,52 @@ class ChatTemplate:
             # then opens no reply: llama.cpp's gemma4 handler opens it (common_chat_params_init_gemma4)
             text += GEMMA4_TURN[0]
         return text
+
+
+def reads_tool_responses(source: str) -> bool:
+    """Whether a template is one of Gemma 4's first ones, which take a tool's results from the model turn that
+    called it (tool_responses) and render a message of role tool as a turn of its own: its tool calls written
+    ('<|tool_call>call:'), but not the OpenAI-style messages of the templates after them. llama.cpp tells them
+    apart the same way (common/chat.cpp)."""
+    return "'<|tool_call>call:'" in source and "{#- OpenAI Chat Completions:" not in source
+
+
+def gemma4_tool_responses(messages: list[dict]) -> list[dict]:
+    """messages with each assistant message that calls tools, the tool messages after it and a final assistant
+    message of text alone made one assistant message: its tool_calls, tool_responses ({"name": the call's function,
+    or the result's tool_call_id, "response": the result, parsed where it is JSON}), content and reasoning_content,
+    as llama.cpp's convert_tool_responses_gemma4 gives Gemma 4's first templates (common/parsers/gemma4.cpp)."""
+    out, i = [], 0
+    while i < len(messages):
+        m = messages[i]
+        if m.get("role") != "assistant" or not isinstance(m.get("tool_calls"), list) or not m["tool_calls"]:
+            out.append(m)
+            i += 1
+            continue
+        turn = {"role": "assistant", "tool_calls": list(m["tool_calls"])}
+        if isinstance(m.get("reasoning_content"), str):
+            turn["reasoning_content"] = m["reasoning_content"]
+        responses, i = [], i + 1
+        while i < len(messages) and messages[i].get("role") == "tool":
+            result = messages[i]
+            response = result.get("content")
+            if isinstance(response, str):
+                try:
+                    response = json.loads(response)
+                except ValueError:
+                    pass
+            call = turn["tool_calls"][len(responses)] if len(responses) < len(turn["tool_calls"]) else {}
+            name = (call.get("function") or {}).get("name") or result.get("tool_call_id") or ""
+            responses.append({"name": name, "response": response})
+            i += 1
+        if responses:
+            turn["tool_responses"] = responses
+        if i < len(messages) and messages[i].get("role") == "assistant" and not messages[i].get("tool_calls") \
+                and messages[i].get("content"):
+            turn["content"] = messages[i]["content"]
+            i += 1
+        out.append(turn)
+    return out
 
 
 def speaks_harmony(source: str) -> bool:

@@ -218,3 +218,37 @@ def test_gemma4_reply_after_tool_results_as_llama_cpp(text):
            '<|"|>{"r":"ok"}<|"|>}<tool_response|>' in opened
     assert opened.endswith("Let me check.<turn|>\n<|turn>model\n" if text else "<tool_response|>")
     assert not template.render(messages, add_generation_prompt=False, tools=tools).endswith("<|turn>model\n")
+
+
+GEMMA4_CALL = {"id": "c0", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+
+
+@pytest.mark.parametrize("messages,rendered", [
+    ([{"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": "", "tool_calls": [GEMMA4_CALL]},
+      {"role": "tool", "tool_call_id": "c0", "content": '{"temp": 21, "unit": "C"}'}],
+     "<bos><|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}"
+     "<tool_call|><|tool_response>response:get_weather{temp:21,unit:<|\"|>C<|\"|>}<tool_response|>"
+     "<|channel>thought\n<channel|>"),
+    ([{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "tool_calls": [GEMMA4_CALL]},
+      {"role": "tool", "tool_call_id": "c0", "content": "sunny"},
+      {"role": "tool", "tool_call_id": "c9", "content": "[1]"},
+      {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Thanks"}],
+     "<bos><|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}"
+     "<tool_call|><|tool_response>response:get_weather{value:<|\"|>sunny<|\"|>}<tool_response|><|tool_response>"
+     "response:c9{value:[1]}<tool_response|>Sunny.<turn|>\n<|turn>user\nThanks<turn|>\n<|turn>model\n"
+     "<|channel>thought\n<channel|>"),
+])
+def test_gemma4_first_template_reads_tool_results_from_the_model_turn(messages, rendered):
+    """Gemma 4's first template (llama.cpp's models/templates/gemma4.jinja, copied here) takes a tool's results from
+    the model turn that called it (tool_responses), as llama.cpp's convert_tool_responses_gemma4 hands them to it: the
+    call, its results (parsed where JSON; named by their call, else by tool_call_id) and the reply that follows in
+    one turn; after results alone the reply goes on in that turn. The template after it (google-gemma-4-31B-it)
+    reads role tool messages itself and gets them as they are. Planted: without the conversion the results render as
+    a turn of role tool and these fail."""
+    from pathlib import Path
+    first = (Path(__file__).parent / "templates" / "gemma4.jinja").read_text()
+    assert chat_template.reads_tool_responses(first)
+    assert not chat_template.reads_tool_responses(
+        (Path(__file__).parent / "templates" / "google-gemma-4-31B-it.jinja").read_text())
+    assert ChatTemplate(first, "<bos>", "<turn|>").render(messages) == rendered
