@@ -561,13 +561,14 @@ def _to_stderr(message: str) -> None:
 
 
 def plan_gpu(gguf, config: ModelConfig, n_ctx: int | None, gpu_layers, vram_budget: int | None,
-             free: int, cpu_moe="auto") -> Placement:
+             free: int, cpu_moe="auto", mtp: bool = False) -> Placement:
     """Where the layers go on a GPU with free bytes of VRAM (what load() decides; info --plan shows it).
     Without a --ctx, a context too large for every layer to fit shrinks (halving, not below 4096) before layers
-    leave the GPU: a fast reply matters more than a context the conversation may never fill."""
+    leave the GPU: a fast reply matters more than a context the conversation may never fill. mtp: the MTP block
+    runs beside them (plan_placement)."""
     ctx = n_ctx if n_ctx is not None else _default_ctx(config, gguf.file_size)
     try:
-        plan = plan_placement(gguf.tensors, config, ctx, free, gpu_layers, vram_budget, cpu_moe)
+        plan = plan_placement(gguf.tensors, config, ctx, free, gpu_layers, vram_budget, cpu_moe, mtp)
     except VramBudgetError:
         if vram_budget is not None or gpu_layers != "auto":
             raise  # asked for: say why it cannot be
@@ -575,7 +576,7 @@ def plan_gpu(gguf, config: ModelConfig, n_ctx: int | None, gpu_layers, vram_budg
     while (n_ctx is None and gpu_layers == "auto" and ctx > 4096
            and (plan.n_gpu_layers < config.n_layers or (cpu_moe == "auto" and plan.cpu_expert_layers))):
         ctx = max(4096, ctx // 2)
-        plan = plan_placement(gguf.tensors, config, ctx, free, gpu_layers, vram_budget, cpu_moe)
+        plan = plan_placement(gguf.tensors, config, ctx, free, gpu_layers, vram_budget, cpu_moe, mtp)
     return plan
 
 
@@ -619,7 +620,9 @@ def load(model, device: str = "auto", gpu_layers="auto", ctx: int | None = None,
         n_ctx = ctx if ctx is not None else _default_ctx(config, gguf.file_size)
         placement = all_on_cpu(config.n_layers, n_ctx, reason)
     else:
-        placement = plan_gpu(gguf, config, ctx, gpu_layers, vram_budget, free_vram(), cpu_moe)
+        # --spec mtp on the GPU: the block's VRAM set aside (auto runs the block on the CPU engine only)
+        mtp = spec == "mtp" and config.n_nextn_layers > 0
+        placement = plan_gpu(gguf, config, ctx, gpu_layers, vram_budget, free_vram(), cpu_moe, mtp)
     engine = Engine(path, config, weights, tokenizer, gguf, placement.n_ctx, placement, cuda_graph, notify, gpu_share)
     engine.speculation = _speculation(engine, spec, spec_k, draft, progress)
     return engine

@@ -75,7 +75,7 @@ def mtp_drafter(engine, gguf) -> MTPDrafter:
         except Exception as e:
             if not out_of_vram(e):
                 raise
-            # placement counts the model's VRAM, not the block's (its weights, cache and the states it keeps)
+            # placement sets aside an estimate of the block's VRAM (mtp_block_bytes); past it, a one-line refusal
             raise SpeculationError("the MTP block does not fit in VRAM beside the model: use --spec off, or fewer "
                                    "--gpu-layers") from None
     return MTPDrafter(config, engine._weights, be, cost)

@@ -167,6 +167,15 @@ def kv_bytes_per_layer(cfg: ModelConfig, n_ctx: int, layer: int = 0) -> int:
     return 2 * kv_heads * n_ctx * (head_dim + v_head_dim)
 
 
+def mtp_block_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int) -> int:
+    """VRAM of the MTP block (blk.{n_layers}.*) that --spec mtp runs beside the model's GPU layers (mtp.py): its
+    weights, its attention's KV cache (heads as the model's attention layers') and the model's states it keeps
+    (float32, a row a position). Its scratch is the model's."""
+    n = cfg.n_layers
+    weights = sum(_vram_bytes(t) for name, t in tensors.items() if name.startswith(f"blk.{n}."))
+    return weights + kv_bytes_per_layer(cfg, n_ctx, cfg.attention_layers[-1]) + 4 * n_ctx * cfg.n_embd
+
+
 def context_bytes(cfg: ModelConfig, n_ctx: int, layers: range) -> int:
     """VRAM of these layers' context: an attention layer's KV cache, a recurrent layer's float32 conv and delta
     states (the same at any context length)."""
@@ -224,13 +233,13 @@ def holds_kv_sources(cfg: ModelConfig, k: int) -> bool:
 
 def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int, free_vram: int,
                    gpu_layers: int | str = "auto", vram_budget: int | None = None,
-                   cpu_moe: int | str = "auto") -> Placement:
+                   cpu_moe: int | str = "auto", mtp: bool = False) -> Placement:
     """Decide which layers run on the GPU. gpu_layers: "auto" (as many of the last layers as fit) or a count
     0..n_layers (0: all on the CPU). vram_budget: plan as on a card of this many bytes (at most what is free).
     cpu_moe (a model with experts): how many of the first layers keep their experts on the CPU while the rest of
     them (attention, router, norms, KV cache) runs on the GPU, as llama.cpp's --n-cpu-moe ("all": every layer's);
     "auto": none if all fits, else as few as make every layer (or gpu_layers of them) fit; only past all of them
-    do layers move."""
+    do layers move. mtp: the MTP block runs beside the GPU's layers (--spec mtp): its VRAM is set aside first."""
     n = cfg.n_layers
     cpu_moe = n if cpu_moe == "all" else cpu_moe
     if gpu_layers != "auto" and not (isinstance(gpu_layers, int) and 0 <= gpu_layers <= n):
@@ -245,6 +254,7 @@ def plan_placement(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int,
         budget, reserve = free_vram, RUNTIME_RESERVE_BYTES
     else:
         budget, reserve = min(vram_budget, free_vram + CUDA_CONTEXT_BYTES), RUNTIME_RESERVE_BYTES + CUDA_CONTEXT_BYTES
+    reserve += mtp_block_bytes(tensors, cfg, n_ctx) if mtp else 0
     if gpu_layers == 0:
         return replace(all_on_cpu(n, n_ctx, "--gpu-layers 0"), budget_bytes=budget)
     experts = 0 if not cfg.n_expert else cpu_moe if cpu_moe != "auto" else None  # None: to choose

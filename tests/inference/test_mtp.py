@@ -310,9 +310,31 @@ def test_spec_auto_leaves_the_gpus_block_off(qwen35_mtp):
 
 
 @pytest.mark.gpu
+def test_the_block_is_planned_for_on_a_budget_that_just_holds_the_model(qwen35_mtp):
+    """--spec mtp on the GPU: load() has placement set the block's VRAM aside (placement.mtp_block_bytes), so where
+    a --vram-budget holds every layer (with 512-token prompt chunks) and no more, a layer goes to the CPU, and the
+    block loads and drafts."""
+    from inference.placement import CUDA_CONTEXT_BYTES, free_vram, plan_placement, scratch_bytes  # noqa: PLC0415
+    from models.config import config_from_metadata  # noqa: PLC0415
+    from models.gguf import open_gguf  # noqa: PLC0415
+    gguf = open_gguf(qwen35_mtp.path)
+    cfg, free = config_from_metadata(gguf.metadata), free_vram()
+    full = plan_placement(gguf.tensors, cfg, 64, free)
+    budget = (full.total_bytes - scratch_bytes(gguf.tensors, cfg, full.prefill_chunk) + scratch_bytes(gguf.tensors, cfg)
+              + CUDA_CONTEXT_BYTES)  # a --vram-budget also holds the CUDA context, which free VRAM does not
+    n = cfg.n_layers
+    assert plan_placement(gguf.tensors, cfg, 64, free, vram_budget=budget).n_gpu_layers == n
+    planned = plan_placement(gguf.tensors, cfg, 64, free, vram_budget=budget, mtp=True)
+    assert 0 < planned.n_gpu_layers < n
+    engine = load(qwen35_mtp.path, device="cuda", ctx=64, vram_budget=budget, spec="mtp")
+    assert engine.placement.n_gpu_layers == planned.n_gpu_layers and engine.speculation.kind == "mtp"
+    assert list(engine.generate([5, 6, 7, 8], max_tokens=6, temperature=0))[-1].drafted > 0
+
+
+@pytest.mark.gpu
 def test_no_vram_for_the_block_is_a_one_line_error(qwen35_mtp, monkeypatch):
-    """Placement counts the model, not the block: a block that finds no VRAM left is refused in one line (a
-    UserError), not a CuPy traceback. The block's backend (the one made with shares=) is made to run out."""
+    """Placement sets aside an estimate of the block's VRAM; a block that still finds none left is refused in one
+    line (a UserError), not a CuPy traceback. The block's backend (the one made with shares=) is made to run out."""
     import cupy as cp  # noqa: PLC0415
 
     from inference import backend_cuda  # noqa: PLC0415

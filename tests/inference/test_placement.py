@@ -528,3 +528,28 @@ def test_qwen35moe_at_12_gib_keeps_every_layer_and_the_shared_experts_on_the_gpu
     states = 30 * 4 * (3 * 8192 + 32 * 128 * 128)
     assert p.kv_bytes == 10 * kv_bytes_per_layer(cfg, 4096) + states
     assert f"experts of layers 0-{p.cpu_expert_layers - 1} on CPU" in p.summary()
+
+
+def test_the_mtp_block_is_set_aside_before_the_layers(llama3):
+    """--spec mtp runs the MTP block (blk.{n_layers}.*) beside the GPU's layers: its weights, its KV cache and the
+    model's states it keeps come off the budget first, so a budget that just holds every layer holds fewer with the
+    block (a layer's weights and cache here ~250 MB, the block's ~390: two leave), where before the block ran out
+    of VRAM after the load (a one-line refusal). Without mtp the block's tensors cost nothing (they are not layers
+    of the forward)."""
+    from inference.placement import mtp_block_bytes
+    tensors, cfg = llama3
+    n, d = cfg.n_layers, cfg.n_embd
+    block = {name.replace("blk.31.", f"blk.{n}."): dataclasses.replace(t, name=name.replace("blk.31.", f"blk.{n}."))
+             for name, t in tensors.items() if name.startswith("blk.31.")}
+    block[f"blk.{n}.nextn.eh_proj.weight"] = tensor(f"blk.{n}.nextn.eh_proj.weight", (2 * d, d), "Q8_0")
+    tensors = {**tensors, **block}
+    cfg = dataclasses.replace(cfg, n_nextn_layers=1)
+    full = plan_placement(tensors, cfg, 8192, H100_FREE)
+    assert full.n_gpu_layers == n
+    budget = needed(full, tensors, cfg)
+    assert plan_placement(tensors, cfg, 8192, budget).n_gpu_layers == n
+    with_block = plan_placement(tensors, cfg, 8192, budget, mtp=True)
+    assert with_block.n_gpu_layers == n - 2
+    weights = sum(t.nbytes if len(t.shape) == 2 else 4 * t.shape[0] for t in block.values())
+    assert mtp_block_bytes(tensors, cfg, 8192) == weights + kv_bytes_per_layer(cfg, 8192) + 4 * 8192 * d
+    assert plan_placement(tensors, cfg, 8192, budget + mtp_block_bytes(tensors, cfg, 8192), mtp=True).n_gpu_layers == n
