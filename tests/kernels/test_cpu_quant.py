@@ -601,6 +601,41 @@ def test_q8_0_gemm_tile_for_avx512_without_vnni_never_saturates():
     assert q8_0_madd > 0 and q8_0_sign > 0 and four_bit_madd > 0 and four_bit_sign == 0
 
 
+# Compiled for an AVX-512 VNNI server (Ice Lake-SP: a path an AVX2 host cannot run), the Q4_K tile's assembly: its
+# rows a tile, and its byte dots' vpdpbusd on 512-bit (zmm) registers
+ICELAKE_SP_ASM = """
+import re
+from numba import types
+from numba.core.registry import cpu_target
+from kernels.cpu import gemm_int8 as g, ir
+from tests.kernels.test_cpu_quant import _packed_tile
+sig = (types.Array(types.uint8, 2, "C", readonly=True), types.Array(types.uint8, 2, "C"),
+       types.Array(types.float32, 2, "C"), types.Array(types.float32, 2, "C"))
+f = _packed_tile(g.pack_q4_k, g.tile_with_min, f16_table=True)
+f.compile(sig)
+asm = f.inspect_asm(sig)
+print(ir.tile_rows(cpu_target.target_context), len(re.findall(r"vpdpbusd\\s+[^\\n]*%zmm", asm)))
+"""
+
+
+def test_the_gemm_tile_holds_16_rows_in_512_bit_vectors_with_vnni():
+    """Where there is AVX-512 VNNI the GEMM tile holds 16 rows, its byte dots 512-bit vpdpbusd (zmm): checked in the
+    assembly compiled for such a CPU on any host (hosts with VNNI also run the path against x8 @ W.T:
+    test_gemm_tile_is_x8_w_on_every_path). Planted: tile_rows giving 8 there fails here."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    features = ("+avx512bw,+avx512vl,+avx512f,+avx512dq,+avx512cd,+avx512vnni,+avx2,+avx,+fma,+f16c,+bmi,+bmi2,"
+                "+popcnt,+lzcnt,+movbe,+sse4.2,+sse4.1,+ssse3,+sse3,+sse2,+sse")
+    env = {**os.environ, "NUMBA_CPU_NAME": "icelake-server", "NUMBA_CPU_FEATURES": features}
+    r = subprocess.run([sys.executable, "-c", ICELAKE_SP_ASM], cwd=Path(__file__).resolve().parents[2], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows, zmm_dots = map(int, r.stdout.split()[:2])
+    assert rows == 16 and zmm_dots > 0
+
+
 @pytest.mark.parametrize("name,repacked", [("Q4_1", True), ("Q5_0", True), ("Q4_K", False), ("Q8_0", False),
                                            ("Q4_0", True)])
 def test_one_token_glu_is_glu_of_the_matvecs(name, repacked):
