@@ -175,6 +175,21 @@ def exp_f32(x):
     return (p * r * r + r + np.float32(1.0)) * _f32_of_bits((np.int32(n) + np.int32(127)) << np.int32(23))
 
 
+@nb.njit(inline="always")
+def _softmax_in_place(scores, sinks, h):
+    """scores (a query's over the keys it sees, a 1-d array or a slice from 0, so its loops vectorize) -> their
+    exp(s - max) in place; returns 1 / their sum, which counts head h's sink logit where sinks (empty: none) has
+    one (gpt-oss: a logit with no value)."""
+    best = sinks[h] if sinks.size else np.float32(-np.inf)
+    for j in range(scores.shape[0]):
+        best = max(best, scores[j])
+    total = exp_f32(sinks[h] - best) if sinks.size else np.float32(0.0)
+    for j in range(scores.shape[0]):
+        scores[j] = exp_f32(scores[j] - best)
+        total += scores[j]
+    return np.float32(1.0) / total
+
+
 @nb.njit(cache=True, nogil=True, fastmath=True)
 def _attend(q, k, v, i, h, pos0, start, window, scale, sinks, ring, out):
     """out[i, h] for query i, head h: softmax(q . keys) . values over the keys it sees; sinks (empty: none) [n_heads]
@@ -186,22 +201,16 @@ def _attend(q, k, v, i, h, pos0, start, window, scale, sinks, ring, out):
     lo = max(start, p - window + 1) if window > 0 else start
     qh, kh, vh = q[i, h], k[kv], v[kv]
     scores = np.empty(p + 1 - lo, np.float32)
-    best = sinks[h] if sinks.size else -np.inf
     for j in range(lo, p + 1):
         kj = kh[j % ring if ring else j]
         s = np.float32(0.0)
         for d in range(qh.shape[0]):
             s += qh[d] * kj[d]
-        s *= scale
-        scores[j - lo] = s
-        best = max(best, s)
-    total = exp_f32(sinks[h] - best) if sinks.size else np.float32(0.0)
-    for j in range(scores.shape[0]):
-        scores[j] = exp_f32(scores[j] - best)
-        total += scores[j]
+        scores[j - lo] = s * scale
+    inv = _softmax_in_place(scores, sinks, h)
     acc = np.zeros(vh.shape[1], np.float32)
     for j in range(scores.shape[0]):
-        w, vj = scores[j] / total, vh[(lo + j) % ring if ring else lo + j]
+        w, vj = scores[j] * inv, vh[(lo + j) % ring if ring else lo + j]
         for d in range(acc.shape[0]):
             acc[d] += w * vj[d]
     for d in range(acc.shape[0]):  # a loop: a slice assignment compiles numba's shape-mismatch message (~5 s)
@@ -232,15 +241,9 @@ def _causal_softmax(scores, n, pos0, start, window, scale, sinks):
         lo = max(start, p - window + 1) if window > 0 else start
         row = scores[r]
         seen = row[lo - start:p + 1 - start]  # loops from 0: numba's wraparound of negative indices kept them scalar
-        best = sinks[r // n] if sinks.size else np.float32(-np.inf)
         for j in range(seen.shape[0]):
             seen[j] *= scale
-            best = max(best, seen[j])
-        total = exp_f32(sinks[r // n] - best) if sinks.size else np.float32(0.0)
-        for j in range(seen.shape[0]):
-            seen[j] = exp_f32(seen[j] - best)
-            total += seen[j]
-        inv = np.float32(1.0) / total
+        inv = _softmax_in_place(seen, sinks, r // n)
         for j in range(row.shape[0]):
             row[j] = row[j] * inv if lo - start <= j <= p - start else np.float32(0.0)
 
@@ -279,20 +282,13 @@ def _attention_blocks(q, k, v, pos0, start, window, scale, sinks, ring, out):
                     qd, keys = q[i, h, d] * scale, kt[d, first:p + 1 - lo]
                     for j in range(seen.shape[0]):
                         seen[j] += qd * keys[j]
-                best = sinks[h] if sinks.size else np.float32(-np.inf)
-                for j in range(seen.shape[0]):
-                    best = max(best, seen[j])
-                total = exp_f32(sinks[h] - best) if sinks.size else np.float32(0.0)
-                for j in range(seen.shape[0]):
-                    seen[j] = exp_f32(seen[j] - best)
-                    total += seen[j]
+                inv = _softmax_in_place(seen, sinks, h)
                 for d in range(vd):
                     acc[d] = 0.0
                 for j in range(seen.shape[0]):
                     w, value = seen[j], values[first + j]
                     for d in range(vd):
                         acc[d] += w * value[d]
-                inv = np.float32(1.0) / total
                 for d in range(vd):
                     out[i, h, d] = acc[d] * inv
 
