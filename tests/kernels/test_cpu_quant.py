@@ -563,47 +563,10 @@ def test_gemm_tile_is_x8_w_on_every_path(name, monkeypatch):
         assert ("llvm.x86.avx2.psign.b" in llvm_ir) == (simd != "" and signs)
 
 
-# Compiled for Skylake-SP (AVX-512 BW without VNNI: a path an AVX2 host cannot run), the assembly of the Q8_0 tile and
-# of the 4-bit types' (whose pmaddubsw sums of x's biased bytes would saturate on Q8_0's quants)
-SKYLAKE_SP_ASM = """
-import numba as nb
-from numba import types
-from kernels.cpu import gemm_int8 as g
-from tests.kernels.test_cpu_quant import _packed_tile
-sig = (types.Array(types.uint8, 2, "C", readonly=True), types.Array(types.uint8, 2, "C"),
-       types.Array(types.float32, 2, "C"), types.Array(types.float32, 2, "C"))
-for tile in (g.tile_q8_0, g.tile_no_min):
-    f = _packed_tile(g.pack_q8_0, tile, f16_table=True)
-    f.compile(sig)
-    asm = f.inspect_asm(sig)
-    print(asm.count("vpmaddubsw"), asm.count("vpsignb"))
-"""
-
-
-def test_q8_0_gemm_tile_for_avx512_without_vnni_never_saturates():
-    """The Q8_0 GEMM tile as compiled for a CPU with AVX-512 BW but no VNNI (Skylake-SP servers, many cloud VMs)
-    dots x signed, the values' signs moved onto it (vpsignb), so its pmaddubsw pair sums (|q| <= 128 times |xq| <=
-    127) cannot saturate as x's biased bytes would (255 * 127 * 2 > 32767); the 4-bit types' tile dots the biased
-    bytes. Hosts with AVX-512 also run this path against x8 @ W.T (test_gemm_tile_is_x8_w_on_every_path)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    features = ("+avx512bw,+avx512vl,+avx512f,+avx512dq,+avx512cd,-avx512vnni,+avx2,+avx,+fma,+f16c,+bmi,+bmi2,"
-                "+popcnt,+lzcnt,+movbe,+sse4.2,+sse4.1,+ssse3,+sse3,+sse2,+sse")
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "NUMBA_CPU_NAME": "skylake-avx512", "NUMBA_CPU_FEATURES": features}
-    r = subprocess.run([sys.executable, "-c", SKYLAKE_SP_ASM], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr
-    (q8_0_madd, q8_0_sign), (four_bit_madd, four_bit_sign) = (map(int, line.split())
-                                                              for line in r.stdout.splitlines()[:2])
-    assert q8_0_madd > 0 and q8_0_sign > 0 and four_bit_madd > 0 and four_bit_sign == 0
-
-
-# Compiled for an AVX-512 VNNI server (Ice Lake-SP: a path an AVX2 host cannot run), the Q4_K tile's assembly: its
-# rows a tile, and its byte dots' vpdpbusd on 512-bit (zmm) registers
-ICELAKE_SP_ASM = """
+# x86 features beside AVX-512's of the server CPUs below (NUMBA_CPU_FEATURES lists them all)
+X86_FEATURES = "+avx2,+avx,+fma,+f16c,+bmi,+bmi2,+popcnt,+lzcnt,+movbe,+sse4.2,+sse4.1,+ssse3,+sse3,+sse2,+sse"
+# a tile and its pack as _packed_tile makes them, compiled; the code after it prints from its assembly (asm)
+TILE_ASM = """
 import re
 from numba import types
 from numba.core.registry import cpu_target
@@ -611,28 +574,50 @@ from kernels.cpu import gemm_int8 as g, ir
 from tests.kernels.test_cpu_quant import _packed_tile
 sig = (types.Array(types.uint8, 2, "C", readonly=True), types.Array(types.uint8, 2, "C"),
        types.Array(types.float32, 2, "C"), types.Array(types.float32, 2, "C"))
-f = _packed_tile(g.pack_q4_k, g.tile_with_min, f16_table=True)
-f.compile(sig)
-asm = f.inspect_asm(sig)
-print(ir.tile_rows(cpu_target.target_context), len(re.findall(r"vpdpbusd\\s+[^\\n]*%zmm", asm)))
+def tile_asm(pack, tile):
+    f = _packed_tile(pack, tile, f16_table=True)
+    f.compile(sig)
+    return f.inspect_asm(sig)
 """
 
 
-def test_the_gemm_tile_holds_16_rows_in_512_bit_vectors_with_vnni():
-    """Where there is AVX-512 VNNI the GEMM tile holds 16 rows, its byte dots 512-bit vpdpbusd (zmm): checked in the
-    assembly compiled for such a CPU on any host (hosts with VNNI also run the path against x8 @ W.T:
-    test_gemm_tile_is_x8_w_on_every_path). Planted: tile_rows giving 8 there fails here."""
+def compiled_for(cpu: str, avx512: str, code: str) -> list[str]:
+    """The lines code (after TILE_ASM) prints in a child process whose numba compiles for cpu with the AVX-512
+    features avx512 and X86_FEATURES: the assembly of a path this host may not be able to run."""
     import os
     import subprocess
     import sys
     from pathlib import Path
-    features = ("+avx512bw,+avx512vl,+avx512f,+avx512dq,+avx512cd,+avx512vnni,+avx2,+avx,+fma,+f16c,+bmi,+bmi2,"
-                "+popcnt,+lzcnt,+movbe,+sse4.2,+sse4.1,+ssse3,+sse3,+sse2,+sse")
-    env = {**os.environ, "NUMBA_CPU_NAME": "icelake-server", "NUMBA_CPU_FEATURES": features}
-    r = subprocess.run([sys.executable, "-c", ICELAKE_SP_ASM], cwd=Path(__file__).resolve().parents[2], env=env,
+    env = {**os.environ, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": f"{avx512},{X86_FEATURES}"}
+    r = subprocess.run([sys.executable, "-c", TILE_ASM + code], cwd=Path(__file__).resolve().parents[2], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    rows, zmm_dots = map(int, r.stdout.split()[:2])
+    return r.stdout.splitlines()
+
+
+def test_q8_0_gemm_tile_for_avx512_without_vnni_never_saturates():
+    """The Q8_0 GEMM tile as compiled for a CPU with AVX-512 BW but no VNNI (Skylake-SP servers, many cloud VMs)
+    dots x signed, the values' signs moved onto it (vpsignb), so its pmaddubsw pair sums (|q| <= 128 times |xq| <=
+    127) cannot saturate as x's biased bytes would (255 * 127 * 2 > 32767); the 4-bit types' tile dots the biased
+    bytes. Hosts with AVX-512 also run this path against x8 @ W.T (test_gemm_tile_is_x8_w_on_every_path)."""
+    lines = compiled_for("skylake-avx512", "+avx512bw,+avx512vl,+avx512f,+avx512dq,+avx512cd,-avx512vnni", """
+for tile in (g.tile_q8_0, g.tile_no_min):
+    asm = tile_asm(g.pack_q8_0, tile)
+    print(asm.count("vpmaddubsw"), asm.count("vpsignb"))
+""")
+    (q8_0_madd, q8_0_sign), (four_bit_madd, four_bit_sign) = (map(int, line.split()) for line in lines[:2])
+    assert q8_0_madd > 0 and q8_0_sign > 0 and four_bit_madd > 0 and four_bit_sign == 0
+
+
+def test_the_gemm_tile_holds_16_rows_in_512_bit_vectors_with_vnni():
+    """Where there is AVX-512 VNNI the GEMM tile holds 16 rows, its byte dots 512-bit vpdpbusd (zmm): checked in the
+    assembly compiled for such a CPU (Ice Lake-SP) on any host (hosts with VNNI also run the path against x8 @ W.T:
+    test_gemm_tile_is_x8_w_on_every_path). Planted: tile_rows giving 8 there fails here."""
+    lines = compiled_for("icelake-server", "+avx512bw,+avx512vl,+avx512f,+avx512dq,+avx512cd,+avx512vnni", r"""
+asm = tile_asm(g.pack_q4_k, g.tile_with_min)
+print(ir.tile_rows(cpu_target.target_context), len(re.findall(r"vpdpbusd\s+[^\n]*%zmm", asm)))
+""")
+    rows, zmm_dots = map(int, lines[0].split())
     assert rows == 16 and zmm_dots > 0
 
 
