@@ -251,9 +251,10 @@ def _causal_softmax(scores, n, pos0, start, window, scale, sinks):
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def _attention_blocks(q, k, v, pos0, start, window, scale, sinks, ring, out):
     """out [n, n_heads, vd] of a prompt's queries q [n, n_heads, hd] at positions pos0.. (see attention): a task a
-    KV head and block of ATTENTION_QUERY_BLOCK queries, on all cores. A task copies the keys its queries see, K
+    KV head and block of ATTENTION_QUERY_BLOCK queries, on all cores. A task copies the keys its queries see,
     transposed (a query's scores then add one row of K^T a dimension: vector loops over the keys, where a dot a key
-    ends in a horizontal sum) and V, then runs each query of each head of its group: scores, softmax, values."""
+    ends in a horizontal sum), then runs each query of each head of its group: scores, softmax, values (V's rows
+    read in place)."""
     n, n_heads, hd = q.shape
     n_kv, vd = k.shape[0], v.shape[2]
     group, n_blocks = n_heads // n_kv, (n + ATTENTION_QUERY_BLOCK - 1) // ATTENTION_QUERY_BLOCK
@@ -262,13 +263,11 @@ def _attention_blocks(q, k, v, pos0, start, window, scale, sinks, ring, out):
         i1 = min(n, i0 + ATTENTION_QUERY_BLOCK)
         lo = max(start, pos0 + i0 - window + 1) if window > 0 else start  # the first key a query here sees
         n_keys = pos0 + i1 - lo
-        kt, values = np.empty((hd, n_keys), np.float32), np.empty((n_keys, vd), np.float32)
+        kt = np.empty((hd, n_keys), np.float32)
         for j in range(n_keys):
             row = (lo + j) % ring if ring else lo + j
             for d in range(hd):
                 kt[d, j] = k[kv, row, d]
-            for d in range(vd):
-                values[j, d] = v[kv, row, d]
         scores, acc = np.empty(n_keys, np.float32), np.empty(vd, np.float32)
         for h in range(kv * group, (kv + 1) * group):
             for i in range(i0, i1):
@@ -286,7 +285,7 @@ def _attention_blocks(q, k, v, pos0, start, window, scale, sinks, ring, out):
                 for d in range(vd):
                     acc[d] = 0.0
                 for j in range(seen.shape[0]):
-                    w, value = seen[j], values[first + j]
+                    w, value = seen[j], v[kv, (lo + first + j) % ring if ring else lo + first + j]
                     for d in range(vd):
                         acc[d] += w * value[d]
                 for d in range(vd):
