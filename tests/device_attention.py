@@ -1,73 +1,61 @@
-"""Decode attention alone, on the GPU machine: microseconds a call of attention.cu's two decode passes (split,
-combine) over a full fp16 KV cache, and the bandwidth that is of the cache's bytes, for the ring depths and
-split counts given, with the largest error against a float64 softmax(q k^T) v.
+"""Decode attention alone, on the GPU machine: microseconds a call of kernels/cuda/ops.attention_decode (its two
+passes: the splits, the combine; 50 calls a CUDA graph) over an fp16 KV cache filled to DEPTH, the bandwidth that is of the keys' and
+values' bytes it reads, and the largest error against a float64 softmax(q k^T) v.
 
-    PYTHONPATH=. python3 tests/device_attention.py N_HEAD N_HEAD_KV HEAD_DIM DEPTH STAGES:SPLITS [...]
+    PYTHONPATH=. python3 tests/device_attention.py N_HEAD N_HEAD_KV HEAD_DIM DEPTH [WINDOW [ROWS [SPLITS]]]
 
-STAGES: key tiles a warp's ring holds (2, 3 or 4; 4 does not fit at HEAD_DIM 256).
+ROWS: the cache's rows (default DEPTH; fewer: a ring, position j at row j % ROWS, as a sliding window's cache).
+SPLITS: the blocks a kv head's keys are split over (default: decode_scratch's choice).
 """
-import math
 import sys
 
 import cupy as cp
 import numpy as np
 
-from kernels.cuda.module import KERNEL_DIR
-
-STAGES = (2, 3, 4)
+from kernels.cuda import ops
 
 
-def module(head_dim: int) -> cp.RawModule:
-    """attention.cu with its decode kernel instantiated at every STAGES."""
-    code = (KERNEL_DIR / "attention.cu").read_text()
-    code += "".join(f"\nATTN_DECODE(bench_decode_{s}, {head_dim}, {s})" for s in STAGES)
-    return cp.RawModule(code=code, options=("-std=c++17", f"-I{KERNEL_DIR}"), backend="nvrtc")
-
-
-def main(n_head: int, n_head_kv: int, head_dim: int, depth: int, variants: list[str]) -> None:
-    mod = module(head_dim)
+def main(n_head: int, n_head_kv: int, head_dim: int, depth: int, window: int = 0, rows: int = 0,
+         splits: int = 0) -> None:
+    rows = rows or depth
     rng = np.random.default_rng(0)
-    k = cp.asarray(rng.standard_normal((n_head_kv, depth, head_dim), dtype=np.float32)).astype(cp.float16)
-    v = cp.asarray(rng.standard_normal((n_head_kv, depth, head_dim), dtype=np.float32)).astype(cp.float16)
+    k = cp.asarray(rng.standard_normal((n_head_kv, rows, head_dim), dtype=np.float32) * 1.5).astype(cp.float16)
+    v = cp.asarray(rng.standard_normal((n_head_kv, rows, head_dim), dtype=np.float32)).astype(cp.float16)
     q = cp.asarray(rng.standard_normal((n_head, head_dim), dtype=np.float32))
     pos = cp.asarray([depth - 1], dtype=cp.int32)
-    scale = np.float32(head_dim ** -0.5)
-    cache_bytes = 2 * k.nbytes
+    scale = head_dim ** -0.5
+    keys = np.arange(max(0, depth - window) if window else 0, depth)
     group = n_head // n_head_kv
-    k64, v64 = cp.repeat(k, group, axis=0).astype(cp.float64), cp.repeat(v, group, axis=0).astype(cp.float64)
-    s64 = cp.einsum("hd,hjd->hj", q.astype(cp.float64), k64) * float(scale)
+    k64, v64 = (cp.repeat(a[:, keys % rows], group, axis=0).astype(cp.float64) for a in (k, v))
+    s64 = cp.einsum("hd,hjd->hj", q.astype(cp.float64), k64) * scale
     w64 = cp.exp(s64 - s64.max(axis=1, keepdims=True))
     reference = cp.einsum("hj,hjd->hd", w64 / w64.sum(axis=1, keepdims=True), v64)
-    for variant in variants:
-        stages, n_splits = (int(x) for x in variant.split(":"))
-        part = cp.empty((n_head, n_splits, head_dim + 4), dtype=cp.float32)
-        out = cp.empty((n_head, head_dim), dtype=cp.float32)
-        split, combine = mod.get_function(f"bench_decode_{stages}"), mod.get_function("attn_decode_combine")
-        smem = 2 * (2 * 16 * (head_dim + 8) * (1 + 4 * stages))  # attention.cu: DmShape<HD, STAGES>::BYTES
-        split.max_dynamic_shared_size_bytes = smem
-        grid = (n_head_kv, n_splits, math.ceil(group / 16))
+    scratch = ops.decode_scratch(n_head, n_head_kv, head_dim)
+    if splits:
+        scratch = cp.empty((n_head, splits, head_dim + 4), dtype=cp.float32)
+    out = cp.empty((n_head, head_dim), dtype=cp.float32)
 
-        def call():
-            split(grid, (128,), (q, k, v, part, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(depth),
-                                 np.int32(0), scale, np.int32(n_splits)), shared_mem=smem)
-            combine((n_head,), (512,), (part, out, pos, np.int32(head_dim), np.int32(0), np.int32(n_splits),
-                                        np.int32(depth), out, out, np.int32(0), np.uint64(0)))
-        call()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        ops.attention_decode(q, k, v, out, pos, scratch, scale, window)
         err = float(cp.abs(out - reference).max())
-        times = []
-        for _ in range(5):
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            for _ in range(50):
-                call()
-            stop.record()
-            stop.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, stop) / 50 * 1e3)
-        best = min(times)
-        print(f"heads {n_head}/{n_head_kv} hd {head_dim} depth {depth} stages {stages} splits {n_splits} grid {grid}: "
-              f"{' '.join(f'{t:.1f}' for t in times)} us, {cache_bytes / best / 1e3:.0f} GB/s, "
-              f"max |err| {err:.2e}")
+        stream.begin_capture()  # 50 calls a graph: the GPU's time, not the host's launching
+        for _ in range(50):
+            ops.attention_decode(q, k, v, out, pos, scratch, scale, window)
+        graph = stream.end_capture()
+    times = []
+    for _ in range(5):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        graph.launch(stream)
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) / 50 * 1e3)
+    read = 2 * n_head_kv * len(keys) * head_dim * 2
+    print(f"heads {n_head}/{n_head_kv} hd {head_dim} depth {depth} window {window} rows {rows} splits "
+          f"{scratch.shape[1]}: {' '.join(f'{t:.1f}' for t in times)} us, {read / min(times) / 1e3:.0f} GB/s, "
+          f"max |err| {err:.2e}")
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:5]), sys.argv[5:])
+    main(*(int(a) for a in sys.argv[1:]))

@@ -9,10 +9,11 @@
 // Both run on the tensor cores (mma.sync, fp16 in, float32 accumulate; float32 q and p split into two fp16
 // halves, so the result keeps float32 accuracy on the fp16 cache). Decode: a block's 16 mma rows are q heads of
 // one kv head, so GQA groups share each key tile.
-// Heads of 512 (gemma4's global layers): a lane's output accumulator of 512 dims would not fit its registers, nor a
-// decode warp's ring of key tiles the shared memory, so a block makes a slice of VD of the output's dims (the
-// kernels' VD < HD: v's dims voff .. voff + VD), each slice computing the scores over all HD dims again. A block's
-// slice is its blockIdx.x modulo HD / VD: the slices of one set of keys run side by side, their key tiles from L2.
+// Heads of 512 (gemma4's global layers): a lane's output accumulator of 512 dims would not fit its registers.
+// Prefill: a block makes a slice of VD of the output's dims (the kernel's VD < HD: v's dims voff .. voff + VD), each
+// slice computing the scores over all HD dims again; a block's slice is its blockIdx.x modulo HD / VD. Decode
+// (decode_wide_mma): a block's warps split the dims instead of the keys, each a quarter of q . k and of the output, and
+// add their scores up through shared memory, so each key is read once.
 #include "ops_common.cuh"
 #include "q8_1.cuh"
 
@@ -358,7 +359,7 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
 }
 
 // Decode, pass 1. q [n_head, HD] float32 at position pos[0] (its k and v already in the cache). Block (kv
-// head h = blockIdx.x / (HD / VD), split s = blockIdx.y, row chunk c = blockIdx.z): the group's q rows 16c .. 16c + 15
+// head h = blockIdx.x, split s = blockIdx.y, row chunk c = blockIdx.z): the group's q rows 16c .. 16c + 15
 // (padded: a group of 6 uses 6 of the mma's 16 rows), keys lo + s*chunk .. (at most chunk). Writes part
 // [n_head, n_splits, HD + PART_EXTRA] = (sum p*v, max, sum p, 2 unused), unnormalised; a split past the
 // active ones writes nothing (the combine reads only active ones). Each warp streams its own 16-key tiles
@@ -367,24 +368,22 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
 // shared memory. Scores are in base 2 inside; part's max is written in natural units, as the combine reads
 // it. (The CUDA-core kernel before this one, one key a warp, spent its time in the warp sums of q.k: it was
 // 2.1x slower at HD 256 and 1.3x at 128 over 16384 keys.)
-// Launch: grid (n_head_kv * HD / VD, n_splits, ceil(group / 16)), block 128, DmShape<HD, VD, STAGES>::BYTES of
-// dynamic shared memory (214 KiB at HD 256: one block an SM).
-// VD: the output's dims a block makes (a slice of them at HD 512, see the top).
-template <int HD, int VD, int STAGES>
+// Launch: grid (n_head_kv, n_splits, ceil(group / 16)), block 128, DmShape<HD>::BYTES of dynamic shared memory
+// (214 KiB at HD 256: one block an SM).
+template <int HD>
 struct DmShape {
-    static constexpr int ST = HD + 8;               // padded shared row (halves): conflict-free fragment loads
-    static constexpr int SV = VD + 8;               // the same for a tile's v rows (its slice of them)
-    static constexpr int TILE = 16 * ST + 16 * SV;  // halves of a 16-key tile of k and v
-    static constexpr int BYTES = 2 * (2 * 16 * ST + WARPS * STAGES * TILE);  // q (hi, lo), then the rings
+    static constexpr int ST = HD + 8;         // padded shared row (halves): conflict-free fragment loads
+    static constexpr int TILE = 2 * 16 * ST;  // halves of a 16-key tile of k and v
+    static constexpr int BYTES = 2 * (2 * 16 * ST + WARPS * DECODE_STAGES * TILE);  // q (hi, lo), then the rings
 };
 
-template <int HD, int VD, int STAGES>
+template <int HD>
 __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __half* __restrict__ k_cache,
                                            const __half* __restrict__ v_cache, float* __restrict__ part,
                                            const int* __restrict__ pos, int n_head, int n_head_kv, int max_ctx,
                                            int window, float scale, int n_splits) {
-    using Shape = DmShape<HD, VD, STAGES>;
-    constexpr int KS = HD / 16, NT = VD / 8, ST = Shape::ST, SV = Shape::SV, TILE = Shape::TILE;
+    using Shape = DmShape<HD>;
+    constexpr int KS = HD / 16, NT = HD / 8, ST = Shape::ST, TILE = Shape::TILE, STAGES = DECODE_STAGES;
     extern __shared__ __align__(16) __half dm_smem[];
     __shared__ float s_m[WARPS][16], s_l[WARPS][16];
     __half *s_qh = dm_smem, *s_ql = s_qh + 16 * ST;
@@ -392,9 +391,7 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
     Splits sp(p, window, n_splits);
     int s = blockIdx.y;
     if (s >= sp.active) return;
-    constexpr int SLICES = HD / VD;  // blockIdx.x: kv head * SLICES + the output's slice
-    int h = blockIdx.x / SLICES, group = n_head / n_head_kv, g0 = blockIdx.z * 16, ng = min(16, group - g0);
-    int voff = blockIdx.x % SLICES * VD;
+    int h = blockIdx.x, group = n_head / n_head_kv, g0 = blockIdx.z * 16, ng = min(16, group - g0);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gi = lane >> 2, ci = lane & 3;
     int kb = sp.lo + s * sp.chunk, ke = min(p + 1, kb + sp.chunk);
     int n_tiles = (ke - kb + 15) / 16, mine = (n_tiles - warp + WARPS - 1) / WARPS;  // tiles of this warp
@@ -410,9 +407,9 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
             int key = c / (HD / 8), d = (c % (HD / 8)) * 8, j = k0 + key;
             copy16(st + key * ST + d, kh + (size_t)min(j, ke - 1) * HD + d, j < ke);
         }
-        for (int c = lane; c < 16 * VD / 8; c += 32) {
-            int key = c / (VD / 8), d = (c % (VD / 8)) * 8, j = k0 + key;
-            copy16(st + 16 * ST + key * SV + d, vh + (size_t)min(j, ke - 1) * HD + voff + d, j < ke);
+        for (int c = lane; c < 16 * HD / 8; c += 32) {
+            int key = c / (HD / 8), d = (c % (HD / 8)) * 8, j = k0 + key;
+            copy16(st + 16 * ST + key * ST + d, vh + (size_t)min(j, ke - 1) * HD + d, j < ke);
         }
     };
 #pragma unroll
@@ -459,12 +456,12 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
             for (int e = 0; e < 4; ++e) sc[n][e] = k0 + n * 8 + 2 * ci + (e & 1) < ke ? sc[n][e] * scale2 : NEG_INF;
         }
         softmax_tile(sc, m, l, o);
-        pv_mma(o, sc[0], sc[1], s_v, SV, lane);  // the tile's 16 keys are one k-step
+        pv_mma(o, sc[0], sc[1], s_v, ST, lane);  // the tile's 16 keys are one k-step
     }
     copy_wait<0>();
     __syncthreads();  // every warp is done with its ring: the rings become the merge buffer
 
-    float* s_o = reinterpret_cast<float*>(s_ql + 16 * ST);  // [WARPS][16][VD]
+    float* s_o = reinterpret_cast<float*>(s_ql + 16 * ST);  // [WARPS][16][HD]
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
@@ -476,39 +473,150 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
         }
 #pragma unroll
         for (int n = 0; n < NT; ++n)
-            *reinterpret_cast<float2*>(s_o + (warp * 16 + r) * VD + n * 8 + 2 * ci) =
+            *reinterpret_cast<float2*>(s_o + (warp * 16 + r) * HD + n * 8 + 2 * ci) =
                 make_float2(o[n][2 * half], o[n][2 * half + 1]);
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < ng * VD; i += blockDim.x) {
-        int g = i / VD, d = i % VD;
+    for (int i = threadIdx.x; i < ng * HD; i += blockDim.x) {
+        int g = i / HD, d = i % HD;
         float mx = NEG_INF;
         for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, s_l[w][g] > 0.0f ? s_m[w][g] : NEG_INF);
         float a = 0.0f, lsum = 0.0f;
         for (int w = 0; w < WARPS; ++w) {
             float f = s_l[w][g] > 0.0f ? exp2f(s_m[w][g] - mx) : 0.0f;
-            a += s_o[(w * 16 + g) * VD + d] * f;
+            a += s_o[(w * 16 + g) * HD + d] * f;
             lsum += s_l[w][g] * f;
         }
         float* out = part + ((size_t)(h * group + g0 + g) * n_splits + s) * (HD + PART_EXTRA);
-        out[voff + d] = a;
-        if (d == 0 && voff == 0) {  // every slice has the same scores: one writes their max and sum
+        out[d] = a;
+        if (d == 0) {
             out[HD] = mx * 0.6931471805599453f;  // base 2 -> natural units, as the combine reads it
             out[HD + 1] = lsum;
         }
     }
 }
 
+// Decode at HD 512, pass 1: decode_mma's blocks, splits and part, but a block's warps split the head's dims, not the
+// keys. The block streams 16-key tiles of k and v through one cp.async ring; warp w takes dims 128w .. 128w + 127:
+// its part of q . k over them (q's fragments in its registers), then the 4 warps' partial scores add up in shared
+// memory (in one order, so every warp gets the same scores, max and sum), and it makes those dims of p v. Each key
+// is read once (slices of the output, each scoring every key, read k 4 times: 1.9 ms more a token over 16384 keys).
+// Launch: grid (n_head_kv, n_splits, ceil(group / 16)), block 128, WideShape<HD>::BYTES of dynamic shared memory
+// (~98 KiB at HD 512: two blocks an SM).
+#define WIDE_STAGES 3  // decode_wide_mma: key tiles the block's ring holds
+template <int HD>
+struct WideShape {
+    static constexpr int ST = HD + 8;         // padded shared row (halves)
+    static constexpr int TILE = 2 * 16 * ST;  // halves of a 16-key tile of k and v
+    static constexpr int BYTES = 2 * WIDE_STAGES * TILE;
+};
+
+template <int HD>
+__device__ __forceinline__ void decode_wide_mma(const float* __restrict__ q, const __half* __restrict__ k_cache,
+                                                const __half* __restrict__ v_cache, float* __restrict__ part,
+                                                const int* __restrict__ pos, int n_head, int n_head_kv, int max_ctx,
+                                                int window, float scale, int n_splits) {
+    constexpr int DW = HD / WARPS, KW = DW / 16, NT = DW / 8, ST = WideShape<HD>::ST, TILE = WideShape<HD>::TILE;
+    constexpr int STAGES = WIDE_STAGES;
+    extern __shared__ __align__(16) __half dm_smem[];
+    __shared__ float s_sc[WARPS][8][32];  // each warp's partial scores, in its lanes' fragment order
+    int p = min(pos[0], max_ctx - 1);  // past the cache is the caller's bug: wrong output, not a fault
+    Splits sp(p, window, n_splits);
+    int s = blockIdx.y;
+    if (s >= sp.active) return;
+    int h = blockIdx.x, group = n_head / n_head_kv, g0 = blockIdx.z * 16, ng = min(16, group - g0);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gi = lane >> 2, ci = lane & 3, d0 = warp * DW;
+    int kb = sp.lo + s * sp.chunk, ke = min(p + 1, kb + sp.chunk);
+    int n_tiles = (ke - kb + 15) / 16;
+    float scale2 = scale * 1.4426950408889634f;
+
+    const __half* kh = k_cache + (size_t)h * max_ctx * HD;
+    const __half* vh = v_cache + (size_t)h * max_ctx * HD;
+    auto load_tile = [&](int i) {  // the block's i-th tile -> stage i % STAGES; keys past ke read as zeros
+        __half* st = dm_smem + (i % STAGES) * TILE;
+        int k0 = kb + i * 16;
+        for (int c = threadIdx.x; c < 16 * HD / 8; c += 32 * WARPS) {
+            int key = c / (HD / 8), d = (c % (HD / 8)) * 8, j = k0 + key;
+            copy16(st + key * ST + d, kh + (size_t)min(j, ke - 1) * HD + d, j < ke);
+            copy16(st + 16 * ST + key * ST + d, vh + (size_t)min(j, ke - 1) * HD + d, j < ke);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        if (i < n_tiles) load_tile(i);
+        copy_commit();
+    }
+    uint32_t ah[KW][4], al[KW][4];  // q's A fragments (hi, lo) over this warp's dims; padding rows 0
+#pragma unroll
+    for (int kk = 0; kk < KW; ++kk) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int r = gi + (e & 1) * 8, d = d0 + kk * 16 + (e >> 1) * 8 + 2 * ci;
+            float2 v = r < ng ? *reinterpret_cast<const float2*>(q + (size_t)(h * group + g0 + r) * HD + d)
+                              : make_float2(0.0f, 0.0f);
+            split_pair(v.x, v.y, ah[kk][e], al[kk][e]);
+        }
+    }
+
+    float o[NT][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int i = 0; i < n_tiles; ++i) {
+        copy_wait<STAGES - 2>();  // this thread's copies of tile i have landed
+        __syncthreads();          // and every thread's; every warp is done with tile i - 1 and with s_sc
+        if (i + STAGES - 1 < n_tiles) load_tile(i + STAGES - 1);
+        copy_commit();
+        const __half* s_k = dm_smem + (i % STAGES) * TILE;
+        const __half* s_v = s_k + 16 * ST;
+        int k0 = kb + i * 16;
+
+        float sc[2][4];  // scores: keys k0 + 8n + 2ci (+1), rows gi and gi + 8
+#pragma unroll
+        for (int n = 0; n < 2; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KW; ++kk) {
+            qk_mma(sc[0], s_k + d0, ST, 0, kk, gi, ci, ah[kk], al[kk]);
+            qk_mma(sc[1], s_k + d0, ST, 1, kk, gi, ci, ah[kk], al[kk]);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s_sc[warp][e][lane] = sc[e >> 2][e & 3];
+        __syncthreads();
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            float t = s_sc[0][e][lane] + s_sc[1][e][lane] + s_sc[2][e][lane] + s_sc[3][e][lane];
+            sc[e >> 2][e & 3] = k0 + (e >> 2) * 8 + 2 * ci + (e & 1) < ke ? t * scale2 : NEG_INF;
+        }
+        softmax_tile(sc, m, l, o);
+        pv_mma(o, sc[0], sc[1], s_v + d0, ST, lane);  // the tile's 16 keys are one k-step
+    }
+    copy_wait<0>();
+
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+        int r = gi + half * 8;
+        if (r >= ng) continue;
+        float* out = part + ((size_t)(h * group + g0 + r) * n_splits + s) * (HD + PART_EXTRA);
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+            *reinterpret_cast<float2*>(out + d0 + n * 8 + 2 * ci) = make_float2(o[n][2 * half], o[n][2 * half + 1]);
+        if (warp == 0 && ci == 0) {  // every warp has the same max and sum
+            out[HD] = m[half] * 0.6931471805599453f;  // base 2 -> natural units, as the combine reads it
+            out[HD + 1] = l[half];
+        }
+    }
+}
+
 // (128, 1): with the plain bound ptxas aims at more blocks an SM and spills at HD 256
-// DECODE_VD, PREFILL_VD: the output's dims a block makes; DECODE_ST: a decode warp's ring stages (ops.py mirrors them)
-#define ATTN(HD, DECODE_VD, DECODE_ST, PREFILL_VD)                                                      \
+// DECODE: decode_mma or decode_wide_mma; PREFILL_VD: the output's dims a prefill block makes (ops.py mirrors them)
+#define ATTN(HD, DECODE, PREFILL_VD)                                                                   \
     extern "C" __global__ void __launch_bounds__(128, 1)                                                 \
         attn_decode_##HD(const float* q, const __half* k_cache, const __half* v_cache, float* part,     \
                          const int* pos, int n_head, int n_head_kv, int max_ctx, int window, float scale, \
                          int n_splits) {                                                                \
         wait_prior();                                                                                   \
-        decode_mma<HD, DECODE_VD, DECODE_ST>(q, k_cache, v_cache, part, pos, n_head, n_head_kv, max_ctx, \
-                                             window, scale, n_splits);                                  \
+        DECODE<HD>(q, k_cache, v_cache, part, pos, n_head, n_head_kv, max_ctx, window, scale, n_splits); \
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(128, 1)                                                 \
         attn_prefill_##HD(const float* q, const __half* k_cache, const __half* v_cache, float* out,   \
@@ -519,8 +627,8 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
                                     window, scale, sinks);                                              \
     }
 
-ATTN(64, 64, DECODE_STAGES, 64)
-ATTN(128, 128, DECODE_STAGES, 128)
-ATTN(256, 256, DECODE_STAGES, 256)
-// 512: a block makes 128 of the output's dims (a prefill block of 256 spilled), a decode warp's ring 2 stages (201 KiB)
-ATTN(512, 128, 2, 128)
+ATTN(64, decode_mma, 64)
+ATTN(128, decode_mma, 128)
+ATTN(256, decode_mma, 256)
+// 512: a prefill block makes 128 of the output's dims (256 spilled); decode splits the dims over warps
+ATTN(512, decode_wide_mma, 128)

@@ -228,40 +228,38 @@ DECODE_STAGES = 3  # attention.cu: DECODE_STAGES
 SHARED_BYTES_AN_SM = 228 * 1024  # Hopper; each block also holds 1 KiB
 
 
-# attention.cu's ATTN(HD, DECODE_VD, DECODE_ST, PREFILL_VD) where a block makes a slice of the output's dims (heads
-# of 512: see attention.cu's top), and a decode warp's ring stages there; other head sizes: all dims, DECODE_STAGES
-DECODE_SLICE = {512: (128, 2)}
+# attention.cu's ATTN(HD, DECODE, PREFILL_VD): the head sizes whose decode is decode_wide_mma (a block's warps split
+# the dims: heads of 512, see attention.cu's top), and the prefill's slice of the output's dims a block makes
+WIDE_DECODE = (512,)
+WIDE_STAGES = 3  # attention.cu: WIDE_STAGES
 PREFILL_SLICE = {512: 128}
 
 
-def _decode_slice(head_dim: int) -> tuple[int, int]:
-    """(output dims a decode block makes, its warps' ring stages) at head_dim."""
-    return DECODE_SLICE.get(head_dim, (head_dim, DECODE_STAGES))
-
-
 def _decode_smem(head_dim: int) -> int:
-    """attention.cu's DmShape<HD, VD, STAGES>::BYTES: q (hi, lo), then each warp's ring of 16-key tiles of k and of
-    v's slice."""
-    vd, stages = _decode_slice(head_dim)
-    tile = 16 * (head_dim + 8) + 16 * (vd + 8)
-    return 2 * (2 * 16 * (head_dim + 8) + ATTN_WARPS * stages * tile)
+    """attention.cu's DmShape<HD>::BYTES (q (hi, lo), then each warp's ring of 16-key tiles of k and v) or, for a
+    wide head, WideShape<HD>::BYTES (the block's ring)."""
+    tile = 2 * 16 * (head_dim + 8)
+    if head_dim in WIDE_DECODE:
+        return 2 * WIDE_STAGES * tile
+    return 2 * (2 * 16 * (head_dim + 8) + ATTN_WARPS * DECODE_STAGES * tile)
 
 
 def decode_scratch(n_head: int, n_head_kv: int, head_dim: int) -> cp.ndarray:
     """Scratch for attention_decode: float32 [n_head, n_splits, head_dim + 4], n_splits picked so that a
     long context fills the multiprocessors with one wave of blocks (as many an SM as shared memory holds, at
-    most 2: a second wave cost 8-20% in a measurement of 16384 keys). One serves every layer of these heads (they
-    run in turn)."""
+    most 2: a second wave cost 8-20% in a measurement of 16384 keys; rounded down: gemma4 31B's sliding layers, 16
+    kv heads, took 17.2 us over 1024 keys in 9 splits, 11.4 in 8). One serves every layer of these heads (they run
+    in turn)."""
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     blocks_an_sm = max(1, min(2, SHARED_BYTES_AN_SM // (_decode_smem(head_dim) + 1024)))
-    row_chunks = math.ceil(n_head // n_head_kv / DECODE_ROWS) * head_dim // _decode_slice(head_dim)[0]
-    n_splits = max(1, min(64, math.ceil(blocks_an_sm * sms / (n_head_kv * row_chunks))))
+    row_chunks = math.ceil(n_head // n_head_kv / DECODE_ROWS)
+    n_splits = max(1, min(64, blocks_an_sm * sms // (n_head_kv * row_chunks)))
     return cp.empty((n_head, n_splits, head_dim + 4), dtype=cp.float32)  # attention.cu: PART_EXTRA
 
 
 def _decode_kernel(head_dim: int):
     launch = kernel("attention.cu", f"attn_decode_{head_dim}")
-    launch.raw.max_dynamic_shared_size_bytes = _decode_smem(head_dim)  # 214 KiB at head_dim 256, 196 at 512
+    launch.raw.max_dynamic_shared_size_bytes = _decode_smem(head_dim)  # 214 KiB at head_dim 256, 98 at 512
     return launch
 
 
@@ -294,8 +292,7 @@ def attention_decode(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ou
         _check_q8(xq, n_head * head_dim)
     if sinks is not None:
         _check("sinks", sinks, cp.float32, (n_head,))
-    slices = head_dim // _decode_slice(head_dim)[0]  # blockIdx.x: kv head * slices + slice
-    grid = (n_head_kv * slices, n_splits, math.ceil(n_head // n_head_kv / DECODE_ROWS))
+    grid = (n_head_kv, n_splits, math.ceil(n_head // n_head_kv / DECODE_ROWS))
     with _stream(stream):
         _decode_kernel(head_dim)(
             grid, (32 * ATTN_WARPS,),

@@ -22,7 +22,7 @@ EMBED_TYPES = ["Q8_0", "Q4_K", "Q6_K", "F16", "F32", "BF16", "Q4_0", "Q4_1", "Q5
 # (n_head, n_head_kv, head_dim): llama3-8b, gemma3-270m, smollm2-135m, a group of 16 (two row chunks), MHA, heads of
 # 512 (gemma4's global layers: a block makes a slice of the output's dims) with a group of 8 and MHA
 ATTN_SHAPES = [(32, 8, 128), (4, 1, 256), (24, 4, 256), (9, 3, 64), (64, 4, 128), (40, 2, 64), (8, 8, 64),
-               (32, 4, 512), (4, 4, 512)]
+               (32, 4, 512), (4, 4, 512), (40, 2, 512)]
 
 
 @pytest.fixture(scope="module")
