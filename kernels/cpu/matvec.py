@@ -337,8 +337,12 @@ def matvec_add_int8(tids, ws, x, resid, norm, eps, out, f16, n_chunks, n_workers
         for j in range(y.shape[1]):
             ss += y[0, j] * y[0, j]
         scale = np.float32(1.0 / math.sqrt(ss / y.shape[1] + eps))
+        # the norm, then the add, in loops of their own: an add in the norm's loop became a fused multiply-add, a
+        # rounding that resid + ops.rms_norm(y) (a verify step's tokens) does not have, so decode and verify parted
         for j in range(y.shape[1]):
-            out[0, j] = resid[0, j] + y[0, j] * scale * norm[j]
+            y[0, j] = y[0, j] * scale * norm[j]
+        for j in range(y.shape[1]):
+            out[0, j] = resid[0, j] + y[0, j]
     else:
         for j in range(y.shape[1]):
             out[0, j] = resid[0, j] + y[0, j]
