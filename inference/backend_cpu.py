@@ -3,6 +3,7 @@ import mmap
 
 import numpy as np
 
+from inference.kv_ring import RingPositions, cache_rows
 from inference.weights import DeltaNetWeights, ExpertFFN, ModelWeights, QuantMatrix
 from kernels.cpu import deltanet as cpu_deltanet, ops as cpu_ops, quant as cpu_quant
 from kernels.cpu.quant import (OneToken, dequantize_rows, quantized_matmul, quantized_matmuls,
@@ -116,10 +117,6 @@ class CPUBackend:
     this backend's matrices for one token while the CPU does the rest (None: the CPU does all)."""
 
     prefill_chunk = 256  # prompt tokens a forward: bounds the attention scores to [heads, 256, ctx]
-    # a sliding-window layer's cache is a ring of window + prefill_chunk + ring_slack positions (when that is less than
-    # the context, and no GPU reads the caches): it holds what a chunk's tokens see, and the last ring_slack or so
-    # tokens can be taken back (a regenerated reply) without the prompt running again (can_resume)
-    ring_slack = 1024
     _repacked: dict[int, Repacked] = {}  # set in __init__; empty here for a backend made without it (tests' op checks)
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, layers: range | None = None,
@@ -131,10 +128,11 @@ class CPUBackend:
         # the attention layers' caches, each of its layer's heads (gemma4's KV-shared layers have none: they read
         # their kv_source's)
         attention = [i for i in self.layers if not cfg.is_recurrent(i) and cfg.has_kv(i)]
-        ring = cfg.sliding_window + self.prefill_chunk + self.ring_slack
-        self.ring = ring if ring < n_ctx and not with_gpu and any(cfg.layer_window(i) for i in attention) else 0
-        self.slots = {i: self.ring if self.ring and cfg.layer_window(i) else n_ctx for i in attention}
-        self._ring_pos = np.full(self.ring, -1)  # the position each row of the rings holds
+        # a sliding-window layer's cache is a ring (kv_ring.py) unless a GPU reads these caches (lent layers)
+        self.slots = {i: n_ctx if with_gpu else cache_rows(cfg, n_ctx, i, self.prefill_chunk) for i in attention}
+        rows = min(self.slots.values(), default=n_ctx)
+        self.ring = rows if rows < n_ctx else 0  # the rings' rows (0: none)
+        self._rings = RingPositions(self.ring, cfg.sliding_window) if self.ring else None
         self.k_cache = {i: lazy_zeros((cfg.layer_heads(i)[1], self.slots[i], cfg.layer_heads(i)[2])) for i in attention}
         self.v_cache = {i: lazy_zeros((cfg.layer_heads(i)[1], self.slots[i], cfg.layer_heads(i)[3])) for i in attention}
         # the recurrent layers' states (kernels/cpu/deltanet): the context of those layers, at state_pos tokens
@@ -171,9 +169,8 @@ class CPUBackend:
         self.tokens = np.asarray(tokens, np.int32)
         self.pos = pos
         self._snapshots = {} if snapshots else None  # layer -> [(conv, delta) after each token]
-        if self.ring:  # the rows the forward of these tokens writes
-            written = np.arange(pos, pos + len(tokens))
-            self._ring_pos[written % self.ring] = written
+        if self._rings:  # the rows the forward of these tokens writes
+            self._rings.wrote(pos, len(tokens))
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -283,8 +280,7 @@ class CPUBackend:
     def can_resume(self, keep: int) -> bool:
         """Whether a prompt can go on after the first keep cached tokens: the rings still hold the window before
         position keep (later tokens overwrite it)."""
-        need = np.arange(max(0, keep - self.cfg.sliding_window + 1), keep)
-        return not self.ring or bool((self._ring_pos[need % self.ring] == need).all())
+        return self._rings is None or self._rings.can_resume(keep)
 
     def sigmoid_mul(self, a: np.ndarray, gate: np.ndarray) -> np.ndarray:
         """a [n, d] * sigmoid(gate) (its d values in any shape): the attention output's gate (qwen35)."""

@@ -15,6 +15,7 @@ import numpy as np
 from inference import backend_cuda_moe
 from inference.backend_cpu import rope_speeds
 from inference.host_experts import HostExperts
+from inference.kv_ring import RingPositions, cache_rows
 from inference.placement import OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, prefill_tile_elems
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.step_pieces import StepPieces
@@ -123,9 +124,14 @@ class CUDABackend:
                                         if isinstance(m, QuantExperts) else cp.asarray(own(m)))
             self._rope_freqs = weights.rope_freqs
             # the attention layers' caches, each of its layer's heads (gemma4's KV-shared layers have none: they read
-            # their kv_source's, which must be here too)
-            self.caches = {i: cuda_ops.kv_cache(cfg.layer_heads(i)[1], n_ctx, cfg.layer_heads(i)[2])
-                           for i in self.layers if not cfg.is_recurrent(i) and cfg.has_kv(i)}
+            # their kv_source's, which must be here too); a sliding-window layer's a ring (kv_ring.py)
+            rows = {i: cache_rows(cfg, n_ctx, i, prefill_chunk) for i in self.layers
+                    if not cfg.is_recurrent(i) and cfg.has_kv(i)}
+            self.caches = {i: cuda_ops.kv_cache(cfg.layer_heads(i)[1], r, cfg.layer_heads(i)[2])
+                           for i, r in rows.items()}
+            ring = min(rows.values(), default=n_ctx)
+            # the position each row of the rings holds, as the forwards and decode steps write them (None: no ring)
+            self.rings = RingPositions(ring, cfg.sliding_window) if ring < n_ctx else None
             if any(cfg.kv_source(i) not in self.caches for i in self.layers if not cfg.is_recurrent(i)):
                 raise ValueError(f"{cfg.arch}'s KV-shared layers must run on the device of the layers whose K/V they "
                                  f"read (layers {self.layers.start}.. hold none of them)")
@@ -186,6 +192,8 @@ class CUDABackend:
         keep a copy of their states after each token (a verify step's, speculative.py), for rewind_states."""
         tokens = np.asarray(tokens, np.int32)
         self._advance_state(pos, len(tokens))
+        if self.rings:
+            self.rings.wrote(pos, len(tokens))
         self._snapshots = ({}, pos) if snapshots else None  # (layer -> [(conv, delta) after each token], pos)
         if len(tokens) == 1:
             self.token.set(tokens, stream=self.stream)
@@ -213,8 +221,9 @@ class CUDABackend:
         self.state_pos = pos + n
 
     def can_resume(self, keep: int) -> bool:
-        """Its caches hold the whole context (no rings): a prompt can go on after any cached tokens."""
-        return True
+        """Whether a prompt can go on after the first keep cached tokens: the rings, if any, still hold the window
+        before position keep."""
+        return self.rings is None or self.rings.can_resume(keep)
 
     def rewind_states(self, n: int) -> None:
         """The recurrent states back to after the context's first n tokens, from the copies the last forward kept

@@ -71,6 +71,8 @@ class DecodeStep:
             if self.be.state_pos != pos:
                 raise RuntimeError(f"the recurrent state is at token {self.be.state_pos}, not at {pos}")
             self.be.state_pos = pos + 1
+        if self.be.rings:  # the step writes its token's k, v at pos
+            self.be.rings.wrote(pos, 1)
         if self.cpu:
             self.cpu.set_input(np.array([token], np.int32), pos)
             x, per_layer = inputs(self.cpu, self.cfg, self.weights)

@@ -8,7 +8,8 @@ Counted, from what the CUDA kernels allocate:
   the GPU, where the lookup runs on the GPU so the decode graph never waits on the host. A tied output head
   is token_embd itself and is counted once, as the head.
 - KV cache: float16 k [n_kv_heads, n_ctx, head_dim] and v [n_kv_heads, n_ctx, v_head_dim] per GPU layer
-  (kernels/cuda/ops.kv_cache); sliding-window layers get the full context too, as the kernels index it.
+  (kernels/cuda/ops.kv_cache); a sliding-window layer's is a ring of its window, a prompt chunk and some slack
+  (kv_ring.cache_rows) where that is shorter than the context.
 - scratch: the decode step's activations, logits and attention splits, the prefill Scratch of
   kernels/cuda/prefill for PREFILL_CHUNK tokens with a tile of half the largest layer matrix, and room
   for a CPU layer's largest matrix, which prompt chunks upload to multiply on the GPU (backend_cpu.py); with
@@ -25,6 +26,7 @@ import os
 import re
 from dataclasses import dataclass, replace
 
+from inference.kv_ring import cache_rows
 from models.config import ModelConfig
 from models.errors import UserError
 from models.gguf import TensorInfo
@@ -158,13 +160,13 @@ def layer_weight_bytes(tensors: dict[str, TensorInfo], n_layers: int) -> list[in
     return sizes
 
 
-def kv_bytes_per_layer(cfg: ModelConfig, n_ctx: int, layer: int = 0) -> int:
-    """The float16 k and v of an attention layer's cache, of its own heads (gemma4's sliding and global layers differ;
-    its KV-shared layers read an earlier layer's: none)."""
+def kv_bytes_per_layer(cfg: ModelConfig, rows: int, layer: int = 0) -> int:
+    """The float16 k and v of an attention layer's cache of rows positions, of its own heads (gemma4's sliding and
+    global layers differ; its KV-shared layers read an earlier layer's: none)."""
     if not cfg.has_kv(layer):
         return 0
     _, kv_heads, head_dim, v_head_dim = cfg.layer_heads(layer)
-    return 2 * kv_heads * n_ctx * (head_dim + v_head_dim)
+    return 2 * kv_heads * rows * (head_dim + v_head_dim)
 
 
 def mtp_block_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int) -> int:
@@ -176,11 +178,12 @@ def mtp_block_bytes(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int
     return weights + kv_bytes_per_layer(cfg, n_ctx, cfg.attention_layers[-1]) + 4 * n_ctx * cfg.n_embd
 
 
-def context_bytes(cfg: ModelConfig, n_ctx: int, layers: range) -> int:
-    """VRAM of these layers' context: an attention layer's KV cache, a recurrent layer's float32 conv and delta
-    states (the same at any context length)."""
+def context_bytes(cfg: ModelConfig, n_ctx: int, layers: range, chunk: int) -> int:
+    """VRAM of these layers' context with prompt chunks of chunk tokens: an attention layer's KV cache (a sliding
+    layer's ring), a recurrent layer's float32 conv and delta states (the same at any context length)."""
     state = 4 * ((cfg.ssm_conv_kernel - 1) * cfg.ssm_conv_dim + cfg.ssm_v_heads * cfg.ssm_state ** 2)
-    return sum(state if cfg.is_recurrent(i) else kv_bytes_per_layer(cfg, n_ctx, i) for i in layers)
+    return sum(state if cfg.is_recurrent(i) else kv_bytes_per_layer(cfg, cache_rows(cfg, n_ctx, i, chunk), i)
+               for i in layers)
 
 
 def share_ring_bytes(largest_matrix_bytes: int) -> int:
@@ -321,7 +324,7 @@ def split(tensors: dict[str, TensorInfo], cfg: ModelConfig, n_ctx: int, k: int, 
         scratch = (scratch_bytes(tensors, cfg, chunk) + (share_ring_bytes(largest) if k < n else 0) + max(by_layer)
                    + stack)
         return Placement(("cpu",) * (n - k) + ("gpu",) * k, "gpu", "gpu" if k == n else "cpu", weights,
-                         context_bytes(cfg, n_ctx, range(n - k, n)), scratch, reserve, budget, n_ctx,
+                         context_bytes(cfg, n_ctx, range(n - k, n), chunk), scratch, reserve, budget, n_ctx,
                          reason if some_on_cpu else "", cpu_experts if host_experts else 0, host_experts, chunk)
 
     placed = counted(PREFILL_CHUNK)

@@ -1,6 +1,6 @@
 """Decode attention alone, on the GPU machine: microseconds a call of kernels/cuda/ops.attention_decode (its two
-passes: the splits, the combine; 50 calls a CUDA graph) over an fp16 KV cache filled to DEPTH, the bandwidth that is of the keys' and
-values' bytes it reads, and the largest error against a float64 softmax(q k^T) v.
+passes: the splits, the combine; 50 calls a CUDA graph) over an fp16 KV cache filled to DEPTH, the bandwidth that
+is of the keys' and values' bytes it reads, and the largest error against a float64 softmax(q k^T) v.
 
     PYTHONPATH=. python3 tests/device_attention.py N_HEAD N_HEAD_KV HEAD_DIM DEPTH [WINDOW [ROWS [SPLITS]]]
 

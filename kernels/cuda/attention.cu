@@ -2,7 +2,9 @@
 // prefill (n query tokens, key tiles in shared memory). Both use online softmax and GQA: the q heads
 // h * G .. h * G + G - 1 (G = n_head / n_head_kv) read kv head h.
 //
-// Caches: k_cache, v_cache [n_head_kv, max_ctx, HD] fp16 (one pair per layer), written by kv_write.
+// Caches: k_cache, v_cache [n_head_kv, max_ctx, HD] fp16 (one pair per layer), written by kv_write, position j at
+// row j % max_ctx: a cache as long as the context holds position j at row j; a sliding-window layer's may be a ring
+// of fewer rows (inference/kv_ring.py), holding the last max_ctx positions written.
 // Masks: a query at position p sees keys j <= p, and with window > 0 only those with p - j < window.
 // Sinks (gpt-oss; null: none): a learned logit a q head adds to its softmax's denominator and nothing to its
 // output, as if one more key scored sinks[h] (not scaled) with a zero value.
@@ -34,6 +36,12 @@ struct Splits {
     }
 };
 
+// The cache row of key k0 + i, where row0 is k0's (k0 % rows) and i < rows: a ring wraps at most once in a tile.
+__device__ __forceinline__ size_t ring_row(int row0, int i, int rows) {
+    int r = row0 + i;
+    return (size_t)(r >= rows ? r - rows : r);
+}
+
 // Copy 16 bytes global -> shared without holding registers (cp.async); ok false: write zeros instead.
 __device__ __forceinline__ void copy16(void* dst, const void* src, bool ok) {
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
@@ -57,7 +65,7 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, 1)
     wait_prior();
     __shared__ float s_f[64], s_wm[2], s_wl[2];  // n_splits <= 64
     __shared__ __align__(16) float s_acc[COMBINE_THREADS * 4];
-    Splits sp(min(pos[0], max_ctx - 1), window, n_splits);
+    Splits sp(pos[0], window, n_splits);
     int row = head_dim + PART_EXTRA;
     const float* ph = part + (size_t)blockIdx.x * n_splits * row;
     int tid = threadIdx.x;
@@ -288,7 +296,7 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
     // keys any row of the block sees, and those this warp's rows see
     int t_first = r_block / group, t_last = min(n_rows - 1, r_block + PF_ROWS - 1) / group;
     int k_lo = window > 0 ? max(0, p0 + t_first - window + 1) : 0;
-    int k_end = min(max_ctx, p0 + t_last + 1);  // past the cache is the caller's bug: wrong output, not a fault
+    int k_end = p0 + t_last + 1;
     int w_rows = max(0, min(16, n_rows - r_warp));
     int w_last = w_rows ? p0 + (r_warp + w_rows - 1) / group : -1;
     int w_lo = window > 0 ? p0 + r_warp / group - window + 1 : 0;
@@ -297,13 +305,15 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
     const __half* vh = v_cache + (size_t)h * max_ctx * HD;
     for (int kt = k_lo; kt < k_end; kt += KEYS) {
         __syncthreads();  // the previous tile is no longer read (and this warp's q rows are written)
+        // a key's row by a modulo of its own (j % max_ctx is a row for any j: no clamp to k_end): ring_row's two
+        // values live across the loop spilled 24 bytes a thread at HD 256
         for (int c = threadIdx.x; c < KEYS * HD / 8; c += 32 * WARPS) {
             int key = c / (HD / 8), d = (c % (HD / 8)) * 8, j = kt + key;
-            copy16(s_k + key * ST + d, kh + (size_t)min(j, k_end - 1) * HD + d, j < k_end);  // past k_end: zeros
+            copy16(s_k + key * ST + d, kh + (size_t)(j % max_ctx) * HD + d, j < k_end);  // past k_end: zeros
         }
         for (int c = threadIdx.x; c < KEYS * VD / 8; c += 32 * WARPS) {
             int key = c / (VD / 8), d = (c % (VD / 8)) * 8, j = kt + key;
-            copy16(s_v + key * SV + d, vh + (size_t)min(j, k_end - 1) * HD + voff + d, j < k_end);
+            copy16(s_v + key * SV + d, vh + (size_t)(j % max_ctx) * HD + voff + d, j < k_end);
         }
         copy_commit();
         copy_wait<0>();
@@ -387,7 +397,7 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
     extern __shared__ __align__(16) __half dm_smem[];
     __shared__ float s_m[WARPS][16], s_l[WARPS][16];
     __half *s_qh = dm_smem, *s_ql = s_qh + 16 * ST;
-    int p = min(pos[0], max_ctx - 1);  // past the cache is the caller's bug: wrong output, not a fault
+    int p = pos[0];
     Splits sp(p, window, n_splits);
     int s = blockIdx.y;
     if (s >= sp.active) return;
@@ -402,14 +412,12 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
     const __half* vh = v_cache + (size_t)h * max_ctx * HD;
     auto load_tile = [&](int i) {  // this warp's i-th tile -> stage i % STAGES; keys past ke read as zeros
         __half* st = ring + (i % STAGES) * TILE;
-        int k0 = kb + (warp + i * WARPS) * 16;
+        int k0 = kb + (warp + i * WARPS) * 16, row0 = k0 % max_ctx;
         for (int c = lane; c < 16 * HD / 8; c += 32) {
             int key = c / (HD / 8), d = (c % (HD / 8)) * 8, j = k0 + key;
-            copy16(st + key * ST + d, kh + (size_t)min(j, ke - 1) * HD + d, j < ke);
-        }
-        for (int c = lane; c < 16 * HD / 8; c += 32) {
-            int key = c / (HD / 8), d = (c % (HD / 8)) * 8, j = k0 + key;
-            copy16(st + 16 * ST + key * ST + d, vh + (size_t)min(j, ke - 1) * HD + d, j < ke);
+            size_t at = ring_row(row0, min(j, ke - 1) - k0, max_ctx) * HD + d;
+            copy16(st + key * ST + d, kh + at, j < ke);
+            copy16(st + 16 * ST + key * ST + d, vh + at, j < ke);
         }
     };
 #pragma unroll
@@ -520,7 +528,7 @@ __device__ __forceinline__ void decode_wide_mma(const float* __restrict__ q, con
     constexpr int STAGES = WIDE_STAGES;
     extern __shared__ __align__(16) __half dm_smem[];
     __shared__ float s_sc[WARPS][8][32];  // each warp's partial scores, in its lanes' fragment order
-    int p = min(pos[0], max_ctx - 1);  // past the cache is the caller's bug: wrong output, not a fault
+    int p = pos[0];
     Splits sp(p, window, n_splits);
     int s = blockIdx.y;
     if (s >= sp.active) return;
@@ -534,11 +542,12 @@ __device__ __forceinline__ void decode_wide_mma(const float* __restrict__ q, con
     const __half* vh = v_cache + (size_t)h * max_ctx * HD;
     auto load_tile = [&](int i) {  // the block's i-th tile -> stage i % STAGES; keys past ke read as zeros
         __half* st = dm_smem + (i % STAGES) * TILE;
-        int k0 = kb + i * 16;
+        int k0 = kb + i * 16, row0 = k0 % max_ctx;
         for (int c = threadIdx.x; c < 16 * HD / 8; c += 32 * WARPS) {
             int key = c / (HD / 8), d = (c % (HD / 8)) * 8, j = k0 + key;
-            copy16(st + key * ST + d, kh + (size_t)min(j, ke - 1) * HD + d, j < ke);
-            copy16(st + 16 * ST + key * ST + d, vh + (size_t)min(j, ke - 1) * HD + d, j < ke);
+            size_t at = ring_row(row0, min(j, ke - 1) - k0, max_ctx) * HD + d;
+            copy16(st + key * ST + d, kh + at, j < ke);
+            copy16(st + 16 * ST + key * ST + d, vh + at, j < ke);
         }
     };
 #pragma unroll

@@ -104,7 +104,7 @@ extern "C" __global__ void rope(float* __restrict__ q, float* __restrict__ k, co
 // head_norm, each head of q and k is first normalized as rms_norm does per head (x / sqrt(mean(x^2) + eps) * w,
 // w = q_norm or k_norm [head_dim]); then q, k rotated in place as rope() does, with cos and sin times mscale (YaRN's
 // attention factor, gpt-oss; 1 elsewhere: the rotation of rope() exactly), and the rotated k and v
-// [n_tok, n_head_kv, head_dim] stored as fp16 at positions pos[0] + t of the caches (dropped past max_ctx).
+// [n_tok, n_head_kv, head_dim] stored as fp16 at positions pos[0] + t of the caches (row p % max_ctx: attention.cu).
 // Thread i < head_dim / 2 takes pair i when i < n_pairs, else the unrotated dims 2i and 2i+1 (normalized
 // and copied). head_norm needs head_dim a multiple of 64 (block_sum_f's whole warps).
 // v_norm (gemma4): each head of v normalized too before it is stored, with its weight v_norm_w (ones: gemma4's
@@ -160,8 +160,8 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* k, const 
             v0 = v0 * inv * v_norm_w[a];
             v1 = v1 * inv * v_norm_w[b];
         }
-        if (p < 0 || p >= max_ctx) continue;
-        size_t at = ((size_t)hk * max_ctx + p) * head_dim;
+        if (p < 0) continue;
+        size_t at = ((size_t)hk * max_ctx + p % max_ctx) * head_dim;
         k_cache[at + a] = __float2half_rn(x0);
         k_cache[at + b] = __float2half_rn(x1);
         v_cache[at + a] = __float2half_rn(v0);
@@ -170,7 +170,7 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* k, const 
 }
 
 // k, v [n_tok, n_head_kv, head_dim] float32 -> caches [n_head_kv, max_ctx, head_dim] fp16 at positions
-// pos[0] + t. Positions past max_ctx are dropped (the caller keeps the context within the cache).
+// pos[0] + t, position p at row p % max_ctx (attention.cu).
 // Launch: grid ceil(n_tok * n_head_kv * head_dim / 256), block 256.
 extern "C" __global__ void kv_write(const float* __restrict__ k, const float* __restrict__ v,
                                     __half* __restrict__ k_cache, __half* __restrict__ v_cache,
@@ -182,8 +182,8 @@ extern "C" __global__ void kv_write(const float* __restrict__ k, const float* __
     if (i >= n_tok * per_tok) return;
     int t = i / per_tok, h = (i / head_dim) % n_head_kv, d = i % head_dim;
     int p = pos[0] + t;
-    if (p < 0 || p >= max_ctx) return;
-    size_t at = ((size_t)h * max_ctx + p) * head_dim + d;
+    if (p < 0) return;
+    size_t at = ((size_t)h * max_ctx + p % max_ctx) * head_dim + d;
     k_cache[at] = __float2half_rn(k[i]);
     v_cache[at] = __float2half_rn(v[i]);
 }

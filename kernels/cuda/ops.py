@@ -8,7 +8,8 @@ stays valid for every token; the samplers write the next token into `token` (int
 The *_scratch / set_sampling_params helpers allocate or copy from the host: call them before capture.
 
 Layouts: activations float32, row-major, [n_tok, ...] for prefill and the same without n_tok for decode.
-KV cache, one pair per layer: k_cache, v_cache [n_head_kv, max_ctx, head_dim] float16. fp16 halves the
+KV cache, one pair per layer: k_cache, v_cache [n_head_kv, max_ctx, head_dim] float16, position p at row p % max_ctx
+(a sliding-window layer's cache may be a ring shorter than the context: inference/kv_ring.py). fp16 halves the
 bytes that decode attention reads at long contexts (and the VRAM), as llama.cpp's default cache does;
 it rounds k and v to 11 significant bits (relative error <= 2^-11).
 """
@@ -164,7 +165,7 @@ def _check_cache(k_cache, v_cache) -> tuple[int, int, int]:
 def kv_write(k: cp.ndarray, v: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, pos: cp.ndarray,
              stream=None) -> None:
     """Store k, v [n_tok, n_head_kv, head_dim] float32 at positions pos[0].. of the caches (as fp16).
-    Positions past max_ctx are dropped: keeping the context inside the cache is the caller's job."""
+    Position p goes to row p % max_ctx: past the cache's rows it overwrites position p - max_ctx (a ring's oldest)."""
     n_head_kv, max_ctx, head_dim = _check_cache(k_cache, v_cache)
     n_tok = k.shape[0] if isinstance(k, cp.ndarray) and k.ndim == 3 else -1
     _check("k", k, cp.float32, (n_tok, n_head_kv, head_dim))

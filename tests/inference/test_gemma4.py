@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
+from inference import kv_ring
 from inference.backend_cpu import CPUBackend
 from kernels.cpu import ops as cpu_ops
 from models.config import BadConfigValueError, ModelConfig, config_from_metadata
@@ -50,7 +51,7 @@ def _load(path):
     from inference import load
     with pytest.MonkeyPatch.context() as m:
         m.setattr(CPUBackend, "prefill_chunk", CHUNK)
-        m.setattr(CPUBackend, "ring_slack", SLACK)
+        m.setattr(kv_ring, "RING_SLACK", SLACK)
         engine = load(path, device="cpu", ctx=64)
     engine._be.prefill_chunk = CHUNK  # the ring's size counted on it
     return engine
@@ -227,3 +228,21 @@ def test_a_split_never_parts_the_kv_shared_layers_from_their_sources(dense_file)
     placed = plan_placement(gguf.tensors, cfg, 64, 80 * GiB, vram_budget=three)
     assert placed.n_gpu_layers == 0 and "KV-shared layers" in placed.summary()
     assert plan_placement(gguf.tensors, cfg, 64, 80 * GiB, vram_budget=three * 2).n_gpu_layers >= 4
+
+
+
+def test_the_plan_counts_the_sliding_layers_rings(dense_file):
+    """At ctx 4096 with prompt chunks of 2048, a sliding layer's cache in VRAM is a ring of its window + 2048 + 1024
+    positions (kv_ring's slack), a global layer's the whole context, and the KV-shared layers have none; at ctx 2048 a
+    ring would be longer than the context: whole caches."""
+    from inference.placement import GiB, plan_placement
+    gguf = open_gguf(dense_file)
+    cfg = config_from_metadata(gguf.metadata)
+    (kv_s, hd_s), (kv_g, hd_g) = cfg.layer_heads(0)[1:3], cfg.layer_heads(2)[1:3]
+    sliding, glob = 3, 2  # layers 0, 1, 3 and 2, 4 of SSGSGSG (5 and 6 read 3's and 4's)
+    plan = plan_placement(gguf.tensors, cfg, 4096, 80 * GiB)
+    assert plan.prefill_chunk == 2048
+    ring = GEMMA4_WINDOW + 2048 + kv_ring.RING_SLACK
+    assert plan.kv_bytes == sliding * 2 * kv_s * ring * 2 * hd_s + glob * 2 * kv_g * 4096 * 2 * hd_g
+    small = plan_placement(gguf.tensors, cfg, 2048, 80 * GiB)
+    assert small.kv_bytes == (sliding * 2 * kv_s * 2 * hd_s + glob * 2 * kv_g * 2 * hd_g) * 2048

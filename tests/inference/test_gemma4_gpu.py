@@ -1,10 +1,11 @@
 """Gemma 4 (gemma4) on the GPU, against the CPU engine (its float32 reference: gpu_compare.reference_logits), which
 test_gemma4.py holds to llama.cpp: the three kinds of random file (tests/inference/synthetic.py's GEMMA4_KINDS) with
-Gemma 4's head sizes (sliding 256, global 512: attention.cu's sliced 512 kernels), the dense kind also with the CPU
+Gemma 4's head sizes (sliding 256, global 512: attention.cu's 512 kernels), the dense kind also with the CPU
 tests' small heads (64, 128: the fused head norms' smallest whole warps). Teacher-forced and decode-step logits, each
 layer given the CPU's input, the captured decode step against the same step run eagerly, experts in host memory
-against all on the GPU, 2000 sampled tokens far across the 16-token window without drift, and layers split between
-the CPU and the GPU (the per-layer inputs staged for the graph; the KV-shared layers beside their sources).
+against all on the GPU, 2000 sampled tokens far across the 16-token window without drift, the sliding layers' ring
+caches gone round many times, and layers split between the CPU and the GPU (the per-layer inputs staged for the
+graph; the KV-shared layers beside their sources).
 
 Layer matrices quantized (Q8_0, Q5_0, Q4_1; the GPU has no kernels for float experts): the GPU rounds activations to
 8 bits as llama.cpp's does, so the bars are gpu_compare's (mean correlation >= 0.999, llama.cpp's clear top-1 kept).
@@ -235,6 +236,37 @@ def test_2000_tokens_neither_drift_nor_grow_memory(name, gemma4_path):
     ids, last = long_sampled_run(gpu)
     assert len(ids) > 100 * GEMMA4_WINDOW
     assert_close_logits(last, reference_logits(cpu, ids)[-16:], f"{path.name} after 2000 graph steps")
+
+
+def test_sliding_layers_keep_rings_on_the_gpu(gemma4_path, monkeypatch):
+    """The sliding layers' caches in VRAM are rings (kv_ring.py) of the window, a prompt chunk and the slack: made 16
+    + 16 + 8 rows here (prompt chunks of 16 tokens), the global layers' the whole context. A 300-token prompt goes round
+    them 7 times, 60 greedy steps twice more: the prompt's logits and the steps' against the CPU engine's; then a
+    prompt that shares the first 350 tokens goes on after them (the rings still hold the window before), and one that
+    shares the first 100 starts again (they do not)."""
+    from inference import kv_ring, load, placement
+    monkeypatch.setattr(kv_ring, "RING_SLACK", 8)
+    monkeypatch.setattr(placement, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(placement, "PREFILL_CHUNKS_SPARE", ())
+    path = gemma4_path("dense")
+    gpu, cpu = load(path, device="cuda", ctx=CTX), load(path, device="cpu", ctx=CTX)
+    be, cfg = gpu._be, gpu.config
+    rows = {i: be.caches[i][0].shape[1] for i in be.caches}
+    assert {rows[i] for i in rows if cfg.layer_window(i)} == {GEMMA4_WINDOW + 16 + 8}
+    assert {rows[i] for i in rows if not cfg.layer_window(i)} == {CTX}
+    ids = random_prompt(gpu, 300)
+    assert_close_logits(gpu.logits(ids), reference_logits(cpu, ids), f"{path.name} prompt over rings")
+    tokens, logits = greedy_steps(gpu, ids, 60)
+    ref = reference_logits(cpu, ids + tokens[:-1])
+    assert_close_logits(logits, ref[len(ids):], f"{path.name} decode steps over rings")
+    *_, stats = gpu.generate(ids, max_tokens=60, temperature=0)
+    assert len(gpu._cached) >= 355
+    more = gpu._cached[:350] + random_prompt(gpu, 20, seed=1)
+    *_, stats = gpu.generate(more, max_tokens=1, temperature=0)
+    assert stats.prompt_tokens == 20  # went on after the 350 cached tokens
+    again = ids[:100] + random_prompt(gpu, 20, seed=2)
+    *_, stats = gpu.generate(again, max_tokens=1, temperature=0)
+    assert stats.prompt_tokens == len(again)  # the rings no longer held the window before token 100
 
 
 # ---- layers split between the CPU and the GPU

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from inference import load
+from inference import kv_ring
 from inference.backend_cpu import CPUBackend
 from inference.speculative import SpeculationError, check_draft_vocabulary
 from inference.sampling import SamplingParams, distribution
@@ -104,7 +105,7 @@ def test_sliding_window_ring_keeps_the_window_through_rejected_drafts(tmp_path_f
     """gemma3's sliding-window layers keep a ring (backend_cpu): made 16 + 8 + 8 rows here, a reply of 40 tokens
     goes round it and its rejected drafts are written into it; the reply stays the one without speculation."""
     monkeypatch.setattr(CPUBackend, "prefill_chunk", 8)
-    monkeypatch.setattr(CPUBackend, "ring_slack", 8)
+    monkeypatch.setattr(kv_ring, "RING_SLACK", 8)
     engine = load(_write_small(tmp_path_factory, "gemma3", own_output=True), device="cpu", ctx=256)
     assert engine._be.ring == 32
     ids = engine.tokenizer.encode(PROMPT)

@@ -201,9 +201,10 @@ def test_rope_without_k(cuda, rng):
 
 # ---- kv_write ----
 
-@pytest.mark.parametrize("n_tok, p0", [(1, 37), (9, 100), (5, 254)])
+@pytest.mark.parametrize("n_tok, p0", [(1, 37), (9, 100), (5, 254), (7, 1020)])
 def test_kv_write(cuda, rng, n_tok, p0):
-    """fp16 round-to-nearest, exactly numpy's astype(float16); other positions untouched; past max_ctx dropped."""
+    """fp16 round-to-nearest, exactly numpy's astype(float16); other rows untouched; position p at row p % max_ctx
+    (past the cache's rows: a ring's, wrapping to its start)."""
     cp, ops = cuda
     n_head_kv, max_ctx, head_dim = 8, 256, 128
     k = rng.standard_normal((n_tok, n_head_kv, head_dim)).astype(np.float32)
@@ -211,11 +212,10 @@ def test_kv_write(cuda, rng, n_tok, p0):
     k_cache = cp.full((n_head_kv, max_ctx, head_dim), -7.0, dtype=cp.float16)
     v_cache = cp.full((n_head_kv, max_ctx, head_dim), -7.0, dtype=cp.float16)
     ops.kv_write(cp.asarray(k), cp.asarray(v), k_cache, v_cache, device_pos(cp, p0))
-    written = min(n_tok, max_ctx - p0)
+    rows = (p0 + np.arange(n_tok)) % max_ctx
     for cache, x in ((cp.asnumpy(k_cache), k), (cp.asnumpy(v_cache), v)):
-        np.testing.assert_array_equal(cache[:, p0:p0 + written], x[:written].transpose(1, 0, 2).astype(np.float16))
-        rest = np.delete(cache, np.s_[p0:p0 + written], axis=1)
-        assert (rest == -7.0).all()
+        np.testing.assert_array_equal(cache[:, rows], x.transpose(1, 0, 2).astype(np.float16))
+        assert (np.delete(cache, rows, axis=1) == -7.0).all()
 
 
 @pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
@@ -382,6 +382,49 @@ def test_attention_decode(cuda, rng, shape, n_ctx, window):
                          xq=xq)
     np.testing.assert_array_equal(cp.asnumpy(out_q), cp.asnumpy(out))
     assert_same_q8_1(cp, xq, q8_1_of(cp, out))
+
+
+def as_ring(cp, cache: np.ndarray, rows: int, end: int):
+    """The device ring of `rows` rows that holds the last `rows` of positions 0..end-1 of cache [n_kv, T, hd] (float64
+    copies of fp16 values): position j at row j % rows, as kv_write leaves it."""
+    ring = np.full((cache.shape[0], rows, cache.shape[2]), np.nan)
+    keep = np.arange(max(0, end - rows), end)
+    ring[:, keep % rows] = cache[:, keep]
+    return cp.asarray(ring.astype(np.float16))
+
+
+@pytest.mark.parametrize("shape", [(32, 16, 256), (32, 4, 512), (8, 2, 64)], ids=lambda s: f"{s[0]}h{s[1]}kv{s[2]}")
+@pytest.mark.parametrize("n_ctx, window, rows", [(3000, 1024, 1300), (700, 512, 600), (2100, 128, 200)])
+def test_attention_decode_over_a_ring(cuda, rng, shape, n_ctx, window, rows):
+    """A sliding window's ring cache (position j at row j % rows, the window's keys wrapping past its end; the rows
+    of older positions NaN, so that reading one shows): the same output as the whole cache, bound 1e-5."""
+    cp, ops = cuda
+    n_head, n_head_kv, head_dim = shape
+    _, _, k, v = random_cache(cp, rng, n_head_kv, n_ctx, head_dim)
+    q = rng.standard_normal((n_head, head_dim)).astype(np.float32)
+    scale = 1 / math.sqrt(head_dim)
+    out = nan_like(cp, (n_head, head_dim))
+    ops.attention_decode(cp.asarray(q), as_ring(cp, k, rows, n_ctx), as_ring(cp, v, rows, n_ctx), out,
+                         device_pos(cp, n_ctx - 1), ops.decode_scratch(n_head, n_head_kv, head_dim), scale, window)
+    ref = ref_attention(q[None].astype(np.float64), k, v, [n_ctx - 1], scale, window)[0]
+    assert rel_err(cp.asnumpy(out), ref) < 1e-5
+
+
+@pytest.mark.parametrize("shape", [(32, 16, 256), (32, 4, 512), (8, 2, 64)], ids=lambda s: f"{s[0]}h{s[1]}kv{s[2]}")
+@pytest.mark.parametrize("n_tok, p0, window, rows", [(300, 1000, 512, 830), (64, 700, 128, 300)])
+def test_attention_prefill_over_a_ring(cuda, rng, shape, n_tok, p0, window, rows):
+    """A prompt chunk over a ring that holds the window before its first token and the chunk's own keys (rows >=
+    window + n_tok): as test_attention_decode_over_a_ring, bound 1e-5."""
+    cp, ops = cuda
+    n_head, n_head_kv, head_dim = shape
+    _, _, k, v = random_cache(cp, rng, n_head_kv, p0 + n_tok, head_dim)
+    q = rng.standard_normal((n_tok, n_head, head_dim)).astype(np.float32)
+    scale = 1 / math.sqrt(head_dim)
+    out = nan_like(cp, (n_tok, n_head, head_dim))
+    ops.attention_prefill(cp.asarray(q), as_ring(cp, k, rows, p0 + n_tok), as_ring(cp, v, rows, p0 + n_tok), out,
+                          device_pos(cp, p0), scale, window)
+    ref = ref_attention(q.astype(np.float64), k, v, p0 + np.arange(n_tok), scale, window)
+    assert rel_err(cp.asnumpy(out), ref) < 1e-5
 
 
 def test_fp16_cache_error(cuda, rng):
