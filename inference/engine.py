@@ -11,6 +11,7 @@ import numpy as np
 from inference.backend_cpu import CPUBackend
 from inference.forward import forward
 from inference.grammar import Constraint, Guide, vocabulary
+from inference.kv_ring import cache_rows
 from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, Placement, VramBudgetError,
                                  all_on_cpu, free_vram, holds_kv_sources, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
@@ -495,14 +496,22 @@ def _suffix_prefix(text: str, s: str) -> int:
     return 0
 
 
-def _default_ctx(cfg: ModelConfig, file_size: int) -> int:
-    """The model's context, capped so the KV cache fits in half the memory left after the weights."""
-    # each attention layer's own heads (gemma4's differ by kind); KV-shared layers add none
-    per_token = sum(kv * (hd + vd) * 4 for kv, hd, vd in (cfg.layer_heads(i)[1:] for i in cfg.attention_layers
-                                                            if cfg.has_kv(i)))
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    fits = max(256, (memory // 2 - file_size) // per_token)
-    return int(min(cfg.n_ctx_train, fits))
+def _default_ctx(cfg: ModelConfig, file_size: int, memory: int | None = None) -> int:
+    """The model's context, capped so the CPU engine's float32 KV cache fits in half the memory (default: the
+    host's) left after the weights. A sliding layer's ring (kv_ring.py) costs the same at any longer context, so
+    Gemma's and gpt-oss's caches grow with their global layers alone."""
+    layers = [i for i in cfg.attention_layers if cfg.has_kv(i)]  # gemma4's KV-shared layers add none
+
+    def cache_bytes(n_ctx: int) -> int:  # each attention layer's own heads (gemma4's differ by kind)
+        return sum(4 * kv * (hd + vd) * cache_rows(cfg, n_ctx, i, CPUBackend.prefill_chunk)
+                   for i, (kv, hd, vd) in ((i, cfg.layer_heads(i)[1:]) for i in layers))
+    if memory is None:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    room, lo, hi = memory // 2 - file_size, 256, cfg.n_ctx_train
+    while lo < hi:  # the longest context whose cache fits the room (cache_bytes grows with it)
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if cache_bytes(mid) <= room else (lo, mid - 1)
+    return min(lo, cfg.n_ctx_train)
 
 
 def cuda_available() -> bool:

@@ -246,3 +246,20 @@ def test_the_plan_counts_the_sliding_layers_rings(dense_file):
     assert plan.kv_bytes == sliding * 2 * kv_s * ring * 2 * hd_s + glob * 2 * kv_g * 4096 * 2 * hd_g
     small = plan_placement(gguf.tensors, cfg, 2048, 80 * GiB)
     assert small.kv_bytes == (sliding * 2 * kv_s * 2 * hd_s + glob * 2 * kv_g * 2 * hd_g) * 2048
+
+
+def test_the_default_context_counts_the_sliding_layers_rings(dense_file):
+    """Half the memory less the file holds the CPU engine's float32 KV cache: the sliding layers' rings (window + a
+    256-token chunk + kv_ring's slack) cost the same at any longer context, so the global layers alone decide how far
+    the default context goes."""
+    from dataclasses import replace
+
+    from inference.engine import _default_ctx
+    gguf = open_gguf(dense_file)
+    cfg = replace(config_from_metadata(gguf.metadata), n_ctx_train=1 << 20)
+    (kv_s, hd_s), (kv_g, hd_g) = cfg.layer_heads(0)[1:3], cfg.layer_heads(2)[1:3]
+    rings = 3 * 4 * kv_s * 2 * hd_s * (GEMMA4_WINDOW + 256 + kv_ring.RING_SLACK)  # layers 0, 1, 3
+    per_token = 2 * 4 * kv_g * 2 * hd_g  # layers 2, 4
+    memory = 2 * (gguf.file_size + rings + 100_000 * per_token)
+    assert _default_ctx(cfg, gguf.file_size, memory) == 100_000
+    assert _default_ctx(cfg, gguf.file_size, memory - 2 * per_token) == 99_999
