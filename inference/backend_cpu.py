@@ -140,6 +140,7 @@ class CPUBackend:
         self.conv_state = {i: np.zeros((cfg.ssm_conv_kernel - 1, cfg.ssm_conv_dim), np.float32) for i in recurrent}
         self.delta_state = {i: np.zeros((cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_state), np.float32) for i in recurrent}
         self.state_pos = {i: 0 for i in recurrent}
+        self._conv_taps = {i: cpu_deltanet.conv_taps(weights.layers[i].delta_net.conv) for i in recurrent}
         self.tokens = np.zeros(0, np.int32)  # [n] the tokens of this step
         self.pos = 0  # position of tokens[0]
         self._snapshots = None  # set_input's
@@ -298,19 +299,20 @@ class CPUBackend:
                                f"not at {self.pos}")
         conv, delta = self.conv_state[layer], self.delta_state[layer]
         if self._snapshots is None:
-            out = self._delta_net(dn, qkv, z, alpha, beta, conv, delta)
+            out = self._delta_net(layer, dn, qkv, z, alpha, beta, conv, delta)
         else:  # a token at a time (the kernels' loop over tokens, the same floats), the states kept after each
             out, snaps = [], self._snapshots.setdefault(layer, [])
             for t in range(len(qkv)):
-                out.append(self._delta_net(dn, qkv[t:t + 1], z[t:t + 1], alpha[t:t + 1], beta[t:t + 1], conv, delta))
+                out.append(self._delta_net(layer, dn, qkv[t:t + 1], z[t:t + 1], alpha[t:t + 1], beta[t:t + 1], conv,
+                                           delta))
                 snaps.append((conv.copy(), delta.copy()))
             out = np.concatenate(out)
         self.state_pos[layer] = self.pos + len(qkv)
         return out
 
-    def _delta_net(self, dn: DeltaNetWeights, qkv: np.ndarray, z: np.ndarray, alpha: np.ndarray, beta: np.ndarray,
-                   conv: np.ndarray, delta: np.ndarray) -> np.ndarray:
-        y = cpu_deltanet.conv_silu(qkv, conv, dn.conv)
+    def _delta_net(self, layer: int, dn: DeltaNetWeights, qkv: np.ndarray, z: np.ndarray, alpha: np.ndarray,
+                   beta: np.ndarray, conv: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        y = cpu_deltanet.conv_silu(qkv, conv, self._conv_taps[layer])
         return cpu_deltanet.delta_rule(y, alpha, beta, dn.dt_bias, dn.a, z, dn.norm, delta, self.cfg.ssm_k_heads,
                                        self.cfg.rms_eps)
 

@@ -354,7 +354,9 @@ def _silu_glu(g, u):
     return (g / (np.float32(1.0) + exp_f32(-g)) if g > np.float32(-80.0) else np.float32(0.0)) * u
 
 
-@nb.njit(cache=True, nogil=True)
+# error_model "numpy" here and in _glu_serial: numba's default checks each division for a zero, a branch that kept
+# silu's loop from vectorizing (a token's 2816 values 14 us; deltanet.py's conv measured it: 3.2 ms -> 0.2 for 786k)
+@nb.njit(cache=True, nogil=True, error_model="numpy")
 def _glu_one(g, u, gelu, table):
     if gelu:
         t = min(max((g - np.float32(GELU_LO)) * np.float32(GELU_STEPS / (GELU_HI - GELU_LO)), np.float32(0.0)),
@@ -383,7 +385,7 @@ def _glu_parallel(gate, up, gelu, table, out):
             out[j] = _silu_glu(gate[j], up[j])
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, error_model="numpy")
 def _glu_serial(gate, up, gelu, table, out):
     if gelu:
         for j in range(gate.shape[0]):

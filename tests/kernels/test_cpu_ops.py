@@ -152,6 +152,30 @@ def test_exp_f32_is_exp_to_float32_precision():
     assert exp_all(np.array([-200.0], np.float32))[0] < 1e-37
 
 
+@pytest.mark.parametrize("kernel", ["deltanet._conv_silu", "ops._glu_serial"])
+def test_silu_loops_vectorize(kernel):
+    """The serial kernels that take silu of many values (a DeltaNet layer's conv, the one-token GLU) compile its exp
+    to packed instructions: numba's default error model checks each division for a zero, a branch that left them
+    scalar (6-16x slower), so they take error_model "numpy". A fresh compile with the kernel's own options (the
+    cached code cannot be inspected), its assembly holding a packed round (exp_f32's floor); planted: the default
+    error model compiles none."""
+    import re
+
+    import numba as nb
+
+    from kernels.cpu import deltanet
+    module, name = kernel.split(".")
+    f = getattr({"deltanet": deltanet, "ops": cpu_ops}[module], name)
+    x = np.zeros((2, 64), np.float32)
+    args = {"_conv_silu": (x, np.zeros((3, 64), np.float32), np.zeros((4, 64), np.float32), x.copy()),
+            "_glu_serial": (x[0], x[0], False, np.zeros(8, np.float32), x[0].copy())}[name]
+    options = {k: v for k, v in f.targetoptions.items() if k not in ("cache", "nopython")}
+    fresh = nb.njit(**options)(f.py_func)
+    fresh(*args)
+    asm = next(iter(fresh.inspect_asm().values()))
+    assert re.search(r"\b(?:v?roundps|vrndscaleps)\b", asm), f"{kernel}'s silu loop is scalar"
+
+
 def test_silu_glu_over_the_float32_range(monkeypatch):
     """silu(g) * up on one core and on all (the prompt's vectorized loop), against float64, where exp(-g)
     overflows float32 (g < -88) and where silu is 0 to float32 precision (g <= -80) too."""
