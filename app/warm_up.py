@@ -6,7 +6,7 @@ import time
 
 SLOW_SECONDS = 1.0  # a warm-up longer than this is a first start: say so while it runs
 NOTICE = "preparing the kernels for this machine: once, on a first start (about a minute on 2 cores)..."
-# A reply's first tokens attend to few keys, which the CPU runs in a single-threaded loop (kernels/cpu/ops.attention)
+# A reply's first tokens attend to few keys, which the CPU runs in a single-threaded loop (kernels/cpu/attention.py)
 # that Engine.warm_up's long prompt passes by: numba compiled it during the first reply, ~20% of that reply's
 # speed on 2 cores (BENCHMARKS.md, session 10). A few tokens of a short prompt compile it before; more than
 # cpu_quant.MATVEC_MAX_TOKENS of them, as a chat's first prompt, for the GLU of a few tokens (cpu_ops._glu_serial).

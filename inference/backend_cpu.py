@@ -5,7 +5,7 @@ import numpy as np
 
 from inference.kv_ring import RingPositions, cache_rows
 from inference.weights import DeltaNetWeights, ExpertFFN, ModelWeights, QuantMatrix
-from kernels.cpu import deltanet as cpu_deltanet, ops as cpu_ops, quant as cpu_quant
+from kernels.cpu import attention as cpu_attention, deltanet as cpu_deltanet, ops as cpu_ops, quant as cpu_quant
 from kernels.cpu.quant import (OneToken, dequantize_rows, quantized_matmul, quantized_matmuls,
                                quantized_matvecs_own_rows)
 from kernels.cpu.repack import LAYOUTS, Repacked, repack
@@ -275,7 +275,7 @@ class CPUBackend:
 
     def attention(self, layer: int, q: np.ndarray, window: int, scale: float,
                   sinks: np.ndarray | None = None) -> np.ndarray:
-        return cpu_ops.attention(q, self.k_cache[layer], self.v_cache[layer], self.pos, window, scale, sinks,
+        return cpu_attention.attention(q, self.k_cache[layer], self.v_cache[layer], self.pos, window, scale, sinks,
                                  self.slots[layer] < self.n_ctx)
 
     def can_resume(self, keep: int) -> bool:

@@ -38,7 +38,7 @@ CHECKPOINT_MAX = 32
 CHECKPOINT_BYTES = 2 << 30
 
 # Engine.warm_up's prompt: long enough that its decode steps take the paths a longer context takes (the CPU's
-# parallel decode attention from kernels/cpu/ops.ATTENTION_PARALLEL_WORK: ~114 keys on SmolLM2, 64 on Gemma 3;
+# parallel decode attention from kernels/cpu/attention.ATTENTION_PARALLEL_WORK: ~114 keys on SmolLM2, 64 on Gemma 3;
 # the GPU's grouped experts from placement.GROUPED_MIN_TOKENS), so that none compiles during a first reply.
 WARM_UP_TOKENS = 160
 

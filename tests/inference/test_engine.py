@@ -195,10 +195,10 @@ def test_the_engine_warm_up_leaves_no_trace(smollm2_engine):
 def test_the_warm_up_takes_the_long_context_paths_and_fits_a_small_context(smollm2, monkeypatch):
     """Its decode steps reach the parallel attention loop (which a first reply would otherwise compile: issue 21's
     first reply at 57% of the next), and a context smaller than its prompt shortens the prompt, not fails."""
-    from kernels.cpu import ops as cpu_ops
+    from kernels.cpu import attention as cpu_attention
     calls = []
-    parallel = cpu_ops._attention_loop_parallel
-    monkeypatch.setattr(cpu_ops, "_attention_loop_parallel", lambda *a: calls.append(1) or parallel(*a))
+    parallel = cpu_attention._attention_loop_parallel
+    monkeypatch.setattr(cpu_attention, "_attention_loop_parallel", lambda *a: calls.append(1) or parallel(*a))
     load(smollm2, device="cpu", ctx=512).warm_up()
     assert calls
     small = load(smollm2, device="cpu", ctx=8)
