@@ -276,7 +276,7 @@ class CPUBackend:
     def attention(self, layer: int, q: np.ndarray, window: int, scale: float,
                   sinks: np.ndarray | None = None) -> np.ndarray:
         return cpu_attention.attention(q, self.k_cache[layer], self.v_cache[layer], self.pos, window, scale, sinks,
-                                 self.slots[layer] < self.n_ctx)
+                                       self.slots[layer] < self.n_ctx)
 
     def can_resume(self, keep: int) -> bool:
         """Whether a prompt can go on after the first keep cached tokens: the rings still hold the window before

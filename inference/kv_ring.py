@@ -1,11 +1,11 @@
 """Sliding-window layers' KV caches as rings: a layer that attends to its last `window` positions keeps only those
 (and what a prompt chunk and a taken-back reply need), not the whole context, as llama.cpp's SWA cache does.
 
-Position p lies at row p % rows (the CUDA kernels and kernels/cpu/ops index caches so), so a cache as long as the
-context is the ring that never wraps. A ring of window + chunk + RING_SLACK rows holds, when a chunk of up to
-`chunk` tokens is written, the window before each of its tokens; after a reply, the last RING_SLACK or so positions
-can be taken back (a regenerated reply, a verify step's rejected drafts) and the prompt still goes on from there
-(can_resume: the rows before it must still hold the window before it).
+Position p lies at row p % rows (kernels/cuda's attention and kernels/cpu/attention.py index caches so), so a cache
+as long as the context is the ring that never wraps. A ring of window + chunk + RING_SLACK rows holds, when a chunk
+of up to `chunk` tokens is written, the window before each of its tokens; after a reply, the last RING_SLACK or so
+positions can be taken back (a regenerated reply, a verify step's rejected drafts) and the prompt still goes on
+from there (can_resume: the rows before it must still hold the window before it).
 """
 import numpy as np
 
