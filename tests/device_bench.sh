@@ -15,6 +15,7 @@
 #   bash tests/device_bench.sh big_synth  # gpt-oss-120b (~61 GiB: a kind with more than 64 GiB of disk), Gemma 4 31B
 #                                         # and 26B-A4B, written side by side
 #   bash tests/device_bench.sh oss120_host  # gpt-oss-120b with all experts in host memory, on one GPU (issue 33)
+#   bash tests/device_bench.sh gemma4_synth  # Gemma 4 31B and 26B-A4B alone, side by side (~1.5 minutes)
 #   bash tests/device_bench.sh gemma4   # Gemma 4 31B and 26B-A4B all on the GPU, after 16384 tokens, and 26B-A4B's
 #                                       # experts in host memory (issue 36)
 # With layers on the CPU, where the time goes: python3 tests/device_profile.py FILE N (per-op, per-token), and
@@ -113,8 +114,10 @@ oss_host)  # issue 33: gpt-oss-20b, all experts in host memory, next to llama.cp
     | tee -a "$OUT/oss_host_ours.md"
   [ -x "$peer" ] && timeout 300 "$peer" -m "$f" -ngl 99 -fa 1 -ot exps=CPU -t 16 -p 512 -n 64 -r ${REPS:-3} 2>/dev/null \
     | grep -E "pp512|tg64" | tee -a "$OUT/oss_host_llamacpp.md" ;;
-big_synth)
-  for m in "gpt-oss-120b q4_k_m" "gemma4-31b q4_k_m" "gemma4-26b-a4b q4_k_m"; do
+big_synth|gemma4_synth)  # gemma4_synth: the two Gemma 4 files alone (35 GB: a 64 GB disk holds them, not 120b's too)
+  big=("gemma4-31b q4_k_m" "gemma4-26b-a4b q4_k_m")
+  [ "$1" = big_synth ] && big=("gpt-oss-120b q4_k_m" "${big[@]}")
+  for m in "${big[@]}"; do
     set -- $m; f=$files/$1-$2.gguf
     [ -e "$f" ] || python3 tests/synth_gguf.py "$f" --preset "$1" --ftype "$2" >"$f.log" 2>&1 &
   done
