@@ -143,7 +143,11 @@ class CPUBackend:
         self._conv_taps = {i: cpu_deltanet.conv_taps(weights.layers[i].delta_net.conv) for i in recurrent}
         self.tokens = np.zeros(0, np.int32)  # [n] the tokens of this step
         self.pos = 0  # position of tokens[0]
-        self._snapshots = None  # set_input's
+        self._snapshots = False  # set_input's: the next forward keeps the states after each token (a verify step)
+        # layer -> (conv [n, K - 1, C], delta [n, Hv, S, S]): the snapshot rows verify steps write, kept from one to the
+        # next (grown to the longest): a fresh 1 MB copy of a 0.8B's delta state a token and layer, allocated and
+        # freed each step, took a 4-token verify from 38 to 69 ms on the 2-core VM (page faults and munmaps)
+        self._snapshot_rows = {}
         self._inv_freq = {}  # a layer's rope (ModelConfig.layer_rope) -> [rope_dim // 2]
         self._cos_sin = {}  # a layer's rope -> ((pos, n), (cos, sin) [n, rope_dim // 2]) of the last positions
         self._rope_freqs = weights.rope_freqs
@@ -169,7 +173,7 @@ class CPUBackend:
         of their states after each token (a verify step's, speculative.py), for rewind_states."""
         self.tokens = np.asarray(tokens, np.int32)
         self.pos = pos
-        self._snapshots = {} if snapshots else None  # layer -> [(conv, delta) after each token]
+        self._snapshots = snapshots
         if self._rings:  # the rows the forward of these tokens writes
             self._rings.wrote(pos, len(tokens))
 
@@ -298,17 +302,27 @@ class CPUBackend:
             raise RuntimeError(f"layer {layer}'s recurrent state is at token {self.state_pos[layer]}, "
                                f"not at {self.pos}")
         conv, delta = self.conv_state[layer], self.delta_state[layer]
-        if self._snapshots is None:
+        if not self._snapshots:
             out = self._delta_net(layer, dn, qkv, z, alpha, beta, conv, delta)
         else:  # a token at a time (the kernels' loop over tokens, the same floats), the states kept after each
-            out, snaps = [], self._snapshots.setdefault(layer, [])
+            conv_rows, delta_rows = self._snapshot_buffers(layer, len(qkv))
+            out = []
             for t in range(len(qkv)):
                 out.append(self._delta_net(layer, dn, qkv[t:t + 1], z[t:t + 1], alpha[t:t + 1], beta[t:t + 1], conv,
                                            delta))
-                snaps.append((conv.copy(), delta.copy()))
+                conv_rows[t], delta_rows[t] = conv, delta
             out = np.concatenate(out)
         self.state_pos[layer] = self.pos + len(qkv)
         return out
+
+    def _snapshot_buffers(self, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The layer's snapshot rows for n tokens (made or grown here, then reused)."""
+        rows = self._snapshot_rows.get(layer)
+        if rows is None or len(rows[0]) < n:
+            conv, delta = self.conv_state[layer], self.delta_state[layer]
+            rows = self._snapshot_rows[layer] = (np.empty((n, *conv.shape), np.float32),
+                                                 np.empty((n, *delta.shape), np.float32))
+        return rows
 
     def _delta_net(self, layer: int, dn: DeltaNetWeights, qkv: np.ndarray, z: np.ndarray, alpha: np.ndarray,
                    beta: np.ndarray, conv: np.ndarray, delta: np.ndarray) -> np.ndarray:
@@ -323,7 +337,8 @@ class CPUBackend:
         written past n never held one still in the window)."""
         for i in self.state_pos:
             if self.state_pos[i] != n:
-                conv, delta = self._snapshots[i][n - self.pos - 1]
+                conv_rows, delta_rows = self._snapshot_rows[i]
+                conv, delta = conv_rows[n - self.pos - 1], delta_rows[n - self.pos - 1]
                 self.conv_state[i][:] = conv
                 self.delta_state[i][:] = delta
                 self.state_pos[i] = n
