@@ -16,8 +16,8 @@ from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_
                                  all_on_cpu, free_vram, holds_kv_sources, plan_placement, split)
 from inference.sampling import Sampler, SamplingParams
 from inference.mtp import MTPDrafter, mtp_drafter
-from inference.speculative import (SPEC_K, DraftModel, PromptLookup, Speculation, SpecCounts, check_draft_vocabulary,
-                                   check_spec_options, common_prefix, speculative_tokens)
+from inference.speculative import (SPEC_K, VERIFY_TOKEN_COST, DraftModel, PromptLookup, Speculation, SpecCounts,
+                                   check_draft_vocabulary, check_spec_options, common_prefix, speculative_tokens)
 from inference.weights import load_weights
 from kernels.cuda.shapes import ATTENTION_HEAD_DIMS, DELTANET_CONV_K, DELTANET_HEAD_SIZES
 from models.chat_template import load_chat_template
@@ -36,6 +36,8 @@ from models.tokenizer import Tokenizer
 CHECKPOINT_EVERY = 512
 CHECKPOINT_MAX = 32
 CHECKPOINT_BYTES = 2 << 30
+# Engine.verify_token_cost: the best of this many timed forwards each, its cost rounded to this step
+VERIFY_COST_REPS, VERIFY_COST_STEP = 2, 0.05
 
 # Engine.warm_up's prompt: long enough that its decode steps take the paths a longer context takes (the CPU's
 # parallel decode attention from kernels/cpu/attention.ATTENTION_PARALLEL_WORK: ~114 keys on SmolLM2, 64 on Gemma 3;
@@ -116,6 +118,7 @@ class Engine:
         self._checkpoints: list[Checkpoint] = []  # of the recurrent layers' state, most recently used last
         self._prefill_start = 0  # where the last prefill began: the tokens before it came from the cache
         self.speculation: Speculation | None = None  # drafts verified a step (speculative.py); None: a token a step
+        self._verify_cost: float | None = None  # verify_token_cost's measurement, once made
 
     def _place(self, placement: Placement) -> None:
         """Build the backends for placement: (backend, layers) segments in order, the GPU ones last; if the GPU
@@ -323,6 +326,30 @@ class Engine:
         kept after each token."""
         return self._be.to_host(self._run(tokens, pos, all_logits=True, snapshots=True))
 
+    def verify_token_cost(self, k: int) -> float:
+        """What one more token of a verify step costs, as a share of a one-token step (speculative.DraftLength). On
+        the CPU, measured once: forwards of 1 token (a decode step's) and of k + 1 with all logits and the states'
+        snapshots (a verify step's) at a fresh context's start, the best of VERIFY_COST_REPS each, rounded to
+        VERIFY_COST_STEP so that the draft lengths of a seeded reply do not move with the machine's noise; the
+        context is cleared after. The GPU's verify step is eager against a captured step: the constant."""
+        if self.device != "cpu":
+            return VERIFY_TOKEN_COST
+        if self._verify_cost is None:
+            ids = self.tokenizer.encode("Hello, world. " * (k + 1))[:k + 1]
+
+            def best(n: int, verify: bool) -> float:
+                times = []
+                for _ in range(VERIFY_COST_REPS + 1):  # the first compiles what it needs
+                    t = time.perf_counter()
+                    self._run(ids[:n], 0, all_logits=verify, snapshots=verify)
+                    times.append(time.perf_counter() - t)
+                return min(times[1:])
+            one, many = best(1, False), best(k + 1, True)
+            cost = max(0.0, (many / one - 1) / k)
+            self._verify_cost = round(cost / VERIFY_COST_STEP) * VERIFY_COST_STEP
+            self.reset()
+        return self._verify_cost
+
     def _rewind_states(self, n: int) -> None:
         """The recurrent states back to after the context's first n tokens (inside the last verify step's)."""
         for be, _ in self._segments:
@@ -394,6 +421,9 @@ class Engine:
         self._check_fits(len(ids))
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty)
         eog = self.tokenizer.eog_ids
+        spec = self.speculation if not guide else None  # a grammar's masks go a token at a time: no speculation
+        # measured before the prompt runs: measuring clears the context
+        verify_cost = self.verify_token_cost(spec.k_max) if spec and spec.measured else VERIFY_TOKEN_COST
         t0 = time.perf_counter()
         logits = self._prefill(ids, all_logits=False, cancelled=cancelled)
         n_reused = self._prefill_start
@@ -404,12 +434,11 @@ class Engine:
         if self._decode:
             self._decode.wait()  # the GPU works asynchronously: count the prompt's time in its stats
         t1 = time.perf_counter()
-        spec = self.speculation if not guide else None  # a grammar's masks go a token at a time: no speculation
         counts = SpecCounts()
         if spec:
             tokens = speculative_tokens(self._be.to_host(logits)[0], ids, params, seed, spec.drafter, spec.k_max,
                                         self._verify, self._rewind_states, min(self.n_ctx, len(ids) + max_tokens - 1),
-                                        counts)
+                                        counts, verify_cost)
         elif self._decode and not self._mtp():  # the captured step keeps no states for the block: eager steps
             tokens = self._decode.tokens(logits, params, seed, ids, max_tokens, guide)
         else:
@@ -650,6 +679,6 @@ def _speculation(engine: Engine, spec: str, spec_k: int, draft, progress) -> Spe
     # auto leaves the GPU's block off until it is measured to pay there (its verify step runs eagerly, a plain
     # step is one graph launch; a mixture of experts' verify reads more experts than its step does)
     if spec == "mtp" or (spec == "auto" and engine._weights.nextn is not None and engine.device == "cpu"):
-        return Speculation("mtp", mtp_drafter(engine, engine._gguf), spec_k)
+        return Speculation("mtp", mtp_drafter(engine, engine._gguf), spec_k, measured=spec == "auto")
     return None
 

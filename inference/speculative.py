@@ -32,8 +32,10 @@ SPEC_KINDS = ("auto", "ngram", "draft", "mtp", "off")  # --spec (engine.load's s
 SPEC_K = 3
 SPEC_VOCAB_SLACK = 128  # tokens a draft's vocabulary may have more or fewer than the model's (llama.cpp's bound)
 
-# What one more verified token costs, as a share of a one-token step: a 4-token forward of SmolLM2 took ~1.4x a
-# one-token one on the 2-core VM (the matvecs read the weights once for all of them), so ~0.15 a token
+# What one more verified token costs, as a share of a one-token step, where it is not measured (the GPU's): a 4-token
+# forward of SmolLM2 took ~1.4x a one-token one on the 2-core VM (the matvecs read the weights once for all of them),
+# so ~0.15 a token. The CPU engine measures its own (Engine.verify_token_cost): on a 0.8B qwen35 with K-quants the
+# few-token matvecs decode each row again a token, and a token more costs ~0.8 of a step there
 VERIFY_TOKEN_COST = 0.15
 # the prior of the acceptance rate (kept / reached drafts): worth RATE_PRIOR_WEIGHT drafts, and older drafts' weight
 # decays by RATE_DECAY a verify step, so the rate follows what the text is doing now
@@ -62,6 +64,9 @@ class Speculation:
     kind: str  # "ngram", "draft" or "mtp" (--spec)
     drafter: Drafter
     k_max: int
+    # --spec auto's choice: what a verified token costs is measured (Engine.verify_token_cost), so that drafting stops
+    # where it cannot pay; a --spec asked for by name takes VERIFY_TOKEN_COST
+    measured: bool = False
 
 
 @dataclass
@@ -142,20 +147,21 @@ def accepted_tokens(logits: np.ndarray, history: list[int], draft: Draft, params
 class DraftLength:
     """How many tokens to draft next (0 to k_max): the k with the most tokens per unit of cost, the expected
     tokens of a verify step (1 + a + ... + a^k, at the running acceptance rate a of a draft reached) over its
-    cost (one step, plus VERIFY_TOKEN_COST and the drafter's cost a draft); 0 (a plain step) where no k beats a
-    plain step's one token, but for a probe every PROBE_EVERY steps. From counts alone, not timings, so that a
-    seed gives the same reply every time."""
+    cost (one step, plus verify_cost and the drafter's cost a draft); 0 (a plain step) where no k beats a
+    plain step's one token, but for a probe every PROBE_EVERY steps, and never where a token more costs a step or
+    more (no k pays even if every draft is kept). From counts and the two costs alone, not the steps' timings, so
+    that a seed gives the same reply every time."""
 
-    def __init__(self, k_max: int, draft_cost: float):
+    def __init__(self, k_max: int, draft_cost: float, verify_cost: float = VERIFY_TOKEN_COST):
         self.k_max = k_max
-        self.cost = VERIFY_TOKEN_COST + draft_cost
+        self.cost = verify_cost + draft_cost
         self.kept, self.reached = RATE_PRIOR * RATE_PRIOR_WEIGHT, RATE_PRIOR_WEIGHT
         self.plain_steps = 0  # in a row, since the last draft
 
     def __call__(self) -> int:
         a = self.kept / self.reached
         gain = [sum(a ** j for j in range(k + 1)) / (1 + self.cost * k) for k in range(1, self.k_max + 1)]
-        if max(gain) > 1 or self.plain_steps + 1 == PROBE_EVERY:
+        if max(gain) > 1 or (self.plain_steps + 1 == PROBE_EVERY and self.cost < 1):
             self.plain_steps = 0
             return 1 + int(np.argmax(gain))
         self.plain_steps += 1
@@ -170,15 +176,16 @@ class DraftLength:
 
 def speculative_tokens(logits: np.ndarray, history: list[int], params: SamplingParams, seed: int | None,
                        drafter: Drafter, k_max: int, run: Callable, rewind: Callable, end: int,
-                       counts: SpecCounts) -> Iterator[int]:
+                       counts: SpecCounts, verify_cost: float = VERIFY_TOKEN_COST) -> Iterator[int]:
     """The tokens after history, as Engine._host_tokens gives them (the caller caches each before the next
     next()), from logits [n_vocab] of history's last token; each step after the first drafts up to k_max tokens
     and verifies them. run(tokens, pos): the model's logits [len(tokens), n_vocab] (host) of tokens at pos.., the
     recurrent states' copy kept after each token; rewind(n): those states back to after the context's first n
-    tokens. Runs write positions below end only. counts: drafts checked and kept, added to as they go."""
+    tokens. Runs write positions below end only. counts: drafts checked and kept, added to as they go.
+    verify_cost: what one more token of a run costs, as a share of a one-token run (DraftLength)."""
     rng = np.random.default_rng(seed)
     history = list(history)
-    length = DraftLength(k_max, drafter.cost)
+    length = DraftLength(k_max, drafter.cost, verify_cost)
     ids, p = distribution(logits, params, _recent(history))
     token = _draw(ids, p, rng)
     while True:

@@ -154,7 +154,10 @@ def test_spec_mtp_needs_the_block(synth_qwen35, qwen35_mtp):
     with pytest.raises(SpeculationError, match="no MTP block"):
         load(synth_qwen35, device="cpu", ctx=64, spec="mtp")
     assert load(synth_qwen35, device="cpu", ctx=64).speculation is None  # auto: nothing to draft with
-    assert load(qwen35_mtp.path, device="cpu", ctx=64).speculation.kind == "mtp"  # auto picks the block
+    auto = load(qwen35_mtp.path, device="cpu", ctx=64)
+    assert auto.speculation.kind == "mtp" and auto.speculation.measured  # auto picks the block, and weighs its cost
+    list(auto.generate([5, 6, 7, 8], max_tokens=3, temperature=0))
+    assert auto._verify_cost is not None and not qwen35_mtp.speculation.measured  # --spec mtp: the constant
 
 
 def test_sampled_drafts_repeat_with_a_seed(qwen35_mtp):

@@ -178,6 +178,38 @@ def test_draft_length_follows_the_acceptance_rate():
     assert length() == 3
 
 
+def test_draft_length_weighs_what_a_verified_token_costs():
+    """A token more in a verify step at 0.8 of a step (a K-quant model's few-token matvecs on the CPU): one draft
+    where 9 in 10 agree, none where 7 in 10 do (but the probes); at a step or more, none at all, even if all agree
+    (no k could pay, so not even a probe)."""
+    def settled(cost, kept_of_10):  # one-token drafts, kept_of_10 of every 10 agreeing
+        length = DraftLength(3, 0.0, verify_cost=cost)
+        for _ in range(30):
+            for i in range(10):
+                length.update(1, int(i < kept_of_10))
+        return [length() for _ in range(2 * PROBE_EVERY)]
+    assert settled(0.8, 9)[0] == 1
+    assert sorted(set(settled(0.8, 7))) == [0, 1] and settled(0.8, 7).count(1) == 2  # the probes
+    assert set(settled(1.0, 10)) == {0}
+
+
+def test_the_cpu_engine_measures_what_a_verified_token_costs(smollm2_engine):
+    """Measured once (a multiple of 0.05, kept), at a fresh context's start, which it then clears; a greedy reply
+    with speculation after it is the reply without."""
+    engine = smollm2_engine
+    ids = engine.tokenizer.encode(PROMPT)
+    plain, _ = reply(engine, ids, n=20)
+    engine._verify_cost = None
+    engine._cached = list(ids)
+    cost = engine.verify_token_cost(3)
+    assert engine._cached == [] and 0 <= cost < 3 and abs(cost / 0.05 - round(cost / 0.05)) < 1e-9
+    engine._run = None  # a second call measures nothing
+    assert engine.verify_token_cost(3) == cost
+    del engine._run
+    ours, _ = reply(engine, ids, Speculation("test", PromptLookup(), 3), n=20)
+    assert ours == plain
+
+
 def test_draft_vocabulary_must_be_the_models(smollm2_engine, qwen35_engine, qwen3moe_engine):
     check_draft_vocabulary(qwen35_engine.tokenizer, qwen3moe_engine.tokenizer)
     with pytest.raises(SpeculationError, match="vocabulary is not the model's"):
