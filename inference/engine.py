@@ -332,7 +332,8 @@ class Engine:
         snapshots (a verify step's) at a fresh context's start, the best of VERIFY_COST_REPS each, rounded to
         VERIFY_COST_STEP so that the draft lengths of a seeded reply do not move with the machine's noise; the
         context is cleared after. The GPU's verify step is eager against a captured step: the constant."""
-        if self.device != "cpu":
+        k = min(k, self.n_ctx - 1)  # the forwards fit the context
+        if self.device != "cpu" or k < 1:
             return VERIFY_TOKEN_COST
         if self._verify_cost is None:
             ids = self.tokenizer.encode("Hello, world. " * (k + 1))[:k + 1]
