@@ -3,7 +3,7 @@ import mmap
 
 import numpy as np
 
-from inference.kv_ring import RingPositions, cache_rows
+from inference.kv_ring import cache_rows, ring_positions
 from inference.weights import DeltaNetWeights, ExpertFFN, ModelWeights, QuantMatrix
 from kernels.cpu import attention as cpu_attention, deltanet as cpu_deltanet, ops as cpu_ops, quant as cpu_quant
 from kernels.cpu.quant import (OneToken, dequantize_rows, quantized_matmul, quantized_matmuls,
@@ -130,9 +130,7 @@ class CPUBackend:
         attention = [i for i in self.layers if not cfg.is_recurrent(i) and cfg.has_kv(i)]
         # a sliding-window layer's cache is a ring (kv_ring.py) unless a GPU reads these caches (lent layers)
         self.slots = {i: n_ctx if with_gpu else cache_rows(cfg, n_ctx, i, self.prefill_chunk) for i in attention}
-        rows = min(self.slots.values(), default=n_ctx)
-        self.ring = rows if rows < n_ctx else 0  # the rings' rows (0: none)
-        self._rings = RingPositions(self.ring, cfg.sliding_window) if self.ring else None
+        self.rings = ring_positions(self.slots, n_ctx, cfg.sliding_window)  # which position each ring row holds
         self.k_cache = {i: lazy_zeros((cfg.layer_heads(i)[1], self.slots[i], cfg.layer_heads(i)[2])) for i in attention}
         self.v_cache = {i: lazy_zeros((cfg.layer_heads(i)[1], self.slots[i], cfg.layer_heads(i)[3])) for i in attention}
         # the recurrent layers' states (kernels/cpu/deltanet): the context of those layers, at state_pos tokens
@@ -174,8 +172,8 @@ class CPUBackend:
         self.tokens = np.asarray(tokens, np.int32)
         self.pos = pos
         self._snapshots = snapshots
-        if self._rings:  # the rows the forward of these tokens writes
-            self._rings.wrote(pos, len(tokens))
+        if self.rings:  # the rows the forward of these tokens writes
+            self.rings.wrote(pos, len(tokens))
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -285,7 +283,7 @@ class CPUBackend:
     def can_resume(self, keep: int) -> bool:
         """Whether a prompt can go on after the first keep cached tokens: the rings still hold the window before
         position keep (later tokens overwrite it)."""
-        return self._rings is None or self._rings.can_resume(keep)
+        return self.rings is None or self.rings.can_resume(keep)
 
     def sigmoid_mul(self, a: np.ndarray, gate: np.ndarray) -> np.ndarray:
         """a [n, d] * sigmoid(gate) (its d values in any shape): the attention output's gate (qwen35)."""

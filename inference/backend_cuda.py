@@ -15,7 +15,7 @@ import numpy as np
 from inference import backend_cuda_moe
 from inference.backend_cpu import rope_speeds
 from inference.host_experts import HostExperts
-from inference.kv_ring import RingPositions, cache_rows
+from inference.kv_ring import cache_rows, ring_positions
 from inference.placement import OFFLOAD_MIN_TOKENS, PREFILL_CHUNK, prefill_tile_elems
 from inference.sampling import REPEAT_LAST_N, SamplingParams
 from inference.step_pieces import StepPieces
@@ -129,9 +129,8 @@ class CUDABackend:
                     if not cfg.is_recurrent(i) and cfg.has_kv(i)}
             self.caches = {i: cuda_ops.kv_cache(cfg.layer_heads(i)[1], r, cfg.layer_heads(i)[2])
                            for i, r in rows.items()}
-            ring = min(rows.values(), default=n_ctx)
             # the position each row of the rings holds, as the forwards and decode steps write them (None: no ring)
-            self.rings = RingPositions(ring, cfg.sliding_window) if ring < n_ctx else None
+            self.rings = ring_positions(rows, n_ctx, cfg.sliding_window)
             if any(cfg.kv_source(i) not in self.caches for i in self.layers if not cfg.is_recurrent(i)):
                 raise ValueError(f"{cfg.arch}'s KV-shared layers must run on the device of the layers whose K/V they "
                                  f"read (layers {self.layers.start}.. hold none of them)")

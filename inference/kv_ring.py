@@ -21,6 +21,13 @@ def cache_rows(cfg: ModelConfig, n_ctx: int, layer: int, chunk: int) -> int:
     return min(n_ctx, window + chunk + RING_SLACK) if window else n_ctx
 
 
+def ring_positions(rows: dict[int, int], n_ctx: int, window: int) -> "RingPositions | None":
+    """The bookkeeping of a backend's rings, its caches' rows by layer given (cache_rows'), or None where every
+    cache holds the whole context."""
+    ring = min(rows.values(), default=n_ctx)
+    return RingPositions(ring, window) if ring < n_ctx else None
+
+
 class RingPositions:
     """The position each row of a backend's rings holds (its sliding layers' rings are all as long: one window),
     kept as the forwards write them, to tell whether a prompt can go on after its first keep cached tokens."""

@@ -107,7 +107,7 @@ def test_sliding_window_ring_keeps_the_window_through_rejected_drafts(tmp_path_f
     monkeypatch.setattr(CPUBackend, "prefill_chunk", 8)
     monkeypatch.setattr(kv_ring, "RING_SLACK", 8)
     engine = load(_write_small(tmp_path_factory, "gemma3", own_output=True), device="cpu", ctx=256)
-    assert engine._be.ring == 32
+    assert engine._be.rings.rows == 32
     ids = engine.tokenizer.encode(PROMPT)
     plain, _ = reply(engine, ids, n=41)
     ours, stats = reply(engine, ids, Speculation("test", Replay(ids + plain, 0.67), 3), n=41)
