@@ -51,6 +51,21 @@ __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_gr
 template <int N>
 __device__ __forceinline__ void copy_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// A decode tile: keys k0 .. k0 + 15 of one kv head (kh, vh: its k and v cache, position p at row p % max_ctx) into
+// st (16 rows of k, then 16 of v, rows ST halves apart), copied by `threads` threads of which this is thread t;
+// keys at or past ke read as zeros.
+template <int HD, int ST>
+__device__ __forceinline__ void load_kv_tile(__half* st, const __half* kh, const __half* vh, int k0, int ke,
+                                             int max_ctx, int t, int threads) {
+    int row0 = k0 % max_ctx;
+    for (int c = t; c < 16 * HD / 8; c += threads) {
+        int key = c / (HD / 8), d = (c % (HD / 8)) * 8, j = k0 + key;
+        size_t at = ring_row(row0, min(j, ke - 1) - k0, max_ctx) * HD + d;
+        copy16(st + key * ST + d, kh + at, j < ke);
+        copy16(st + 16 * ST + key * ST + d, vh + at, j < ke);
+    }
+}
+
 // Decode, pass 2: out [n_head, HD] = combination of the active splits of part. A thread takes 4 dims of
 // every (COMBINE_THREADS * 4 / HD)-th split, so the loads of all splits are in flight together.
 // quantize: out also as q8_1 (xq [n_head * HD], xds [n_head * HD / 32]) for the output projection.
@@ -410,15 +425,8 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
     __half* ring = s_ql + 16 * ST + warp * STAGES * TILE;
     const __half* kh = k_cache + (size_t)h * max_ctx * HD;
     const __half* vh = v_cache + (size_t)h * max_ctx * HD;
-    auto load_tile = [&](int i) {  // this warp's i-th tile -> stage i % STAGES; keys past ke read as zeros
-        __half* st = ring + (i % STAGES) * TILE;
-        int k0 = kb + (warp + i * WARPS) * 16, row0 = k0 % max_ctx;
-        for (int c = lane; c < 16 * HD / 8; c += 32) {
-            int key = c / (HD / 8), d = (c % (HD / 8)) * 8, j = k0 + key;
-            size_t at = ring_row(row0, min(j, ke - 1) - k0, max_ctx) * HD + d;
-            copy16(st + key * ST + d, kh + at, j < ke);
-            copy16(st + 16 * ST + key * ST + d, vh + at, j < ke);
-        }
+    auto load_tile = [&](int i) {  // this warp's i-th tile -> stage i % STAGES
+        load_kv_tile<HD, ST>(ring + (i % STAGES) * TILE, kh, vh, kb + (warp + i * WARPS) * 16, ke, max_ctx, lane, 32);
     };
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
@@ -540,15 +548,8 @@ __device__ __forceinline__ void decode_wide_mma(const float* __restrict__ q, con
 
     const __half* kh = k_cache + (size_t)h * max_ctx * HD;
     const __half* vh = v_cache + (size_t)h * max_ctx * HD;
-    auto load_tile = [&](int i) {  // the block's i-th tile -> stage i % STAGES; keys past ke read as zeros
-        __half* st = dm_smem + (i % STAGES) * TILE;
-        int k0 = kb + i * 16, row0 = k0 % max_ctx;
-        for (int c = threadIdx.x; c < 16 * HD / 8; c += 32 * WARPS) {
-            int key = c / (HD / 8), d = (c % (HD / 8)) * 8, j = k0 + key;
-            size_t at = ring_row(row0, min(j, ke - 1) - k0, max_ctx) * HD + d;
-            copy16(st + key * ST + d, kh + at, j < ke);
-            copy16(st + 16 * ST + key * ST + d, vh + at, j < ke);
-        }
+    auto load_tile = [&](int i) {  // the block's i-th tile -> stage i % STAGES
+        load_kv_tile<HD, ST>(dm_smem + (i % STAGES) * TILE, kh, vh, kb + i * 16, ke, max_ctx, threadIdx.x, 32 * WARPS);
     };
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
