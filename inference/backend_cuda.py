@@ -4,7 +4,10 @@ All work runs on one non-blocking stream (cuBLAS included), so the eager prompt 
 step and the captured one are ordered without host syncs; the host waits only when it reads a result.
 Every intermediate of a one-token step comes from a bump arena that set_input / begin_step reset: the same
 sequence of ops gets the same addresses in the warm-up, under capture and at every replay, and nothing asks
-CuPy's memory pool for memory during a capture. Prompt chunks (many tokens, eager) draw from the pool.
+CuPy's memory pool for memory during a capture. A verify step of speculative decoding (a few tokens, captured per
+count: cuda_graph.VerifyStep) draws from an arena of its own (reserve_verify), with its own token ids, matmul
+scratch and recurrent-state snapshot rows, none of which a prompt may reallocate under its graphs. Prompt chunks
+(many tokens, eager) draw from the pool.
 """
 from dataclasses import dataclass
 
@@ -64,6 +67,16 @@ def _step_arena_bytes(cfg: ModelConfig, n_layers: int) -> int:
     per_layer = 4 * floats + 32 * ALIGN
     per_layer_inputs = 4 * 6 * cfg.n_layers * cfg.n_embd_per_layer  # forward.per_layer_inputs' arrays
     return n_layers * per_layer + per_layer_inputs + 4 * (4 * e + cfg.n_vocab) + 16 * ALIGN + (1 << 20)
+
+
+@dataclass(frozen=True)
+class VerifyBuffers:
+    """What a captured verify step of up to n_max tokens reads and writes besides the weights, caches and states:
+    fixed for the backend's life, so that every graph captured over them stays valid (begin_verify)."""
+    n_max: int
+    arena: Arena
+    ids: cp.ndarray  # int32 [n_max]: the step's tokens (the last one kept and the drafts)
+    scratch: cuda_prefill.Scratch  # the few-token q8 matmuls' activations
 
 
 @dataclass(frozen=True)
@@ -140,7 +153,11 @@ class CUDABackend:
             self.delta_state = {i: cp.zeros((cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_state), cp.float32)
                                 for i in recurrent}
             self.state_pos = 0  # tokens the recurrent states have taken in (set_input and DecodeStep keep it)
-            self._snapshots = None  # set_input's
+            self._snapshots = None  # set_input's or begin_verify's: the first token's position, where states are kept
+            # layer -> (conv [n, K - 1, C], delta [n, Hv, S, S]): the states after each token of a verify step, for
+            # rewind_states; grown to the longest (reserve_verify: to n_max at once, under captured steps)
+            self._snapshot_rows = {}
+            self._verify = None  # VerifyBuffers (reserve_verify)
             self.token = cp.zeros(1, dtype=cp.int32)  # the decode step's input; the sampler writes the next
             self.pos = cp.zeros(1, dtype=cp.int32)  # position of tokens[0]
             self.history = cp.zeros(REPEAT_LAST_N, dtype=cp.int32)  # ring: history[p % n] = token at p
@@ -152,6 +169,7 @@ class CUDABackend:
             self._sample_scratch = cuda_ops.sample_scratch(cfg.n_vocab)
             # the MTP block's embedding, norms and projection take less than a layer's share
             self._arena = Arena(_step_arena_bytes(cfg, len(self.layers) + 1 if shares else cfg.n_layers))
+            self._taking = None  # the arena _empty takes from now (a step's), or None: CuPy's pool (a prompt chunk)
             self._route_done = cp.zeros(1, dtype=cp.uint32)  # cuda_moe.norm_router_route's count of finished blocks
         self._sampled = cp.cuda.Event(block=False, disable_timing=True)  # mark_sampled's point (spin-waited)
         self._read_stream = cp.cuda.Stream(non_blocking=True)
@@ -193,7 +211,6 @@ class CUDABackend:
         self._advance_state(pos, len(tokens))
         if self.rings:
             self.rings.wrote(pos, len(tokens))
-        self._snapshots = ({}, pos) if snapshots else None  # (layer -> [(conv, delta) after each token], pos)
         if len(tokens) == 1:
             self.token.set(tokens, stream=self.stream)
             self.begin_step()
@@ -202,9 +219,47 @@ class CUDABackend:
                 self.ids = cp.empty(len(tokens), dtype=cp.int32)
             self.ids.set(tokens, stream=self.stream)
             self.n = len(tokens)
-            self._q8_of = self._f16_of = None
+            self._q8_of = self._f16_of = self._taking = None
             self._pos, self._lent = pos, None
+        self._snapshots = pos if snapshots else None
         self.pos.set(np.array([pos], np.int32), stream=self.stream)
+
+    def reserve_verify(self, n_max: int) -> None:
+        """The buffers of verify steps of up to n_max tokens (VerifyBuffers) and the recurrent layers' snapshot rows
+        for as many: made here, or made again larger, which leaves graphs captured over the old ones invalid (a
+        VerifyStep reserves them when it is made, and the engine drops the old step then)."""
+        if self._verify is not None and self._verify.n_max >= n_max:
+            return
+        cfg = self.cfg
+        max_cols = max(cfg.n_embd, cfg.n_ff, cfg.n_heads * cfg.v_head_dim, cfg.n_ff_exp, cfg.n_ff_shexp)
+        # twice a token's share of the step arena a token: a few-token forward copies each row group's members out
+        # of its output (_matmul_parts), where a one-token step reads views of it
+        with self.stream:
+            self._verify = VerifyBuffers(n_max, Arena(2 * n_max * _step_arena_bytes(cfg, len(self.layers))),
+                                         cp.zeros(n_max, cp.int32), cuda_prefill.Scratch.empty(n_max, max_cols, 0))
+        for i in self.conv_state:
+            self._snapshot_buffers(i, n_max)
+
+    def set_verify_input(self, tokens: np.ndarray, pos: int) -> None:
+        """The next verify step runs tokens [n] (n <= reserve_verify's n_max) at pos..: the states' and rings'
+        bookkeeping, and the ids and position up into the step's own buffers (before its graph's launch)."""
+        tokens = np.asarray(tokens, np.int32)
+        self._advance_state(pos, len(tokens))
+        if self.rings:
+            self.rings.wrote(pos, len(tokens))
+        self._verify.ids[:len(tokens)].set(tokens, stream=self.stream)
+        self.pos.set(np.array([pos], np.int32), stream=self.stream)
+        self._snapshots = pos
+
+    def begin_verify(self, n: int) -> None:
+        """The next forward runs the verify step's n tokens (set_verify_input's) from its own arena and buffers: the
+        same ops get the same addresses in its warm-up, under capture and at every replay."""
+        v = self._verify
+        v.arena.reset()
+        self._taking = v.arena
+        self.ids = v.ids[:n]
+        self.n = n
+        self._q8_of = self._f16_of = None
 
     def _advance_state(self, pos: int, n: int) -> None:
         """The recurrent states take in n tokens at pos next: zeroed for a new context (pos 0); otherwise they
@@ -230,12 +285,12 @@ class CUDABackend:
         written again before anything reads them."""
         if not self.conv_state or self.state_pos == n:
             return
-        snaps, pos = self._snapshots
+        row = n - self._snapshots - 1
         with self.stream:
             for i in self.conv_state:
-                conv, delta = snaps[i][n - pos - 1]
-                self.conv_state[i][...] = conv
-                self.delta_state[i][...] = delta
+                conv, delta = self._snapshot_rows[i]
+                self.conv_state[i][...] = conv[row]
+                self.delta_state[i][...] = delta[row]
         self.state_pos = n
 
     def recurrent_state(self) -> dict:
@@ -260,13 +315,20 @@ class CUDABackend:
     def begin_step(self) -> None:
         """The next forward runs token[0] at pos[0], whatever the device buffers hold (the graph's input)."""
         self._arena.reset()
+        self._taking = self._arena
         self.ids = self.token
         self.n = 1
-        self._q8_of = None
+        self._q8_of = self._snapshots = None
+
+    @property
+    def in_step(self) -> bool:
+        """Whether the forward running is a step (a decode or verify step, captured into a graph): its arrays come
+        from an arena, and no op may take CuPy's pool or cuBLAS."""
+        return self._taking is not None
 
     def _empty(self, shape: tuple, dtype=cp.float32) -> cp.ndarray:
-        if self.n == 1:
-            return self._arena.take(shape, dtype)
+        if self._taking is not None:
+            return self._taking.take(shape, dtype)
         with self.stream:
             return cp.empty(shape, dtype=dtype)
 
@@ -374,8 +436,7 @@ class CUDABackend:
         the ops after want them): written there by the GEMMs on the fp16 path, else copied out of one output."""
         if not cuda_prefill.takes_f16(g.weight, x.shape[0]):
             y = self._matmul(g.weight, x, g.bias)
-            with self.stream:
-                return [cp.ascontiguousarray(y[:, first:end]) for _, first, end in g.parts]
+            return [self._contiguous(y[:, first:end]) for _, first, end in g.parts]
         outs = [self._empty((x.shape[0], end - first)) for _, first, end in g.parts]
         self._set_cublas_stream()
         with self.stream:
@@ -452,6 +513,12 @@ class CUDABackend:
         if x.shape[0] == 1:
             matvec(dw, self._q8(x) if dw.takes_q8 else x.reshape(-1), out.reshape(-1), stream=self.stream,
                    residual=None if residual is None else residual.reshape(-1))
+        elif self.in_step and not dw.takes_q8:
+            # a verify step's float matrix (an F32 router): a matvec a token, as its decode steps do, where the fp16
+            # path would take CuPy's pool and cuBLAS into the captured step
+            for t in range(x.shape[0]):
+                matvec(dw, self._contiguous(x[t]), out[t], stream=self.stream,
+                       residual=None if residual is None else residual[t])
         else:
             self._set_cublas_stream()
             if cuda_prefill.takes_f16(dw, x.shape[0]):
@@ -564,16 +631,29 @@ class CUDABackend:
                   beta: cp.ndarray) -> cp.ndarray:
         """The DeltaNet mixer of a recurrent layer on its projections (forward.delta_net): the causal conv, the
         delta rule and the gated norm (kernels/cuda/deltanet), the layer's states moved on in place."""
-        if self._snapshots is not None:  # a token at a time (decode's kernels), the states kept after each
-            snaps = self._snapshots[0].setdefault(layer, [])
-            out = []
-            for t in range(qkv.shape[0]):
-                out.append(self._delta_net(layer, dn, qkv[t:t + 1], z[t:t + 1], alpha[t:t + 1], beta[t:t + 1]))
-                with self.stream:
-                    snaps.append((self.conv_state[layer].copy(), self.delta_state[layer].copy()))
+        if self._snapshots is None:
+            return self._delta_net(layer, dn, qkv, z, alpha, beta)
+        # a token at a time (decode's kernels), the states kept after each in the layer's snapshot rows
+        n = qkv.shape[0]
+        conv_rows, delta_rows = self._snapshot_buffers(layer, n)
+        out = self._empty((n, self.cfg.ssm_v_heads * self.cfg.ssm_state))
+        for t in range(n):
+            y = self._delta_net(layer, dn, qkv[t:t + 1], z[t:t + 1], alpha[t:t + 1], beta[t:t + 1])
             with self.stream:
-                return cp.concatenate(out)
-        return self._delta_net(layer, dn, qkv, z, alpha, beta)
+                out[t:t + 1] = y
+                conv_rows[t] = self.conv_state[layer]
+                delta_rows[t] = self.delta_state[layer]
+        return out
+
+    def _snapshot_buffers(self, layer: int, n: int) -> tuple[cp.ndarray, cp.ndarray]:
+        """The layer's snapshot rows for n tokens (made or grown here, then reused)."""
+        rows = self._snapshot_rows.get(layer)
+        if rows is None or len(rows[0]) < n:
+            conv, delta = self.conv_state[layer], self.delta_state[layer]
+            with self.stream:
+                rows = self._snapshot_rows[layer] = (cp.empty((n, *conv.shape), cp.float32),
+                                                     cp.empty((n, *delta.shape), cp.float32))
+        return rows
 
     def _delta_net(self, layer: int, dn: DeltaNetWeights, qkv: cp.ndarray, z: cp.ndarray, alpha: cp.ndarray,
                    beta: cp.ndarray) -> cp.ndarray:
@@ -699,6 +779,8 @@ class CUDABackend:
         return Q8Vector(self._empty((n,), cp.int8), self._empty((n // 32, 2)))
 
     def _scratch(self, n_cols: int) -> cuda_prefill.Scratch:
+        if self._verify is not None and self._taking is self._verify.arena:
+            return self._verify.scratch
         s = self._prefill_scratch
         if s is None or s.x16.size < self.n * n_cols:
             cfg = self.cfg

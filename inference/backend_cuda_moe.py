@@ -104,8 +104,8 @@ def expert_biases(be, experts: ExpertFFN) -> tuple:
 
 def router_logits(be, router: DeviceWeight, h: cp.ndarray, bias: cp.ndarray | None) -> cp.ndarray:
     """h [n, n_embd] @ router.T (+ bias): an F32 router in float32 cuBLAS for a prompt chunk (the prompt matmuls'
-    fp16 tiles could flip a near-tie choice against the decode step's), else as any matrix."""
-    if h.shape[0] == 1 or router.qtype.name != "F32":
+    fp16 tiles could flip a near-tie choice against the decode step's), else (a verify step's too) as any matrix."""
+    if h.shape[0] == 1 or router.qtype.name != "F32" or be.in_step:
         return be._matmul(router, h, bias)
     logits = be._empty((h.shape[0], router.n_rows))
     be._set_cublas_stream()

@@ -19,9 +19,12 @@ A constrained reply (a grammar: inference/grammar.py) has its own captured step,
 the model's graph, then the host's work (the grammar takes the token just read and writes the next token's mask
 into pinned memory) while the GPU runs that graph, then a graph that copies the mask up, applies it to the logits
 and samples. The mask costs the step the launch of a second graph, not its own time.
+
+Speculative decoding's verify step (VerifyStep) is captured the same way, a graph for each count of tokens.
 """
 from collections.abc import Iterator
 
+import cupy as cp
 import numpy as np
 
 from inference.backend_cpu import CPUBackend
@@ -141,3 +144,59 @@ class DecodeStep:
                     self(greedy, token, pos, masked)
             pos += 1
             yield token
+
+
+class VerifyStep:
+    """Speculative decoding's verify step on the GPU (speculative.py): n tokens (the last one kept and n - 1 drafts)
+    at pos.. through the model, the logits of every one, the recurrent states kept after each (rewind_states). The
+    first step of each n runs eagerly, as DecodeStep's first does, and is captured; later ones copy the ids and the
+    position up and launch its graph. Its buffers are the backend's verify buffers (reserve_verify), never
+    reallocated, and the capture takes nothing from CuPy's pool. For a model whose layers and experts are all on
+    the GPU (a split step has host work in its middle). hidden: the step also gives the states after the output
+    norm (the MTP block's input)."""
+
+    def __init__(self, be: CUDABackend, cfg: ModelConfig, weights: ModelWeights, n_max: int, use_graph: bool = True,
+                 hidden: bool = False):
+        be.reserve_verify(n_max)
+        self.be, self.cfg, self.weights = be, cfg, weights
+        self.n_max, self.use_graph, self.hidden = n_max, use_graph, hidden
+        self.graphs = {}  # n -> the captured step of n tokens
+        self.outs = {}  # n -> (logits [n, n_vocab], states [n, n_embd] or None): the same buffers every step
+
+    def __call__(self, tokens: list[int], pos: int) -> tuple:
+        """(logits [n, n_vocab], states [n, n_embd] or None) of tokens at pos.., on the device (queued, not waited
+        for)."""
+        n = len(tokens)
+        if not 1 <= n <= self.n_max:
+            raise ValueError(f"a verify step takes 1 to {self.n_max} tokens, not {n}")
+        self.be.set_verify_input(np.asarray(tokens, np.int32), pos)
+        graph = self.graphs.get(n)
+        if graph is not None:
+            graph.launch(self.be.stream)
+            return self.outs[n]
+        self.outs[n] = self._forward(n)
+        if self.use_graph:
+            stream = self.be.stream
+            stream.begin_capture()
+            try:
+                with programmatic_launches(), cp.cuda.using_allocator(_no_allocation):
+                    out = self._forward(n)
+            finally:
+                graph = stream.end_capture()
+            assert out[0].data.ptr == self.outs[n][0].data.ptr, "the captured step must reuse the warm-up's buffers"
+            self.graphs[n] = graph
+        return self.outs[n]
+
+    def _forward(self, n: int) -> tuple:
+        be = self.be
+        be.begin_verify(n)
+        x, per_layer = inputs(be, self.cfg, self.weights)
+        x = layers(be, self.cfg, self.weights, x, be.layers, per_layer)
+        out = head(be, self.cfg, self.weights, x, all_logits=True, hidden=self.hidden)
+        return out if self.hidden else (out, None)
+
+
+def _no_allocation(size: int):
+    """CuPy's allocator while a verify step is captured: an address from the pool would stay in the graph after the
+    pool had handed it to another array."""
+    raise RuntimeError(f"a captured verify step asked CuPy's pool for {size} bytes")

@@ -124,6 +124,7 @@ class Engine:
         """Build the backends for placement: (backend, layers) segments in order, the GPU ones last; if the GPU
         runs out of memory while uploading, retry with fewer GPU layers (and say so) down to none."""
         self.placement = placement
+        self._verify_step = None  # cuda_graph.VerifyStep, made by the first verify step that can be captured
         while True:
             k = self.placement.n_gpu_layers
             try:
@@ -210,6 +211,7 @@ class Engine:
             if remake:
                 self.speculation.drafter = None
             self._segments = self._chunk_segments = self._decode = self._be = self.gpu_share = None
+            self._verify_step = None
             self._cached = []
             self._place(self._with_gpu_layers(_fewer_layers(self.placement.n_gpu_layers, self._notify,
                                                             "processing the prompt")))
@@ -323,8 +325,35 @@ class Engine:
 
     def _verify(self, tokens: list[int], pos: int) -> np.ndarray:
         """A verify step of speculative decoding: logits [len(tokens), n_vocab] on the host, the recurrent states
-        kept after each token."""
-        return self._be.to_host(self._run(tokens, pos, all_logits=True, snapshots=True))
+        kept after each token. On the GPU a captured step (cuda_graph.VerifyStep) where it can be, else the eager
+        forward."""
+        step = self._captured_verify(len(tokens))
+        if step is None:
+            return self._be.to_host(self._run(tokens, pos, all_logits=True, snapshots=True))
+        logits, states = step(tokens, pos)
+        if states is not None:
+            self._mtp().keep(pos, states)
+        return self._be.to_host(logits)
+
+    def _captured_verify(self, n: int):
+        """The captured verify step (cuda_graph.VerifyStep) for the speculation as it is, made on first use, or None
+        where verify steps run eagerly: on the CPU, with layers or experts on the host (host work in the step's
+        middle), or for a k_max whose steps pass the few-token matmuls' SMALL_BATCH tokens."""
+        decode, spec = self._decode, self.speculation
+        if decode is None or decode.cpu is not None or self._be.host_experts.layers or spec is None:
+            return None
+        from kernels.cuda.prefill import SMALL_BATCH  # noqa: PLC0415  (CuPy only on this path)
+        n_max, hidden = spec.k_max + 1, self._mtp() is not None
+        if n_max > SMALL_BATCH:
+            # eager steps may grow the snapshot rows a captured step's graphs hold: a later one is captured anew
+            self._verify_step = None
+            return None
+        step = self._verify_step
+        if step is None or step.n_max < n_max or step.hidden != hidden:  # another speculation than the step's
+            from inference.cuda_graph import VerifyStep  # noqa: PLC0415
+            step = self._verify_step = VerifyStep(self._be, self.config, self._weights, n_max, decode.use_graph,
+                                                  hidden)
+        return step
 
     def verify_token_cost(self, k: int) -> float:
         """What one more token of a verify step costs, as a share of a one-token step (speculative.DraftLength). On

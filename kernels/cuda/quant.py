@@ -142,6 +142,32 @@ def matvec(
         kernel("matvec.cu", name)(grid, (THREADS,), args)
 
 
+MATVEC_MAX_TOKENS = 8  # matvec_tokens.cu's MAX_TOKENS
+
+
+def matvec_tokens(w: DeviceWeight, x: Q8Vector, n_tokens: int, out: cp.ndarray, stream: cp.cuda.Stream | None = None,
+                  residual: cp.ndarray | None = None) -> None:
+    """out float32 [n_tokens, w.n_rows] = W . x_j for each token j (+ residual [n_tokens, w.n_rows]; out may be
+    residual) in one pass over W: a verify step's matmuls. x: q8_1 of [n_tokens, w.n_cols]; quantized W only; at most
+    MATVEC_MAX_TOKENS tokens. matvec's threads and rows (matvec_tokens.cu)."""
+    if not w.takes_q8:
+        raise ValueError(f"matvec_tokens: {w.qtype.name} weights have no few-token kernel")
+    if not 1 <= n_tokens <= MATVEC_MAX_TOKENS:
+        raise ValueError(f"matvec_tokens: 1 to {MATVEC_MAX_TOKENS} tokens, not {n_tokens}")
+    if not isinstance(x, Q8Vector) or x.qs.shape != (n_tokens * w.n_cols,):
+        raise ValueError(f"matvec_tokens: x must be a Q8Vector of {n_tokens} x {w.n_cols}")
+    for name, a in (("out", out), ("residual", out if residual is None else residual)):
+        if a.dtype != cp.float32 or a.shape != (n_tokens, w.n_rows) or not a.flags.c_contiguous:
+            raise ValueError(f"matvec_tokens: {name} must be contiguous float32 ({n_tokens}, {w.n_rows}), "
+                             f"got {a.dtype} {a.shape}")
+    tpr = default_threads_per_row(w.n_rows, w.n_cols // ELEMS_PER_ITEM[w.qtype.name])
+    with stream or cp.cuda.get_current_stream():
+        kernel("matvec_tokens.cu", "matvec_tokens_" + w.qtype.name.lower())(
+            (_blocks(w.n_rows, tpr, matvec_rows_per_group(w)),), (THREADS,),
+            (w.data, x.qs, x.ds, out, np.int32(w.n_rows), np.int32(w.n_cols // w.qtype.block_elems), np.int32(tpr),
+             np.int32(n_tokens), out if residual is None else residual, np.int32(residual is not None)))
+
+
 def matvec_rows_per_group(w: DeviceWeight) -> int:
     """Rows a group of threads_per_row threads does in matvec: 4 for Q6_K, 2 for the other quantized types of
     256-value blocks, else 1 (matvec.cu's matvec_rows_per_group, the same rule, says why)."""

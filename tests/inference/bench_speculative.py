@@ -6,7 +6,8 @@ speculation against the same reply without it.
 
 --replay F: drafts replayed from the model's own greedy reply, each right with probability F (random weights keep no
 real drafts; this is the issue's forced-acceptance mode). MODEL defaults to the default model (the packaged SmolLM2).
-The step costs run the same positions again, so they are skipped for a model with recurrent layers. Replies
+The step costs are verify steps of 1 to 5 tokens (engine._verify: captured on the GPU), each rewound to its first
+token as a step that kept no draft is, against the plain decode step (the GPU's graph) of a greedy reply. Replies
 alternate (plain, speculative, plain, ...) so that both see the same load; the load average is printed beside each.
 """
 import argparse
@@ -35,21 +36,31 @@ EDIT = [{"role": "user", "content": "Rename the variable `chunk` to `segment` in
                                     "whole function:\n\n" + CODE}]
 
 
-def step_costs(engine, reps: int) -> dict[int, list[float]]:
-    """Median seconds of a forward of n = 1..5 tokens after a 300-token context, reps rounds of n alternated."""
+def step_costs(engine, reps: int) -> tuple[dict[int, list[float]], list[float]]:
+    """({n: median seconds of a verify step of n = 1..5 tokens a round}, seconds of a plain decode step a round) after
+    a 300-token context, reps rounds of n alternated. Each verify step goes on one position from the last and is
+    rewound to its first token; the logits come back to the host, as a reply's do."""
     ids = engine.tokenizer.encode("Hello, world. Hello again, world. " * 40)[:300]
-    engine.reset()
-    list(engine.generate(ids, max_tokens=1, temperature=0))
-    out = {}
+    out, plain = {}, []
     for _ in range(reps):
+        engine.reset()
+        *_, stats = engine.generate(ids, max_tokens=65, temperature=0, stop=())
+        plain.append(1 / stats.generation_tok_s)
+        engine.reset()
+        list(engine.generate(ids, max_tokens=1, temperature=0))
+        engine.speculation = Speculation("ngram", PromptLookup(), 4)  # steps of up to 5 tokens, captured on the GPU
+        pos = len(ids)
         for n in range(1, 6):
             times = []
             for _ in range(15):
                 t = time.perf_counter()
-                engine._run(ids[:n], len(ids), all_logits=n > 1)  # the same positions each time: a step, not a reply
+                engine._verify((ids * 2)[pos % 300:pos % 300 + n], pos)
                 times.append(time.perf_counter() - t)
+                engine._rewind_states(pos + 1)
+                pos += 1
             out.setdefault(n, []).append(statistics.median(times))
-    return out
+        engine.speculation = None
+    return out, plain
 
 
 def main() -> None:
@@ -65,11 +76,11 @@ def main() -> None:
     engine.warm_up()
     prompt = EDIT if engine.chat_template else EDIT[0]["content"]  # tests/synth_gguf.py's files have no template
     print(f"{engine.device}, load average {os.getloadavg()[0]:.2f}")
-    if not any(engine.config.recurrent):
-        costs = step_costs(engine, args.reps)
-        for n, times in costs.items():
-            print(f"forward of {n} tokens: " + " ".join(f"{t * 1e3:.1f}" for t in times) + " ms"
-                  f" | {np.median(times) / np.median(costs[1]):.2f}x one")
+    costs, plain = step_costs(engine, args.reps)
+    print("plain decode step: " + " ".join(f"{t * 1e3:.2f}" for t in plain) + " ms")
+    for n, times in costs.items():
+        print(f"verify step of {n} tokens: " + " ".join(f"{t * 1e3:.2f}" for t in times) + " ms"
+              f" | {np.median(times) / np.median(plain):.2f}x a plain step")
     if args.replay is None:
         drafter, name = PromptLookup(), "ngram"
     else:

@@ -1,0 +1,77 @@
+// A few tokens' matvecs in one pass over W: speculative decoding's verify step (inference/cuda_graph.VerifyStep),
+// compiled apart from matvec.cu so that a model that never speculates does not wait for these.
+#include "matvec_rows.cuh"
+#include "ops_common.cuh"
+
+// out[j][row] = W[row] . x_j (+ res[j][row] when add_res) for j < n_tok <= MAX_TOKENS, x q8_1 of [n_tok, n_cols].
+// matvec.cu's matvec_rows' rows, threads and order of items, each item's weights dotted with every token's x while
+// they sit in L1, so a token more costs its dot products and x's loads, not another read of W. Launch as matvec (the
+// same grid).
+#define MAX_TOKENS 8
+template <class T>
+__device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
+                                              const float2* __restrict__ xds, float* out, int n_rows, int nb,
+                                              int tpr, int n_tok, const float* res, int add_res, int block) {
+    constexpr int R = matvec_rows_per_group<T>();
+    int row0 = (block * (blockDim.x / tpr) + threadIdx.x / tpr) * R, t = threadIdx.x % tpr;
+    size_t n_cols = (size_t)nb * T::QK;
+    const uint8_t *bulk[R], *meta[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        int row = min(row0 + r, n_rows - 1);  // past n_rows: the last row again, not stored
+        bulk[r] = w + (size_t)row * nb * T::BULK;
+        meta[r] = w + (size_t)n_rows * nb * T::BULK + (size_t)row * nb * T::META;
+    }
+    float acc[MAX_TOKENS][R] = {};
+#pragma unroll 2
+    for (int i = t; i < nb * T::ITEMS; i += tpr) {
+        int blk = i / T::ITEMS, k = i % T::ITEMS;
+#pragma unroll
+        for (int j = 0; j < MAX_TOKENS; ++j) {
+            if (j >= n_tok) break;
+            size_t x0 = j * n_cols + (size_t)blk * T::QK;
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                acc[j][r] += T::dot(bulk[r] + blk * T::BULK, meta[r] + blk * T::META, k, xq + x0, xds + x0 / 32);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < MAX_TOKENS; ++j) {
+        if (j >= n_tok) break;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if ((j > 0 || r > 0) && tpr > 32) __syncthreads();  // row_store's shared sums read by all first
+            row_store(acc[j][r], row0 + r, n_rows, tpr, out + (size_t)j * n_rows, res + (size_t)j * n_rows, add_res);
+        }
+    }
+}
+
+#define MATVEC_TOKENS(NAME, T)                                                                            \
+    extern "C" __global__ void __launch_bounds__(128)                                                     \
+        NAME(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb,      \
+             int tpr, int n_tok, const float* res, int add_res) {                                        \
+        wait_prior();                                                                                     \
+        matvec_tokens<T>(w, xq, xds, out, n_rows, nb, tpr, n_tok, res, add_res, blockIdx.x);            \
+    }
+
+MATVEC_TOKENS(matvec_tokens_q4_0, Q4_0)
+MATVEC_TOKENS(matvec_tokens_q4_1, Q4_1)
+MATVEC_TOKENS(matvec_tokens_q5_0, Q5_0)
+MATVEC_TOKENS(matvec_tokens_q5_1, Q5_1)
+MATVEC_TOKENS(matvec_tokens_q8_0, Q8_0)
+MATVEC_TOKENS(matvec_tokens_q2_k, Q2_K)
+MATVEC_TOKENS(matvec_tokens_q3_k, Q3_K)
+MATVEC_TOKENS(matvec_tokens_q4_k, Q4_K)
+MATVEC_TOKENS(matvec_tokens_q5_k, Q5_K)
+MATVEC_TOKENS(matvec_tokens_q6_k, Q6_K)
+MATVEC_TOKENS(matvec_tokens_mxfp4, MXFP4)
+MATVEC_TOKENS(matvec_tokens_iq4_nl, IQ4_NL)
+MATVEC_TOKENS(matvec_tokens_iq4_xs, IQ4_XS)
+MATVEC_TOKENS(matvec_tokens_iq2_xxs, IQ2_XXS)
+MATVEC_TOKENS(matvec_tokens_iq2_xs, IQ2_XS)
+MATVEC_TOKENS(matvec_tokens_iq2_s, IQ2_S)
+MATVEC_TOKENS(matvec_tokens_iq3_xxs, IQ3_XXS)
+MATVEC_TOKENS(matvec_tokens_iq3_s, IQ3_S)
+MATVEC_TOKENS(matvec_tokens_iq1_s, IQ1_S)
+MATVEC_TOKENS(matvec_tokens_iq1_m, IQ1_M)
+
