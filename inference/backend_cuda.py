@@ -5,9 +5,9 @@ step and the captured one are ordered without host syncs; the host waits only wh
 Every intermediate of a one-token step comes from a bump arena that set_input / begin_step reset: the same
 sequence of ops gets the same addresses in the warm-up, under capture and at every replay, and nothing asks
 CuPy's memory pool for memory during a capture. A verify step of speculative decoding (a few tokens, captured per
-count: cuda_graph.VerifyStep) draws from an arena of its own (reserve_verify), with its own token ids, matmul
-scratch and recurrent-state snapshot rows, none of which a prompt may reallocate under its graphs. Prompt chunks
-(many tokens, eager) draw from the pool.
+count: cuda_graph.VerifyStep) draws from an arena of its own (reserve_verify), with its own token ids and recurrent-
+state snapshot rows, none of which a prompt may reallocate under its graphs; its matmuls read each weight once for
+all its tokens (matvec_tokens). Prompt chunks (many tokens, eager) draw from the pool.
 """
 from dataclasses import dataclass
 
@@ -26,7 +26,7 @@ from inference.weights import (DeltaNetWeights, ExpertFFN, LayerWeights, ModelWe
                                QuantMatrix)
 from kernels.cpu import ops as cpu_ops
 from kernels.cuda import deltanet as cuda_deltanet, host as cuda_host, moe as cuda_moe, ops as cuda_ops, prefill as cuda_prefill
-from kernels.cuda.quant import (DeviceWeight, Q8Vector, matvec, matvec_pair, pairs_in_one_launch,
+from kernels.cuda.quant import (DeviceWeight, Q8Vector, matvec, matvec_pair, matvec_tokens, pairs_in_one_launch,
                                  quantize_q8_1, to_device)
 from models.config import ModelConfig
 
@@ -76,7 +76,6 @@ class VerifyBuffers:
     n_max: int
     arena: Arena
     ids: cp.ndarray  # int32 [n_max]: the step's tokens (the last one kept and the drafts)
-    scratch: cuda_prefill.Scratch  # the few-token q8 matmuls' activations
 
 
 @dataclass(frozen=True)
@@ -231,12 +230,11 @@ class CUDABackend:
         if self._verify is not None and self._verify.n_max >= n_max:
             return
         cfg = self.cfg
-        max_cols = max(cfg.n_embd, cfg.n_ff, cfg.n_heads * cfg.v_head_dim, cfg.n_ff_exp, cfg.n_ff_shexp)
         # twice a token's share of the step arena a token: a few-token forward copies each row group's members out
         # of its output (_matmul_parts), where a one-token step reads views of it
         with self.stream:
             self._verify = VerifyBuffers(n_max, Arena(2 * n_max * _step_arena_bytes(cfg, len(self.layers))),
-                                         cp.zeros(n_max, cp.int32), cuda_prefill.Scratch.empty(n_max, max_cols, 0))
+                                         cp.zeros(n_max, cp.int32))
         for i in self.conv_state:
             self._snapshot_buffers(i, n_max)
 
@@ -434,7 +432,7 @@ class CUDABackend:
     def _matmul_parts(self, g: RowGroup, x: cp.ndarray) -> list:
         """A prompt chunk's product of a row group, each member's rows in an output of its own (contiguous, as
         the ops after want them): written there by the GEMMs on the fp16 path, else copied out of one output."""
-        if not cuda_prefill.takes_f16(g.weight, x.shape[0]):
+        if self.in_step or not cuda_prefill.takes_f16(g.weight, x.shape[0]):  # a verify step: no fp16 tiles
             y = self._matmul(g.weight, x, g.bias)
             return [self._contiguous(y[:, first:end]) for _, first, end in g.parts]
         outs = [self._empty((x.shape[0], end - first)) for _, first, end in g.parts]
@@ -513,15 +511,17 @@ class CUDABackend:
         if x.shape[0] == 1:
             matvec(dw, self._q8(x) if dw.takes_q8 else x.reshape(-1), out.reshape(-1), stream=self.stream,
                    residual=None if residual is None else residual.reshape(-1))
-        elif self.in_step and not dw.takes_q8:
+        elif self.in_step and dw.takes_q8:  # a verify step: one pass over W for its few tokens
+            matvec_tokens(dw, self._q8(x), x.shape[0], out, stream=self.stream, residual=residual)
+        elif self.in_step:
             # a verify step's float matrix (an F32 router): a matvec a token, as its decode steps do, where the fp16
             # path would take CuPy's pool and cuBLAS into the captured step
             for t in range(x.shape[0]):
                 matvec(dw, self._contiguous(x[t]), out[t], stream=self.stream,
                        residual=None if residual is None else residual[t])
         else:
-            self._set_cublas_stream()
             if cuda_prefill.takes_f16(dw, x.shape[0]):
+                self._set_cublas_stream()
                 with self.stream:
                     cuda_prefill.matmul_f16(dw, self._f16(x), out, self._scratch(dw.n_cols))
             else:
@@ -779,8 +779,6 @@ class CUDABackend:
         return Q8Vector(self._empty((n,), cp.int8), self._empty((n // 32, 2)))
 
     def _scratch(self, n_cols: int) -> cuda_prefill.Scratch:
-        if self._verify is not None and self._taking is self._verify.arena:
-            return self._verify.scratch
         s = self._prefill_scratch
         if s is None or s.x16.size < self.n * n_cols:
             cfg = self.cfg

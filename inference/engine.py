@@ -360,7 +360,7 @@ class Engine:
         the CPU, measured once: forwards of 1 token (a decode step's) and of k + 1 with all logits and the states'
         snapshots (a verify step's) at a fresh context's start, the best of VERIFY_COST_REPS each, rounded to
         VERIFY_COST_STEP so that the draft lengths of a seeded reply do not move with the machine's noise; the
-        context is cleared after. The GPU's verify step is eager against a captured step: the constant."""
+        context is cleared after. On the GPU (explicit --spec only: auto does not speculate there), the constant."""
         k = min(k, self.n_ctx - 1)  # the forwards fit the context
         if self.device != "cpu" or k < 1:
             return VERIFY_TOKEN_COST
