@@ -338,13 +338,13 @@ class Engine:
     def _captured_verify(self, n: int):
         """The captured verify step (cuda_graph.VerifyStep) for the speculation as it is, made on first use, or None
         where verify steps run eagerly: on the CPU, with layers or experts on the host (host work in the step's
-        middle), or for a k_max whose steps pass the few-token matmuls' SMALL_BATCH tokens."""
+        middle), or for a k_max whose steps pass the few-token matvecs' MATVEC_MAX_TOKENS."""
         decode, spec = self._decode, self.speculation
         if decode is None or decode.cpu is not None or self._be.host_experts.layers or spec is None:
             return None
-        from kernels.cuda.prefill import SMALL_BATCH  # noqa: PLC0415  (CuPy only on this path)
+        from kernels.cuda.quant import MATVEC_MAX_TOKENS  # noqa: PLC0415  (CuPy only on this path)
         n_max, hidden = spec.k_max + 1, self._mtp() is not None
-        if n_max > SMALL_BATCH:
+        if n_max > MATVEC_MAX_TOKENS:
             # eager steps may grow the snapshot rows a captured step's graphs hold: a later one is captured anew
             self._verify_step = None
             return None

@@ -5,8 +5,8 @@
 
 // out[j][row] = W[row] . x_j (+ res[j][row] when add_res) for j < n_tok <= MAX_TOKENS, x q8_1 of [n_tok, n_cols].
 // matvec.cu's matvec_rows' rows, threads and order of items, each item's weights dotted with every token's x while
-// they sit in L1, so a token more costs its dot products and x's loads, not another read of W. Launch as matvec (the
-// same grid).
+// they sit in L1: W comes from DRAM once, though each token loads it again from L1 (the __ldg loads are not merged
+// across the inlined dots: inference/NOTES_gpu.md). Launch as matvec (the same grid).
 #define MAX_TOKENS 8
 template <class T>
 __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
