@@ -35,28 +35,28 @@ def main(shape: str, down_type: str | None, n_tokens: list[int]) -> None:
     import kernels.cuda.moe as moe
     import kernels.cuda.quant as cq
 
-    N_EXPERT, K, N_FF, N_EMBD, LAYERS, default_down, act = SHAPES[shape]
+    n_expert, k, n_ff, n_embd, n_layers, default_down, act = SHAPES[shape]
     down_type = down_type or default_down
-    gate, up = (stack(cp, cq, moe, "Q4_K", N_EXPERT, N_FF, N_EMBD, seed) for seed in (1, 2))
-    down = stack(cp, cq, moe, down_type, N_EXPERT, N_EMBD, N_FF, 3)
-    print(f"{shape}: gate, up Q4_K [{N_FF}, {N_EMBD}], down {down_type} [{N_EMBD}, {N_FF}], {N_EXPERT} experts, k {K}")
-    print(f"| tokens | grouped us | sort | gate+up+glu | down | TFLOP/s | per-pair us | {LAYERS} layers grouped ms |")
+    gate, up = (stack(cp, cq, moe, "Q4_K", n_expert, n_ff, n_embd, seed) for seed in (1, 2))
+    down = stack(cp, cq, moe, down_type, n_expert, n_embd, n_ff, 3)
+    print(f"{shape}: gate, up Q4_K [{n_ff}, {n_embd}], down {down_type} [{n_embd}, {n_ff}], {n_expert} experts, k {k}")
+    print(f"| tokens | grouped us | sort | gate+up+glu | down | TFLOP/s | per-pair us | {n_layers} layers grouped ms |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in n_tokens:
         rng = np.random.default_rng(n)
-        ids = cp.asarray(np.stack([rng.permutation(N_EXPERT)[:K] for _ in range(n)]).astype(np.int32))
-        weights = cp.full((n, K), 1.0 / K, cp.float32)
-        h = cp.random.standard_normal((n, N_EMBD), dtype=cp.float32)
+        ids = cp.asarray(np.stack([rng.permutation(n_expert)[:k] for _ in range(n)]).astype(np.int32))
+        weights = cp.full((n, k), 1.0 / k, cp.float32)
+        h = cp.random.standard_normal((n, n_embd), dtype=cp.float32)
         h16 = h.astype(cp.float16)
-        act16 = cp.empty((n * K, N_FF), cp.float16)
-        y = cp.empty((n * K, N_EMBD), cp.float32)
-        pairs = moe.sort_pairs(ids, N_EXPERT)
+        act16 = cp.empty((n * k, n_ff), cp.float16)
+        y = cp.empty((n * k, n_embd), cp.float32)
+        pairs = moe.sort_pairs(ids, n_expert)
 
         def sort(_):
-            moe.sort_pairs(ids, N_EXPERT)
+            moe.sort_pairs(ids, n_expert)
 
         def gate_up(_):
-            moe.gate_up_glu_grouped(gate, up, h16, K, pairs, act16, act)
+            moe.gate_up_glu_grouped(gate, up, h16, k, pairs, act16, act)
 
         def down_mm(_):
             moe.matmul_grouped(down, act16, 1, pairs, y)
@@ -65,9 +65,9 @@ def main(shape: str, down_type: str | None, n_tokens: list[int]) -> None:
             sort(i), gate_up(i), down_mm(i)
 
         hq = cq.Q8Vector.empty(h.size)
-        act32 = cp.empty((n * K, N_FF), cp.float32)
+        act32 = cp.empty((n * k, n_ff), cp.float32)
         act_q = cq.Q8Vector.empty(act32.size)
-        out = cp.empty((n, N_EMBD), cp.float32)
+        out = cp.empty((n, n_embd), cp.float32)
 
         def per_pair(_):
             cq.quantize_q8_1(h.reshape(-1), hq)
@@ -76,9 +76,9 @@ def main(shape: str, down_type: str | None, n_tokens: list[int]) -> None:
 
         t = {name: time_loop(cp, f, 10) * 1e6 for name, f in
              (("grouped", grouped), ("sort", sort), ("gate_up", gate_up), ("down", down_mm), ("per_pair", per_pair))}
-        flop = 2 * n * K * 3 * N_FF * N_EMBD
+        flop = 2 * n * k * 3 * n_ff * n_embd
         print(f"| {n} | {t['grouped']:.1f} | {t['sort']:.1f} | {t['gate_up']:.1f} | {t['down']:.1f} | "
-              f"{flop / t['grouped'] / 1e6:.1f} | {t['per_pair']:.1f} | {LAYERS * t['grouped'] / 1e3:.2f} |")
+              f"{flop / t['grouped'] / 1e6:.1f} | {t['per_pair']:.1f} | {n_layers * t['grouped'] / 1e3:.2f} |")
 
 
 if __name__ == "__main__":
