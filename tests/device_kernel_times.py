@@ -9,6 +9,7 @@ and each kernel's time in the same step run eagerly, read by Nsight Compute.
     python3 tests/device_kernel_times.py FILE.gguf doubled [DEPTH]  # what each kernel costs inside the graph
     python3 tests/device_kernel_times.py FILE.gguf prompt_kernels [N]  # per kernel, one N-token prompt (512)
     python3 tests/device_kernel_times.py FILE.gguf prompt_host [N]  # the host's functions over one such prompt
+    python3 tests/device_kernel_times.py FILE.gguf verify [N]  # verify steps of 1..8 tokens; per kernel at N (4)
 
 A kernel runs as long in the graph as eagerly; the step's time less the kernels' sum is what launching and the
 gaps between nodes cost.
@@ -226,6 +227,91 @@ def prompt_host(path: str, n: int = 512) -> None:
     print("checkpoints, memory freed before:", " ".join("%.1f / %.1f" % checkpoint(s) for s in range(5, 10)))
 
 
+def _profiled(run) -> list[tuple[str, int, float]]:
+    """(kernel, launches, ms) of everything run() puts on the GPU, read by torch's profiler (CUPTI sees CuPy's
+    kernels too), the largest first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+    torch.cuda.synchronize()
+    total, count = collections.defaultdict(float), collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = e.name.split("(")[0][:50]
+            total[name] += e.time_range.elapsed_us() / 1e3
+            count[name] += 1
+    return sorted(((name, count[name], ms) for name, ms in total.items()), key=lambda r: -r[2])
+
+
+def verify(path: str, n_profiled: int = 4, depth: int = 300) -> None:
+    """Speculative decoding's verify step against a plain decode step after a depth-token context: the captured
+    step of n = 1..8 tokens on the GPU alone (50 launches waited for once, each rewound), the same through
+    engine._verify (the logits to the host, as a reply takes them), then each kernel of one eager step of
+    n_profiled tokens beside one eager decode step."""
+    from inference import load
+    from inference.cuda_graph import VerifyStep
+    from inference.speculative import PromptLookup, Speculation
+    engine = load(path, device="cuda", ctx=depth + 1024)
+    ids = _prompt(depth)
+    list(engine.generate(ids, max_tokens=8, temperature=0))  # compile, capture the decode graph
+    decode, be = engine._decode, engine._be
+    plain = _step_times(decode, depth + 8)
+    print(f"plain graph step: {' '.join(f'{t:.3f}' for t in plain)} ms")
+    engine.reset()
+    list(engine.generate(ids, max_tokens=1, temperature=0))
+    engine.speculation = Speculation("ngram", PromptLookup(), 7)
+    pos = depth
+
+    def launches(n: int, times: int, host: bool) -> float:
+        nonlocal pos
+        be.stream.synchronize()
+        t = time.perf_counter()
+        for _ in range(times):
+            if host:
+                engine._verify(ids[:n], pos)
+            else:
+                engine._captured_verify(n)(ids[:n], pos)
+            engine._rewind_states(pos + 1)
+            pos += 1
+        be.stream.synchronize()
+        return (time.perf_counter() - t) / times * 1e3
+
+    for n in range(1, 9):
+        launches(n, 2, False)  # the capture
+        gpu = [launches(n, 50, False) for _ in range(2)]
+        host = [launches(n, 20, True) for _ in range(2)]
+        print(f"verify {n}: graph {' '.join(f'{t:.3f}' for t in gpu)} ms ({min(gpu) / min(plain):.2f}x a step), "
+              f"with the logits to the host {' '.join(f'{t:.3f}' for t in host)} ms")
+    eager = VerifyStep(be, engine.config, engine._weights, 8, use_graph=False)
+
+    def eager_verify():
+        nonlocal pos
+        eager(ids[:n_profiled], pos)
+        engine._rewind_states(pos + 1)
+        pos += 1
+    eager_verify()  # compiles what the profiled one needs
+    report(f"eager verify step of {n_profiled} tokens", _profiled(lambda: (eager_verify(), be.stream.synchronize())))
+    engine.speculation = None
+    engine.reset()
+    decode.use_graph = False
+    list(engine.generate(ids, max_tokens=2, temperature=0))
+    step_pos = be.state_pos if be.conv_state else depth + 2
+
+    def eager_decode():
+        nonlocal step_pos
+        decode(True, 0, step_pos)
+        step_pos += 1
+    eager_decode()
+    report("eager decode step", _profiled(lambda: (eager_decode(), be.stream.synchronize())))
+
+
+def report(title: str, rows: list[tuple[str, int, float]]) -> None:
+    print(f"{title}: {sum(r[2] for r in rows):.3f} ms on the GPU")
+    for kernel, count, ms in rows[:25]:
+        print(f"  {kernel:<50} {count:>5} {ms * 1e3:>9.1f} us {ms / count * 1e3:8.2f} us each")
+
+
 def table(csv_path: str) -> None:
     rows = [r for r in csv.reader(open(csv_path)) if len(r) > 10]
     head = rows[0]
@@ -245,5 +331,5 @@ def table(csv_path: str) -> None:
 
 if __name__ == "__main__":
     {"step": step_ms, "kernels": kernels, "doubled": doubled, "table": table, "prefill": prefill,
-     "prompt_kernels": prompt_kernels, "prompt_host": prompt_host}[sys.argv[2]](
+     "prompt_kernels": prompt_kernels, "prompt_host": prompt_host, "verify": verify}[sys.argv[2]](
         sys.argv[1], *map(int, sys.argv[3:]))
