@@ -511,14 +511,11 @@ class CUDABackend:
         if x.shape[0] == 1:
             matvec(dw, self._q8(x) if dw.takes_q8 else x.reshape(-1), out.reshape(-1), stream=self.stream,
                    residual=None if residual is None else residual.reshape(-1))
-        elif self.in_step and dw.takes_q8:  # a verify step: one pass over W for its few tokens
-            matvec_tokens(dw, self._q8(x), x.shape[0], out, stream=self.stream, residual=residual)
         elif self.in_step:
-            # a verify step's float matrix (an F32 router): a matvec a token, as its decode steps do, where the fp16
-            # path would take CuPy's pool and cuBLAS into the captured step
-            for t in range(x.shape[0]):
-                matvec(dw, self._contiguous(x[t]), out[t], stream=self.stream,
-                       residual=None if residual is None else residual[t])
+            # a verify step: one pass over W for its few tokens; a float W (an F32 router) too, where the fp16 path
+            # would take CuPy's pool and cuBLAS into the captured step
+            matvec_tokens(dw, self._q8(x) if dw.takes_q8 else self._contiguous(x), x.shape[0], out,
+                          stream=self.stream, residual=residual)
         else:
             if cuda_prefill.takes_f16(dw, x.shape[0]):
                 self._set_cublas_stream()
@@ -630,19 +627,22 @@ class CUDABackend:
     def delta_net(self, layer: int, dn: DeltaNetWeights, qkv: cp.ndarray, z: cp.ndarray, alpha: cp.ndarray,
                   beta: cp.ndarray) -> cp.ndarray:
         """The DeltaNet mixer of a recurrent layer on its projections (forward.delta_net): the causal conv, the
-        delta rule and the gated norm (kernels/cuda/deltanet), the layer's states moved on in place."""
-        if self._snapshots is None:
-            return self._delta_net(layer, dn, qkv, z, alpha, beta)
-        # a token at a time (decode's kernels), the states kept after each in the layer's snapshot rows
+        delta rule and the gated norm (kernels/cuda/deltanet), the layer's states moved on in place; where the
+        forward keeps snapshots (set_input's, a verify step's), the kernels also write the states after each token
+        into the layer's snapshot rows."""
         n = qkv.shape[0]
-        conv_rows, delta_rows = self._snapshot_buffers(layer, n)
+        conv_rows = delta_rows = None
+        if self._snapshots is not None:
+            conv_rows, delta_rows = self._snapshot_buffers(layer, n)
+        y = self._empty(qkv.shape)
+        cuda_deltanet.conv_silu(self._contiguous(qkv), self.conv_state[layer], self._weight(dn.conv), y,
+                                stream=self.stream, snapshots=conv_rows)
         out = self._empty((n, self.cfg.ssm_v_heads * self.cfg.ssm_state))
-        for t in range(n):
-            y = self._delta_net(layer, dn, qkv[t:t + 1], z[t:t + 1], alpha[t:t + 1], beta[t:t + 1])
-            with self.stream:
-                out[t:t + 1] = y
-                conv_rows[t] = self.conv_state[layer]
-                delta_rows[t] = self.delta_state[layer]
+        cuda_deltanet.delta_rule(y, self._contiguous(alpha), self._contiguous(beta), self._weight(dn.dt_bias),
+                                 self._weight(dn.a), self._contiguous(z), self._weight(dn.norm),
+                                 self.delta_state[layer], out, self.cfg.ssm_k_heads, self.cfg.rms_eps,
+                                 stream=self.stream, chunked=False if delta_rows is not None else None,
+                                 snapshots=delta_rows)
         return out
 
     def _snapshot_buffers(self, layer: int, n: int) -> tuple[cp.ndarray, cp.ndarray]:
@@ -654,18 +654,6 @@ class CUDABackend:
                 rows = self._snapshot_rows[layer] = (cp.empty((n, *conv.shape), cp.float32),
                                                      cp.empty((n, *delta.shape), cp.float32))
         return rows
-
-    def _delta_net(self, layer: int, dn: DeltaNetWeights, qkv: cp.ndarray, z: cp.ndarray, alpha: cp.ndarray,
-                   beta: cp.ndarray) -> cp.ndarray:
-        n = qkv.shape[0]
-        y = self._empty(qkv.shape)
-        cuda_deltanet.conv_silu(self._contiguous(qkv), self.conv_state[layer], self._weight(dn.conv), y,
-                                stream=self.stream)
-        out = self._empty((n, self.cfg.ssm_v_heads * self.cfg.ssm_state))
-        cuda_deltanet.delta_rule(y, self._contiguous(alpha), self._contiguous(beta), self._weight(dn.dt_bias),
-                                 self._weight(dn.a), self._contiguous(z), self._weight(dn.norm), self.delta_state[layer],
-                                 out, self.cfg.ssm_k_heads, self.cfg.rms_eps, stream=self.stream)
-        return out
 
     def glu(self, gate: cp.ndarray, up: cp.ndarray) -> cp.ndarray:
         """activation(gate) * up; up may be a strided view (gemma4's per-layer input of a layer)."""

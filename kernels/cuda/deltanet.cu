@@ -14,12 +14,13 @@ __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1
 // y[t][c] = silu(sum_k w[c][k] * x[t - 3 + k][c]) with x[-3..-1] the conv state; the state becomes the last
 // 3 inputs. A thread takes one channel for CONV_TOKENS tokens, keeping the window in registers. The blocks of
 // the first tokens alone read the old state, so they alone write the new one (after reading it).
+// snaps (null: none): the state after each token, [n, K - 1, C] (a verify step's rewind rows).
 // Launch: grid (ceil(C / 256), ceil(n / CONV_TOKENS)), block 256.
 #define CONV_K 4
 #define CONV_TOKENS 32
 extern "C" __global__ void __launch_bounds__(256)
     conv_silu(const float* __restrict__ x, float* __restrict__ state, const float* __restrict__ w,
-              float* __restrict__ out, int n, int C) {
+              float* __restrict__ out, int n, int C, float* __restrict__ snaps) {
     wait_prior();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -36,6 +37,10 @@ extern "C" __global__ void __launch_bounds__(256)
         const float xt = x[(size_t)t * C + c];
         out[(size_t)t * C + c] = silu(w0 * p0 + w1 * p1 + w2 * p2 + w3 * xt);
         p0 = p1, p1 = p2, p2 = xt;
+        if (snaps) {
+            float* snap = snaps + (size_t)t * (CONV_K - 1) * C + c;
+            snap[0] = p0, snap[C] = p1, snap[2 * C] = p2;
+        }
     }
     if (t0 == 0) {
         for (int r = 0; r < CONV_K - 1; ++r) {  // row r of the new state is row n + r of [old state; x]
@@ -91,6 +96,7 @@ __device__ __forceinline__ void store_vec(float* p, const float (&v)[E]) {
 // q, k L2-normed, M *= exp(g), d = b * (v - M k), M += d k^T, o = M q / sqrt(S), then the gated norm: the
 // cluster's warps add up o^2 over the head (partial sums double-buffered by token parity, so one cluster
 // barrier a token suffices: a slot is rewritten two tokens later, after every block passed the barrier between).
+// snaps (null: none): the state after each token, [n, Hv, S, S] (a verify step's rewind rows).
 // Launch: grid Hv * REC_CLUSTER, block 32 * WARPS, cluster (REC_CLUSTER, 1, 1).
 #define REC_CLUSTER 4
 #define REC_ROWS 4
@@ -118,7 +124,8 @@ __device__ __forceinline__ void gdn_recurrent(const float* __restrict__ y, const
                                               const float* __restrict__ beta, const float* __restrict__ dt_bias,
                                               const float* __restrict__ a, const float* __restrict__ z,
                                               const float* __restrict__ norm_w, float* __restrict__ state,
-                                              float* __restrict__ out, int n, int Hk, int Hv, float eps) {
+                                              float* __restrict__ out, int n, int Hk, int Hv, float eps,
+                                              float* __restrict__ snaps) {
     constexpr int E = S / 32, WARPS = S / (REC_CLUSTER * REC_ROWS);
     static_assert(REC_CLUSTER * WARPS <= 32, "a warp adds up the cluster's partial sums");
     __shared__ float part[2][WARPS];
@@ -168,6 +175,10 @@ __device__ __forceinline__ void gdn_recurrent(const float* __restrict__ y, const
 #pragma unroll
         for (int r = 1; r < REC_ROWS; ++r) mine = lane == r ? o[r] : mine;
         if (lane < REC_ROWS) out[((size_t)t * Hv + h) * S + j0 + lane] = mine * inv * wj * silu(in.z);
+        if (snaps) {
+#pragma unroll
+            for (int r = 0; r < REC_ROWS; ++r) store_vec<E>(snaps + (size_t)t * Hv * S * S + (M - state) + r * S, s[r]);
+        }
     }
     cluster_sync();  // no block leaves while another may still read its partial sums
 #pragma unroll
@@ -459,9 +470,9 @@ __device__ __forceinline__ void gdn_chunked(const float* __restrict__ y, const f
     extern "C" __global__ void __cluster_dims__(REC_CLUSTER, 1, 1) __launch_bounds__(S / REC_ROWS / REC_CLUSTER * 32) \
         gdn_recurrent_##S(const float* y, const float* alpha, const float* beta, const float* dt_bias,          \
                           const float* a, const float* z, const float* norm_w, float* state, float* out, int n,  \
-                          int Hk, int Hv, float eps) {                                                          \
+                          int Hk, int Hv, float eps, float* snaps) {                                            \
         wait_prior();                                                                                            \
-        gdn_recurrent<S>(y, alpha, beta, dt_bias, a, z, norm_w, state, out, n, Hk, Hv, eps);                     \
+        gdn_recurrent<S>(y, alpha, beta, dt_bias, a, z, norm_w, state, out, n, Hk, Hv, eps, snaps);              \
     }                                                                                                            \
     extern "C" __global__ void __cluster_dims__(S / CJ, 1, 1) __launch_bounds__(CHUNK_THREADS, 1)                \
         gdn_chunked_##S(const float* y, const float* alpha, const float* beta, const float* dt_bias,            \

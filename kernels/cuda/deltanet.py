@@ -12,7 +12,7 @@ import cupy as cp
 import numpy as np
 
 from kernels.cuda.module import Kernel, kernel
-from kernels.cuda.ops import _check, _stream
+from kernels.cuda.ops import NULL, _check, _stream
 from kernels.cuda.shapes import DELTANET_CONV_K as CONV_K, DELTANET_HEAD_SIZES as HEAD_SIZES
 
 CONV_TOKENS = 32  # deltanet.cu: CONV_TOKENS, tokens a thread
@@ -24,10 +24,12 @@ CHUNK_THREADS = 256
 CHUNKED_MIN_TOKENS = 40  # delta_rule's default: chunks from here (H200: even with tokens at 32, 59 us; 1.8x at 64)
 
 
-def conv_silu(x: cp.ndarray, state: cp.ndarray, w: cp.ndarray, out: cp.ndarray, stream=None) -> None:
+def conv_silu(x: cp.ndarray, state: cp.ndarray, w: cp.ndarray, out: cp.ndarray, stream=None,
+              snapshots: cp.ndarray | None = None) -> None:
     """out [n, C] = silu(causal depthwise conv of x [n, C] over the last K inputs of each channel), w [C, K] with
     tap K - 1 the current token and the conv state [K - 1, C] (oldest first) the inputs before x; the state
-    becomes the last K - 1 inputs. K = 4, any n >= 1."""
+    becomes the last K - 1 inputs. K = 4, any n >= 1. snapshots [>= n, K - 1, C]: the state after each token as
+    well (a verify step's, which rewinds to one of them)."""
     n, C = x.shape if isinstance(x, cp.ndarray) and x.ndim == 2 else (-1, -1)
     _check("x", x, cp.float32, (n, C))
     if n < 1:
@@ -35,9 +37,20 @@ def conv_silu(x: cp.ndarray, state: cp.ndarray, w: cp.ndarray, out: cp.ndarray, 
     _check("state", state, cp.float32, (CONV_K - 1, C))
     _check("w", w, cp.float32, (C, CONV_K))
     _check("out", out, cp.float32, (n, C))
+    if snapshots is not None:
+        _check_snapshots("conv_silu", snapshots, n, state.shape)
     grid = ((C + 255) // 256, (n + CONV_TOKENS - 1) // CONV_TOKENS)
     with _stream(stream):
-        kernel("deltanet.cu", "conv_silu")(grid, (256,), (x, state, w, out, np.int32(n), np.int32(C)))
+        kernel("deltanet.cu", "conv_silu")(grid, (256,), (x, state, w, out, np.int32(n), np.int32(C),
+                                                          NULL if snapshots is None else snapshots))
+
+
+def _check_snapshots(op: str, snapshots: cp.ndarray, n: int, state_shape: tuple) -> None:
+    """snapshots: float32 rows [>= n, *state_shape], contiguous."""
+    rows = snapshots.shape[0] if isinstance(snapshots, cp.ndarray) and snapshots.ndim == len(state_shape) + 1 else 0
+    if rows < n:
+        raise ValueError(f"{op}: snapshots must be [>= {n}, {', '.join(map(str, state_shape))}]")
+    _check("snapshots", snapshots, cp.float32, (rows, *state_shape))
 
 
 def _chunk_smem(S: int) -> int:
@@ -55,7 +68,7 @@ def _chunked_kernel(S: int) -> Kernel:
 
 def delta_rule(y: cp.ndarray, alpha: cp.ndarray, beta: cp.ndarray, dt_bias: cp.ndarray, a: cp.ndarray,
                z: cp.ndarray, norm_w: cp.ndarray, state: cp.ndarray, out: cp.ndarray, n_k_heads: int, eps: float,
-               stream=None, chunked: bool | None = None) -> None:
+               stream=None, chunked: bool | None = None, snapshots: cp.ndarray | None = None) -> None:
     """The gated delta rule over the conv's output y [n, C] and the gated norm after it, in one launch:
     q, k = L2-normed key heads of y (x / sqrt(sum x^2 + eps)), v its value heads; per token t and value head h,
     decay exp(softplus(alpha[t, h] + dt_bias[h]) * a[h]) (a < 0) and b = sigmoid(beta[t, h]) ([n, Hv] each);
@@ -63,7 +76,8 @@ def delta_rule(y: cp.ndarray, alpha: cp.ndarray, beta: cp.ndarray, dt_bias: cp.n
     out [n, Hv * S] = rms_norm(o per head, eps) * norm_w [S] * silu(z [n, Hv * S]).
 
     chunked: in chunks of 64 tokens on the tensor cores (prompts) or token by token (the decode step, the
-    baseline); None picks chunks from CHUNKED_MIN_TOKENS tokens. S in HEAD_SIZES."""
+    baseline); None picks chunks from CHUNKED_MIN_TOKENS tokens. S in HEAD_SIZES. snapshots [>= n, Hv, S, S]
+    (token by token only): the state after each token as well (a verify step's, which rewinds to one of them)."""
     Hv, S = state.shape[:2] if isinstance(state, cp.ndarray) and state.ndim == 3 else (-1, -1)
     _check("state", state, cp.float32, (Hv, S, S))
     if S not in HEAD_SIZES or not 0 < n_k_heads:
@@ -82,10 +96,15 @@ def delta_rule(y: cp.ndarray, alpha: cp.ndarray, beta: cp.ndarray, dt_bias: cp.n
     args = (y, alpha, beta, dt_bias, a, z, norm_w, state, out, np.int32(n), np.int32(n_k_heads), np.int32(Hv),
             np.float32(eps))
     if chunked is None:
-        chunked = n >= CHUNKED_MIN_TOKENS
+        chunked = n >= CHUNKED_MIN_TOKENS and snapshots is None
+    if snapshots is not None:
+        if chunked:
+            raise ValueError("delta_rule: snapshots are kept token by token, not in chunks")
+        _check_snapshots("delta_rule", snapshots, n, state.shape)
     with _stream(stream):
         if chunked:
             _chunked_kernel(S)((Hv * S // CHUNK_COLS,), (CHUNK_THREADS,), args, shared_mem=_chunk_smem(S))
         else:
             threads = S // (REC_ROWS * REC_CLUSTER) * 32
-            kernel("deltanet.cu", f"gdn_recurrent_{S}")((Hv * REC_CLUSTER,), (threads,), args)
+            kernel("deltanet.cu", f"gdn_recurrent_{S}")((Hv * REC_CLUSTER,), (threads,),
+                                                        (*args, NULL if snapshots is None else snapshots))

@@ -117,6 +117,42 @@ def test_decode_steps_equal_one_prompt_call(cuda, rng):
     assert rel_err(chunks, steps) < CHUNK_TOL and rel_err(chunks_state, steps_state) < CHUNK_TOL
 
 
+@pytest.mark.parametrize("n", [1, 5, 40])
+def test_snapshots_are_the_states_after_each_token(cuda, rng, n):
+    """A call over n tokens with snapshots (a verify step's) writes, into row t, the conv and delta states that
+    t + 1 one-token calls leave: bit for bit (the same arithmetic), and its outputs and final states are the call's
+    without them. n 40 takes two of conv_silu's token blocks; rows past n stay as they were."""
+    cp, dn = cuda
+    Hk, Hv, S, C = 2, 6, 128, (2 * 2 + 6) * 128
+    x = layer_inputs(rng, n, Hk, Hv, S, "typical")
+    conv_in = rng.standard_normal((n, C)).astype(np.float32)
+    conv_state, conv_w = rng.standard_normal((3, C)).astype(np.float32), rng.standard_normal((C, 4)).astype(np.float32)
+    d = {k: cp.asarray(v) for k, v in x.items()}
+    conv_rows = cp.full((n + 1, 3, C), cp.nan, dtype=cp.float32)
+    delta_rows = cp.full((n + 1, Hv, S, S), cp.nan, dtype=cp.float32)
+    y, out = cp.empty((n, C), dtype=cp.float32), cp.empty((n, Hv * S), dtype=cp.float32)
+    c_state = cp.asarray(conv_state)
+    dn.conv_silu(cp.asarray(conv_in), c_state, cp.asarray(conv_w), y, snapshots=conv_rows)
+    dn.delta_rule(d["y"], d["alpha"], d["beta"], d["dt_bias"], d["a"], d["z"], d["norm_w"], d["state"], out, Hk,
+                  EPS, snapshots=delta_rows)
+    plain, plain_state = run_delta_rule(cp, dn, x, Hk, chunked=False)
+    np.testing.assert_array_equal(cp.asnumpy(out), plain)
+    np.testing.assert_array_equal(cp.asnumpy(d["state"]), plain_state)
+    step_conv, step_delta = cp.asarray(conv_state), cp.asarray(x["state"])
+    for t in range(n):
+        dn.conv_silu(cp.asarray(conv_in[t:t + 1]), step_conv, cp.asarray(conv_w), y[t:t + 1])
+        dn.delta_rule(d["y"][t:t + 1], d["alpha"][t:t + 1], d["beta"][t:t + 1], d["dt_bias"], d["a"],
+                      d["z"][t:t + 1], d["norm_w"], step_delta, out[t:t + 1], Hk, EPS)
+        np.testing.assert_array_equal(cp.asnumpy(conv_rows[t]), cp.asnumpy(step_conv))
+        np.testing.assert_array_equal(cp.asnumpy(delta_rows[t]), cp.asnumpy(step_delta))
+    assert np.isnan(cp.asnumpy(conv_rows[n])).all() and np.isnan(cp.asnumpy(delta_rows[n])).all()
+    with pytest.raises(ValueError, match="token by token"):
+        dn.delta_rule(d["y"], d["alpha"], d["beta"], d["dt_bias"], d["a"], d["z"], d["norm_w"], d["state"], out, Hk,
+                      EPS, chunked=True, snapshots=delta_rows)
+    with pytest.raises(ValueError, match="snapshots must be"):
+        dn.conv_silu(cp.asarray(conv_in), c_state, cp.asarray(conv_w), y, snapshots=conv_rows[:n - 1])
+
+
 @pytest.mark.parametrize("decay", DECAYS)
 def test_chunks_equal_tokens_on_a_long_prompt(cuda, rng, decay):
     """1100 tokens (17 whole chunks and a part) at the real models' key-head tiling (Hv = 3 Hk): the chunked
