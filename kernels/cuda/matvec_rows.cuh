@@ -1,5 +1,5 @@
-// What the matvec kernels share (matvec.cu, one token; matvec_tokens.cu, a few): a row's threads' sum stored, and
-// the rows a group of threads does.
+// What the matvec kernels share (matvec.cu, one token; matvec_tokens.cu, a few): a row's threads' sum stored, the
+// rows a group of threads does, and the float weights' loads.
 #pragma once
 #include "quant_dot.cuh"
 
@@ -42,3 +42,35 @@ __host__ __device__ constexpr int matvec_rows_per_group() { return T::QK == 256 
 template <>
 __host__ __device__ constexpr int matvec_rows_per_group<Q6_K>() { return 4; }
 
+// Float weights, 8 values a 16- or 32-byte item; x float32. n_cols is a multiple of 8.
+struct F32W {
+    static __device__ __forceinline__ void load8(const uint8_t* p, float* v) {
+        float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    }
+    static constexpr int BYTES = 4;
+};
+struct F16W {
+    static __device__ __forceinline__ void load8(const uint8_t* p, float* v) {
+        uint4 q = load16(p);
+        const __half2* h = reinterpret_cast<const __half2*>(&q);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float2 f = __half22float2(h[j]);
+            v[2 * j] = f.x; v[2 * j + 1] = f.y;
+        }
+    }
+    static constexpr int BYTES = 2;
+};
+struct BF16W {
+    static __device__ __forceinline__ void load8(const uint8_t* p, float* v) {
+        uint4 q = load16(p);
+        uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            v[2 * j] = __uint_as_float(u[j] << 16);
+            v[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
+        }
+    }
+    static constexpr int BYTES = 2;
+};

@@ -4,9 +4,9 @@
 #include "ops_common.cuh"
 
 // out[j][row] = W[row] . x_j (+ res[j][row] when add_res) for j < n_tok <= MAX_TOKENS, x q8_1 of [n_tok, n_cols].
-// matvec.cu's matvec_rows' rows, threads and order of items, each item's weights dotted with every token's x while
-// they sit in L1: W comes from DRAM once, though each token loads it again from L1 (the __ldg loads are not merged
-// across the inlined dots: inference/NOTES_gpu.md). Launch as matvec (the same grid).
+// matvec.cu's matvec_rows' rows, threads and order of items (rows_dot's), each item (T::Item) loaded once and
+// dotted with every token's x: W comes from DRAM once, and for the types with their own Item from L1 once too.
+// Launch as matvec (the same grid).
 #define MAX_TOKENS 8
 template <class T>
 __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
@@ -23,16 +23,17 @@ __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, con
         meta[r] = w + (size_t)n_rows * nb * T::BULK + (size_t)row * nb * T::META;
     }
     float acc[MAX_TOKENS][R] = {};
-#pragma unroll 2
     for (int i = t; i < nb * T::ITEMS; i += tpr) {
         int blk = i / T::ITEMS, k = i % T::ITEMS;
+        typename T::Item item[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) item[r] = typename T::Item(bulk[r] + blk * T::BULK, meta[r] + blk * T::META, k);
 #pragma unroll
         for (int j = 0; j < MAX_TOKENS; ++j) {
             if (j >= n_tok) break;
             size_t x0 = j * n_cols + (size_t)blk * T::QK;
 #pragma unroll
-            for (int r = 0; r < R; ++r)
-                acc[j][r] += T::dot(bulk[r] + blk * T::BULK, meta[r] + blk * T::META, k, xq + x0, xds + x0 / 32);
+            for (int r = 0; r < R; ++r) acc[j][r] += item[r].dot(xq + x0, xds + x0 / 32);
         }
     }
 #pragma unroll
@@ -46,11 +47,54 @@ __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, con
     }
 }
 
-#define MATVEC_TOKENS(NAME, T)                                                                            \
-    extern "C" __global__ void __launch_bounds__(128)                                                     \
-        NAME(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb,      \
-             int tpr, int n_tok, const float* res, int add_res) {                                        \
-        wait_prior();                                                                                     \
+// matvec_tokens of float W (an F32 router, qwen35's alpha and beta projections), x float32 [n_tok, n_cols]:
+// matvec.cu's matvec_f, each 8 weights dotted with every token's x.
+template <class T>
+__device__ __forceinline__ void matvec_tokens_f(const uint8_t* __restrict__ w, const float* __restrict__ x,
+                                                float* out, int n_rows, int n_cols, int tpr, int n_tok,
+                                                const float* res, int add_res) {
+    int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr, t = threadIdx.x % tpr;
+    float acc[MAX_TOKENS] = {};
+    if (row < n_rows) {
+        const uint8_t* wr = w + (size_t)row * n_cols * T::BYTES;
+        for (int i = t; i < n_cols / 8; i += tpr) {
+            float v[8];
+            T::load8(wr + (size_t)i * 8 * T::BYTES, v);
+#pragma unroll
+            for (int j = 0; j < MAX_TOKENS; ++j) {
+                if (j >= n_tok) break;
+                const float4* xj = reinterpret_cast<const float4*>(x + (size_t)j * n_cols + 8 * i);
+                float4 xa = xj[0], xb = xj[1];
+                acc[j] += v[0] * xa.x + v[1] * xa.y + v[2] * xa.z + v[3] * xa.w + v[4] * xb.x + v[5] * xb.y +
+                          v[6] * xb.z + v[7] * xb.w;
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < MAX_TOKENS; ++j) {
+        if (j >= n_tok) break;
+        if (j > 0 && tpr > 32) __syncthreads();  // row_store's shared sums read by all first
+        row_store(acc[j], row, n_rows, tpr, out + (size_t)j * n_rows, res + (size_t)j * n_rows, add_res);
+    }
+}
+
+#define MATVEC_TOKENS_F(NAME, T)                                                                         \
+    extern "C" __global__ void __launch_bounds__(128)                                                    \
+        NAME(const uint8_t* w, const float* x, float* out, int n_rows, int n_cols, int tpr, int n_tok,  \
+             const float* res, int add_res) {                                                            \
+        wait_prior();                                                                                    \
+        matvec_tokens_f<T>(w, x, out, n_rows, n_cols, tpr, n_tok, res, add_res);                         \
+    }
+
+MATVEC_TOKENS_F(matvec_tokens_f32, F32W)
+MATVEC_TOKENS_F(matvec_tokens_f16, F16W)
+MATVEC_TOKENS_F(matvec_tokens_bf16, BF16W)
+
+#define MATVEC_TOKENS(NAME, T)                                                                           \
+    extern "C" __global__ void __launch_bounds__(128)                                                    \
+        NAME(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb,     \
+             int tpr, int n_tok, const float* res, int add_res) {                                       \
+        wait_prior();                                                                                    \
         matvec_tokens<T>(w, xq, xds, out, n_rows, nb, tpr, n_tok, res, add_res, blockIdx.x);            \
     }
 

@@ -145,27 +145,33 @@ def matvec(
 MATVEC_MAX_TOKENS = 8  # matvec_tokens.cu's MAX_TOKENS
 
 
-def matvec_tokens(w: DeviceWeight, x: Q8Vector, n_tokens: int, out: cp.ndarray, stream: cp.cuda.Stream | None = None,
-                  residual: cp.ndarray | None = None) -> None:
+def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, out: cp.ndarray,
+                  stream: cp.cuda.Stream | None = None, residual: cp.ndarray | None = None) -> None:
     """out float32 [n_tokens, w.n_rows] = W . x_j for each token j (+ residual [n_tokens, w.n_rows]; out may be
-    residual) in one pass over W: a verify step's matmuls. x: q8_1 of [n_tokens, w.n_cols]; quantized W only; at most
-    MATVEC_MAX_TOKENS tokens. matvec's threads and rows (matvec_tokens.cu)."""
-    if not w.takes_q8:
-        raise ValueError(f"matvec_tokens: {w.qtype.name} weights have no few-token kernel")
+    residual) in one pass over W: a verify step's matmuls. x: q8_1 of [n_tokens, w.n_cols] when w.takes_q8, else
+    float32 [n_tokens, w.n_cols]; at most MATVEC_MAX_TOKENS tokens. matvec's threads and rows (matvec_tokens.cu)."""
     if not 1 <= n_tokens <= MATVEC_MAX_TOKENS:
         raise ValueError(f"matvec_tokens: 1 to {MATVEC_MAX_TOKENS} tokens, not {n_tokens}")
-    if not isinstance(x, Q8Vector) or x.qs.shape != (n_tokens * w.n_cols,):
-        raise ValueError(f"matvec_tokens: x must be a Q8Vector of {n_tokens} x {w.n_cols}")
+    if w.takes_q8:
+        if not isinstance(x, Q8Vector) or x.qs.shape != (n_tokens * w.n_cols,):
+            raise ValueError(f"matvec_tokens: x must be a Q8Vector of {n_tokens} x {w.n_cols}")
+    elif (isinstance(x, Q8Vector) or x.dtype != cp.float32 or x.shape != (n_tokens, w.n_cols)
+            or not x.flags.c_contiguous or x.data.ptr % 16):  # read as float4
+        raise ValueError(f"matvec_tokens: {w.qtype.name} weights take a contiguous, 16-byte-aligned float32 x of "
+                         f"({n_tokens}, {w.n_cols})")
     for name, a in (("out", out), ("residual", out if residual is None else residual)):
         if a.dtype != cp.float32 or a.shape != (n_tokens, w.n_rows) or not a.flags.c_contiguous:
             raise ValueError(f"matvec_tokens: {name} must be contiguous float32 ({n_tokens}, {w.n_rows}), "
                              f"got {a.dtype} {a.shape}")
     tpr = default_threads_per_row(w.n_rows, w.n_cols // ELEMS_PER_ITEM[w.qtype.name])
+    if w.takes_q8:
+        args = (w.data, x.qs, x.ds, out, np.int32(w.n_rows), np.int32(w.n_cols // w.qtype.block_elems))
+    else:
+        args = (w.data, x, out, np.int32(w.n_rows), np.int32(w.n_cols))
+    args += (np.int32(tpr), np.int32(n_tokens), out if residual is None else residual, np.int32(residual is not None))
     with stream or cp.cuda.get_current_stream():
         kernel("matvec_tokens.cu", "matvec_tokens_" + w.qtype.name.lower())(
-            (_blocks(w.n_rows, tpr, matvec_rows_per_group(w)),), (THREADS,),
-            (w.data, x.qs, x.ds, out, np.int32(w.n_rows), np.int32(w.n_cols // w.qtype.block_elems), np.int32(tpr),
-             np.int32(n_tokens), out if residual is None else residual, np.int32(residual is not None)))
+            (_blocks(w.n_rows, tpr, matvec_rows_per_group(w)),), (THREADS,), args)
 
 
 def matvec_rows_per_group(w: DeviceWeight) -> int:

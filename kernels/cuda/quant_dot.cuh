@@ -10,6 +10,10 @@
 // Activations: x quantized per 32 values (q8_1): xq int8 [n_cols], xds float2 [n_cols/32] = (d, d*sum(q)).
 // dp4a (4 int8 products summed into an int32) does the multiplies; int32 sums are exact, scales are float.
 // Every dot() gets xq and xds already offset to the first column of its block.
+// Each type has an Item: one item's weights and scales loaded into registers, then dotted with any x (dot() is an
+// Item dotted with one x). So rows_dot loads an item's x once for all its rows, and matvec_tokens.cu the weights
+// once for all its tokens. The types most files hold (Q8_0, Q4_K, Q5_K, Q6_K) have their own; the others' Item is
+// Reload, their address, whose dot() loads the weights again.
 //
 // The functions are __host__ __device__ so that tests/kernels/quant_dot_host.cu can check them on a CPU.
 #pragma once
@@ -26,9 +30,13 @@ typedef unsigned long long uint64_t;
 
 #define QD __host__ __device__ __forceinline__
 
+// Not __dp4a, whose asm is volatile: that keeps the compiler from merging the loads of one x, and its sums, that
+// several rows' dots make (rows_dot, matvec_tokens.cu).
 QD int dp4a(int a, int b, int acc) {
 #ifdef __CUDA_ARCH__
-    return __dp4a(a, b, acc);
+    int r;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(acc));
+    return r;
 #else
     for (int i = 0; i < 32; i += 8) acc += (int)(int8_t)(a >> i) * (int)(int8_t)(b >> i);
     return acc;
@@ -43,8 +51,9 @@ QD uint4 load16(const uint8_t* p) {
 #endif
 }
 
+// A plain load, not __ldg: the compiler merges the loads of one x that several rows' (or tokens') dots make
 QD uint4 xload16(const int8_t* xq) {
-    return load16(reinterpret_cast<const uint8_t*>(xq));
+    return *reinterpret_cast<const uint4*>(xq);
 }
 
 QD float half_at(const uint8_t* p) {
@@ -104,19 +113,40 @@ QD int q5_dot(uint4 q, uint32_t qh, uint4 xlo, uint4 xhi) {
                  ((q.w >> 4) & 0x0F0F0F0F) | bits_to_bit4(qh >> 28), xhi, s);
 }
 
+// The Item of a type that keeps none in registers: its address, each dot() loading the weights again (from L1,
+// where the first one's loads left them).
+template <class T>
+struct Reload {
+    const uint8_t *b, *m;
+    int k;
+    Reload() = default;
+    QD Reload(const uint8_t* b, const uint8_t* m, int k) : b(b), m(m), k(k) {}
+    QD float dot(const int8_t* xq, const float2* xds) const { return T::dot(b, m, k, xq, xds); }
+};
+
 // ---- Q8_0: block d(2) qs(32). bulk qs(32), meta d(2). 2 items of 16 weights.
 struct Q8_0 {
     static constexpr int QK = 32, BULK = 32, META = 2, ITEMS = 2;
+    struct Item {
+        uint4 q;
+        float d;
+        int k;
+        Item() = default;
+        QD Item(const uint8_t* b, const uint8_t* m, int k) : q(load16(b + 16 * k)), d(half_at(m)), k(k) {}
+        QD float dot(const int8_t* xq, const float2* xds) const {
+            int s = dot16(q.x, q.y, q.z, q.w, xload16(xq + 16 * k), 0);
+            return d * xds[0].x * (float)s;
+        }
+    };
     static QD float dot(const uint8_t* b, const uint8_t* m, int k, const int8_t* xq, const float2* xds) {
-        uint4 q = load16(b + 16 * k);
-        int s = dot16(q.x, q.y, q.z, q.w, xload16(xq + 16 * k), 0);
-        return half_at(m) * xds[0].x * (float)s;
+        return Item(b, m, k).dot(xq, xds);
     }
 };
 
 // ---- Q4_0: block d(2) qs(16). bulk qs(16), meta d(2). 1 item. w = d*(q-8)
 struct Q4_0 {
     static constexpr int QK = 32, BULK = 16, META = 2, ITEMS = 1;
+    using Item = Reload<Q4_0>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int, const int8_t* xq, const float2* xds) {
         uint4 q = load16(b);
         int s = hi_dot(q, xload16(xq + 16), lo_dot(q, xload16(xq), 0));
@@ -128,6 +158,7 @@ struct Q4_0 {
 // ---- Q4_1: block d(2) m(2) qs(16). bulk qs(16), meta d m. 1 item. w = d*q + m
 struct Q4_1 {
     static constexpr int QK = 32, BULK = 16, META = 4, ITEMS = 1;
+    using Item = Reload<Q4_1>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int, const int8_t* xq, const float2* xds) {
         uint4 q = load16(b);
         int s = hi_dot(q, xload16(xq + 16), lo_dot(q, xload16(xq), 0));
@@ -139,6 +170,7 @@ struct Q4_1 {
 // ---- Q5_0: block d(2) qh(4) qs(16). bulk qs(16), meta d qh (6 bytes, 2-aligned). w = d*(q-16)
 struct Q5_0 {
     static constexpr int QK = 32, BULK = 16, META = 6, ITEMS = 1;
+    using Item = Reload<Q5_0>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int, const int8_t* xq, const float2* xds) {
         const uint16_t* h = reinterpret_cast<const uint16_t*>(m + 2);
         uint32_t qh = (uint32_t)h[0] | ((uint32_t)h[1] << 16);
@@ -151,6 +183,7 @@ struct Q5_0 {
 // ---- Q5_1: block d(2) m(2) qh(4) qs(16). bulk qs(16), meta d m qh (8 bytes). w = d*q + m
 struct Q5_1 {
     static constexpr int QK = 32, BULK = 16, META = 8, ITEMS = 1;
+    using Item = Reload<Q5_1>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int, const int8_t* xq, const float2* xds) {
         uint2 meta = *reinterpret_cast<const uint2*>(m);
         int s = q5_dot(load16(b), meta.y, xload16(xq), xload16(xq + 16));
@@ -175,25 +208,42 @@ QD void k4_scales(uint4 hdr, int c, int& sc0, int& sc1, int& m0, int& m1) {
     sc0 = sc & 0xFF, sc1 = sc >> 8, m0 = mn & 0xFF, m1 = mn >> 8;
 }
 
-// Q4_K / Q5_K item c: weights 64c .. 64c+63 = sub-blocks 2c (dot s_lo) and 2c+1 (dot s_hi).
-QD float k4_combine(uint4 hdr, int c, int s_lo, int s_hi, const float2* xds) {
+// Q4_K / Q5_K item c: weights 64c .. 64c+63 = sub-blocks 2c (dot s_lo) and 2c+1 (dot s_hi); their scales and
+// mins from the block's header, unpacked once for every token an Item is dotted with.
+struct K4Scales {
+    float d, dmin;
     int sc0, sc1, m0, m1;
-    k4_scales(hdr, c, sc0, sc1, m0, m1);
-    float2 ds0 = xds[2 * c], ds1 = xds[2 * c + 1];
-    return half_bits(hdr.x) * ((float)sc0 * ds0.x * (float)s_lo + (float)sc1 * ds1.x * (float)s_hi) -
-           half_bits(hdr.x >> 16) * ((float)m0 * ds0.y + (float)m1 * ds1.y);
-}
+    K4Scales() = default;
+    QD K4Scales(uint4 hdr, int c) : d(half_bits(hdr.x)), dmin(half_bits(hdr.x >> 16)) {
+        k4_scales(hdr, c, sc0, sc1, m0, m1);
+    }
+    QD float combine(int c, int s_lo, int s_hi, const float2* xds) const {
+        float2 ds0 = xds[2 * c], ds1 = xds[2 * c + 1];
+        return d * ((float)sc0 * ds0.x * (float)s_lo + (float)sc1 * ds1.x * (float)s_hi) -
+               dmin * ((float)m0 * ds0.y + (float)m1 * ds1.y);
+    }
+};
 
 // ---- Q4_K: block d(2) dmin(2) scales(12) qs(128) = 144 bytes, kept as is. 4 items of 64 weights.
 // qs byte 32c + l holds weight 64c + l (low nibble) and 64c + 32 + l (high nibble).
 struct Q4_K {
     static constexpr int QK = 256, BULK = 144, META = 0, ITEMS = 4;
-    static QD float dot(const uint8_t* b, const uint8_t*, int c, const int8_t* xq, const float2* xds) {
-        uint4 q0 = load16(b + 16 + 32 * c), q1 = load16(b + 32 + 32 * c);
-        const int8_t* x = xq + 64 * c;
-        int s_lo = lo_dot(q1, xload16(x + 16), lo_dot(q0, xload16(x), 0));
-        int s_hi = hi_dot(q1, xload16(x + 48), hi_dot(q0, xload16(x + 32), 0));
-        return k4_combine(load16(b), c, s_lo, s_hi, xds);
+    struct Item {
+        uint4 q0, q1;
+        K4Scales s;
+        int c;
+        Item() = default;
+        QD Item(const uint8_t* b, const uint8_t*, int c)
+            : q0(load16(b + 16 + 32 * c)), q1(load16(b + 32 + 32 * c)), s(load16(b), c), c(c) {}
+        QD float dot(const int8_t* xq, const float2* xds) const {
+            const int8_t* x = xq + 64 * c;
+            int s_lo = lo_dot(q1, xload16(x + 16), lo_dot(q0, xload16(x), 0));
+            int s_hi = hi_dot(q1, xload16(x + 48), hi_dot(q0, xload16(x + 32), 0));
+            return s.combine(c, s_lo, s_hi, xds);
+        }
+    };
+    static QD float dot(const uint8_t* b, const uint8_t* m, int c, const int8_t* xq, const float2* xds) {
+        return Item(b, m, c).dot(xq, xds);
     }
 };
 
@@ -206,21 +256,31 @@ QD int q5k(uint32_t v, uint32_t qh, int shift) {
 // As Q4_K, plus: weight 64c + l (l < 32) takes bit 2c of qh[l], weight 64c + 32 + l bit 2c + 1.
 struct Q5_K {
     static constexpr int QK = 256, BULK = 176, META = 0, ITEMS = 4;
-    static QD float dot(const uint8_t* b, const uint8_t*, int c, const int8_t* xq, const float2* xds) {
-        uint4 q0 = load16(b + 48 + 32 * c), q1 = load16(b + 64 + 32 * c);
-        uint4 h0 = load16(b + 16), h1 = load16(b + 32);
-        const int8_t* x = xq + 64 * c;
-        const uint32_t M = 0x0F0F0F0F;
-        int sl = 2 * c, sh = 2 * c + 1;
-        int s_lo = dot16(q5k(q0.x & M, h0.x, sl), q5k(q0.y & M, h0.y, sl), q5k(q0.z & M, h0.z, sl),
-                         q5k(q0.w & M, h0.w, sl), xload16(x), 0);
-        s_lo = dot16(q5k(q1.x & M, h1.x, sl), q5k(q1.y & M, h1.y, sl), q5k(q1.z & M, h1.z, sl),
-                     q5k(q1.w & M, h1.w, sl), xload16(x + 16), s_lo);
-        int s_hi = dot16(q5k((q0.x >> 4) & M, h0.x, sh), q5k((q0.y >> 4) & M, h0.y, sh),
-                         q5k((q0.z >> 4) & M, h0.z, sh), q5k((q0.w >> 4) & M, h0.w, sh), xload16(x + 32), 0);
-        s_hi = dot16(q5k((q1.x >> 4) & M, h1.x, sh), q5k((q1.y >> 4) & M, h1.y, sh),
-                     q5k((q1.z >> 4) & M, h1.z, sh), q5k((q1.w >> 4) & M, h1.w, sh), xload16(x + 48), s_hi);
-        return k4_combine(load16(b), c, s_lo, s_hi, xds);
+    struct Item {
+        uint4 q0, q1, h0, h1;
+        K4Scales s;
+        int c;
+        Item() = default;
+        QD Item(const uint8_t* b, const uint8_t*, int c)
+            : q0(load16(b + 48 + 32 * c)), q1(load16(b + 64 + 32 * c)), h0(load16(b + 16)), h1(load16(b + 32)),
+              s(load16(b), c), c(c) {}
+        QD float dot(const int8_t* xq, const float2* xds) const {
+            const int8_t* x = xq + 64 * c;
+            const uint32_t M = 0x0F0F0F0F;
+            int sl = 2 * c, sh = 2 * c + 1;
+            int s_lo = dot16(q5k(q0.x & M, h0.x, sl), q5k(q0.y & M, h0.y, sl), q5k(q0.z & M, h0.z, sl),
+                             q5k(q0.w & M, h0.w, sl), xload16(x), 0);
+            s_lo = dot16(q5k(q1.x & M, h1.x, sl), q5k(q1.y & M, h1.y, sl), q5k(q1.z & M, h1.z, sl),
+                         q5k(q1.w & M, h1.w, sl), xload16(x + 16), s_lo);
+            int s_hi = dot16(q5k((q0.x >> 4) & M, h0.x, sh), q5k((q0.y >> 4) & M, h0.y, sh),
+                             q5k((q0.z >> 4) & M, h0.z, sh), q5k((q0.w >> 4) & M, h0.w, sh), xload16(x + 32), 0);
+            s_hi = dot16(q5k((q1.x >> 4) & M, h1.x, sh), q5k((q1.y >> 4) & M, h1.y, sh),
+                         q5k((q1.z >> 4) & M, h1.z, sh), q5k((q1.w >> 4) & M, h1.w, sh), xload16(x + 48), s_hi);
+            return s.combine(c, s_lo, s_hi, xds);
+        }
+    };
+    static QD float dot(const uint8_t* b, const uint8_t* m, int c, const int8_t* xq, const float2* xds) {
+        return Item(b, m, c).dot(xq, xds);
     }
 };
 
@@ -257,29 +317,41 @@ template <bool FILE>
 struct Q6_KL {
     static constexpr int QK = 256, BULK = FILE ? 210 : 208, META = FILE ? 0 : 2, ITEMS = 4;
     static QD uint4 load(const uint8_t* p) { return FILE ? load16_even(p) : load16(p); }
+    static QD uint2 load_scales(const uint8_t* p) {
+        if (FILE) return make_uint2(load4_even(p), load4_even(p + 4));
+        return *reinterpret_cast<const uint2*>(p);
+    }
+    struct Item {
+        uint4 qa, qb, qh;
+        uint2 sc;  // the scales of this half
+        float d;
+        int k;
+        Item() = default;
+        QD Item(const uint8_t* b, const uint8_t* m, int k)
+            : qa(load(b + 64 * (k >> 1) + 16 * (k & 1))), qb(load(b + 64 * (k >> 1) + 32 + 16 * (k & 1))),
+              qh(load(b + 128 + 32 * (k >> 1) + 16 * (k & 1))), sc(load_scales(b + 192 + 8 * (k >> 1))),
+              d(half_at(FILE ? b + 208 : m)), k(k) {}
+        QD float dot(const int8_t* xq, const float2* xds) const {
+            int half = k >> 1;
+            const int8_t* x = xq + 128 * half + 16 * (k & 1);
+            const uint32_t M = 0x0F0F0F0F;
+            int s0 = q6k_dot(qa.x & M, qa.y & M, qa.z & M, qa.w & M, qh, 0, xload16(x));
+            int s1 = q6k_dot(qb.x & M, qb.y & M, qb.z & M, qb.w & M, qh, 2, xload16(x + 32));
+            int s2 = q6k_dot((qa.x >> 4) & M, (qa.y >> 4) & M, (qa.z >> 4) & M, (qa.w >> 4) & M, qh, 4,
+                             xload16(x + 64));
+            int s3 = q6k_dot((qb.x >> 4) & M, (qb.y >> 4) & M, (qb.z >> 4) & M, (qb.w >> 4) & M, qh, 6,
+                             xload16(x + 96));
+            int sh = 8 * (k & 1);  // scale l0/16 + 2g: byte (k&1) of sc.x for g = 0, 2 + (k&1) for g = 1, ...
+            const float2* ds = xds + 4 * half;
+            float r = (float)(int8_t)(sc.x >> sh) * ds[0].x * (float)s0 +
+                      (float)(int8_t)(sc.x >> (sh + 16)) * ds[1].x * (float)s1 +
+                      (float)(int8_t)(sc.y >> sh) * ds[2].x * (float)s2 +
+                      (float)(int8_t)(sc.y >> (sh + 16)) * ds[3].x * (float)s3;
+            return d * r;
+        }
+    };
     static QD float dot(const uint8_t* b, const uint8_t* m, int k, const int8_t* xq, const float2* xds) {
-        int half = k >> 1, l0 = 16 * (k & 1);
-        uint4 qa = load(b + 64 * half + l0), qb = load(b + 64 * half + 32 + l0);
-        uint4 qh = load(b + 128 + 32 * half + l0);
-        const uint8_t* scales = b + 192 + 8 * half;  // scales of this half
-        uint2 sc;
-        if (FILE) sc.x = load4_even(scales), sc.y = load4_even(scales + 4);
-        else sc = *reinterpret_cast<const uint2*>(scales);
-        const int8_t* x = xq + 128 * half + l0;
-        const uint32_t M = 0x0F0F0F0F;
-        int s0 = q6k_dot(qa.x & M, qa.y & M, qa.z & M, qa.w & M, qh, 0, xload16(x));
-        int s1 = q6k_dot(qb.x & M, qb.y & M, qb.z & M, qb.w & M, qh, 2, xload16(x + 32));
-        int s2 = q6k_dot((qa.x >> 4) & M, (qa.y >> 4) & M, (qa.z >> 4) & M, (qa.w >> 4) & M, qh, 4,
-                         xload16(x + 64));
-        int s3 = q6k_dot((qb.x >> 4) & M, (qb.y >> 4) & M, (qb.z >> 4) & M, (qb.w >> 4) & M, qh, 6,
-                         xload16(x + 96));
-        int sh = 8 * (k & 1);  // scale l0/16 + 2g: byte (k&1) of sc.x for g = 0, 2 + (k&1) for g = 1, ...
-        const float2* ds = xds + 4 * half;
-        float r = (float)(int8_t)(sc.x >> sh) * ds[0].x * (float)s0 +
-                  (float)(int8_t)(sc.x >> (sh + 16)) * ds[1].x * (float)s1 +
-                  (float)(int8_t)(sc.y >> sh) * ds[2].x * (float)s2 +
-                  (float)(int8_t)(sc.y >> (sh + 16)) * ds[3].x * (float)s3;
-        return half_at(FILE ? b + 208 : m) * r;
+        return Item(b, m, k).dot(xq, xds);
     }
 };
 using Q6_K = Q6_KL<false>;
@@ -303,6 +375,7 @@ QD int q3k(uint32_t q, uint32_t hm, int shift, int hb) {
 // value is q + 4, scale index 8*half + 2j + k%2. w = d * scale * q.
 struct Q3_K {
     static constexpr int QK = 256, BULK = 96, META = 14, ITEMS = 4;
+    using Item = Reload<Q3_K>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int k, const int8_t* xq, const float2* xds) {
         int half = k >> 1, l0 = 16 * (k & 1);
         uint4 q = load16(b + 32 + 16 * k);
@@ -325,6 +398,7 @@ struct Q3_K {
 // w = d * (sc & 15) * q - dmin * (sc >> 4).
 struct Q2_K {
     static constexpr int QK = 256, BULK = 80, META = 4, ITEMS = 4;
+    using Item = Reload<Q2_K>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int k, const int8_t* xq, const float2* xds) {
         int half = k >> 1, l0 = 16 * (k & 1);
         uint4 q = load16(b + 16 + 16 * k);
@@ -363,9 +437,10 @@ QD float row_dot(const uint8_t* w, int row, int n_rows, int nb, int t, int strid
     return acc;
 }
 
-// row_dot of R consecutive rows row0.. (those past n_rows read the last row again; their sums are not stored): each
-// item's x is loaded once for the R rows. One row a thread group read x from L1 twice for every weight byte (an
-// IQ4_XS item: 40 bytes of weights, 80 of x and its scales), and L1 was what bounded the decode matvecs (ncu, H200:
+// row_dot of R consecutive rows row0.. (those past n_rows read the last row again; their sums are not stored): the
+// R rows' items are loaded first, so their dots load x once (an __ldg load between two of x's plain loads keeps
+// the compiler from merging them). One row a thread group read x from L1 twice for every weight byte (an IQ4_XS
+// item: 40 bytes of weights, 80 of x and its scales), and L1 was what bounded the decode matvecs (ncu, H200:
 // llama3-8b's gate/up at L1 86%, DRAM 39%).
 template <class T, int R>
 QD void rows_dot(const uint8_t* w, int row0, int n_rows, int nb, int t, int stride, const int8_t* xq,
@@ -381,9 +456,10 @@ QD void rows_dot(const uint8_t* w, int row0, int n_rows, int nb, int t, int stri
 #pragma unroll 2
     for (int i = t; i < nb * T::ITEMS; i += stride) {
         int blk = i / T::ITEMS, k = i % T::ITEMS;
+        typename T::Item item[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-            acc[r] += T::dot(bulk[r] + blk * T::BULK, meta[r] + blk * T::META, k, xq + blk * T::QK,
-                             xds + blk * (T::QK / 32));
+        for (int r = 0; r < R; ++r) item[r] = typename T::Item(bulk[r] + blk * T::BULK, meta[r] + blk * T::META, k);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += item[r].dot(xq + blk * T::QK, xds + blk * (T::QK / 32));
     }
 }

@@ -122,39 +122,48 @@ def test_matvec_pair_equals_two_matvecs(cuda, pair, swapped):
 
 
 @pytest.mark.parametrize("n_tokens", [1, 2, 3, 5, 8])
-@pytest.mark.parametrize("name", [n for n in TYPES if n not in ("F32", "F16", "BF16")])
+@pytest.mark.parametrize("name", TYPES)
 def test_matvec_tokens_equals_a_matvec_a_token(cuda, name, n_tokens):
     """matvec_tokens (a verify step's matmuls: one pass over W for up to 8 tokens) against matvec of each token's x
     alone: the same threads and order of items, so the same sums up to the float32 rounding of how the compiler
-    contracts them; a ragged row count, the residual added, every token its own x and residual."""
+    contracts them; a ragged row count, the residual added, every token its own x and residual. Float types take
+    float32 x."""
     cp, cq = cuda
     qtype = TYPES_BY_NAME[name]
     rng = np.random.default_rng(np.random.SeedSequence().generate_state(1)[0])
     rows, cols = 1027, 2048
     w = cq.to_device(random_weight_bytes(qtype, rows, cols, seed=int(rng.integers(1 << 31))), qtype)
-    xq = cq.Q8Vector.empty(n_tokens * cols)
-    cq.quantize_q8_1(cp.asarray(rng.standard_normal(n_tokens * cols).astype(np.float32)), xq)
+    x = cp.asarray(rng.standard_normal((n_tokens, cols)).astype(np.float32))
+    if w.takes_q8:
+        xq = cq.Q8Vector.empty(n_tokens * cols)
+        cq.quantize_q8_1(x.reshape(-1), xq)
+        x = xq
     res = cp.asarray(rng.standard_normal((n_tokens, rows)).astype(np.float32))
     out = cp.full((n_tokens, rows), cp.nan, dtype=cp.float32)
-    cq.matvec_tokens(w, xq, n_tokens, out, residual=res)
+    cq.matvec_tokens(w, x, n_tokens, out, residual=res)
     out = cp.asnumpy(out)
     for j in range(n_tokens):
         alone = cp.full(rows, cp.nan, dtype=cp.float32)
-        x = cq.Q8Vector(xq.qs[j * cols:(j + 1) * cols], xq.ds[j * cols // 32:(j + 1) * cols // 32])
-        cq.matvec(w, x, alone, residual=res[j])
+        if w.takes_q8:
+            x_j = cq.Q8Vector(x.qs[j * cols:(j + 1) * cols], x.ds[j * cols // 32:(j + 1) * cols // 32])
+        else:
+            x_j = x[j]
+        cq.matvec(w, x_j, alone, residual=res[j])
         alone = cp.asnumpy(alone)
         np.testing.assert_allclose(out[j], alone, rtol=1e-6, atol=1e-6 * np.abs(alone).max(), err_msg=f"token {j}")
     if n_tokens > 1:
         assert not np.allclose(out[0], out[-1])
 
 
-def test_matvec_tokens_refuses_what_it_has_no_kernel_for(cuda):
+def test_matvec_tokens_refuses_wrong_inputs(cuda):
     cp, cq = cuda
     w = cq.to_device(random_weight_bytes(TYPES_BY_NAME["Q4_K"], 64, 256, seed=0), TYPES_BY_NAME["Q4_K"])
     with pytest.raises(ValueError, match="1 to 8 tokens"):
         cq.matvec_tokens(w, cq.Q8Vector.empty(9 * 256), 9, cp.zeros((9, 64), cp.float32))
+    with pytest.raises(ValueError, match="Q8Vector of 2 x 256"):
+        cq.matvec_tokens(w, cp.zeros((2, 256), cp.float32), 2, cp.zeros((2, 64), cp.float32))
     f16 = cq.to_device(random_weight_bytes(TYPES_BY_NAME["F16"], 64, 256, seed=0), TYPES_BY_NAME["F16"])
-    with pytest.raises(ValueError, match="no few-token kernel"):
+    with pytest.raises(ValueError, match="take a contiguous, 16-byte-aligned float32 x"):
         cq.matvec_tokens(f16, cq.Q8Vector.empty(2 * 256), 2, cp.zeros((2, 64), cp.float32))
 
 
