@@ -555,7 +555,7 @@ def test_attention_decode_of_tokens_with_a_split_only_later_tokens_see(cuda, rng
     n_head, n_head_kv, head_dim = shape
     n_tok = 8
     active, chunk = splits(n_ctx, n_splits)
-    assert active == n_splits and n_ctx - (active - 1) * chunk < n_tok
+    assert active == n_splits and 0 < n_ctx - (active - 1) * chunk < n_tok  # the last split's keys
     k_dev, v_dev, k, v = random_cache(cp, rng, n_head_kv, n_ctx, head_dim)
     q = rng.standard_normal((n_tok, n_head, head_dim)).astype(np.float32)
     scale, p0 = 1 / math.sqrt(head_dim), n_ctx - n_tok
