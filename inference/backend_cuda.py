@@ -7,7 +7,8 @@ sequence of ops gets the same addresses in the warm-up, under capture and at eve
 CuPy's memory pool for memory during a capture. A verify step of speculative decoding (a few tokens, captured per
 count: cuda_graph.VerifyStep) draws from an arena of its own (reserve_verify), with its own token ids and recurrent-
 state snapshot rows, none of which a prompt may reallocate under its graphs; its matmuls read each weight once for
-all its tokens (matvec_tokens). Prompt chunks (many tokens, eager) draw from the pool.
+all its tokens (matvec_tokens), and its attention splits the keys over blocks as a decode's (attention_decode with
+a scratch of its own). Prompt chunks (many tokens, eager) draw from the pool.
 """
 from dataclasses import dataclass
 
@@ -76,6 +77,7 @@ class VerifyBuffers:
     n_max: int
     arena: Arena
     ids: cp.ndarray  # int32 [n_max]: the step's tokens (the last one kept and the drafts)
+    attn_scratch: dict  # kind of heads (as CUDABackend._attn_scratch's) -> attention_decode's scratch for n_max tokens
 
 
 @dataclass(frozen=True)
@@ -233,8 +235,9 @@ class CUDABackend:
         # twice a token's share of the step arena a token: a few-token forward copies each row group's members out
         # of its output (_matmul_parts), where a one-token step reads views of it
         with self.stream:
+            scratch = {kind: cuda_ops.decode_scratch(*kind, n_tok=n_max) for kind in self._attn_scratch}
             self._verify = VerifyBuffers(n_max, Arena(2 * n_max * _step_arena_bytes(cfg, len(self.layers))),
-                                         cp.zeros(n_max, cp.int32))
+                                         cp.zeros(n_max, cp.int32), scratch)
         for i in self.conv_state:
             self._snapshot_buffers(i, n_max)
 
@@ -598,10 +601,15 @@ class CUDABackend:
         sinks = None if sinks is None else self._weight(sinks)
         out = self._empty((n, heads, head_dim))
         k_cache, v_cache = self._cache(layer)
+        kind = (heads, k_cache.shape[0], head_dim)
         if n == 1:
-            scratch = self._attn_scratch[(heads, k_cache.shape[0], head_dim)]
-            cuda_ops.attention_decode(q[0], k_cache, v_cache, out[0], self.pos, scratch, scale, window,
-                                      xq=self._q8_out(out), sinks=sinks, stream=self.stream)
+            cuda_ops.attention_decode(q[0], k_cache, v_cache, out[0], self.pos, self._attn_scratch[kind], scale,
+                                      window, xq=self._q8_out(out), sinks=sinks, stream=self.stream)
+        elif self.in_step:
+            # a verify step's few tokens: split over the keys as a decode's (a prompt's kernel gives them a few blocks
+            # a kv head); no xq, as its matmuls quantize their input of several rows themselves (_q8)
+            cuda_ops.attention_decode(q, k_cache, v_cache, out, self.pos, self._verify.attn_scratch[kind], scale,
+                                      window, sinks=sinks, stream=self.stream)
         else:
             cuda_ops.attention_prefill(q, k_cache, v_cache, out, self.pos, scale, window, sinks=sinks,
                                        stream=self.stream)

@@ -1,6 +1,6 @@
-// Attention over the fp16 KV cache: decode (one query token, split over the keys, flash-decoding) and
-// prefill (n query tokens, key tiles in shared memory). Both use online softmax and GQA: the q heads
-// h * G .. h * G + G - 1 (G = n_head / n_head_kv) read kv head h.
+// Attention over the fp16 KV cache: decode (a few query tokens, split over the keys, flash-decoding: a decode step's
+// one, a verify step's few) and prefill (n query tokens, key tiles in shared memory). Both use online softmax and
+// GQA: the q heads h * G .. h * G + G - 1 (G = n_head / n_head_kv) read kv head h.
 //
 // Caches: k_cache, v_cache [n_head_kv, max_ctx, HD] fp16 (one pair per layer), written by kv_write, position j at
 // row j % max_ctx: a cache as long as the context holds position j at row j; a sliding-window layer's may be a ring
@@ -9,8 +9,8 @@
 // Sinks (gpt-oss; null: none): a learned logit a q head adds to its softmax's denominator and nothing to its
 // output, as if one more key scored sinks[h] (not scaled) with a zero value.
 // Both run on the tensor cores (mma.sync, fp16 in, float32 accumulate; float32 q and p split into two fp16
-// halves, so the result keeps float32 accuracy on the fp16 cache). Decode: a block's 16 mma rows are q heads of
-// one kv head, so GQA groups share each key tile.
+// halves, so the result keeps float32 accuracy on the fp16 cache). Decode: a block's 16 mma rows are (token, q head)
+// pairs of one kv head, so GQA groups and tokens share each key tile.
 // Heads of 512 (gemma4's global layers): a lane's output accumulator of 512 dims would not fit its registers.
 // Prefill: a block makes a slice of VD of the output's dims (the kernel's VD < HD: v's dims voff .. voff + VD), each
 // slice computing the scores over all HD dims again; a block's slice is its blockIdx.x modulo HD / VD. Decode
@@ -24,13 +24,14 @@
 #define PART_EXTRA 4       // decode: a split's row holds HD sums, max, sum p and 2 unused (16-byte rows)
 #define DECODE_STAGES 3    // decode: key tiles a warp's ring holds (one being read, two in flight)
 
-// Decode splits: the keys seen at position p, and how a fixed grid of n_splits splits them at run time
-// (few keys: one split, so short contexts cost one pass; many: up to n_splits to fill the GPU).
+// Decode splits: the keys any of n_tok tokens at p .. p + n_tok - 1 sees (from the first one's lo to the last
+// one's position), and how a fixed grid of n_splits splits them at run time (few keys: one split, so short contexts
+// cost one pass; many: up to n_splits to fill the GPU).
 struct Splits {
     int lo, n, active, chunk;
-    __device__ __forceinline__ Splits(int p, int window, int n_splits) {
+    __device__ __forceinline__ Splits(int p, int n_tok, int window, int n_splits) {
         lo = window > 0 ? max(0, p - window + 1) : 0;
-        n = p + 1 - lo;
+        n = p + n_tok - lo;
         active = min(n_splits, (n + MIN_SPLIT_KEYS - 1) / MIN_SPLIT_KEYS);
         chunk = (n + active - 1) / active;
     }
@@ -66,21 +67,22 @@ __device__ __forceinline__ void load_kv_tile(__half* st, const __half* kh, const
     }
 }
 
-// Decode, pass 2: out [n_head, HD] = combination of the active splits of part. A thread takes 4 dims of
-// every (COMBINE_THREADS * 4 / HD)-th split, so the loads of all splits are in flight together.
-// quantize: out also as q8_1 (xq [n_head * HD], xds [n_head * HD / 32]) for the output projection.
+// Decode, pass 2: out [n_tok, n_head, HD] = combination of the active splits of part, a block a (token, head) row.
+// A thread takes 4 dims of every (COMBINE_THREADS * 4 / HD)-th split, so the loads of all splits are in flight
+// together. A split in which the row saw no key (a later token's keys only) wrote sum p = 0 and weighs nothing.
+// quantize: out also as q8_1 (xq [n_tok * n_head * HD], xds [n_tok * n_head * HD / 32]) for the output projection.
 // The sink, if any, joins here: the splits see only keys.
-// Launch: grid n_head, block COMBINE_THREADS. One block an SM is enough (n_head blocks): without the 1, ptxas
-// aims at 4 blocks an SM (32 registers) and spills.
+// Launch: grid n_tok * n_head, block COMBINE_THREADS. One block an SM is enough (n_tok * n_head blocks): without
+// the 1, ptxas aims at 4 blocks an SM (32 registers) and spills.
 #define COMBINE_THREADS 512
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, 1)
     attn_decode_combine(const float* __restrict__ part, float* __restrict__ out, const int* __restrict__ pos,
-                        int head_dim, int window, int n_splits, int max_ctx, int8_t* __restrict__ xq,
+                        int n_tok, int n_head, int head_dim, int window, int n_splits, int8_t* __restrict__ xq,
                         float2* __restrict__ xds, int quantize, const float* __restrict__ sinks) {
     wait_prior();
     __shared__ float s_f[64], s_wm[2], s_wl[2];  // n_splits <= 64
     __shared__ __align__(16) float s_acc[COMBINE_THREADS * 4];
-    Splits sp(pos[0], window, n_splits);
+    Splits sp(pos[0], n_tok, window, n_splits);
     int row = head_dim + PART_EXTRA;
     const float* ph = part + (size_t)blockIdx.x * n_splits * row;
     int tid = threadIdx.x;
@@ -94,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, 1)
         if ((tid & 31) == 0) s_wm[tid >> 5] = wm;
     }
     __syncthreads();
-    float sink = sinks ? sinks[blockIdx.x] : NEG_INF;
+    float sink = sinks ? sinks[blockIdx.x % n_head] : NEG_INF;
     float mx = fmaxf(fmaxf(s_wm[0], s_wm[1]), sink);
     if (tid < 64) {
         float f = ls > 0.0f ? __expf(ms - mx) : 0.0f;
@@ -383,18 +385,20 @@ __device__ __forceinline__ void prefill_mma(const float* __restrict__ q, const _
     }
 }
 
-// Decode, pass 1. q [n_head, HD] float32 at position pos[0] (its k and v already in the cache). Block (kv
-// head h = blockIdx.x, split s = blockIdx.y, row chunk c = blockIdx.z): the group's q rows 16c .. 16c + 15
-// (padded: a group of 6 uses 6 of the mma's 16 rows), keys lo + s*chunk .. (at most chunk). Writes part
-// [n_head, n_splits, HD + PART_EXTRA] = (sum p*v, max, sum p, 2 unused), unnormalised; a split past the
-// active ones writes nothing (the combine reads only active ones). Each warp streams its own 16-key tiles
+// Decode, pass 1. q [n_tok, n_head, HD] float32, token t at position pos[0] + t (its k and v, and all earlier ones,
+// already in the cache). Block (kv head h = blockIdx.x, split s = blockIdx.y, row chunk c = blockIdx.z): rows
+// 16c .. 16c + 15 of kv head h's n_tok * G, row r = t * G + g being token t's q head h * G + g (padded: one token
+// of a group of 6 uses 6 of the mma's 16 rows), keys lo + s*chunk .. (at most chunk), each row masked to the keys
+// its token sees (a row may see none of a split's). Writes part [n_tok * n_head, n_splits, HD + PART_EXTRA] =
+// (sum p*v, max, sum p, 2 unused), unnormalised, row t * n_head + q head; a split past the active ones writes
+// nothing (the combine reads only active ones). Each warp streams its own 16-key tiles
 // (tiles w, w + WARPS, ...) through its own cp.async ring, so no barrier waits on a slower warp; q (hi + lo
 // fp16, as prefill) sits in shared memory for all four warps; the warps' (o, m, l) merge at the end through
 // shared memory. Scores are in base 2 inside; part's max is written in natural units, as the combine reads
 // it. (The CUDA-core kernel before this one, one key a warp, spent its time in the warp sums of q.k: it was
 // 2.1x slower at HD 256 and 1.3x at 128 over 16384 keys.)
-// Launch: grid (n_head_kv, n_splits, ceil(group / 16)), block 128, DmShape<HD>::BYTES of dynamic shared memory
-// (214 KiB at HD 256: one block an SM).
+// Launch: grid (n_head_kv, n_splits, ceil(n_tok * group / 16)), block 128, DmShape<HD>::BYTES of dynamic shared
+// memory (214 KiB at HD 256: one block an SM).
 template <int HD>
 struct DmShape {
     static constexpr int ST = HD + 8;         // padded shared row (halves): conflict-free fragment loads
@@ -405,20 +409,27 @@ struct DmShape {
 template <int HD>
 __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __half* __restrict__ k_cache,
                                            const __half* __restrict__ v_cache, float* __restrict__ part,
-                                           const int* __restrict__ pos, int n_head, int n_head_kv, int max_ctx,
-                                           int window, float scale, int n_splits) {
+                                           const int* __restrict__ pos, int n_tok, int n_head, int n_head_kv,
+                                           int max_ctx, int window, float scale, int n_splits) {
     using Shape = DmShape<HD>;
     constexpr int KS = HD / 16, NT = HD / 8, ST = Shape::ST, TILE = Shape::TILE, STAGES = DECODE_STAGES;
     extern __shared__ __align__(16) __half dm_smem[];
     __shared__ float s_m[WARPS][16], s_l[WARPS][16];
     __half *s_qh = dm_smem, *s_ql = s_qh + 16 * ST;
     int p = pos[0];
-    Splits sp(p, window, n_splits);
+    Splits sp(p, n_tok, window, n_splits);
     int s = blockIdx.y;
     if (s >= sp.active) return;
-    int h = blockIdx.x, group = n_head / n_head_kv, g0 = blockIdx.z * 16, ng = min(16, group - g0);
+    int h = blockIdx.x, group = n_head / n_head_kv, r0 = blockIdx.z * 16, nr = min(16, n_tok * group - r0);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gi = lane >> 2, ci = lane & 3;
-    int kb = sp.lo + s * sp.chunk, ke = min(p + 1, kb + sp.chunk);
+    int kb = sp.lo + s * sp.chunk, ke = min(p + n_tok, kb + sp.chunk);
+    int k_lo[2], k_hi[2];  // the keys rows gi and gi + 8 see in this split: k_lo .. k_hi - 1 (none: a padding row)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        int r = gi + half * 8, qp = p + (r0 + r) / group;
+        k_lo[half] = window > 0 ? qp - window + 1 : 0;
+        k_hi[half] = r < nr ? min(ke, qp + 1) : 0;
+    }
     int n_tiles = (ke - kb + 15) / 16, mine = (n_tiles - warp + WARPS - 1) / WARPS;  // tiles of this warp
     float scale2 = scale * 1.4426950408889634f;
 
@@ -434,9 +445,9 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
         copy_commit();
     }
     for (int i = threadIdx.x; i < 16 * HD / 2; i += 32 * WARPS) {  // q's rows as fp16 hi + lo; padding rows 0
-        int r = i / (HD / 2), d = (i % (HD / 2)) * 2;
-        float2 v = r < ng ? *reinterpret_cast<const float2*>(q + (size_t)(h * group + g0 + r) * HD + d)
-                          : make_float2(0.0f, 0.0f);
+        int r = i / (HD / 2), d = (i % (HD / 2)) * 2, t = (r0 + r) / group;
+        const float* qr = q + ((size_t)t * n_head + h * group + (r0 + r) % group) * HD;
+        float2 v = r < nr ? *reinterpret_cast<const float2*>(qr + d) : make_float2(0.0f, 0.0f);
         uint32_t hi, lo;
         split_pair(v.x, v.y, hi, lo);
         *reinterpret_cast<uint32_t*>(s_qh + r * ST + d) = hi;
@@ -469,7 +480,10 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) sc[n][e] = k0 + n * 8 + 2 * ci + (e & 1) < ke ? sc[n][e] * scale2 : NEG_INF;
+            for (int e = 0; e < 4; ++e) {
+                int j = k0 + n * 8 + 2 * ci + (e & 1);
+                sc[n][e] = j >= k_lo[e >> 1] && j < k_hi[e >> 1] ? sc[n][e] * scale2 : NEG_INF;
+            }
         }
         softmax_tile(sc, m, l, o);
         pv_mma(o, sc[0], sc[1], s_v, ST, lane);  // the tile's 16 keys are one k-step
@@ -493,8 +507,8 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
                 make_float2(o[n][2 * half], o[n][2 * half + 1]);
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < ng * HD; i += blockDim.x) {
-        int g = i / HD, d = i % HD;
+    for (int i = threadIdx.x; i < nr * HD; i += blockDim.x) {  // a row no warp saw a key of: zeros, max -inf, sum 0
+        int g = i / HD, d = i % HD, r = r0 + g;
         float mx = NEG_INF;
         for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, s_l[w][g] > 0.0f ? s_m[w][g] : NEG_INF);
         float a = 0.0f, lsum = 0.0f;
@@ -503,7 +517,8 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
             a += s_o[(w * 16 + g) * HD + d] * f;
             lsum += s_l[w][g] * f;
         }
-        float* out = part + ((size_t)(h * group + g0 + g) * n_splits + s) * (HD + PART_EXTRA);
+        size_t row = (size_t)(r / group) * n_head + h * group + r % group;
+        float* out = part + (row * n_splits + s) * (HD + PART_EXTRA);
         out[d] = a;
         if (d == 0) {
             out[HD] = mx * 0.6931471805599453f;  // base 2 -> natural units, as the combine reads it
@@ -512,13 +527,13 @@ __device__ __forceinline__ void decode_mma(const float* __restrict__ q, const __
     }
 }
 
-// Decode at HD 512, pass 1: decode_mma's blocks, splits and part, but a block's warps split the head's dims, not the
-// keys. The block streams 16-key tiles of k and v through one cp.async ring; warp w takes dims 128w .. 128w + 127:
+// Decode at HD 512, pass 1: decode_mma's blocks, rows, splits and part, but a block's warps split the head's dims, not
+// the keys. The block streams 16-key tiles of k and v through one cp.async ring; warp w takes dims 128w .. 128w + 127:
 // its part of q . k over them (q's fragments in its registers), then the 4 warps' partial scores add up in shared
 // memory (in one order, so every warp gets the same scores, max and sum), and it makes those dims of p v. Each key
 // is read once (slices of the output, each scoring every key, read k 4 times: 1.9 ms more a token over 16384 keys).
-// Launch: grid (n_head_kv, n_splits, ceil(group / 16)), block 128, WideShape<HD>::BYTES of dynamic shared memory
-// (~98 KiB at HD 512: two blocks an SM).
+// Launch: grid (n_head_kv, n_splits, ceil(n_tok * group / 16)), block 128, WideShape<HD>::BYTES of dynamic shared
+// memory (~98 KiB at HD 512: two blocks an SM).
 #define WIDE_STAGES 3  // decode_wide_mma: key tiles the block's ring holds
 template <int HD>
 struct WideShape {
@@ -530,19 +545,28 @@ struct WideShape {
 template <int HD>
 __device__ __forceinline__ void decode_wide_mma(const float* __restrict__ q, const __half* __restrict__ k_cache,
                                                 const __half* __restrict__ v_cache, float* __restrict__ part,
-                                                const int* __restrict__ pos, int n_head, int n_head_kv, int max_ctx,
-                                                int window, float scale, int n_splits) {
+                                                const int* __restrict__ pos, int n_tok, int n_head, int n_head_kv,
+                                                int max_ctx, int window, float scale, int n_splits) {
     constexpr int DW = HD / WARPS, KW = DW / 16, NT = DW / 8, ST = WideShape<HD>::ST, TILE = WideShape<HD>::TILE;
     constexpr int STAGES = WIDE_STAGES;
     extern __shared__ __align__(16) __half dm_smem[];
     __shared__ float s_sc[WARPS][8][32];  // each warp's partial scores, in its lanes' fragment order
     int p = pos[0];
-    Splits sp(p, window, n_splits);
+    Splits sp(p, n_tok, window, n_splits);
     int s = blockIdx.y;
     if (s >= sp.active) return;
-    int h = blockIdx.x, group = n_head / n_head_kv, g0 = blockIdx.z * 16, ng = min(16, group - g0);
+    int h = blockIdx.x, group = n_head / n_head_kv, r0 = blockIdx.z * 16, nr = min(16, n_tok * group - r0);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gi = lane >> 2, ci = lane & 3, d0 = warp * DW;
-    int kb = sp.lo + s * sp.chunk, ke = min(p + 1, kb + sp.chunk);
+    int kb = sp.lo + s * sp.chunk, ke = min(p + n_tok, kb + sp.chunk);
+    int k_lo[2], k_hi[2];  // the keys rows gi and gi + 8 see in this split: k_lo .. k_hi - 1 (none: a padding row)
+    size_t qrow[2];        // their rows of q and of part: t * n_head + q head
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        int r = r0 + gi + half * 8, qp = p + r / group;
+        k_lo[half] = window > 0 ? qp - window + 1 : 0;
+        k_hi[half] = r - r0 < nr ? min(ke, qp + 1) : 0;
+        qrow[half] = (size_t)(r / group) * n_head + h * group + r % group;
+    }
     int n_tiles = (ke - kb + 15) / 16;
     float scale2 = scale * 1.4426950408889634f;
 
@@ -561,9 +585,9 @@ __device__ __forceinline__ void decode_wide_mma(const float* __restrict__ q, con
     for (int kk = 0; kk < KW; ++kk) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            int r = gi + (e & 1) * 8, d = d0 + kk * 16 + (e >> 1) * 8 + 2 * ci;
-            float2 v = r < ng ? *reinterpret_cast<const float2*>(q + (size_t)(h * group + g0 + r) * HD + d)
-                              : make_float2(0.0f, 0.0f);
+            int d = d0 + kk * 16 + (e >> 1) * 8 + 2 * ci;
+            float2 v = gi + (e & 1) * 8 < nr ? *reinterpret_cast<const float2*>(q + qrow[e & 1] * HD + d)
+                                             : make_float2(0.0f, 0.0f);
             split_pair(v.x, v.y, ah[kk][e], al[kk][e]);
         }
     }
@@ -594,7 +618,8 @@ __device__ __forceinline__ void decode_wide_mma(const float* __restrict__ q, con
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             float t = s_sc[0][e][lane] + s_sc[1][e][lane] + s_sc[2][e][lane] + s_sc[3][e][lane];
-            sc[e >> 2][e & 3] = k0 + (e >> 2) * 8 + 2 * ci + (e & 1) < ke ? t * scale2 : NEG_INF;
+            int j = k0 + (e >> 2) * 8 + 2 * ci + (e & 1), half = (e >> 1) & 1;
+            sc[e >> 2][e & 3] = j >= k_lo[half] && j < k_hi[half] ? t * scale2 : NEG_INF;
         }
         softmax_tile(sc, m, l, o);
         pv_mma(o, sc[0], sc[1], s_v + d0, ST, lane);  // the tile's 16 keys are one k-step
@@ -605,9 +630,8 @@ __device__ __forceinline__ void decode_wide_mma(const float* __restrict__ q, con
     for (int half = 0; half < 2; ++half) {
         l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
         l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
-        int r = gi + half * 8;
-        if (r >= ng) continue;
-        float* out = part + ((size_t)(h * group + g0 + r) * n_splits + s) * (HD + PART_EXTRA);
+        if (gi + half * 8 >= nr) continue;
+        float* out = part + (qrow[half] * n_splits + s) * (HD + PART_EXTRA);
 #pragma unroll
         for (int n = 0; n < NT; ++n)
             *reinterpret_cast<float2*>(out + d0 + n * 8 + 2 * ci) = make_float2(o[n][2 * half], o[n][2 * half + 1]);
@@ -623,10 +647,11 @@ __device__ __forceinline__ void decode_wide_mma(const float* __restrict__ q, con
 #define ATTN(HD, DECODE, PREFILL_VD)                                                                   \
     extern "C" __global__ void __launch_bounds__(128, 1)                                                 \
         attn_decode_##HD(const float* q, const __half* k_cache, const __half* v_cache, float* part,     \
-                         const int* pos, int n_head, int n_head_kv, int max_ctx, int window, float scale, \
-                         int n_splits) {                                                                \
+                         const int* pos, int n_tok, int n_head, int n_head_kv, int max_ctx, int window, \
+                         float scale, int n_splits) {                                                   \
         wait_prior();                                                                                   \
-        DECODE<HD>(q, k_cache, v_cache, part, pos, n_head, n_head_kv, max_ctx, window, scale, n_splits); \
+        DECODE<HD>(q, k_cache, v_cache, part, pos, n_tok, n_head, n_head_kv, max_ctx, window, scale,   \
+                   n_splits);                                                                           \
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(128, 1)                                                 \
         attn_prefill_##HD(const float* q, const __half* k_cache, const __half* v_cache, float* out,   \

@@ -224,7 +224,7 @@ def rope_kv_write(q: cp.ndarray, k: cp.ndarray | None, v: cp.ndarray | None, inv
 
 # ---- attention ----
 
-DECODE_ROWS = 16  # attention.cu: a decode block's mma rows (q heads of one kv head)
+DECODE_ROWS = 16  # attention.cu: a decode block's mma rows ((token, q head) pairs of one kv head)
 DECODE_STAGES = 3  # attention.cu: DECODE_STAGES
 SHARED_BYTES_AN_SM = 228 * 1024  # Hopper; each block also holds 1 KiB
 
@@ -245,17 +245,17 @@ def _decode_smem(head_dim: int) -> int:
     return 2 * (2 * 16 * (head_dim + 8) + ATTN_WARPS * DECODE_STAGES * tile)
 
 
-def decode_scratch(n_head: int, n_head_kv: int, head_dim: int) -> cp.ndarray:
-    """Scratch for attention_decode: float32 [n_head, n_splits, head_dim + 4], n_splits picked so that a
-    long context fills the multiprocessors with one wave of blocks (as many an SM as shared memory holds, at
-    most 2: a second wave cost 8-20% in a measurement of 16384 keys; rounded down: gemma4 31B's sliding layers, 16
-    kv heads, took 17.2 us over 1024 keys in 9 splits, 11.4 in 8). One serves every layer of these heads (they run
-    in turn)."""
+def decode_scratch(n_head: int, n_head_kv: int, head_dim: int, n_tok: int = 1) -> cp.ndarray:
+    """Scratch for attention_decode of up to n_tok tokens: float32 [n_tok * n_head, n_splits, head_dim + 4],
+    n_splits picked so that a long context fills the multiprocessors with one wave of blocks for n_tok tokens (as
+    many an SM as shared memory holds, at most 2: a second wave cost 8-20% in a measurement of 16384 keys; rounded
+    down: gemma4 31B's sliding layers, 16 kv heads, took 17.2 us over 1024 keys in 9 splits, 11.4 in 8). One
+    serves every layer of these heads (they run in turn)."""
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     blocks_an_sm = max(1, min(2, SHARED_BYTES_AN_SM // (_decode_smem(head_dim) + 1024)))
-    row_chunks = math.ceil(n_head // n_head_kv / DECODE_ROWS)
+    row_chunks = math.ceil(n_tok * (n_head // n_head_kv) / DECODE_ROWS)
     n_splits = max(1, min(64, blocks_an_sm * sms // (n_head_kv * row_chunks)))
-    return cp.empty((n_head, n_splits, head_dim + 4), dtype=cp.float32)  # attention.cu: PART_EXTRA
+    return cp.empty((n_tok * n_head, n_splits, head_dim + 4), dtype=cp.float32)  # attention.cu: PART_EXTRA
 
 
 def _decode_kernel(head_dim: int):
@@ -278,31 +278,38 @@ def attention_decode(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ou
                      sinks: cp.ndarray | None = None, stream=None) -> None:
     """out [n_head, head_dim] = softmax(scale * q k^T) v for one query q [n_head, head_dim] at position pos[0]
     over cached keys 0..pos[0] (its own k and v already written); window > 0: only the last `window`.
+    q [n_tok, n_head, head_dim] and out the same: a few queries (a verify step's), token t at position pos[0] + t
+    over keys 0..pos[0] + t (causal, as attention_prefill; all their k and v already written).
     sinks [n_head] float32 (gpt-oss): each head's softmax also counts a key of logit sinks[h] and value 0.
-    Flash-decoding: the keys are split over scratch.shape[1] blocks a kv head at long contexts.
+    Flash-decoding: the keys are split over scratch.shape[1] blocks a kv head at long contexts; scratch
+    (decode_scratch) has rows for n_tok tokens or more.
     xq given: out also quantized to q8_1 into xq (for the output projection), in the same launches."""
-    if not isinstance(q, cp.ndarray) or q.ndim != 2:
-        raise ValueError("attention_decode: q must be [n_head, head_dim]")
-    n_head, n_head_kv, max_ctx, head_dim = _check_attention(q.shape, k_cache, v_cache)
-    _check("q", q, cp.float32, (n_head, head_dim))
-    _check("out", out, cp.float32, (n_head, head_dim))
-    n_splits = scratch.shape[1] if isinstance(scratch, cp.ndarray) and scratch.ndim == 3 else -1
-    _check("scratch", scratch, cp.float32, (n_head, n_splits, head_dim + 4))
+    if not isinstance(q, cp.ndarray) or q.ndim not in (2, 3) or q.size == 0:
+        raise ValueError("attention_decode: q must be [n_head, head_dim] or [n_tok, n_head, head_dim]")
+    n_head, n_head_kv, max_ctx, head_dim = _check_attention(q.shape[-2:], k_cache, v_cache)
+    n_tok = q.shape[0] if q.ndim == 3 else 1
+    _check("q", q, cp.float32, q.shape[:-2] + (n_head, head_dim))
+    _check("out", out, cp.float32, q.shape)
+    rows, n_splits = scratch.shape[:2] if isinstance(scratch, cp.ndarray) and scratch.ndim == 3 else (-1, -1)
+    if rows < n_tok * n_head:
+        raise ValueError(f"attention_decode: scratch must have rows for {n_tok} tokens of {n_head} heads, got {rows}")
+    _check("scratch", scratch, cp.float32, (rows, n_splits, head_dim + 4))
     _check_pos(pos)
     if xq is not None:
-        _check_q8(xq, n_head * head_dim)
+        _check_q8(xq, n_tok * n_head * head_dim)
     if sinks is not None:
         _check("sinks", sinks, cp.float32, (n_head,))
-    grid = (n_head_kv, n_splits, math.ceil(n_head // n_head_kv / DECODE_ROWS))
+    grid = (n_head_kv, n_splits, math.ceil(n_tok * (n_head // n_head_kv) / DECODE_ROWS))
     with _stream(stream):
         _decode_kernel(head_dim)(
             grid, (32 * ATTN_WARPS,),
-            (q, k_cache, v_cache, scratch, pos, np.int32(n_head), np.int32(n_head_kv), np.int32(max_ctx),
-             np.int32(window), np.float32(scale), np.int32(n_splits)), shared_mem=_decode_smem(head_dim))
+            (q, k_cache, v_cache, scratch, pos, np.int32(n_tok), np.int32(n_head), np.int32(n_head_kv),
+             np.int32(max_ctx), np.int32(window), np.float32(scale), np.int32(n_splits)),
+            shared_mem=_decode_smem(head_dim))
         kernel("attention.cu", "attn_decode_combine")(
-            (n_head,), (512,),
-            (scratch, out, pos, np.int32(head_dim), np.int32(window), np.int32(n_splits), np.int32(max_ctx),
-             out if xq is None else xq.qs, out if xq is None else xq.ds, np.int32(xq is not None),
+            (n_tok * n_head,), (512,),
+            (scratch, out, pos, np.int32(n_tok), np.int32(n_head), np.int32(head_dim), np.int32(window),
+             np.int32(n_splits), out if xq is None else xq.qs, out if xq is None else xq.ds, np.int32(xq is not None),
              NULL if sinks is None else sinks))
 
 

@@ -502,6 +502,136 @@ def test_attention_prefill_with_sinks(cuda, rng, shape, n_tok, p0, window):
     assert rel_err(cp.asnumpy(plain), ref) > 1e-2
 
 
+# A verify step's few tokens through attention_decode: (n_head, n_head_kv, head_dim) of ATTN_SHAPES (groups of 1, 3, 4,
+# 6, 16, 20 and heads of 64-512, so 16-row chunks split a token's heads) and gpt-oss's group of 8 at 64
+DECODE_TOKENS_SHAPES = ATTN_SHAPES + [(64, 8, 64)]
+VERIFY_MAX = 8  # the scratch of these tests has rows for this many tokens, as a verify step's does
+
+
+def decode_tokens(cp, ops, q, k_dev, v_dev, p0, scale, window, scratch=None, **kw):
+    """attention_decode of q [n_tok, n_head, head_dim] (numpy) at p0.. -> out (device); scratch default: one for
+    VERIFY_MAX tokens, NaN so that the combine must read only what this call wrote."""
+    n_tok, n_head, head_dim = q.shape
+    if scratch is None:
+        scratch = ops.decode_scratch(n_head, k_dev.shape[0], head_dim, n_tok=VERIFY_MAX)
+        scratch.fill(cp.nan)
+    out = nan_like(cp, q.shape)
+    ops.attention_decode(cp.asarray(q), k_dev, v_dev, out, device_pos(cp, p0), scratch, scale, window, **kw)
+    return out
+
+
+@pytest.mark.parametrize("shape", DECODE_TOKENS_SHAPES, ids=lambda s: f"{s[0]}h{s[1]}kv{s[2]}")
+@pytest.mark.parametrize("n_tok", [1, 2, 4, 8])
+@pytest.mark.parametrize("n_ctx, window", [(8, 0), (37, 0), (1000, 0), (4096, 0), (4096, 512), (37, 16)])
+def test_attention_decode_of_tokens(cuda, rng, shape, n_tok, n_ctx, window):
+    """n_tok queries at the end of a context of n_ctx keys (token t at n_ctx - n_tok + t, causal): as the reference,
+    bound 1e-5; with xq, the same output and its q8_1 copy."""
+    cp, ops = cuda
+    n_head, n_head_kv, head_dim = shape
+    k_dev, v_dev, k, v = random_cache(cp, rng, n_head_kv, 4160, head_dim)
+    q = rng.standard_normal((n_tok, n_head, head_dim)).astype(np.float32)
+    scale, p0 = 1 / math.sqrt(head_dim), n_ctx - n_tok
+    out = decode_tokens(cp, ops, q, k_dev, v_dev, p0, scale, window)
+    ref = ref_attention(q.astype(np.float64), k, v, p0 + np.arange(n_tok), scale, window)
+    assert rel_err(cp.asnumpy(out), ref) < 1e-5
+    xq = poisoned_q8_1(cp, q.size)
+    out_q = decode_tokens(cp, ops, q, k_dev, v_dev, p0, scale, window, xq=xq)
+    np.testing.assert_array_equal(cp.asnumpy(out_q), cp.asnumpy(out))
+    assert_same_q8_1(cp, xq, q8_1_of(cp, out))
+
+
+def splits(n_keys: int, n_splits: int) -> tuple[int, int]:
+    """attention.cu's Splits over n_keys keys: (active splits, keys a split)."""
+    active = min(n_splits, -(-n_keys // 32))  # MIN_SPLIT_KEYS
+    return active, -(-n_keys // active)
+
+
+@pytest.mark.parametrize("shape", [(32, 8, 128), (24, 4, 256), (32, 4, 512)], ids=lambda s: f"{s[0]}h{s[1]}kv{s[2]}")
+@pytest.mark.parametrize("n_splits, n_ctx", [(33, 1057), (64, 2521), (64, 2524)])
+def test_attention_decode_of_tokens_with_a_split_only_later_tokens_see(cuda, rng, shape, n_splits, n_ctx):
+    """The last split holds fewer keys than the 8 tokens (1 or 4): the first tokens see none of it (sum p 0, max
+    -inf, in the block's merge and in the combine). Bound 1e-5."""
+    cp, ops = cuda
+    n_head, n_head_kv, head_dim = shape
+    n_tok = 8
+    active, chunk = splits(n_ctx, n_splits)
+    assert active == n_splits and 0 < n_ctx - (active - 1) * chunk < n_tok  # the last split's keys
+    k_dev, v_dev, k, v = random_cache(cp, rng, n_head_kv, n_ctx, head_dim)
+    q = rng.standard_normal((n_tok, n_head, head_dim)).astype(np.float32)
+    scale, p0 = 1 / math.sqrt(head_dim), n_ctx - n_tok
+    scratch = nan_like(cp, (n_tok * n_head, n_splits, head_dim + 4))
+    out = decode_tokens(cp, ops, q, k_dev, v_dev, p0, scale, 0, scratch)
+    ref = ref_attention(q.astype(np.float64), k, v, p0 + np.arange(n_tok), scale, 0)
+    assert rel_err(cp.asnumpy(out), ref) < 1e-5
+
+
+@pytest.mark.parametrize("shape", [(32, 8, 128), (24, 4, 256), (64, 8, 64), (32, 4, 512)],
+                         ids=lambda s: f"{s[0]}h{s[1]}kv{s[2]}")
+@pytest.mark.parametrize("n_ctx, window", [(20, 0), (3000, 0), (3000, 700), (40, 5)])
+def test_attention_decode_of_tokens_masks_later_and_older_keys(cuda, rng, shape, n_ctx, window):
+    """Garbage written into the keys and values after token t's position leaves tokens 0..t's outputs unchanged to
+    the bit and changes token t + 1's; with a window, garbage before the last token's window leaves its output
+    unchanged and changes the first token's."""
+    cp, ops = cuda
+    n_head, n_head_kv, head_dim = shape
+    n_tok = 8
+    k_dev, v_dev, _, _ = random_cache(cp, rng, n_head_kv, n_ctx, head_dim)
+    q = rng.standard_normal((n_tok, n_head, head_dim)).astype(np.float32)
+    scale, p0 = 1 / math.sqrt(head_dim), n_ctx - n_tok
+    clean = cp.asnumpy(decode_tokens(cp, ops, q, k_dev, v_dev, p0, scale, window))
+
+    def with_garbage(keys: slice) -> np.ndarray:
+        k_bad, v_bad = k_dev.copy(), v_dev.copy()
+        shape = k_bad[:, keys].shape
+        k_bad[:, keys] = cp.asarray((rng.standard_normal(shape) * 30).astype(np.float16))
+        v_bad[:, keys] = cp.asarray((rng.standard_normal(shape) * 30).astype(np.float16))
+        return cp.asnumpy(decode_tokens(cp, ops, q, k_bad, v_bad, p0, scale, window))
+
+    for t in range(n_tok - 1):
+        out = with_garbage(slice(p0 + t + 1, n_ctx))
+        np.testing.assert_array_equal(out[:t + 1], clean[:t + 1])
+        assert rel_err(out[t + 1], clean[t + 1]) > 1e-2
+    if window:
+        first_lo, last_lo = max(0, p0 - window + 1), p0 + n_tok - window
+        out = with_garbage(slice(first_lo, last_lo))
+        np.testing.assert_array_equal(out[-1], clean[-1])
+        assert rel_err(out[0], clean[0]) > 1e-2
+
+
+@pytest.mark.parametrize("shape", [(32, 16, 256), (32, 4, 512), (8, 2, 64)], ids=lambda s: f"{s[0]}h{s[1]}kv{s[2]}")
+@pytest.mark.parametrize("n_tok", [2, 8])
+@pytest.mark.parametrize("n_ctx, window, rows", [(3000, 1024, 1300), (700, 512, 600), (2100, 128, 200), (300, 64, 71)])
+def test_attention_decode_of_tokens_over_a_ring(cuda, rng, shape, n_tok, n_ctx, window, rows):
+    """As test_attention_decode_over_a_ring for n_tok queries at the context's end: the ring holds the first one's
+    window and the tokens (rows >= window + n_tok - 1; 71 rows: the least for 8), bound 1e-5."""
+    cp, ops = cuda
+    n_head, n_head_kv, head_dim = shape
+    _, _, k, v = random_cache(cp, rng, n_head_kv, n_ctx, head_dim)
+    q = rng.standard_normal((n_tok, n_head, head_dim)).astype(np.float32)
+    scale, p0 = 1 / math.sqrt(head_dim), n_ctx - n_tok
+    out = decode_tokens(cp, ops, q, as_ring(cp, k, rows, n_ctx), as_ring(cp, v, rows, n_ctx), p0, scale, window)
+    ref = ref_attention(q.astype(np.float64), k, v, p0 + np.arange(n_tok), scale, window)
+    assert rel_err(cp.asnumpy(out), ref) < 1e-5
+
+
+@pytest.mark.parametrize("shape", [(64, 8, 64), (24, 4, 256), (32, 8, 128)], ids=lambda s: f"{s[0]}h{s[1]}kv{s[2]}")
+@pytest.mark.parametrize("n_tok", [2, 8])
+@pytest.mark.parametrize("n_ctx, window", [(8, 0), (200, 128), (3000, 0)])
+def test_attention_decode_of_tokens_with_sinks(cuda, rng, shape, n_tok, n_ctx, window):
+    """As test_attention_decode_with_sinks for n_tok queries at the context's end (each token's row takes its
+    head's sink): bound 1e-5, and far from it without the sinks."""
+    cp, ops = cuda
+    n_head, n_head_kv, head_dim = shape
+    k_dev, v_dev, k, v = random_cache(cp, rng, n_head_kv, 4096, head_dim)
+    q = rng.standard_normal((n_tok, n_head, head_dim)).astype(np.float32)
+    sinks, scale, p0 = random_sinks(rng, n_head, min(n_ctx, window or n_ctx)), 1 / math.sqrt(head_dim), n_ctx - n_tok
+    out = decode_tokens(cp, ops, q, k_dev, v_dev, p0, scale, window, sinks=cp.asarray(sinks))
+    plain = decode_tokens(cp, ops, q, k_dev, v_dev, p0, scale, window)
+    ref = ref_attention(q.astype(np.float64), k, v, p0 + np.arange(n_tok), scale, window, sinks)
+    assert rel_err(cp.asnumpy(out), ref) < 1e-5
+    assert rel_err(cp.asnumpy(plain), ref) > 1e-2
+
+
 # ---- elementwise ----
 
 @pytest.mark.parametrize("activation", ["silu", "gelu", "swiglu_oai"])
@@ -790,6 +920,12 @@ def test_bad_inputs_raise(cuda):
     with pytest.raises(ValueError, match="head_dim 96"):
         ops.attention_prefill(cp.zeros((1, 4, 96), dtype=cp.float32), k_cache, v_cache,
                               cp.zeros((1, 4, 96), dtype=cp.float32), cp.zeros(1, dtype=cp.int32), 0.1)
+    q, scratch = cp.zeros((3, 4, 64), dtype=cp.float32), ops.decode_scratch(4, 2, 64, n_tok=2)
+    k_cache, v_cache = ops.kv_cache(2, 16, 64)
+    with pytest.raises(ValueError, match="scratch must have rows for 3 tokens"):
+        ops.attention_decode(q, k_cache, v_cache, cp.zeros_like(q), cp.zeros(1, dtype=cp.int32), scratch, 0.1)
+    with pytest.raises(ValueError, match="out must be"):
+        ops.attention_decode(q[:2], k_cache, v_cache, q[0], cp.zeros(1, dtype=cp.int32), scratch, 0.1)
     with pytest.raises(ValueError, match="vocabularies up to"):
         ops.sample_scratch(300000)
     with pytest.raises(ValueError, match="activation"):
