@@ -1,18 +1,29 @@
 // A few tokens' matvecs in one pass over W: speculative decoding's verify step (inference/cuda_graph.VerifyStep),
 // compiled apart from matvec.cu so that a model that never speculates does not wait for these.
+#define QUANT_DOT_PLAIN_X  // a token's x loads merge across a group's rows (quant_dot.cuh's xload16)
 #include "matvec_rows.cuh"
 #include "ops_common.cuh"
 
-// out[j][row] = W[row] . x_j (+ res[j][row] when add_res) for j < n_tok <= MAX_TOKENS, x q8_1 of [n_tok, n_cols].
-// matvec.cu's matvec_rows' rows, threads and order of items (rows_dot's), each item (T::Item) loaded once and
-// dotted with every token's x: W comes from DRAM once, and for the types with their own Item from L1 once too.
-// Launch as matvec (the same grid).
+// out[j][row] = W[row] . x_j (+ res[j][row] when add_res) for j < n_tok <= N, x q8_1 of [n_tok, n_cols]. matvec's
+// threads and order of items, each item (T::Item) loaded once and dotted with every token's x: W comes from DRAM
+// once, and for the types with their own Item from L1 once too. Rows a group: matvec_tokens_rows_per_group (a
+// token's x loaded once for them). Kernels for N = 4 and 8 (a step of n tokens takes the smaller that fits):
+// the accumulators of 8 tokens cost registers a step of 4 does not need (H200, session 31: Q4_K 28672x4096 at 4
+// tokens 55.9 -> 44.1 us with 4 rows a group and N = 4; Q6_K 128256x4096 239 -> 190 us).
 #define MAX_TOKENS 8
+// 4 for the types of 256-value blocks with their own Item (measured on Q4_K and Q6_K), else matvec's rows
 template <class T>
+__host__ __device__ constexpr int matvec_tokens_rows_per_group() { return matvec_rows_per_group<T>(); }
+template <>
+__host__ __device__ constexpr int matvec_tokens_rows_per_group<Q4_K>() { return 4; }
+template <>
+__host__ __device__ constexpr int matvec_tokens_rows_per_group<Q5_K>() { return 4; }
+
+template <class T, int N>
 __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
                                               const float2* __restrict__ xds, float* out, int n_rows, int nb,
                                               int tpr, int n_tok, const float* res, int add_res, int block) {
-    constexpr int R = matvec_rows_per_group<T>();
+    constexpr int R = matvec_tokens_rows_per_group<T>();
     int row0 = (block * (blockDim.x / tpr) + threadIdx.x / tpr) * R, t = threadIdx.x % tpr;
     size_t n_cols = (size_t)nb * T::QK;
     const uint8_t *bulk[R], *meta[R];
@@ -22,14 +33,14 @@ __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, con
         bulk[r] = w + (size_t)row * nb * T::BULK;
         meta[r] = w + (size_t)n_rows * nb * T::BULK + (size_t)row * nb * T::META;
     }
-    float acc[MAX_TOKENS][R] = {};
+    float acc[N][R] = {};
     for (int i = t; i < nb * T::ITEMS; i += tpr) {
         int blk = i / T::ITEMS, k = i % T::ITEMS;
         typename T::Item item[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) item[r] = typename T::Item(bulk[r] + blk * T::BULK, meta[r] + blk * T::META, k);
 #pragma unroll
-        for (int j = 0; j < MAX_TOKENS; ++j) {
+        for (int j = 0; j < N; ++j) {
             if (j >= n_tok) break;
             size_t x0 = j * n_cols + (size_t)blk * T::QK;
 #pragma unroll
@@ -37,7 +48,7 @@ __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, con
         }
     }
 #pragma unroll
-    for (int j = 0; j < MAX_TOKENS; ++j) {
+    for (int j = 0; j < N; ++j) {
         if (j >= n_tok) break;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -90,13 +101,14 @@ MATVEC_TOKENS_F(matvec_tokens_f32, F32W)
 MATVEC_TOKENS_F(matvec_tokens_f16, F16W)
 MATVEC_TOKENS_F(matvec_tokens_bf16, BF16W)
 
-#define MATVEC_TOKENS(NAME, T)                                                                           \
+#define MATVEC_TOKENS_N(NAME, T, N)                                                                      \
     extern "C" __global__ void __launch_bounds__(128)                                                    \
-        NAME(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb,     \
-             int tpr, int n_tok, const float* res, int add_res) {                                       \
+        NAME##_##N(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb, \
+                   int tpr, int n_tok, const float* res, int add_res) {                                  \
         wait_prior();                                                                                    \
-        matvec_tokens<T>(w, xq, xds, out, n_rows, nb, tpr, n_tok, res, add_res, blockIdx.x);            \
+        matvec_tokens<T, N>(w, xq, xds, out, n_rows, nb, tpr, n_tok, res, add_res, blockIdx.x);         \
     }
+#define MATVEC_TOKENS(NAME, T) MATVEC_TOKENS_N(NAME, T, 4) MATVEC_TOKENS_N(NAME, T, 8)
 
 MATVEC_TOKENS(matvec_tokens_q4_0, Q4_0)
 MATVEC_TOKENS(matvec_tokens_q4_1, Q4_1)

@@ -169,9 +169,17 @@ def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, ou
     else:
         args = (w.data, x, out, np.int32(w.n_rows), np.int32(w.n_cols))
     args += (np.int32(tpr), np.int32(n_tokens), out if residual is None else residual, np.int32(residual is not None))
+    name = "matvec_tokens_" + w.qtype.name.lower()
+    if w.takes_q8:
+        name += "_4" if n_tokens <= 4 else "_8"  # the kernel for up to 4 tokens or 8 (matvec_tokens.cu)
     with stream or cp.cuda.get_current_stream():
-        kernel("matvec_tokens.cu", "matvec_tokens_" + w.qtype.name.lower())(
-            (_blocks(w.n_rows, tpr, matvec_rows_per_group(w)),), (THREADS,), args)
+        kernel("matvec_tokens.cu", name)((_blocks(w.n_rows, tpr, matvec_tokens_rows_per_group(w)),), (THREADS,), args)
+
+
+def matvec_tokens_rows_per_group(w: DeviceWeight) -> int:
+    """Rows a group of threads does in matvec_tokens: 4 for Q4_K, Q5_K and Q6_K, else matvec's (matvec_tokens.cu's
+    matvec_tokens_rows_per_group, the same rule)."""
+    return 4 if w.qtype.name in ("Q4_K", "Q5_K", "Q6_K") else matvec_rows_per_group(w)
 
 
 def matvec_rows_per_group(w: DeviceWeight) -> int:

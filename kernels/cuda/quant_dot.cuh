@@ -11,9 +11,9 @@
 // dp4a (4 int8 products summed into an int32) does the multiplies; int32 sums are exact, scales are float.
 // Every dot() gets xq and xds already offset to the first column of its block.
 // Each type has an Item: one item's weights and scales loaded into registers, then dotted with any x (dot() is an
-// Item dotted with one x). So rows_dot loads an item's x once for all its rows, and matvec_tokens.cu the weights
-// once for all its tokens. The types most files hold (Q8_0, Q4_K, Q5_K, Q6_K) have their own; the others' Item is
-// Reload, their address, whose dot() loads the weights again.
+// Item dotted with one x), so that matvec_tokens.cu loads the weights once for all its tokens. The types most files
+// hold (Q8_0, Q4_K, Q5_K, Q6_K) have their own; the others' Item is Reload, their address, whose dot() loads the
+// weights again (from L1).
 //
 // The functions are __host__ __device__ so that tests/kernels/quant_dot_host.cu can check them on a CPU.
 #pragma once
@@ -30,8 +30,8 @@ typedef unsigned long long uint64_t;
 
 #define QD __host__ __device__ __forceinline__
 
-// Not __dp4a, whose asm is volatile: that keeps the compiler from merging the loads of one x, and its sums, that
-// several rows' dots make (rows_dot, matvec_tokens.cu).
+// Not __dp4a, whose asm is volatile: that keeps the compiler from merging the loads of one x that several rows' dots
+// make (matvec_tokens.cu).
 QD int dp4a(int a, int b, int acc) {
 #ifdef __CUDA_ARCH__
     int r;
@@ -51,9 +51,15 @@ QD uint4 load16(const uint8_t* p) {
 #endif
 }
 
-// A plain load, not __ldg: the compiler merges the loads of one x that several rows' (or tokens') dots make
+// 16 activations. With QUANT_DOT_PLAIN_X (matvec_tokens.cu) a plain load, which the compiler merges across the dots
+// of several rows that read the same x; elsewhere __ldg, whose asm is volatile (plain loads there made
+// moe_gate_up_glu_q6_k spill at its 128 registers).
 QD uint4 xload16(const int8_t* xq) {
+#ifdef QUANT_DOT_PLAIN_X
     return *reinterpret_cast<const uint4*>(xq);
+#else
+    return load16(reinterpret_cast<const uint8_t*>(xq));
+#endif
 }
 
 QD float half_at(const uint8_t* p) {
@@ -323,14 +329,14 @@ struct Q6_KL {
     }
     struct Item {
         uint4 qa, qb, qh;
-        uint2 sc;  // the scales of this half
-        float d;
+        uint2 sc;          // the scales of this half
+        const uint8_t* d;  // the block's scale, read after the dots (read before, matmul_q8_q6_k spilled)
         int k;
         Item() = default;
         QD Item(const uint8_t* b, const uint8_t* m, int k)
             : qa(load(b + 64 * (k >> 1) + 16 * (k & 1))), qb(load(b + 64 * (k >> 1) + 32 + 16 * (k & 1))),
               qh(load(b + 128 + 32 * (k >> 1) + 16 * (k & 1))), sc(load_scales(b + 192 + 8 * (k >> 1))),
-              d(half_at(FILE ? b + 208 : m)), k(k) {}
+              d(FILE ? b + 208 : m), k(k) {}
         QD float dot(const int8_t* xq, const float2* xds) const {
             int half = k >> 1;
             const int8_t* x = xq + 128 * half + 16 * (k & 1);
@@ -347,7 +353,7 @@ struct Q6_KL {
                       (float)(int8_t)(sc.x >> (sh + 16)) * ds[1].x * (float)s1 +
                       (float)(int8_t)(sc.y >> sh) * ds[2].x * (float)s2 +
                       (float)(int8_t)(sc.y >> (sh + 16)) * ds[3].x * (float)s3;
-            return d * r;
+            return half_at(d) * r;
         }
     };
     static QD float dot(const uint8_t* b, const uint8_t* m, int k, const int8_t* xq, const float2* xds) {
@@ -437,10 +443,11 @@ QD float row_dot(const uint8_t* w, int row, int n_rows, int nb, int t, int strid
     return acc;
 }
 
-// row_dot of R consecutive rows row0.. (those past n_rows read the last row again; their sums are not stored): the
-// R rows' items are loaded first, so their dots load x once (an __ldg load between two of x's plain loads keeps
-// the compiler from merging them). One row a thread group read x from L1 twice for every weight byte (an IQ4_XS
-// item: 40 bytes of weights, 80 of x and its scales), and L1 was what bounded the decode matvecs (ncu, H200:
+// row_dot of R consecutive rows row0.. (those past n_rows read the last row again; their sums are not stored): each
+// item's x is read for the R rows while it sits in L1 (each row's dot loads it again: __ldg's asm is volatile, so
+// the compiler does not merge them; matvec_tokens.cu's plain loads are merged). One row a thread group read x from
+// L1 twice for every weight byte (an IQ4_XS item: 40 bytes of weights, 80 of x and its scales), and L1 was what
+// bounded the decode matvecs (ncu, H200:
 // llama3-8b's gate/up at L1 86%, DRAM 39%).
 template <class T, int R>
 QD void rows_dot(const uint8_t* w, int row0, int n_rows, int nb, int t, int stride, const int8_t* xq,
@@ -456,10 +463,9 @@ QD void rows_dot(const uint8_t* w, int row0, int n_rows, int nb, int t, int stri
 #pragma unroll 2
     for (int i = t; i < nb * T::ITEMS; i += stride) {
         int blk = i / T::ITEMS, k = i % T::ITEMS;
-        typename T::Item item[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) item[r] = typename T::Item(bulk[r] + blk * T::BULK, meta[r] + blk * T::META, k);
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] += item[r].dot(xq + blk * T::QK, xds + blk * (T::QK / 32));
+        for (int r = 0; r < R; ++r)
+            acc[r] += T::dot(bulk[r] + blk * T::BULK, meta[r] + blk * T::META, k, xq + blk * T::QK,
+                             xds + blk * (T::QK / 32));
     }
 }
