@@ -9,7 +9,8 @@
 // once, and for the types with their own Item from L1 once too. Rows a group: matvec_tokens_rows_per_group (a
 // token's x loaded once for them). Kernels for N = 4 and 8 (a step of n tokens takes the smaller that fits):
 // the accumulators of 8 tokens cost registers a step of 4 does not need (H200, session 31: Q4_K 28672x4096 at 4
-// tokens 55.9 -> 44.1 us with 4 rows a group and N = 4; Q6_K 128256x4096 239 -> 190 us).
+// tokens 55.9 -> 44.1 us with 4 rows a group and N = 4; Q6_K 128256x4096 239 -> 190 us). The types with no Item of
+// their own have the kernel for 8 only, each token's dot loading the weights again (session 30's loop).
 #define MAX_TOKENS 8
 // 4 for the types of 256-value blocks with their own Item (measured on Q4_K and Q6_K), else matvec's rows
 template <class T>
@@ -19,7 +20,7 @@ __host__ __device__ constexpr int matvec_tokens_rows_per_group<Q4_K>() { return 
 template <>
 __host__ __device__ constexpr int matvec_tokens_rows_per_group<Q5_K>() { return 4; }
 
-template <class T, int N>
+template <class T, int N, bool OWN_ITEM>
 __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
                                               const float2* __restrict__ xds, float* out, int n_rows, int nb,
                                               int tpr, int n_tok, const float* res, int add_res, int block) {
@@ -34,17 +35,33 @@ __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, con
         meta[r] = w + (size_t)n_rows * nb * T::BULK + (size_t)row * nb * T::META;
     }
     float acc[N][R] = {};
-    for (int i = t; i < nb * T::ITEMS; i += tpr) {
-        int blk = i / T::ITEMS, k = i % T::ITEMS;
-        typename T::Item item[R];
+    if constexpr (OWN_ITEM) {
+        for (int i = t; i < nb * T::ITEMS; i += tpr) {
+            int blk = i / T::ITEMS, k = i % T::ITEMS;
+            typename T::Item item[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) item[r] = typename T::Item(bulk[r] + blk * T::BULK, meta[r] + blk * T::META, k);
+            for (int r = 0; r < R; ++r)
+                item[r] = typename T::Item(bulk[r] + blk * T::BULK, meta[r] + blk * T::META, k);
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-            if (j >= n_tok) break;
-            size_t x0 = j * n_cols + (size_t)blk * T::QK;
+            for (int j = 0; j < N; ++j) {
+                if (j >= n_tok) break;
+                size_t x0 = j * n_cols + (size_t)blk * T::QK;
 #pragma unroll
-            for (int r = 0; r < R; ++r) acc[j][r] += item[r].dot(xq + x0, xds + x0 / 32);
+                for (int r = 0; r < R; ++r) acc[j][r] += item[r].dot(xq + x0, xds + x0 / 32);
+            }
+        }
+    } else {  // each token's dot loads the weights again, from L1 (an Items array here spilled a few bytes)
+#pragma unroll 2
+        for (int i = t; i < nb * T::ITEMS; i += tpr) {
+            int blk = i / T::ITEMS, k = i % T::ITEMS;
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                if (j >= n_tok) break;
+                size_t x0 = j * n_cols + (size_t)blk * T::QK;
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    acc[j][r] += T::dot(bulk[r] + blk * T::BULK, meta[r] + blk * T::META, k, xq + x0, xds + x0 / 32);
+            }
         }
     }
 #pragma unroll
@@ -101,25 +118,27 @@ MATVEC_TOKENS_F(matvec_tokens_f32, F32W)
 MATVEC_TOKENS_F(matvec_tokens_f16, F16W)
 MATVEC_TOKENS_F(matvec_tokens_bf16, BF16W)
 
-#define MATVEC_TOKENS_N(NAME, T, N)                                                                      \
+#define MATVEC_TOKENS_N(NAME, T, N, OWN_ITEM)                                                            \
     extern "C" __global__ void __launch_bounds__(128)                                                    \
         NAME##_##N(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb, \
                    int tpr, int n_tok, const float* res, int add_res) {                                  \
         wait_prior();                                                                                    \
-        matvec_tokens<T, N>(w, xq, xds, out, n_rows, nb, tpr, n_tok, res, add_res, blockIdx.x);         \
+        matvec_tokens<T, N, OWN_ITEM>(w, xq, xds, out, n_rows, nb, tpr, n_tok, res, add_res, blockIdx.x); \
     }
-#define MATVEC_TOKENS(NAME, T) MATVEC_TOKENS_N(NAME, T, 4) MATVEC_TOKENS_N(NAME, T, 8)
+// a type with its own Item (quant_dot.cuh): kernels for 4 tokens and 8; the others: 8
+#define MATVEC_TOKENS_ITEMS(NAME, T) MATVEC_TOKENS_N(NAME, T, 4, true) MATVEC_TOKENS_N(NAME, T, 8, true)
+#define MATVEC_TOKENS(NAME, T) MATVEC_TOKENS_N(NAME, T, 8, false)
 
 MATVEC_TOKENS(matvec_tokens_q4_0, Q4_0)
 MATVEC_TOKENS(matvec_tokens_q4_1, Q4_1)
 MATVEC_TOKENS(matvec_tokens_q5_0, Q5_0)
 MATVEC_TOKENS(matvec_tokens_q5_1, Q5_1)
-MATVEC_TOKENS(matvec_tokens_q8_0, Q8_0)
+MATVEC_TOKENS_ITEMS(matvec_tokens_q8_0, Q8_0)
 MATVEC_TOKENS(matvec_tokens_q2_k, Q2_K)
 MATVEC_TOKENS(matvec_tokens_q3_k, Q3_K)
-MATVEC_TOKENS(matvec_tokens_q4_k, Q4_K)
-MATVEC_TOKENS(matvec_tokens_q5_k, Q5_K)
-MATVEC_TOKENS(matvec_tokens_q6_k, Q6_K)
+MATVEC_TOKENS_ITEMS(matvec_tokens_q4_k, Q4_K)
+MATVEC_TOKENS_ITEMS(matvec_tokens_q5_k, Q5_K)
+MATVEC_TOKENS_ITEMS(matvec_tokens_q6_k, Q6_K)
 MATVEC_TOKENS(matvec_tokens_mxfp4, MXFP4)
 MATVEC_TOKENS(matvec_tokens_iq4_nl, IQ4_NL)
 MATVEC_TOKENS(matvec_tokens_iq4_xs, IQ4_XS)

@@ -143,6 +143,7 @@ def matvec(
 
 
 MATVEC_MAX_TOKENS = 8  # matvec_tokens.cu's MAX_TOKENS
+OWN_ITEM_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")  # quant_dot.cuh: the types with an Item of their own
 
 
 def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, out: cp.ndarray,
@@ -170,8 +171,8 @@ def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, ou
         args = (w.data, x, out, np.int32(w.n_rows), np.int32(w.n_cols))
     args += (np.int32(tpr), np.int32(n_tokens), out if residual is None else residual, np.int32(residual is not None))
     name = "matvec_tokens_" + w.qtype.name.lower()
-    if w.takes_q8:
-        name += "_4" if n_tokens <= 4 else "_8"  # the kernel for up to 4 tokens or 8 (matvec_tokens.cu)
+    if w.takes_q8:  # the kernel for up to 4 tokens or 8 (matvec_tokens.cu: 4 for the types with their own Item)
+        name += "_4" if n_tokens <= 4 and w.qtype.name in OWN_ITEM_TYPES else "_8"
     with stream or cp.cuda.get_current_stream():
         kernel("matvec_tokens.cu", name)((_blocks(w.n_rows, tpr, matvec_tokens_rows_per_group(w)),), (THREADS,), args)
 
