@@ -165,14 +165,14 @@ def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, ou
             raise ValueError(f"matvec_tokens: {name} must be contiguous float32 ({n_tokens}, {w.n_rows}), "
                              f"got {a.dtype} {a.shape}")
     tpr = default_threads_per_row(w.n_rows, w.n_cols // ELEMS_PER_ITEM[w.qtype.name])
+    name = "matvec_tokens_" + w.qtype.name.lower()
     if w.takes_q8:
         args = (w.data, x.qs, x.ds, out, np.int32(w.n_rows), np.int32(w.n_cols // w.qtype.block_elems))
+        # the kernel for up to 4 tokens or 8 (matvec_tokens.cu: 4 for the types with their own Item)
+        name += "_4" if n_tokens <= 4 and w.qtype.name in OWN_ITEM_TYPES else "_8"
     else:
         args = (w.data, x, out, np.int32(w.n_rows), np.int32(w.n_cols))
     args += (np.int32(tpr), np.int32(n_tokens), out if residual is None else residual, np.int32(residual is not None))
-    name = "matvec_tokens_" + w.qtype.name.lower()
-    if w.takes_q8:  # the kernel for up to 4 tokens or 8 (matvec_tokens.cu: 4 for the types with their own Item)
-        name += "_4" if n_tokens <= 4 and w.qtype.name in OWN_ITEM_TYPES else "_8"
     with stream or cp.cuda.get_current_stream():
         kernel("matvec_tokens.cu", name)((_blocks(w.n_rows, tpr, matvec_tokens_rows_per_group(w)),), (THREADS,), args)
 

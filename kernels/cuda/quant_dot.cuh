@@ -10,10 +10,9 @@
 // Activations: x quantized per 32 values (q8_1): xq int8 [n_cols], xds float2 [n_cols/32] = (d, d*sum(q)).
 // dp4a (4 int8 products summed into an int32) does the multiplies; int32 sums are exact, scales are float.
 // Every dot() gets xq and xds already offset to the first column of its block.
-// Each type has an Item: one item's weights and scales loaded into registers, then dotted with any x (dot() is an
-// Item dotted with one x), so that matvec_tokens.cu loads the weights once for all its tokens. The types most files
-// hold (Q8_0, Q4_K, Q5_K, Q6_K) have their own; the others' Item is Reload, their address, whose dot() loads the
-// weights again (from L1).
+// The types most files hold (Q8_0, Q4_K, Q5_K, Q6_K) have an Item: one item's weights and scales loaded into
+// registers, then dotted with any x (their dot() is an Item dotted with one x), so that matvec_tokens.cu loads the
+// weights once for all its tokens.
 //
 // The functions are __host__ __device__ so that tests/kernels/quant_dot_host.cu can check them on a CPU.
 #pragma once
@@ -119,17 +118,6 @@ QD int q5_dot(uint4 q, uint32_t qh, uint4 xlo, uint4 xhi) {
                  ((q.w >> 4) & 0x0F0F0F0F) | bits_to_bit4(qh >> 28), xhi, s);
 }
 
-// The Item of a type that keeps none in registers: its address, each dot() loading the weights again (from L1,
-// where the first one's loads left them).
-template <class T>
-struct Reload {
-    const uint8_t *b, *m;
-    int k;
-    Reload() = default;
-    QD Reload(const uint8_t* b, const uint8_t* m, int k) : b(b), m(m), k(k) {}
-    QD float dot(const int8_t* xq, const float2* xds) const { return T::dot(b, m, k, xq, xds); }
-};
-
 // ---- Q8_0: block d(2) qs(32). bulk qs(32), meta d(2). 2 items of 16 weights.
 struct Q8_0 {
     static constexpr int QK = 32, BULK = 32, META = 2, ITEMS = 2;
@@ -152,7 +140,6 @@ struct Q8_0 {
 // ---- Q4_0: block d(2) qs(16). bulk qs(16), meta d(2). 1 item. w = d*(q-8)
 struct Q4_0 {
     static constexpr int QK = 32, BULK = 16, META = 2, ITEMS = 1;
-    using Item = Reload<Q4_0>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int, const int8_t* xq, const float2* xds) {
         uint4 q = load16(b);
         int s = hi_dot(q, xload16(xq + 16), lo_dot(q, xload16(xq), 0));
@@ -164,7 +151,6 @@ struct Q4_0 {
 // ---- Q4_1: block d(2) m(2) qs(16). bulk qs(16), meta d m. 1 item. w = d*q + m
 struct Q4_1 {
     static constexpr int QK = 32, BULK = 16, META = 4, ITEMS = 1;
-    using Item = Reload<Q4_1>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int, const int8_t* xq, const float2* xds) {
         uint4 q = load16(b);
         int s = hi_dot(q, xload16(xq + 16), lo_dot(q, xload16(xq), 0));
@@ -176,7 +162,6 @@ struct Q4_1 {
 // ---- Q5_0: block d(2) qh(4) qs(16). bulk qs(16), meta d qh (6 bytes, 2-aligned). w = d*(q-16)
 struct Q5_0 {
     static constexpr int QK = 32, BULK = 16, META = 6, ITEMS = 1;
-    using Item = Reload<Q5_0>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int, const int8_t* xq, const float2* xds) {
         const uint16_t* h = reinterpret_cast<const uint16_t*>(m + 2);
         uint32_t qh = (uint32_t)h[0] | ((uint32_t)h[1] << 16);
@@ -189,7 +174,6 @@ struct Q5_0 {
 // ---- Q5_1: block d(2) m(2) qh(4) qs(16). bulk qs(16), meta d m qh (8 bytes). w = d*q + m
 struct Q5_1 {
     static constexpr int QK = 32, BULK = 16, META = 8, ITEMS = 1;
-    using Item = Reload<Q5_1>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int, const int8_t* xq, const float2* xds) {
         uint2 meta = *reinterpret_cast<const uint2*>(m);
         int s = q5_dot(load16(b), meta.y, xload16(xq), xload16(xq + 16));
@@ -381,7 +365,6 @@ QD int q3k(uint32_t q, uint32_t hm, int shift, int hb) {
 // value is q + 4, scale index 8*half + 2j + k%2. w = d * scale * q.
 struct Q3_K {
     static constexpr int QK = 256, BULK = 96, META = 14, ITEMS = 4;
-    using Item = Reload<Q3_K>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int k, const int8_t* xq, const float2* xds) {
         int half = k >> 1, l0 = 16 * (k & 1);
         uint4 q = load16(b + 32 + 16 * k);
@@ -404,7 +387,6 @@ struct Q3_K {
 // w = d * (sc & 15) * q - dmin * (sc >> 4).
 struct Q2_K {
     static constexpr int QK = 256, BULK = 80, META = 4, ITEMS = 4;
-    using Item = Reload<Q2_K>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int k, const int8_t* xq, const float2* xds) {
         int half = k >> 1, l0 = 16 * (k & 1);
         uint4 q = load16(b + 16 + 16 * k);

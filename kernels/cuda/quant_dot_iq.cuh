@@ -108,7 +108,6 @@ QD uint32_t u16_at(const uint8_t* p) {
 // ---- MXFP4: block e(1) qs(16). bulk qs, meta e. 1 item. w = e8m0_half(e) * kvalues_mxfp4[code]
 struct MXFP4 {
     static constexpr int QK = 32, BULK = 16, META = 1, ITEMS = 1;
-    using Item = Reload<MXFP4>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int, const int8_t* xq, const float2* xds) {
         int s = table16_dot<KvaluesMxfp4>(load16(b), xload16(xq), xload16(xq + 16));
         return e8m0_half(m[0]) * xds[0].x * (float)s;
@@ -123,7 +122,6 @@ QD uint32_t load4_bytes(const uint8_t* p) {
 
 struct MXFP4_FILE {
     static constexpr int QK = 32, BULK = 17, META = 0, ITEMS = 1;
-    using Item = Reload<MXFP4_FILE>;
     static QD float dot(const uint8_t* b, const uint8_t*, int, const int8_t* xq, const float2* xds) {
         uint4 q = make_uint4(load4_bytes(b + 1), load4_bytes(b + 5), load4_bytes(b + 9), load4_bytes(b + 13));
         int s = table16_dot<KvaluesMxfp4>(q, xload16(xq), xload16(xq + 16));
@@ -134,7 +132,6 @@ struct MXFP4_FILE {
 // ---- IQ4_NL: block d(2) qs(16). bulk qs, meta d. 1 item. w = d * kvalues_iq4nl[code]
 struct IQ4_NL {
     static constexpr int QK = 32, BULK = 16, META = 2, ITEMS = 1;
-    using Item = Reload<IQ4_NL>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int, const int8_t* xq, const float2* xds) {
         int s = table16_dot<KvaluesIq4nl>(load16(b), xload16(xq), xload16(xq + 16));
         return half_at(m) * xds[0].x * (float)s;
@@ -146,7 +143,6 @@ struct IQ4_NL {
 // scales_h) - 32.
 struct IQ4_XS {
     static constexpr int QK = 256, BULK = 128, META = 8, ITEMS = 4;
-    using Item = Reload<IQ4_XS>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int c, const int8_t* xq, const float2* xds) {
         uint2 meta = *reinterpret_cast<const uint2*>(m);
         const int8_t* x = xq + 64 * c;
@@ -162,7 +158,6 @@ struct IQ4_XS {
 // each, 8 values an entry), then 4 x 7 sign bits and a 4-bit scale. w = d * (0.5 + s) / 4 * grid.
 struct IQ2_XXS {
     static constexpr int QK = 256, BULK = 64, META = 2, ITEMS = 8;
-    using Item = Reload<IQ2_XXS>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int c, const int8_t* xq, const float2* xds) {
         uint2 q = load8(b + 8 * c);
         const int8_t* x = xq + 32 * c;
@@ -182,7 +177,6 @@ struct IQ2_XXS {
 // grid index and 7 sign bits (8 values each); a 4-bit scale per 16 values. w = d * (0.5 + s) / 4 * grid.
 struct IQ2_XS {
     static constexpr int QK = 256, BULK = 64, META = 10, ITEMS = 4;
-    using Item = Reload<IQ2_XS>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int c, const int8_t* xq, const float2* xds) {
         uint4 q = load16(b + 16 * c);
         uint32_t w[4] = {q.x, q.y, q.z, q.w}, sc = u16_at(m + 2 + 2 * c);  // scales of values 16j.. of the item
@@ -203,7 +197,6 @@ struct IQ2_XS {
 // entry e (8 values) has index qs[e] | 2 bits of qh[e / 4] << 8 and sign byte signs[e]; scales as IQ2_XS.
 struct IQ2_S {
     static constexpr int QK = 256, BULK = 64, META = 18, ITEMS = 4;
-    using Item = Reload<IQ2_S>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int c, const int8_t* xq, const float2* xds) {
         uint2 g = *reinterpret_cast<const uint2*>(b + 8 * c), sg = *reinterpret_cast<const uint2*>(b + 32 + 8 * c);
         uint32_t qh = u16_at(m + 2 + 2 * c), sc = u16_at(m + 10 + 2 * c);
@@ -226,7 +219,6 @@ struct IQ2_S {
 // values an entry) and a word of 4 x 7 sign bits (8 values each) and a 4-bit scale. w = d * (0.5 + s) / 2 * grid.
 struct IQ3_XXS {
     static constexpr int QK = 256, BULK = 96, META = 2, ITEMS = 8;
-    using Item = Reload<IQ3_XXS>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int c, const int8_t* xq, const float2* xds) {
         uint2 q = load8(b + 8 * c);
         uint32_t a = *reinterpret_cast<const uint32_t*>(b + 64 + 4 * c);
@@ -251,7 +243,6 @@ struct IQ3_XXS {
 // a 4-bit scale. w = d * (1 + 2 s) * grid.
 struct IQ3_S {
     static constexpr int QK = 256, BULK = 64, META = 46, ITEMS = 8;
-    using Item = Reload<IQ3_S>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int c, const int8_t* xq, const float2* xds) {
         uint2 q = load8(b + 8 * c);
         uint32_t qh = m[2 + c], sg = load4_even(m + 10 + 4 * c), sc = (m[42 + c / 2] >> (4 * (c & 1))) & 15;
@@ -275,7 +266,6 @@ struct IQ3_S {
 // shift of 1/8. w = d * (2 s + 1) * (grid +- 1/8): the shift times the sum of x (q8_1's d * sum of qs).
 struct IQ1_S {
     static constexpr int QK = 256, BULK = 32, META = 18, ITEMS = 8;
-    using Item = Reload<IQ1_S>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int c, const int8_t* xq, const float2* xds) {
         uint32_t g = *reinterpret_cast<const uint32_t*>(b + 4 * c), h = u16_at(m + 2 + 2 * c);
         const int8_t* x = xq + 32 * c;
@@ -299,7 +289,6 @@ struct IQ1_S {
 // 8 * (grid . x) +- sum(x) over each entry, times 1/8.
 struct IQ1_M {
     static constexpr int QK = 256, BULK = 32, META = 24, ITEMS = 4;
-    using Item = Reload<IQ1_M>;
     static QD float dot(const uint8_t* b, const uint8_t* m, int c, const int8_t* xq, const float2* xds) {
         uint2 q = load8(b + 8 * c);
         uint32_t qh = *reinterpret_cast<const uint32_t*>(m + 4 * c);  // nibbles of entries 8c ..
