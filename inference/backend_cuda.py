@@ -650,8 +650,7 @@ class CUDABackend:
         cuda_deltanet.delta_rule(y, self._contiguous(alpha), self._contiguous(beta), self._weight(dn.dt_bias),
                                  self._weight(dn.a), self._contiguous(z), self._weight(dn.norm),
                                  self.delta_state[layer], out, self.cfg.ssm_k_heads, self.cfg.rms_eps,
-                                 stream=self.stream, chunked=False if delta_rows is not None else None,
-                                 snapshots=delta_rows)
+                                 stream=self.stream, snapshots=delta_rows)
         return out
 
     def _snapshot_buffers(self, layer: int, n: int) -> tuple[cp.ndarray, cp.ndarray]:
