@@ -150,9 +150,6 @@ def prompt_kernels(path: str, n: int = 512) -> None:
     """Each kernel's launches and time over one n-token prompt (after a warm-up one), read by torch's profiler:
     CUPTI sees every kernel of the process, CuPy's included. The kernels' sum against the prompt's wall time
     says how much of it the GPU is idle (launches, the host, copies)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
     from inference import load
     engine = load(path, device="cuda", ctx=n + 64)
 
@@ -167,18 +164,12 @@ def prompt_kernels(path: str, n: int = 512) -> None:
 
     run(0)
     print(f"{n}-token prompt, ms:", " ".join("%.1f" % run(s) for s in (1, 2)))
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        wall = run(3)
-    torch.cuda.synchronize()
-    total, count = collections.defaultdict(float), collections.Counter()
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            total[e.name.split("(")[0][:60]] += e.time_range.elapsed_us() / 1e3  # ms
-            count[e.name.split("(")[0][:60]] += 1
-    s = sum(total.values())
-    print(f"profiled prompt {wall:.1f} ms; {sum(count.values())} kernels and copies, {s:.1f} ms on the GPU")
-    for name, ms in sorted(total.items(), key=lambda kv: -kv[1])[:40]:
-        print(f"{name:<60} {count[name]:>6} {ms:>8.2f} ms {ms / s:6.1%} {ms / count[name] * 1e3:8.1f} us each")
+    walls = []
+    rows = _profiled(lambda: walls.append(run(3)))
+    s = sum(ms for _, _, ms in rows)
+    print(f"profiled prompt {walls[0]:.1f} ms; {sum(c for _, c, _ in rows)} kernels and copies, {s:.1f} ms on the GPU")
+    for name, count, ms in rows[:40]:
+        print(f"{name:<60} {count:>6} {ms:>8.2f} ms {ms / s:6.1%} {ms / count * 1e3:8.1f} us each")
 
 
 def prompt_host(path: str, n: int = 512) -> None:
@@ -238,7 +229,7 @@ def _profiled(run) -> list[tuple[str, int, float]]:
     total, count = collections.defaultdict(float), collections.Counter()
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            name = e.name.split("(")[0][:50]
+            name = e.name.split("(")[0][:60]
             total[name] += e.time_range.elapsed_us() / 1e3
             count[name] += 1
     return sorted(((name, count[name], ms) for name, ms in total.items()), key=lambda r: -r[2])
@@ -309,7 +300,7 @@ def verify(path: str, n_profiled: int = 4, depth: int = 300) -> None:
 def report(title: str, rows: list[tuple[str, int, float]]) -> None:
     print(f"{title}: {sum(r[2] for r in rows):.3f} ms on the GPU")
     for kernel, count, ms in rows[:25]:
-        print(f"  {kernel:<50} {count:>5} {ms * 1e3:>9.1f} us {ms / count * 1e3:8.2f} us each")
+        print(f"  {kernel:<60} {count:>5} {ms * 1e3:>9.1f} us {ms / count * 1e3:8.2f} us each")
 
 
 def table(csv_path: str) -> None:
