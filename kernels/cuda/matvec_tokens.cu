@@ -3,20 +3,21 @@
 #define QUANT_DOT_PLAIN_X  // a token's x loads merge across a group's rows (quant_dot.cuh's xload16)
 #include "matvec_rows.cuh"
 #include "ops_common.cuh"
+#include "quant_mma.cuh"
 
-// out[j][row] = W[row] . x_j (+ res[j][row] when add_res) for j < n_tok <= N, x q8_1 of [n_tok, n_cols]. matvec's
-// threads and order of items, each item (T::Item) loaded once and dotted with every token's x: W comes from DRAM
-// once, and for the types with their own Item from L1 once too. Rows a group: matvec_tokens_rows_per_group (a
-// token's x loaded once for them). Kernels for N = 4 and 8 (a step of n tokens takes the smaller that fits):
-// the accumulators of 8 tokens cost registers a step of 4 does not need (H200, session 31: Q4_K 28672x4096 at 4
-// tokens 55.9 -> 44.1 us with 4 rows a group and N = 4; Q6_K 128256x4096 239 -> 190 us). The types with no Item of
-// their own have the kernel for 8 only, each token's dot loading the weights again (session 30's loop).
+// out[j][row] = W[row] . x_j (+ res[j][row] when add_res) for j < n_tok <= N, x q8_1 of [n_tok, n_cols]. Two ways:
+// - Q4_K (up to 4 tokens or 8) and Q6_K (up to 4): matvec_tokens_mma, the int8 tensor cores. A weight is unpacked
+//   once for all the tokens; H200, session 32, 4 tokens: Q4_K 34816x5120 62.3 -> 41.8 us (one token's matvec 30.3),
+//   Q6_K 5120x17408 59.5 -> 49.7 (28.1).
+// - The others: matvec's threads and order of items, each item (T::Item) loaded once and dotted with every token's
+//   x, so W comes from DRAM once, and for the types with their own Item (Q8_0, Q5_K, Q6_K) from L1 once too. Rows a
+//   group: matvec_tokens_rows_per_group (a token's x loaded once for them). Q8_0 and Q5_K have kernels for N = 4
+//   and 8 (the accumulators of 8 tokens cost registers a step of 4 does not need); the rest for 8 only, the types
+//   with no Item of their own loading the weights again for each token's dot (session 30's loop).
 #define MAX_TOKENS 8
-// 4 for the types of 256-value blocks with their own Item (measured on Q4_K and Q6_K), else matvec's rows
+// 4 for Q5_K (measured on Q4_K, when its few tokens took this path) and Q6_K (matvec's), else matvec's rows
 template <class T>
 __host__ __device__ constexpr int matvec_tokens_rows_per_group() { return matvec_rows_per_group<T>(); }
-template <>
-__host__ __device__ constexpr int matvec_tokens_rows_per_group<Q4_K>() { return 4; }
 template <>
 __host__ __device__ constexpr int matvec_tokens_rows_per_group<Q5_K>() { return 4; }
 
@@ -74,6 +75,72 @@ __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, con
         }
     }
 }
+
+// matvec_tokens on the tensor cores, for the types with an Mma (quant_mma.cuh), for up to NT = 4 or 8 tokens: a
+// block's warps take the same 16 rows and split their ggml blocks, then sum their parts. Tokens past n_tok read the
+// last token's x (in bounds, not stored). Warps a block (blockDim.x / 32, up to MMA_MAX_WARPS) from the launcher:
+// enough in all to keep DRAM busy when a matrix has few rows.
+#define MMA_MAX_WARPS 16
+template <class T, int NT>
+__device__ __forceinline__ void matvec_tokens_mma(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
+                                                  const float2* __restrict__ xds, float* out, int n_rows, int nb,
+                                                  int n_tok, const float* res, int add_res) {
+    __shared__ float part[MMA_MAX_WARPS][32][4];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    int g = lane >> 2, q = lane & 3, row0 = blockIdx.x * 16;
+    size_t n_cols = (size_t)nb * T::QK;
+    const uint8_t *bulk[2], *meta[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        int row = min(row0 + g + 8 * r, n_rows - 1);  // past n_rows: the last row again, not stored
+        bulk[r] = w + (size_t)row * nb * T::BULK;
+        meta[r] = w + (size_t)n_rows * nb * T::BULK + (size_t)row * nb * T::META;
+    }
+    // B's token, and the tokens of the lane's C columns (quant_mma.cuh)
+    int tb = NT == 8 ? g : g >> 1, t0 = NT == 8 ? 2 * q : q, t1 = NT == 8 ? 2 * q + 1 : q;
+    const int8_t* xb = xq + min(tb, n_tok - 1) * n_cols;
+    const float2* ds0 = xds + min(t0, n_tok - 1) * n_cols / 32;
+    const float2* ds1 = xds + min(t1, n_tok - 1) * n_cols / 32;
+    float acc[4] = {};
+    for (int blk = warp; blk < nb; blk += n_warps)
+        Mma<T>::template block<NT>(bulk[0] + blk * T::BULK, meta[0] + blk * T::META, bulk[1] + blk * T::BULK,
+                                   meta[1] + blk * T::META, xb + (size_t)blk * T::QK, ds0 + blk * T::QK / 32,
+                                   ds1 + blk * T::QK / 32, g, q, acc);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) part[warp][lane][e] = acc[e];
+    __syncthreads();
+    if (warp > 0) return;
+    float sum[4] = {};
+    for (int v = 0; v < n_warps; ++v)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sum[e] += part[v][lane][e];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        int row = row0 + g + 8 * r;
+#pragma unroll
+        for (int j = 0; j < (NT == 8 ? 2 : 1); ++j) {
+            // NT = 4: both columns are token q (two sub-blocks' parts)
+            float v = NT == 8 ? sum[2 * r + j] : sum[2 * r] + sum[2 * r + 1];
+            int t = NT == 8 ? 2 * q + j : q;
+            if (row < n_rows && t < n_tok) {
+                size_t o = (size_t)t * n_rows + row;
+                out[o] = add_res ? v + res[o] : v;
+            }
+        }
+    }
+}
+
+#define MATVEC_TOKENS_MMA_N(NAME, T, NT)                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * MMA_MAX_WARPS)                                     \
+        NAME##_##NT(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb, \
+                    int n_tok, const float* res, int add_res) {                                          \
+        wait_prior();                                                                                    \
+        matvec_tokens_mma<T, NT>(w, xq, xds, out, n_rows, nb, n_tok, res, add_res);                      \
+    }
+#define MATVEC_TOKENS_MMA(NAME, T) MATVEC_TOKENS_MMA_N(NAME, T, 4) MATVEC_TOKENS_MMA_N(NAME, T, 8)
+
+MATVEC_TOKENS_MMA(matvec_tokens_mma_q4_k, Q4_K)
+MATVEC_TOKENS_MMA_N(matvec_tokens_mma_q6_k, Q6_K, 4)
 
 // matvec_tokens of float W (an F32 router, qwen35's alpha and beta projections), x float32 [n_tok, n_cols]:
 // matvec.cu's matvec_f, each 8 weights dotted with every token's x.
@@ -136,9 +203,8 @@ MATVEC_TOKENS(matvec_tokens_q5_1, Q5_1)
 MATVEC_TOKENS_ITEMS(matvec_tokens_q8_0, Q8_0)
 MATVEC_TOKENS(matvec_tokens_q2_k, Q2_K)
 MATVEC_TOKENS(matvec_tokens_q3_k, Q3_K)
-MATVEC_TOKENS_ITEMS(matvec_tokens_q4_k, Q4_K)
 MATVEC_TOKENS_ITEMS(matvec_tokens_q5_k, Q5_K)
-MATVEC_TOKENS_ITEMS(matvec_tokens_q6_k, Q6_K)
+MATVEC_TOKENS_N(matvec_tokens_q6_k, Q6_K, 8, true)  // up to 4 tokens: matvec_tokens_mma_q6_k_4
 MATVEC_TOKENS(matvec_tokens_mxfp4, MXFP4)
 MATVEC_TOKENS(matvec_tokens_iq4_nl, IQ4_NL)
 MATVEC_TOKENS(matvec_tokens_iq4_xs, IQ4_XS)

@@ -143,14 +143,17 @@ def matvec(
 
 
 MATVEC_MAX_TOKENS = 8  # matvec_tokens.cu's MAX_TOKENS
-OWN_ITEM_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")  # quant_dot.cuh: the types with an Item of their own
+ITEMS4_TYPES = ("Q8_0", "Q5_K")  # matvec_tokens.cu: the types whose Items have a kernel for up to 4 tokens too
+# quant_mma.cuh: the types whose matvec_tokens runs on the tensor cores, by the most tokens of the kernel
+MMA_TYPES = {4: ("Q4_K", "Q6_K"), 8: ("Q4_K",)}
 
 
 def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, out: cp.ndarray,
                   stream: cp.cuda.Stream | None = None, residual: cp.ndarray | None = None) -> None:
     """out float32 [n_tokens, w.n_rows] = W . x_j for each token j (+ residual [n_tokens, w.n_rows]; out may be
     residual) in one pass over W: a verify step's matmuls. x: q8_1 of [n_tokens, w.n_cols] when w.takes_q8, else
-    float32 [n_tokens, w.n_cols]; at most MATVEC_MAX_TOKENS tokens. matvec's threads and rows (matvec_tokens.cu)."""
+    float32 [n_tokens, w.n_cols]; at most MATVEC_MAX_TOKENS tokens. The tensor cores' kernel (16-row tiles) where the
+    type has one for this many tokens, else matvec's threads and rows (matvec_tokens.cu)."""
     if not 1 <= n_tokens <= MATVEC_MAX_TOKENS:
         raise ValueError(f"matvec_tokens: 1 to {MATVEC_MAX_TOKENS} tokens, not {n_tokens}")
     if w.takes_q8:
@@ -164,12 +167,21 @@ def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, ou
         if a.dtype != cp.float32 or a.shape != (n_tokens, w.n_rows) or not a.flags.c_contiguous:
             raise ValueError(f"matvec_tokens: {name} must be contiguous float32 ({n_tokens}, {w.n_rows}), "
                              f"got {a.dtype} {a.shape}")
+    nt = 4 if n_tokens <= 4 else 8
+    if w.qtype.name in MMA_TYPES[nt]:
+        nb = w.n_cols // w.qtype.block_elems
+        tiles = (w.n_rows + 15) // 16
+        with stream or cp.cuda.get_current_stream():
+            kernel("matvec_tokens.cu", f"matvec_tokens_mma_{w.qtype.name.lower()}_{nt}")(
+                (tiles,), (32 * mma_warps(tiles, nb),),
+                (w.data, x.qs, x.ds, out, np.int32(w.n_rows), np.int32(nb), np.int32(n_tokens),
+                 out if residual is None else residual, np.int32(residual is not None)))
+        return
     tpr = default_threads_per_row(w.n_rows, w.n_cols // ELEMS_PER_ITEM[w.qtype.name])
     name = "matvec_tokens_" + w.qtype.name.lower()
     if w.takes_q8:
         args = (w.data, x.qs, x.ds, out, np.int32(w.n_rows), np.int32(w.n_cols // w.qtype.block_elems))
-        # the kernel for up to 4 tokens or 8 (matvec_tokens.cu: 4 for the types with their own Item)
-        name += "_4" if n_tokens <= 4 and w.qtype.name in OWN_ITEM_TYPES else "_8"
+        name += "_4" if n_tokens <= 4 and w.qtype.name in ITEMS4_TYPES else "_8"
     else:
         args = (w.data, x, out, np.int32(w.n_rows), np.int32(w.n_cols))
     args += (np.int32(tpr), np.int32(n_tokens), out if residual is None else residual, np.int32(residual is not None))
@@ -177,10 +189,20 @@ def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, ou
         kernel("matvec_tokens.cu", name)((_blocks(w.n_rows, tpr, matvec_tokens_rows_per_group(w)),), (THREADS,), args)
 
 
+def mma_warps(tiles: int, n_blocks: int) -> int:
+    """Warps a block of matvec_tokens_mma (one 16-row tile, its ggml blocks split over them): 4, or more up to 16
+    while the grid has fewer than ~2048 warps in all (an H200's 132 multiprocessors at ~16 each keep DRAM busy), and
+    no more than the row has blocks."""
+    warps = 4
+    while warps < 16 and tiles * warps < 2048 and 2 * warps <= n_blocks:
+        warps *= 2
+    return warps
+
+
 def matvec_tokens_rows_per_group(w: DeviceWeight) -> int:
     """Rows a group of threads does in matvec_tokens: 4 for Q4_K, Q5_K and Q6_K, else matvec's (matvec_tokens.cu's
     matvec_tokens_rows_per_group, the same rule)."""
-    return 4 if w.qtype.name in ("Q4_K", "Q5_K", "Q6_K") else matvec_rows_per_group(w)
+    return 4 if w.qtype.name in ("Q5_K", "Q6_K") else matvec_rows_per_group(w)
 
 
 def matvec_rows_per_group(w: DeviceWeight) -> int:

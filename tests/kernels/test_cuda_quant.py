@@ -125,9 +125,9 @@ def test_matvec_pair_equals_two_matvecs(cuda, pair, swapped):
 @pytest.mark.parametrize("name", TYPES)
 def test_matvec_tokens_equals_a_matvec_a_token(cuda, name, n_tokens):
     """matvec_tokens (a verify step's matmuls: one pass over W for up to 8 tokens) against matvec of each token's x
-    alone: the same threads and order of items, so the same sums up to the float32 rounding of how the compiler
-    contracts them; a ragged row count, the residual added, every token its own x and residual. Float types take
-    float32 x."""
+    alone: the same int32 sums of a block's products, added in another order (the tensor cores' kernels of Q4_K and
+    Q6_K) or the same (the others), so equal up to float32 rounding; a ragged row count, the residual added, every
+    token its own x and residual. Float types take float32 x."""
     cp, cq = cuda
     qtype = TYPES_BY_NAME[name]
     rng = np.random.default_rng(np.random.SeedSequence().generate_state(1)[0])
