@@ -200,8 +200,8 @@ def mma_warps(tiles: int, n_blocks: int) -> int:
 
 
 def matvec_tokens_rows_per_group(w: DeviceWeight) -> int:
-    """Rows a group of threads does in matvec_tokens: 4 for Q4_K, Q5_K and Q6_K, else matvec's (matvec_tokens.cu's
-    matvec_tokens_rows_per_group, the same rule)."""
+    """Rows a group of threads does in matvec_tokens' Item kernels: 4 for Q5_K and Q6_K, else matvec's
+    (matvec_tokens.cu's matvec_tokens_rows_per_group, the same rule)."""
     return 4 if w.qtype.name in ("Q5_K", "Q6_K") else matvec_rows_per_group(w)
 
 
