@@ -1,4 +1,4 @@
-// A few tokens' products with quantized weights on the int8 tensor cores (mma.sync m16n8k32 / m16n8k16): a warp
+// A few tokens' products with quantized weights on the int8 tensor cores (mma.sync m16n8k32): a warp
 // takes 16 rows of W and up to 8 tokens' x (q8_1), so a weight is unpacked once for all the tokens and their dots
 // are one instruction a 16x32 tile (matvec_tokens.cu's matvec_tokens_mma).
 //
@@ -8,27 +8,29 @@
 // care which k a lane holds as long as A and B agree, so for m16n8k32 lane q holds real k 8q..8q+7 (one 8-byte load
 // of weights and of x) as mma's 4q..4q+3 (a0, b0) and 16+4q..16+4q+3 (a2, b1).
 //
-// Each type's Mma<T>::block adds one block's (a ggml block of 256 or 32 weights) products for rows g and g+8 and
-// tokens 2q and 2q+1 to acc[4] (C's order): w0, w1 the block of rows g and g+8 (bulk and meta as quant_dot.cuh
-// splits them), xg token g's x of the block's columns, ds0, ds1 the xds of tokens 2q and 2q+1 at the block.
+// Each type's Mma<T>::block<NT> adds one ggml block's products for rows g and g+8 to acc[4] (C's order): w0, w1 the
+// block of rows g and g+8 (bulk and meta as quant_dot.cuh splits them), xb the x of B's token at the block's
+// columns, ds0, ds1 the xds of the tokens of the lane's two C columns (which tokens, for NT = 8 and NT = 4: the
+// type's comment and matvec_tokens_mma).
 #pragma once
 #include "quant_dot.cuh"
 
-__device__ __forceinline__ void mma_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
-}
-
-// c = a . b + acc
-__device__ __forceinline__ void mma_k32_acc(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1,
-                                            const int (&acc)[4]) {
+// c = a . b + acc (an int32 16x8 tile; the fragments above)
+__device__ __forceinline__ void mma_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1,
+                                        const int (&acc)[4]) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(acc[0]), "r"(acc[1]), "r"(acc[2]), "r"(acc[3]));
 }
 
+// c = a . b
+__device__ __forceinline__ void mma_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+    const int zero[4] = {};
+    mma_k32(c, a0, a1, a2, a3, b0, b1, zero);
+}
+
 __device__ __forceinline__ uint2 load8(const void* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
+__device__ __forceinline__ uint32_t load4(const void* p) { return __ldg(reinterpret_cast<const uint32_t*>(p)); }
 
 template <class T>
 struct Mma;
@@ -102,8 +104,6 @@ struct Mma<Q4_K> {
     }
 };
 
-__device__ __forceinline__ uint32_t load4(const void* p) { return __ldg(reinterpret_cast<const uint32_t*>(p)); }
-
 __device__ __forceinline__ int sbyte(uint4 w, int i) {  // signed byte i of 16
     uint32_t v = i < 4 ? w.x : i < 8 ? w.y : i < 12 ? w.z : w.w;
     return (int)(int8_t)(v >> (8 * (i & 3)));
@@ -144,7 +144,7 @@ struct Mma<Q6_K> {
                     uint32_t x = load4(xb + 128 * f + 64 * h + 32 * p + l);
                     int c[4], d[4];
                     mma_k32(c, a[0], a[1], a[2], a[3], h ? 0 : x, h ? x : 0);
-                    mma_k32_acc(d, MINUS32, MINUS32, MINUS32, MINUS32, h ? 0 : x, h ? x : 0, c);
+                    mma_k32(d, MINUS32, MINUS32, MINUS32, MINUS32, h ? 0 : x, h ? x : 0, c);
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         int s = 8 * f + 2 * p + i + 4 * (e & 1);  // the 16's scale: low nibbles' or high
