@@ -436,9 +436,17 @@ class CUDABackend:
 
     def _matmul_parts(self, g: RowGroup, x: cp.ndarray) -> list:
         """A prompt chunk's or a verify step's product of a row group, each member's rows in an output of its own
-        (contiguous, as the ops after want them): written there by the GEMMs on the fp16 path, else copied out of one
-        output (a verify step's copies: ~1.4 us a launch, 0.56 ms of a 27B 4-token step, BENCHMARKS session 31)."""
-        if self.in_step or not cuda_prefill.takes_f16(g.weight, x.shape[0]):  # a verify step: no fp16 tiles
+        (contiguous, as the ops after want them): written there by the GEMMs on the fp16 path and by a verify step's
+        matvec_tokens (parts), else copied out of one output."""
+        n = x.shape[0]
+        if self.in_step:  # each member's [n, rows] one after the other in y's memory
+            y = self._matmul(g.weight, x, None, parts=tuple(first for _, first, _ in g.parts[1:])).reshape(-1)
+            outs = [y[n * first:n * end].reshape(n, end - first) for _, first, end in g.parts]
+            if g.bias is not None:
+                for out, (_, first, end) in zip(outs, g.parts):
+                    cuda_ops.add_bias(out, g.bias[first:end], stream=self.stream)
+            return outs
+        if not cuda_prefill.takes_f16(g.weight, n):
             y = self._matmul(g.weight, x, g.bias)
             return [self._contiguous(y[:, first:end]) for _, first, end in g.parts]
         outs = [self._empty((x.shape[0], end - first)) for _, first, end in g.parts]
@@ -511,8 +519,9 @@ class CUDABackend:
         return self._matmul(self._weight(w), a, None, residual=x)
 
     def _matmul(self, dw: DeviceWeight, x: cp.ndarray, bias: cp.ndarray | None,
-                residual: cp.ndarray | None = None) -> cp.ndarray:
-        """W x (+ bias) (+ residual [n, dw.n_rows]); a one-token step adds the residual inside the matvec."""
+                residual: cp.ndarray | None = None, parts: tuple[int, ...] = ()) -> cp.ndarray:
+        """W x (+ bias) (+ residual [n, dw.n_rows]); a one-token step adds the residual inside the matvec. parts
+        (a verify step's, matvec_tokens'): the output's rows split into parts, each contiguous."""
         out = self._empty((x.shape[0], dw.n_rows))
         if x.shape[0] == 1:
             matvec(dw, self._q8(x) if dw.takes_q8 else x.reshape(-1), out.reshape(-1), stream=self.stream,
@@ -521,7 +530,7 @@ class CUDABackend:
             # a verify step: one pass over W for its few tokens; a float W (an F32 router) too, where the fp16 path
             # would take CuPy's pool and cuBLAS into the captured step
             matvec_tokens(dw, self._q8(x) if dw.takes_q8 else self._contiguous(x), x.shape[0], out,
-                          stream=self.stream, residual=residual)
+                          stream=self.stream, residual=residual, parts=parts)
         else:
             if cuda_prefill.takes_f16(dw, x.shape[0]):
                 self._set_cublas_stream()

@@ -15,6 +15,18 @@
 //   and 8 (the accumulators of 8 tokens cost registers a step of 4 does not need); the rest for 8 only, the types
 //   with no Item of their own loading the weights again for each token's dot (session 30's loop).
 #define MAX_TOKENS 8
+
+// Where token t's value of row `row` goes in out. The rows may be split into up to 4 parts at p1 <= p2 <= p3 (n_rows
+// for the parts a matrix does not have): the members of a row group (backend_cuda._matmul_parts), each [n_tok, its
+// rows] contiguous after the parts before it, so that the ops after read them without a copy. One part: [t][row].
+struct Parts {
+    int p1, p2, p3;
+    __device__ __forceinline__ size_t at(int t, int row, int n_tok, int n_rows) const {
+        int first = row >= p3 ? p3 : row >= p2 ? p2 : row >= p1 ? p1 : 0;
+        int end = row >= p3 ? n_rows : row >= p2 ? p3 : row >= p1 ? p2 : p1;
+        return (size_t)n_tok * first + (size_t)t * (end - first) + (row - first);
+    }
+};
 // 4 for Q5_K (measured on Q4_K, when its few tokens took this path) and Q6_K (matvec's), else matvec's rows
 template <class T>
 __host__ __device__ constexpr int matvec_tokens_rows_per_group() { return matvec_rows_per_group<T>(); }
@@ -24,7 +36,8 @@ __host__ __device__ constexpr int matvec_tokens_rows_per_group<Q5_K>() { return 
 template <class T, int N, bool OWN_ITEM>
 __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
                                               const float2* __restrict__ xds, float* out, int n_rows, int nb,
-                                              int tpr, int n_tok, const float* res, int add_res, int block) {
+                                              int tpr, int n_tok, const float* res, int add_res, Parts parts,
+                                              int block) {
     constexpr int R = matvec_tokens_rows_per_group<T>();
     int row0 = (block * (blockDim.x / tpr) + threadIdx.x / tpr) * R, t = threadIdx.x % tpr;
     size_t n_cols = (size_t)nb * T::QK;
@@ -71,7 +84,8 @@ __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, con
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             if ((j > 0 || r > 0) && tpr > 32) __syncthreads();  // row_store's shared sums read by all first
-            row_store(acc[j][r], row0 + r, n_rows, tpr, out + (size_t)j * n_rows, res + (size_t)j * n_rows, add_res);
+            size_t o = parts.at(j, row0 + r, n_tok, n_rows) - (row0 + r);  // row_store adds the row back
+            row_store(acc[j][r], row0 + r, n_rows, tpr, out + o, res + o, add_res);
         }
     }
 }
@@ -84,7 +98,7 @@ __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, con
 template <class T, int NT>
 __device__ __forceinline__ void matvec_tokens_mma(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
                                                   const float2* __restrict__ xds, float* out, int n_rows, int nb,
-                                                  int n_tok, const float* res, int add_res) {
+                                                  int n_tok, const float* res, int add_res, Parts parts) {
     __shared__ float part[MMA_MAX_WARPS][32][4];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     int g = lane >> 2, q = lane & 3, row0 = blockIdx.x * 16;
@@ -123,7 +137,7 @@ __device__ __forceinline__ void matvec_tokens_mma(const uint8_t* __restrict__ w,
             float v = NT == 8 ? sum[2 * r + j] : sum[2 * r] + sum[2 * r + 1];
             int t = NT == 8 ? 2 * q + j : q;
             if (row < n_rows && t < n_tok) {
-                size_t o = (size_t)t * n_rows + row;
+                size_t o = parts.at(t, row, n_tok, n_rows);
                 out[o] = add_res ? v + res[o] : v;
             }
         }
@@ -133,9 +147,9 @@ __device__ __forceinline__ void matvec_tokens_mma(const uint8_t* __restrict__ w,
 #define MATVEC_TOKENS_MMA_N(NAME, T, NT)                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * MMA_MAX_WARPS)                                     \
         NAME##_##NT(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb, \
-                    int n_tok, const float* res, int add_res) {                                          \
+                    int n_tok, const float* res, int add_res, int p1, int p2, int p3) {                  \
         wait_prior();                                                                                    \
-        matvec_tokens_mma<T, NT>(w, xq, xds, out, n_rows, nb, n_tok, res, add_res);                      \
+        matvec_tokens_mma<T, NT>(w, xq, xds, out, n_rows, nb, n_tok, res, add_res, Parts{p1, p2, p3});   \
     }
 #define MATVEC_TOKENS_MMA(NAME, T) MATVEC_TOKENS_MMA_N(NAME, T, 4) MATVEC_TOKENS_MMA_N(NAME, T, 8)
 
@@ -147,7 +161,7 @@ MATVEC_TOKENS_MMA_N(matvec_tokens_mma_q6_k, Q6_K, 4)
 template <class T>
 __device__ __forceinline__ void matvec_tokens_f(const uint8_t* __restrict__ w, const float* __restrict__ x,
                                                 float* out, int n_rows, int n_cols, int tpr, int n_tok,
-                                                const float* res, int add_res) {
+                                                const float* res, int add_res, Parts parts) {
     int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr, t = threadIdx.x % tpr;
     float acc[MAX_TOKENS] = {};
     if (row < n_rows) {
@@ -169,16 +183,17 @@ __device__ __forceinline__ void matvec_tokens_f(const uint8_t* __restrict__ w, c
     for (int j = 0; j < MAX_TOKENS; ++j) {
         if (j >= n_tok) break;
         if (j > 0 && tpr > 32) __syncthreads();  // row_store's shared sums read by all first
-        row_store(acc[j], row, n_rows, tpr, out + (size_t)j * n_rows, res + (size_t)j * n_rows, add_res);
+        size_t o = parts.at(j, row, n_tok, n_rows) - row;  // row_store adds the row back
+        row_store(acc[j], row, n_rows, tpr, out + o, res + o, add_res);
     }
 }
 
 #define MATVEC_TOKENS_F(NAME, T)                                                                         \
     extern "C" __global__ void __launch_bounds__(128)                                                    \
         NAME(const uint8_t* w, const float* x, float* out, int n_rows, int n_cols, int tpr, int n_tok,  \
-             const float* res, int add_res) {                                                            \
+             const float* res, int add_res, int p1, int p2, int p3) {                                    \
         wait_prior();                                                                                    \
-        matvec_tokens_f<T>(w, x, out, n_rows, n_cols, tpr, n_tok, res, add_res);                         \
+        matvec_tokens_f<T>(w, x, out, n_rows, n_cols, tpr, n_tok, res, add_res, Parts{p1, p2, p3});      \
     }
 
 MATVEC_TOKENS_F(matvec_tokens_f32, F32W)
@@ -188,9 +203,10 @@ MATVEC_TOKENS_F(matvec_tokens_bf16, BF16W)
 #define MATVEC_TOKENS_N(NAME, T, N, OWN_ITEM)                                                            \
     extern "C" __global__ void __launch_bounds__(128)                                                    \
         NAME##_##N(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb, \
-                   int tpr, int n_tok, const float* res, int add_res) {                                  \
+                   int tpr, int n_tok, const float* res, int add_res, int p1, int p2, int p3) {          \
         wait_prior();                                                                                    \
-        matvec_tokens<T, N, OWN_ITEM>(w, xq, xds, out, n_rows, nb, tpr, n_tok, res, add_res, blockIdx.x); \
+        matvec_tokens<T, N, OWN_ITEM>(w, xq, xds, out, n_rows, nb, tpr, n_tok, res, add_res,            \
+                                      Parts{p1, p2, p3}, blockIdx.x);                                    \
     }
 // a type with its own Item (quant_dot.cuh): kernels for 4 tokens and 8; the others: 8
 #define MATVEC_TOKENS_ITEMS(NAME, T) MATVEC_TOKENS_N(NAME, T, 4, true) MATVEC_TOKENS_N(NAME, T, 8, true)

@@ -149,11 +149,14 @@ MMA_TYPES = {4: ("Q4_K", "Q6_K"), 8: ("Q4_K",)}
 
 
 def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, out: cp.ndarray,
-                  stream: cp.cuda.Stream | None = None, residual: cp.ndarray | None = None) -> None:
+                  stream: cp.cuda.Stream | None = None, residual: cp.ndarray | None = None,
+                  parts: tuple[int, ...] = ()) -> None:
     """out float32 [n_tokens, w.n_rows] = W . x_j for each token j (+ residual [n_tokens, w.n_rows]; out may be
     residual) in one pass over W: a verify step's matmuls. x: q8_1 of [n_tokens, w.n_cols] when w.takes_q8, else
     float32 [n_tokens, w.n_cols]; at most MATVEC_MAX_TOKENS tokens. The tensor cores' kernel (16-row tiles) where the
-    type has one for this many tokens, else matvec's threads and rows (matvec_tokens.cu)."""
+    type has one for this many tokens, else matvec's threads and rows (matvec_tokens.cu). parts: the first rows of up
+    to 3 parts after the first (a row group's members): out's memory then holds each part's [n_tokens, its rows]
+    contiguous, one after the other, and residual likewise."""
     if not 1 <= n_tokens <= MATVEC_MAX_TOKENS:
         raise ValueError(f"matvec_tokens: 1 to {MATVEC_MAX_TOKENS} tokens, not {n_tokens}")
     if w.takes_q8:
@@ -167,6 +170,9 @@ def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, ou
         if a.dtype != cp.float32 or a.shape != (n_tokens, w.n_rows) or not a.flags.c_contiguous:
             raise ValueError(f"matvec_tokens: {name} must be contiguous float32 ({n_tokens}, {w.n_rows}), "
                              f"got {a.dtype} {a.shape}")
+    if len(parts) > 3 or list(parts) != sorted(parts) or any(not 0 < p < w.n_rows for p in parts):
+        raise ValueError(f"matvec_tokens: parts must be up to 3 ascending rows inside 0..{w.n_rows}, got {parts}")
+    splits = tuple(np.int32(p) for p in tuple(parts) + (w.n_rows,) * (3 - len(parts)))
     nt = 4 if n_tokens <= 4 else 8
     if w.qtype.name in MMA_TYPES[nt]:
         nb = w.n_cols // w.qtype.block_elems
@@ -175,7 +181,7 @@ def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, ou
             kernel("matvec_tokens.cu", f"matvec_tokens_mma_{w.qtype.name.lower()}_{nt}")(
                 (tiles,), (32 * mma_warps(tiles, nb),),
                 (w.data, x.qs, x.ds, out, np.int32(w.n_rows), np.int32(nb), np.int32(n_tokens),
-                 out if residual is None else residual, np.int32(residual is not None)))
+                 out if residual is None else residual, np.int32(residual is not None)) + splits)
         return
     tpr = default_threads_per_row(w.n_rows, w.n_cols // ELEMS_PER_ITEM[w.qtype.name])
     name = "matvec_tokens_" + w.qtype.name.lower()
@@ -185,6 +191,7 @@ def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, ou
     else:
         args = (w.data, x, out, np.int32(w.n_rows), np.int32(w.n_cols))
     args += (np.int32(tpr), np.int32(n_tokens), out if residual is None else residual, np.int32(residual is not None))
+    args += splits
     with stream or cp.cuda.get_current_stream():
         kernel("matvec_tokens.cu", name)((_blocks(w.n_rows, tpr, matvec_tokens_rows_per_group(w)),), (THREADS,), args)
 

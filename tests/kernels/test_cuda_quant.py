@@ -155,6 +155,34 @@ def test_matvec_tokens_equals_a_matvec_a_token(cuda, name, n_tokens):
         assert not np.allclose(out[0], out[-1])
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "IQ4_XS", "F32"])
+@pytest.mark.parametrize("n_tokens", [3, 6])
+def test_matvec_tokens_parts_are_the_rows_of_one_output(cuda, name, n_tokens):
+    """A row group's members split out by matvec_tokens itself (backend_cuda._matmul_parts in a verify step): each
+    part's [n_tokens, its rows] contiguous in turn holds exactly the columns of the output without parts (the tensor
+    cores', the Items' and the float kernels; parts of 3 to 1000 rows, one not a multiple of a 16-row tile)."""
+    cp, cq = cuda
+    qtype = TYPES_BY_NAME[name]
+    rng = np.random.default_rng(np.random.SeedSequence().generate_state(1)[0])
+    rows, cols, parts = 1027, 512, (3, 520, 1000)
+    w = cq.to_device(random_weight_bytes(qtype, rows, cols, seed=int(rng.integers(1 << 31))), qtype)
+    x = cp.asarray(rng.standard_normal((n_tokens, cols)).astype(np.float32))
+    if w.takes_q8:
+        xq = cq.Q8Vector.empty(n_tokens * cols)
+        cq.quantize_q8_1(x.reshape(-1), xq)
+        x = xq
+    whole = cp.full((n_tokens, rows), cp.nan, dtype=cp.float32)
+    cq.matvec_tokens(w, x, n_tokens, whole)
+    split = cp.full((n_tokens, rows), cp.nan, dtype=cp.float32)
+    cq.matvec_tokens(w, x, n_tokens, split, parts=parts)
+    whole, flat = cp.asnumpy(whole), cp.asnumpy(split).reshape(-1)
+    for first, end in zip((0,) + parts, parts + (rows,)):
+        part = flat[n_tokens * first:n_tokens * end].reshape(n_tokens, end - first)
+        np.testing.assert_array_equal(part, whole[:, first:end], err_msg=f"rows {first}..{end}")
+    with pytest.raises(ValueError, match="parts must be up to 3 ascending rows"):
+        cq.matvec_tokens(w, x, n_tokens, split, parts=(520, 3))
+
+
 def test_matvec_tokens_refuses_wrong_inputs(cuda):
     cp, cq = cuda
     w = cq.to_device(random_weight_bytes(TYPES_BY_NAME["Q4_K"], 64, 256, seed=0), TYPES_BY_NAME["Q4_K"])
