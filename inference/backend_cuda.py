@@ -232,8 +232,8 @@ class CUDABackend:
         if self._verify is not None and self._verify.n_max >= n_max:
             return
         cfg = self.cfg
-        # twice a token's share of the step arena a token: a few-token forward copies each row group's members out
-        # of its output (_matmul_parts), where a one-token step reads views of it
+        # twice a token's share of the step arena a token: a verify step's ops take what a decode step's take a token
+        # (its row groups' members apart, its outputs' q8_1 copies), the factor a margin; the arena raises when full
         with self.stream:
             scratch = {kind: cuda_ops.decode_scratch(*kind, n_tok=n_max) for kind in self._attn_scratch}
             self._verify = VerifyBuffers(n_max, Arena(2 * n_max * _step_arena_bytes(cfg, len(self.layers))),
@@ -408,8 +408,9 @@ class CUDABackend:
 
     def rms_norm(self, x: cp.ndarray, weight: np.ndarray) -> cp.ndarray:
         out = self._empty(x.shape)
-        one_row = self.n == 1 and x.ndim == 2 and x.shape[1] <= cuda_ops.NORM_Q8_MAX  # a step's hidden state
-        xq = self._q8_out(out) if one_row else None  # for the matvecs next
+        rows = (self._fuses_q8 and x.ndim == 2 and x.shape[1] <= cuda_ops.NORM_Q8_MAX  # a step's hidden states
+                and x.flags.c_contiguous and x.data.ptr % 16 == 0)  # (read as float4)
+        xq = self._q8_out(out) if rows else None  # for the matvecs next
         cuda_ops.rms_norm(x, self._weight(weight), out, self.cfg.rms_eps, xq=xq, stream=self.stream)
         return out
 
@@ -641,7 +642,7 @@ class CUDABackend:
         (qwen35); a step's output also quantized for the projection."""
         out = self._empty(a.shape)
         cuda_ops.sigmoid_mul(a, self._contiguous(gate).reshape(a.shape), out,
-                             xq=self._q8_out(out) if self.n == 1 else None, stream=self.stream)
+                             xq=self._q8_out(out) if self._fuses_q8 else None, stream=self.stream)
         return out
 
     def delta_net(self, layer: int, dn: DeltaNetWeights, qkv: cp.ndarray, z: cp.ndarray, alpha: cp.ndarray,
@@ -677,7 +678,7 @@ class CUDABackend:
     def glu(self, gate: cp.ndarray, up: cp.ndarray) -> cp.ndarray:
         """activation(gate) * up; up may be a strided view (gemma4's per-layer input of a layer)."""
         out = self._empty(gate.shape)
-        xq = self._q8_out(out) if self.n == 1 else None
+        xq = self._q8_out(out) if self._fuses_q8 else None
         cuda_ops.glu(gate, self._contiguous(up), out, self.cfg.activation, xq=xq, stream=self.stream)
         return out
 
@@ -765,11 +766,18 @@ class CUDABackend:
     # ---- helpers ----
 
     def _q8(self, x: cp.ndarray) -> Q8Vector:
-        """x [1, n] quantized to q8_1, once a step however many matrices read it (arena addresses are unique
-        within a step; pool addresses come back, so outside a step every call quantizes)."""
-        if self.n > 1 or self._q8_of is None or self._q8_of[0] != x.data.ptr:
+        """x [n, cols] quantized to q8_1, once a step however many matrices read it (arena addresses are unique
+        within a step; pool addresses come back, so outside a step a prompt chunk's every call quantizes)."""
+        if not self._fuses_q8 or self._q8_of is None or self._q8_of[0] != x.data.ptr:
             quantize_q8_1(x.reshape(-1), self._q8_out(x), stream=self.stream)
         return self._q8_of[1]
+
+    @property
+    def _fuses_q8(self) -> bool:
+        """Whether the forward's kernels that feed matvecs also write their output's q8_1 copy (_q8_out): a step's
+        (a decode step's one token, a verify step's few) or a lone token's, not a prompt chunk's (cuBLAS reads
+        fp16)."""
+        return self.n == 1 or self.in_step
 
     def _q8_out(self, x: cp.ndarray) -> Q8Vector | None:
         """Room for x [1, ...] quantized to q8_1, remembered as x's quantization: the kernel that writes x fills

@@ -29,11 +29,11 @@ extern "C" __global__ void rms_norm(float* x, const float* r, const float* __res
     for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
 }
 
-// One row of d values (a one-token step's hidden state): out = x / sqrt(mean(x^2) + eps) * w, and the same
-// values quantized to q8_1 (xq [d], xds [d / 32]) for the matvecs that read out next. A thread loads its
+// Rows of d values (a step's hidden states, a block a row): out = x / sqrt(mean(x^2) + eps) * w, and the same
+// values quantized to q8_1 (xq [rows, d], xds [rows, d / 32]) for the matvecs that read out next. A thread loads its
 // float4 chunks c = threadIdx.x + j * blockDim.x of x and w once, all in flight together, and keeps them for
 // the second pass (rms_norm's two passes of dependent loads took ~4 us). d a multiple of 32, at most
-// NORM_CHUNKS * 4 * blockDim.x; x, w, out 16-byte aligned. Launch: grid 1, block d / 4 rounded up to 32,
+// NORM_CHUNKS * 4 * blockDim.x; x, w, out 16-byte aligned. Launch: grid rows, block d / 4 rounded up to 32,
 // at most 1024: one chunk a thread where it fits, since each chunk's arithmetic is a serial chain (4 chunks
 // a thread measured 3.5 us at d 4096; 1b, d 2048, lost 5 % of its tok/s with them).
 #define NORM_CHUNKS 4
@@ -42,6 +42,8 @@ extern "C" __global__ void __launch_bounds__(1024)
                   int* __restrict__ xq4, float2* __restrict__ xds, int d, float eps) {
     wait_prior();
     int n4 = d / 4;
+    x += (size_t)blockIdx.x * n4, out += (size_t)blockIdx.x * n4;
+    xq4 += (size_t)blockIdx.x * n4, xds += (size_t)blockIdx.x * (d / 32);
     float4 v[NORM_CHUNKS], g[NORM_CHUNKS];
     float ss = 0.0f;
 #pragma unroll

@@ -87,7 +87,7 @@ def rms_norm(x: cp.ndarray, weight: cp.ndarray, out: cp.ndarray, eps: float, res
     """out [..., d] = x / sqrt(mean(x^2) + eps) * weight [d], over the last axis of x.
 
     residual given: x += residual first (written back: the residual stream), then out = norm(x).
-    xq given (one row, no residual): out also quantized to q8_1 into xq, in the same launch.
+    xq given (rows [n, d], no residual): out also quantized to q8_1 into xq, in the same launch.
     Per-head q/k norm: x [n_tok, n_head, head_dim] with weight [head_dim]. out may be x."""
     d = weight.shape[0] if isinstance(weight, cp.ndarray) and weight.ndim == 1 else -1
     _check("weight", weight, cp.float32, (d,))
@@ -100,15 +100,15 @@ def rms_norm(x: cp.ndarray, weight: cp.ndarray, out: cp.ndarray, eps: float, res
     rows = x.size // d
     threads = min(1024, (d + 31) // 32 * 32)
     if xq is not None:
-        if rows != 1 or residual is not None or d > NORM_Q8_MAX:
-            raise ValueError(f"rms_norm: xq takes one row of at most {NORM_Q8_MAX} values and no residual")
+        if x.ndim != 2 or residual is not None or d > NORM_Q8_MAX:
+            raise ValueError(f"rms_norm: xq takes rows [n, d] of at most {NORM_Q8_MAX} values and no residual")
         if any(a.data.ptr % 16 for a in (x, weight, out)):
             raise ValueError("rms_norm: xq needs 16-byte-aligned x, weight and out (read as float4)")
-        _check_q8(xq, d)
+        _check_q8(xq, rows * d)
         threads = min(1024, (d // 4 + 31) // 32 * 32)  # norm_rope.cu: a float4 chunk a thread where it fits
         with _stream(stream):
-            kernel("norm_rope.cu", "rms_norm_q8_1")((1,), (threads,), (x, weight, out, xq.qs, xq.ds, np.int32(d),
-                                                                      np.float32(eps)))
+            kernel("norm_rope.cu", "rms_norm_q8_1")((rows,), (threads,), (x, weight, out, xq.qs, xq.ds, np.int32(d),
+                                                                         np.float32(eps)))
         return
     has_residual = residual is not None
     args = (x, residual if has_residual else x, weight, out, np.int32(d), np.float32(eps), np.int32(has_residual))

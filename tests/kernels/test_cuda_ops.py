@@ -143,13 +143,15 @@ def assert_same_q8_1(cp, xq, ref):
     np.testing.assert_array_equal(cp.asnumpy(xq.ds), cp.asnumpy(ref.ds))
 
 
+@pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("d", [4096, 2048, 640, 64, 5120, 8192, 16384])
-def test_rms_norm_q8_1(cuda, rng, d):
-    """One row normalized (float32, its own summation order) and, in the same launch, quantized."""
+def test_rms_norm_q8_1(cuda, rng, d, rows):
+    """Rows normalized (float32, its own summation order) and, in the same launch, quantized: a decode step's one
+    row, a verify step's few."""
     cp, ops = cuda
-    x = rng.standard_normal((1, d)).astype(np.float32) * 3
+    x = rng.standard_normal((rows, d)).astype(np.float32) * 3
     w = rng.standard_normal(d).astype(np.float32)
-    out, xq = nan_like(cp, (1, d)), poisoned_q8_1(cp, d)
+    out, xq = nan_like(cp, (rows, d)), poisoned_q8_1(cp, rows * d)
     ops.rms_norm(cp.asarray(x), cp.asarray(w), out, 1e-5, xq=xq)
     assert rel_err(cp.asnumpy(out), ref_rms_norm(x, w, 1e-5)) < 2e-6
     assert_same_q8_1(cp, xq, q8_1_of(cp, out))
@@ -930,7 +932,9 @@ def test_bad_inputs_raise(cuda):
         ops.sample_scratch(300000)
     with pytest.raises(ValueError, match="activation"):
         ops.glu(x, x, x, "relu")
-    with pytest.raises(ValueError, match="one row"):
-        ops.rms_norm(x, cp.ones(64, dtype=cp.float32), x, 1e-6, xq=poisoned_q8_1(cp, 64))
+    with pytest.raises(ValueError, match="xq.qs"):
+        ops.rms_norm(x, cp.ones(64, dtype=cp.float32), x, 1e-6, xq=poisoned_q8_1(cp, 64))  # 128 values
+    with pytest.raises(ValueError, match="no residual"):
+        ops.rms_norm(x, cp.ones(64, dtype=cp.float32), x, 1e-6, residual=x, xq=poisoned_q8_1(cp, 128))
     with pytest.raises(ValueError, match="xq.qs"):
         ops.glu(x, x, x, "silu", xq=poisoned_q8_1(cp, 64))  # 128 values
