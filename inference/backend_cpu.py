@@ -178,6 +178,10 @@ class CPUBackend:
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
 
+    def argmax_rows(self, logits: np.ndarray) -> np.ndarray:
+        """Each row's argmax (the smallest id on ties)."""
+        return np.argmax(logits, axis=-1).astype(np.int32)
+
     def copy(self, x: np.ndarray) -> np.ndarray:
         return x.copy()
 

@@ -343,6 +343,13 @@ class CUDABackend:
         on Qwen3.5, came through pageable memory's staging copies ~1 ms slower."""
         return x.get(stream=self.stream, out=cupyx.empty_pinned(x.shape, x.dtype))
 
+    def argmax_rows(self, logits: cp.ndarray) -> cp.ndarray:
+        """Each row's argmax (the smallest id on ties) of logits [n, n_vocab], on the device: a verify step's, so that
+        only n ints come to the host."""
+        out = self._empty((logits.shape[0],), cp.int32)
+        cuda_ops.argmax_rows(logits, out, stream=self.stream)
+        return out
+
     def copy(self, x: cp.ndarray) -> cp.ndarray:
         """x copied on this backend's stream: after the ops that write x, before those that read the copy (CuPy
         copies on the null stream by default, which this non-blocking stream does not wait for, nor it for)."""

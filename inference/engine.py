@@ -323,17 +323,18 @@ class Engine:
         spec = self.speculation
         return spec.drafter if spec is not None and isinstance(spec.drafter, MTPDrafter) else None
 
-    def _verify(self, tokens: list[int], pos: int) -> np.ndarray:
-        """A verify step of speculative decoding: logits [len(tokens), n_vocab] on the host, the recurrent states
-        kept after each token. On the GPU a captured step (cuda_graph.VerifyStep) where it can be, else the eager
-        forward."""
+    def _verify(self, tokens: list[int], pos: int, argmax: bool = False) -> np.ndarray:
+        """A verify step of speculative decoding: logits [len(tokens), n_vocab] on the host, or with argmax each
+        row's argmax [len(tokens)] (taken where the logits are), the recurrent states kept after each token. On the
+        GPU a captured step (cuda_graph.VerifyStep) where it can be, else the eager forward."""
         step = self._captured_verify(len(tokens))
         if step is None:
-            return self._be.to_host(self._run(tokens, pos, all_logits=True, snapshots=True))
-        logits, states = step(tokens, pos)
-        if states is not None:
-            self._mtp().keep(pos, states)
-        return self._be.to_host(logits)
+            rows = self._run(tokens, pos, all_logits=True, snapshots=True)
+        else:
+            rows, states = step(tokens, pos)
+            if states is not None:
+                self._mtp().keep(pos, states)
+        return self._be.to_host(self._be.argmax_rows(rows) if argmax else rows)
 
     def _captured_verify(self, n: int):
         """The captured verify step (cuda_graph.VerifyStep) for the speculation as it is, made on first use, or None

@@ -18,6 +18,12 @@ class SamplingParams:
     repeat_penalty: float = 1.0  # 1: off
 
 
+def plain_greedy(params: SamplingParams) -> bool:
+    """Whether a token is the argmax of the model's logits alone: greedy with no repeat penalty (the rest of
+    distribution's transforms keep the argmax)."""
+    return params.temperature <= 0 and params.repeat_penalty == 1.0
+
+
 def apply_repeat_penalty(logits: np.ndarray, recent: np.ndarray, penalty: float) -> np.ndarray:
     """Make the recent tokens less likely: positive logits divided by penalty, negative ones multiplied."""
     if penalty == 1.0 or len(recent) == 0:

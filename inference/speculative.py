@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from inference.sampling import REPEAT_LAST_N, SamplingParams, distribution
+from inference.sampling import REPEAT_LAST_N, SamplingParams, distribution, plain_greedy
 from models.errors import UserError
 from models.tokenizer import Tokenizer
 
@@ -144,6 +144,15 @@ def accepted_tokens(logits: np.ndarray, history: list[int], draft: Draft, params
     return out + [_draw(ids, p, rng)]
 
 
+def greedy_tokens(argmax: np.ndarray, drafts: list[int]) -> list[int]:
+    """accepted_tokens for plain greedy sampling (sampling.plain_greedy) from each row's argmax alone: the drafts
+    that are the argmax of the row before them, then the argmax after the last kept one."""
+    kept = 0
+    while kept < len(drafts) and drafts[kept] == argmax[kept]:
+        kept += 1
+    return drafts[:kept] + [int(argmax[kept])]
+
+
 class DraftLength:
     """How many tokens to draft next (0 to k_max): the k with the most tokens per unit of cost, the expected
     tokens of a verify step (1 + a + ... + a^k, at the running acceptance rate a of a draft reached) over its
@@ -179,13 +188,15 @@ def speculative_tokens(logits: np.ndarray, history: list[int], params: SamplingP
                        counts: SpecCounts, verify_cost: float = VERIFY_TOKEN_COST) -> Iterator[int]:
     """The tokens after history, as Engine._host_tokens gives them (the caller caches each before the next
     next()), from logits [n_vocab] of history's last token; each step after the first drafts up to k_max tokens
-    and verifies them. run(tokens, pos): the model's logits [len(tokens), n_vocab] (host) of tokens at pos.., the
+    and verifies them. run(tokens, pos, argmax): the model's logits [len(tokens), n_vocab] (host) of tokens at
+    pos.., or with argmax each row's argmax [len(tokens)] alone (plain greedy: the logits stay on the device), the
     recurrent states' copy kept after each token; rewind(n): those states back to after the context's first n
     tokens. Runs write positions below end only. counts: drafts checked and kept, added to as they go.
     verify_cost: what one more token of a run costs, as a share of a one-token run (DraftLength)."""
     rng = np.random.default_rng(seed)
     history = list(history)
     length = DraftLength(k_max, drafter.cost, verify_cost)
+    greedy = plain_greedy(params)
     ids, p = distribution(logits, params, _recent(history))
     token = _draw(ids, p, rng)
     while True:
@@ -194,8 +205,8 @@ def speculative_tokens(logits: np.ndarray, history: list[int], params: SamplingP
         pos = len(history) - 1  # the token's, which runs next
         k = min(length(), end - 1 - pos)
         draft = drafter.propose(history, k, params, rng) if k > 0 else Draft([])
-        rows = run([token] + draft.tokens, pos)
-        taken = accepted_tokens(rows, history, draft, params, rng)
+        rows = run([token] + draft.tokens, pos, greedy)
+        taken = greedy_tokens(rows, draft.tokens) if greedy else accepted_tokens(rows, history, draft, params, rng)
         kept = len(taken) - 1
         if draft.tokens:
             counts.drafted += len(draft.tokens)

@@ -238,8 +238,8 @@ def _profiled(run) -> list[tuple[str, int, float]]:
 def verify(path: str, n_profiled: int = 4, depth: int = 300) -> None:
     """Speculative decoding's verify step against a plain decode step after a depth-token context: the captured
     step of n = 1..8 tokens on the GPU alone (50 launches waited for once, each rewound), the same through
-    engine._verify (the logits to the host, as a reply takes them), then each kernel of one eager step of
-    n_profiled tokens beside one eager decode step."""
+    engine._verify (the logits to the host, as a sampled reply takes them; each row's argmax, as a plain greedy one
+    does), then each kernel of one eager step of n_profiled tokens beside one eager decode step."""
     from inference import load
     from inference.cuda_graph import VerifyStep
     from inference.speculative import PromptLookup, Speculation
@@ -254,13 +254,13 @@ def verify(path: str, n_profiled: int = 4, depth: int = 300) -> None:
     engine.speculation = Speculation("ngram", PromptLookup(), 7)
     pos = depth
 
-    def launches(n: int, times: int, host: bool) -> float:
+    def launches(n: int, times: int, host: bool, argmax: bool = False) -> float:
         nonlocal pos
         be.stream.synchronize()
         t = time.perf_counter()
         for _ in range(times):
             if host:
-                engine._verify(ids[:n], pos)
+                engine._verify(ids[:n], pos, argmax)
             else:
                 engine._captured_verify(n)(ids[:n], pos)
             engine._rewind_states(pos + 1)
@@ -272,8 +272,10 @@ def verify(path: str, n_profiled: int = 4, depth: int = 300) -> None:
         launches(n, 2, False)  # the capture
         gpu = [launches(n, 50, False) for _ in range(2)]
         host = [launches(n, 20, True) for _ in range(2)]
+        argmax = [launches(n, 20, True, True) for _ in range(2)]
         print(f"verify {n}: graph {' '.join(f'{t:.3f}' for t in gpu)} ms ({min(gpu) / min(plain):.2f}x a step), "
-              f"with the logits to the host {' '.join(f'{t:.3f}' for t in host)} ms")
+              f"with the logits to the host {' '.join(f'{t:.3f}' for t in host)} ms, "
+              f"with each row's argmax (plain greedy) {' '.join(f'{t:.3f}' for t in argmax)} ms")
     eager = VerifyStep(be, engine.config, engine._weights, 8, use_graph=False)
 
     def eager_verify():

@@ -471,6 +471,15 @@ def argmax(logits: cp.ndarray, scratch: cp.ndarray, token: cp.ndarray, history: 
                                              np.int32(history.size), pos))
 
 
+def argmax_rows(logits: cp.ndarray, out: cp.ndarray, stream=None) -> None:
+    """out int32 [n] = each row's argmax of logits [n, n_vocab] (the smallest id on ties)."""
+    n = logits.shape[0] if isinstance(logits, cp.ndarray) and logits.ndim == 2 else -1
+    _check("logits", logits, cp.float32, (n, logits.shape[-1]) if n >= 0 else ())
+    _check("out", out, cp.int32, (n,))
+    with _stream(stream):
+        kernel("sample.cu", "argmax_rows")((n,), (ARGMAX_THREADS,), (logits, np.int32(logits.shape[1]), out))
+
+
 def mask_logits(logits: cp.ndarray, allowed: cp.ndarray, stream=None) -> None:
     """logits [n_vocab] of the tokens allowed (uint32 [ceil(n_vocab / 32)], token i bit i % 32 of word i // 32)
     leaves out set to -inf, in place: a grammar's mask before argmax or sample."""

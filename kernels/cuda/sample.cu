@@ -76,6 +76,20 @@ extern "C" __global__ void argmax_final(const u64* __restrict__ part, int n_part
     if (threadIdx.x == 0) emit(best ? key_id(best) : 0, token, history, n_hist, pos);
 }
 
+// Each row's argmax of x [rows, n] into ids [rows] (a verify step's, so that only the ids go to the host): a block a
+// row, its threads striding the row. Launch: grid rows, block ARGMAX_THREADS.
+extern "C" __global__ void argmax_rows(const float* __restrict__ x, int n, int* __restrict__ ids) {
+    wait_prior();
+    const float* row = x + (size_t)blockIdx.x * n;
+    u64 best = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        u64 k = logit_key(row[i], i);
+        best = k > best ? k : best;
+    }
+    best = block_max_u64(best);
+    if (threadIdx.x == 0) ids[blockIdx.x] = best ? key_id(best) : 0;
+}
+
 // Constrained decoding: x [n] of the tokens allowed leaves out to -inf (token i: bit i % 32 of word i / 32, set
 // where the grammar allows it), before either sampler. Launch: grid ceil(n / 256), block 256.
 extern "C" __global__ void mask_logits(float* __restrict__ x, int n, const uint32_t* __restrict__ allowed) {

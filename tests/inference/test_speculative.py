@@ -10,9 +10,9 @@ from inference import load
 from inference import kv_ring
 from inference.backend_cpu import CPUBackend
 from inference.speculative import SpeculationError, check_draft_vocabulary
-from inference.sampling import SamplingParams, distribution
+from inference.sampling import SamplingParams, distribution, plain_greedy
 from inference.speculative import (PROBE_EVERY, Draft, DraftLength, DraftModel, PromptLookup, SpecCounts,
-                                   Speculation, accepted_tokens, speculative_tokens)
+                                   Speculation, accepted_tokens, greedy_tokens, speculative_tokens)
 from tests.inference.conftest import _write_small
 
 N_TOKENS = 16
@@ -302,7 +302,7 @@ def test_speculative_sampling_keeps_the_models_distribution(drafter, k):
     counts = np.zeros(VOCAB ** 3)
     for seed in range(3000):
         history = list(prompt)
-        run = lambda tokens, pos: np.stack(  # noqa: E731  (the model after the context and the tokens before each)
+        run = lambda tokens, pos, argmax: np.stack(  # noqa: E731  (the model after the context and the tokens before)
             [toy_logits(history[:pos + 1] + tokens[1:i + 1]) for i in range(len(tokens))])
         tokens = speculative_tokens(toy_logits(prompt), prompt, PARAMS, seed, drafter, k, run, lambda n: None, 100,
                                     SpecCounts())
@@ -320,6 +320,20 @@ def test_accepted_tokens_is_greedy_at_temperature_zero():
     assert accepted_tokens(logits, [0], Draft([1, 0]), greedy, rng) == [1, 0, 2]  # both kept, then the bonus
     assert accepted_tokens(logits, [0], Draft([1, 2]), greedy, rng) == [1, 0]  # the second corrected
     assert accepted_tokens(logits, [0], Draft([2, 0]), greedy, rng) == [1]
+
+
+def test_greedy_tokens_are_accepted_tokens_at_plain_greedy():
+    """The plain-greedy path (each row's argmax alone, the logits left on the device) keeps the same drafts and
+    gives the same last token as the full rule at temperature 0, over random logits and drafts near the argmax."""
+    rng = np.random.default_rng(1)
+    greedy = SamplingParams(temperature=0)
+    assert plain_greedy(greedy) and not plain_greedy(SamplingParams(temperature=0, repeat_penalty=1.1))
+    for _ in range(500):
+        n = int(rng.integers(1, 5))
+        logits = rng.standard_normal((n + 1, 6)).astype(np.float32)
+        drafts = [int(a) if rng.random() < 0.7 else int(rng.integers(6)) for a in np.argmax(logits[:n], axis=1)]
+        want = accepted_tokens(logits, [0], Draft(drafts), greedy, rng)
+        assert greedy_tokens(np.argmax(logits, axis=1), drafts) == want
 
 
 @pytest.mark.gpu

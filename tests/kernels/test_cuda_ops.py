@@ -705,6 +705,20 @@ def test_argmax_is_exact(cuda, rng, n_vocab):
     assert int(pos[0]) == 71 and int(hist[71 % 64]) == best
 
 
+@pytest.mark.parametrize("n_vocab", [248320, 128256, 100])
+def test_argmax_rows_is_exact(cuda, rng, n_vocab):
+    """A verify step's argmax of each row (speculative decoding's plain greedy), ties to the smaller id."""
+    cp, ops = cuda
+    logits = rng.standard_normal((5, n_vocab)).astype(np.float32)
+    best = rng.integers(n_vocab, size=5)
+    logits[np.arange(5), best] = 10.0
+    logits[0, rng.integers(best[0], n_vocab)] = 10.0  # a tie: the smaller id wins, like np.argmax
+    out = cp.full(5, -1, dtype=cp.int32)
+    ops.argmax_rows(cp.asarray(logits), out)
+    np.testing.assert_array_equal(cp.asnumpy(out), np.argmax(logits, axis=1))
+    np.testing.assert_array_equal(cp.asnumpy(out), best)
+
+
 def ref_candidates(logits, history, p, *, temperature, top_k, top_p, min_p, repeat_penalty, seed=None):
     """The sampler chain in float64: (token ids, probabilities) that the draw picks from (seed unused)."""
     x = logits.astype(np.float64).copy()
