@@ -121,7 +121,20 @@ def test_matvec_pair_equals_two_matvecs(cuda, pair, swapped):
         np.testing.assert_array_equal(cp.asnumpy(b), cp.asnumpy(a))
 
 
-@pytest.mark.parametrize("n_tokens", [1, 2, 3, 5, 8])
+def matvec_tokens_inputs(cp, cq, rng, name: str, rows: int, cols: int, n_tokens: int) -> tuple:
+    """A random weight of a type in VRAM and n_tokens random x as matvec_tokens takes them (q8_1 where the type
+    does, else float32)."""
+    qtype = TYPES_BY_NAME[name]
+    w = cq.to_device(random_weight_bytes(qtype, rows, cols, seed=int(rng.integers(1 << 31))), qtype)
+    x = cp.asarray(rng.standard_normal((n_tokens, cols)).astype(np.float32))
+    if w.takes_q8:
+        xq = cq.Q8Vector.empty(n_tokens * cols)
+        cq.quantize_q8_1(x.reshape(-1), xq)
+        x = xq
+    return w, x
+
+
+@pytest.mark.parametrize("n_tokens", [1, 2, 3, 4, 5, 8])
 @pytest.mark.parametrize("name", TYPES)
 def test_matvec_tokens_equals_a_matvec_a_token(cuda, name, n_tokens):
     """matvec_tokens (a verify step's matmuls: one pass over W for up to 8 tokens) against matvec of each token's x
@@ -129,15 +142,9 @@ def test_matvec_tokens_equals_a_matvec_a_token(cuda, name, n_tokens):
     Q6_K) or the same (the others), so equal up to float32 rounding; a ragged row count, the residual added, every
     token its own x and residual. Float types take float32 x."""
     cp, cq = cuda
-    qtype = TYPES_BY_NAME[name]
     rng = np.random.default_rng(np.random.SeedSequence().generate_state(1)[0])
     rows, cols = 1027, 2048
-    w = cq.to_device(random_weight_bytes(qtype, rows, cols, seed=int(rng.integers(1 << 31))), qtype)
-    x = cp.asarray(rng.standard_normal((n_tokens, cols)).astype(np.float32))
-    if w.takes_q8:
-        xq = cq.Q8Vector.empty(n_tokens * cols)
-        cq.quantize_q8_1(x.reshape(-1), xq)
-        x = xq
+    w, x = matvec_tokens_inputs(cp, cq, rng, name, rows, cols, n_tokens)
     res = cp.asarray(rng.standard_normal((n_tokens, rows)).astype(np.float32))
     out = cp.full((n_tokens, rows), cp.nan, dtype=cp.float32)
     cq.matvec_tokens(w, x, n_tokens, out, residual=res)
@@ -162,15 +169,9 @@ def test_matvec_tokens_parts_are_the_rows_of_one_output(cuda, name, n_tokens):
     part's [n_tokens, its rows] contiguous in turn holds exactly the columns of the output without parts (the tensor
     cores', the Items' and the float kernels; parts of 3 to 1000 rows, one not a multiple of a 16-row tile)."""
     cp, cq = cuda
-    qtype = TYPES_BY_NAME[name]
     rng = np.random.default_rng(np.random.SeedSequence().generate_state(1)[0])
     rows, cols, parts = 1027, 512, (3, 520, 1000)
-    w = cq.to_device(random_weight_bytes(qtype, rows, cols, seed=int(rng.integers(1 << 31))), qtype)
-    x = cp.asarray(rng.standard_normal((n_tokens, cols)).astype(np.float32))
-    if w.takes_q8:
-        xq = cq.Q8Vector.empty(n_tokens * cols)
-        cq.quantize_q8_1(x.reshape(-1), xq)
-        x = xq
+    w, x = matvec_tokens_inputs(cp, cq, rng, name, rows, cols, n_tokens)
     whole = cp.full((n_tokens, rows), cp.nan, dtype=cp.float32)
     cq.matvec_tokens(w, x, n_tokens, whole)
     split = cp.full((n_tokens, rows), cp.nan, dtype=cp.float32)
