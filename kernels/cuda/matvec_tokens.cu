@@ -5,15 +5,13 @@
 #include "ops_common.cuh"
 #include "quant_mma.cuh"
 
-// out[j][row] = W[row] . x_j (+ res[j][row] when add_res) for j < n_tok <= N, x q8_1 of [n_tok, n_cols]. Two ways:
-// - Q4_K (up to 4 tokens or 8) and Q6_K (up to 4): matvec_tokens_mma, the int8 tensor cores. A weight is unpacked
-//   once for all the tokens; H200, session 32, 4 tokens: Q4_K 34816x5120 62.3 -> 41.8 us (one token's matvec 30.3),
-//   Q6_K 5120x17408 59.5 -> 49.7 (28.1).
-// - The others: matvec's threads and order of items, each item (T::Item) loaded once and dotted with every token's
-//   x, so W comes from DRAM once, and for the types with their own Item (Q8_0, Q5_K, Q6_K) from L1 once too. Rows a
-//   group: matvec_tokens_rows_per_group (a token's x loaded once for them). Q8_0 and Q5_K have kernels for N = 4
-//   and 8 (the accumulators of 8 tokens cost registers a step of 4 does not need); the rest for 8 only, the types
-//   with no Item of their own loading the weights again for each token's dot (session 30's loop).
+// out[j][row] = W[row] . x_j (+ res[j][row] when add_res) for j < n_tok <= 8, x q8_1 of [n_tok, n_cols]. Two ways:
+// - Q4_K, Q5_K (up to 4 tokens or 8), Q6_K (up to 4) and Q8_0 (8): matvec_tokens_mma, the int8 tensor cores. A
+//   weight is unpacked once for all the tokens; H200, session 32, 4 tokens: Q4_K 34816x5120 62.3 -> 41.8 us (one
+//   token's matvec 30.3), Q6_K 5120x17408 59.5 -> 49.7 (28.1).
+// - The others (Q6_K's 5 to 8 tokens too): matvec's threads, rows and order of items, each item dotted with every
+//   token's x, so W comes from DRAM once. Q6_K loads an item's weights once (its T::Item); the types with no Item
+//   of their own load them again for each token's dot, from L1 (session 30's loop).
 #define MAX_TOKENS 8
 
 // Where token t's value of row `row` goes in out. The rows may be split into up to 4 parts at p1 <= p2 <= p3 (n_rows
@@ -27,18 +25,12 @@ struct Parts {
         return (size_t)n_tok * first + (size_t)t * (end - first) + (row - first);
     }
 };
-// 4 for Q5_K (measured on Q4_K, when its few tokens took this path) and Q6_K (matvec's), else matvec's rows
-template <class T>
-__host__ __device__ constexpr int matvec_tokens_rows_per_group() { return matvec_rows_per_group<T>(); }
-template <>
-__host__ __device__ constexpr int matvec_tokens_rows_per_group<Q5_K>() { return 4; }
-
-template <class T, int N, bool OWN_ITEM>
+template <class T, bool OWN_ITEM>
 __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
                                               const float2* __restrict__ xds, float* out, int n_rows, int nb,
                                               int tpr, int n_tok, const float* res, int add_res, Parts parts,
                                               int block) {
-    constexpr int R = matvec_tokens_rows_per_group<T>();
+    constexpr int R = matvec_rows_per_group<T>();
     int row0 = (block * (blockDim.x / tpr) + threadIdx.x / tpr) * R, t = threadIdx.x % tpr;
     size_t n_cols = (size_t)nb * T::QK;
     const uint8_t *bulk[R], *meta[R];
@@ -48,7 +40,7 @@ __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, con
         bulk[r] = w + (size_t)row * nb * T::BULK;
         meta[r] = w + (size_t)n_rows * nb * T::BULK + (size_t)row * nb * T::META;
     }
-    float acc[N][R] = {};
+    float acc[MAX_TOKENS][R] = {};
     if constexpr (OWN_ITEM) {
         for (int i = t; i < nb * T::ITEMS; i += tpr) {
             int blk = i / T::ITEMS, k = i % T::ITEMS;
@@ -57,7 +49,7 @@ __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, con
             for (int r = 0; r < R; ++r)
                 item[r] = typename T::Item(bulk[r] + blk * T::BULK, meta[r] + blk * T::META, k);
 #pragma unroll
-            for (int j = 0; j < N; ++j) {
+            for (int j = 0; j < MAX_TOKENS; ++j) {
                 if (j >= n_tok) break;
                 size_t x0 = j * n_cols + (size_t)blk * T::QK;
 #pragma unroll
@@ -69,7 +61,7 @@ __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, con
         for (int i = t; i < nb * T::ITEMS; i += tpr) {
             int blk = i / T::ITEMS, k = i % T::ITEMS;
 #pragma unroll
-            for (int j = 0; j < N; ++j) {
+            for (int j = 0; j < MAX_TOKENS; ++j) {
                 if (j >= n_tok) break;
                 size_t x0 = j * n_cols + (size_t)blk * T::QK;
 #pragma unroll
@@ -79,7 +71,7 @@ __device__ __forceinline__ void matvec_tokens(const uint8_t* __restrict__ w, con
         }
     }
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
+    for (int j = 0; j < MAX_TOKENS; ++j) {
         if (j >= n_tok) break;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -154,7 +146,9 @@ __device__ __forceinline__ void matvec_tokens_mma(const uint8_t* __restrict__ w,
 #define MATVEC_TOKENS_MMA(NAME, T) MATVEC_TOKENS_MMA_N(NAME, T, 4) MATVEC_TOKENS_MMA_N(NAME, T, 8)
 
 MATVEC_TOKENS_MMA(matvec_tokens_mma_q4_k, Q4_K)
+MATVEC_TOKENS_MMA(matvec_tokens_mma_q5_k, Q5_K)
 MATVEC_TOKENS_MMA_N(matvec_tokens_mma_q6_k, Q6_K, 4)
+MATVEC_TOKENS_MMA_N(matvec_tokens_mma_q8_0, Q8_0, 8)
 
 // matvec_tokens of float W (an F32 router, qwen35's alpha and beta projections), x float32 [n_tok, n_cols]:
 // matvec.cu's matvec_f, each 8 weights dotted with every token's x.
@@ -200,27 +194,23 @@ MATVEC_TOKENS_F(matvec_tokens_f32, F32W)
 MATVEC_TOKENS_F(matvec_tokens_f16, F16W)
 MATVEC_TOKENS_F(matvec_tokens_bf16, BF16W)
 
-#define MATVEC_TOKENS_N(NAME, T, N, OWN_ITEM)                                                            \
+#define MATVEC_TOKENS_OF(NAME, T, OWN_ITEM)                                                             \
     extern "C" __global__ void __launch_bounds__(128)                                                    \
-        NAME##_##N(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb, \
-                   int tpr, int n_tok, const float* res, int add_res, int p1, int p2, int p3) {          \
+        NAME(const uint8_t* w, const int8_t* xq, const float2* xds, float* out, int n_rows, int nb,      \
+             int tpr, int n_tok, const float* res, int add_res, int p1, int p2, int p3) {                \
         wait_prior();                                                                                    \
-        matvec_tokens<T, N, OWN_ITEM>(w, xq, xds, out, n_rows, nb, tpr, n_tok, res, add_res,            \
-                                      Parts{p1, p2, p3}, blockIdx.x);                                    \
+        matvec_tokens<T, OWN_ITEM>(w, xq, xds, out, n_rows, nb, tpr, n_tok, res, add_res,               \
+                                   Parts{p1, p2, p3}, blockIdx.x);                                       \
     }
-// a type with its own Item (quant_dot.cuh): kernels for 4 tokens and 8; the others: 8
-#define MATVEC_TOKENS_ITEMS(NAME, T) MATVEC_TOKENS_N(NAME, T, 4, true) MATVEC_TOKENS_N(NAME, T, 8, true)
-#define MATVEC_TOKENS(NAME, T) MATVEC_TOKENS_N(NAME, T, 8, false)
+#define MATVEC_TOKENS(NAME, T) MATVEC_TOKENS_OF(NAME, T, false)
 
 MATVEC_TOKENS(matvec_tokens_q4_0, Q4_0)
 MATVEC_TOKENS(matvec_tokens_q4_1, Q4_1)
 MATVEC_TOKENS(matvec_tokens_q5_0, Q5_0)
 MATVEC_TOKENS(matvec_tokens_q5_1, Q5_1)
-MATVEC_TOKENS_ITEMS(matvec_tokens_q8_0, Q8_0)
 MATVEC_TOKENS(matvec_tokens_q2_k, Q2_K)
 MATVEC_TOKENS(matvec_tokens_q3_k, Q3_K)
-MATVEC_TOKENS_ITEMS(matvec_tokens_q5_k, Q5_K)
-MATVEC_TOKENS_N(matvec_tokens_q6_k, Q6_K, 8, true)  // up to 4 tokens: matvec_tokens_mma_q6_k_4
+MATVEC_TOKENS_OF(matvec_tokens_q6_k, Q6_K, true)  // 5 to 8 tokens; up to 4: matvec_tokens_mma_q6_k_4
 MATVEC_TOKENS(matvec_tokens_mxfp4, MXFP4)
 MATVEC_TOKENS(matvec_tokens_iq4_nl, IQ4_NL)
 MATVEC_TOKENS(matvec_tokens_iq4_xs, IQ4_XS)

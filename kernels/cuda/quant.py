@@ -143,9 +143,9 @@ def matvec(
 
 
 MATVEC_MAX_TOKENS = 8  # matvec_tokens.cu's MAX_TOKENS
-ITEMS4_TYPES = ("Q8_0", "Q5_K")  # matvec_tokens.cu: the types whose Items have a kernel for up to 4 tokens too
-# quant_mma.cuh: the types whose matvec_tokens runs on the tensor cores, by the most tokens of the kernel
-MMA_TYPES = {4: ("Q4_K", "Q6_K"), 8: ("Q4_K",)}
+# quant_mma.cuh: the types whose matvec_tokens runs on the tensor cores, and the most tokens of each of their kernels
+# (a step takes the smallest that fits; Q6_K's 5-8 tokens go the Items' way)
+MMA_TOKENS = {"Q4_K": (4, 8), "Q5_K": (4, 8), "Q6_K": (4,), "Q8_0": (8,)}
 
 
 def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, out: cp.ndarray,
@@ -173,8 +173,8 @@ def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, ou
     if len(parts) > 3 or list(parts) != sorted(parts) or any(not 0 < p < w.n_rows for p in parts):
         raise ValueError(f"matvec_tokens: parts must be up to 3 ascending rows inside 0..{w.n_rows}, got {parts}")
     splits = tuple(np.int32(p) for p in tuple(parts) + (w.n_rows,) * (3 - len(parts)))
-    nt = 4 if n_tokens <= 4 else 8
-    if w.qtype.name in MMA_TYPES[nt]:
+    nt = next((nt for nt in MMA_TOKENS.get(w.qtype.name, ()) if n_tokens <= nt), None)
+    if nt is not None:
         nb = w.n_cols // w.qtype.block_elems
         tiles = (w.n_rows + 15) // 16
         with stream or cp.cuda.get_current_stream():
@@ -187,13 +187,12 @@ def matvec_tokens(w: DeviceWeight, x: "cp.ndarray | Q8Vector", n_tokens: int, ou
     name = "matvec_tokens_" + w.qtype.name.lower()
     if w.takes_q8:
         args = (w.data, x.qs, x.ds, out, np.int32(w.n_rows), np.int32(w.n_cols // w.qtype.block_elems))
-        name += "_4" if n_tokens <= 4 and w.qtype.name in ITEMS4_TYPES else "_8"
     else:
         args = (w.data, x, out, np.int32(w.n_rows), np.int32(w.n_cols))
     args += (np.int32(tpr), np.int32(n_tokens), out if residual is None else residual, np.int32(residual is not None))
     args += splits
     with stream or cp.cuda.get_current_stream():
-        kernel("matvec_tokens.cu", name)((_blocks(w.n_rows, tpr, matvec_tokens_rows_per_group(w)),), (THREADS,), args)
+        kernel("matvec_tokens.cu", name)((_blocks(w.n_rows, tpr, matvec_rows_per_group(w)),), (THREADS,), args)
 
 
 def mma_warps(tiles: int, n_blocks: int) -> int:
@@ -204,12 +203,6 @@ def mma_warps(tiles: int, n_blocks: int) -> int:
     while warps < 16 and tiles * warps < 2048 and 2 * warps <= n_blocks:
         warps *= 2
     return warps
-
-
-def matvec_tokens_rows_per_group(w: DeviceWeight) -> int:
-    """Rows a group of threads does in matvec_tokens' Item kernels: 4 for Q5_K and Q6_K, else matvec's
-    (matvec_tokens.cu's matvec_tokens_rows_per_group, the same rule)."""
-    return 4 if w.qtype.name in ("Q5_K", "Q6_K") else matvec_rows_per_group(w)
 
 
 def matvec_rows_per_group(w: DeviceWeight) -> int:

@@ -11,8 +11,9 @@
 // dp4a (4 int8 products summed into an int32) does the multiplies; int32 sums are exact, scales are float.
 // Every dot() gets xq and xds already offset to the first column of its block.
 // The types most files hold (Q8_0, Q4_K, Q5_K, Q6_K) have an Item: one item's weights and scales loaded into
-// registers, then dotted with any x (their dot() is an Item dotted with one x), so that matvec_tokens.cu loads the
-// weights once for all its tokens (Q4_K's few tokens, and Q6_K's up to 4, take quant_mma.cuh's tensor cores instead).
+// registers, then dotted with any x (their dot() is an Item dotted with one x), so that matvec_tokens.cu loads Q6_K's
+// weights once for its 5 to 8 tokens (the other three's few tokens, and Q6_K's up to 4, take quant_mma.cuh's tensor
+// cores).
 //
 // The functions are __host__ __device__ so that tests/kernels/quant_dot_host.cu can check them on a CPU.
 #pragma once

@@ -49,38 +49,47 @@ __device__ __forceinline__ float byte_float(const uint32_t (&w)[2], int i) {
     return (float)((w[i >> 2] >> (8 * (i & 3))) & 0xFF);
 }
 
-// Q4_K: sub-block s = 2c + h (32 weights, its own 6-bit scale and min) is nibble h of qs bytes 32c .. 32c+31 (as
-// quant_dot.cuh's Q4_K); lane q takes bytes 32c + 8q .. +7 of its rows, both sub-blocks of c.
+// Q4_K and Q5_K: sub-block s = 2c + h (32 weights, its own 6-bit scale and min) is nibble h of qs bytes 32c ..
+// 32c+31 (quant_dot.cuh's Q4_K, Q5_K), Q5_K's fifth bit bit s of qh byte l for weight 64c + 32h + l; lane q takes
+// bytes 32c + 8q .. +7 of its rows' qs, both sub-blocks of c (and qh bytes 8q .. +7).
 // NT = 8: one m16n8k32 a sub-block, B's columns the 8 tokens (lane q's C: tokens 2q, 2q+1).
 // NT = 4: B's column 2t + h is token t's x on sub-block 2c + h and zero on the other, and mma's k pairs each low
 // nibble with the high nibble of the same byte, so one m16n8k32 takes 16 weights of both sub-blocks for 4 tokens
 // and two of them a chunk c: lane q's C is token q, sub-blocks 2c and 2c+1, half the float work of NT = 8 at <= 4
-// tokens. A lane's acc: [row g, row g+8] x [its two C columns].
-template <>
-struct Mma<Q4_K> {
+// tokens. A lane's acc: [row g, row g+8] x [its two C columns]. QS: qs's offset in the block.
+template <int QS, bool FIFTH>
+struct MmaK4 {
     template <int NT>
     static __device__ __forceinline__ void block(const uint8_t* w0, const uint8_t*, const uint8_t* w1, const uint8_t*,
                                                  const int8_t* xb, const float2* ds0, const float2* ds1, int g,
                                                  int q, float (&acc)[4]) {
         const uint32_t M = 0x0F0F0F0F;
         uint4 hdr[2] = {load16(w0), load16(w1)};
+        uint2 qh[2] = {};
+        if constexpr (FIFTH) qh[0] = load8(w0 + 16 + 8 * q), qh[1] = load8(w1 + 16 + 8 * q);
         uint32_t sc[2][2], mn[2][2];
         k4_scale_words(hdr[0], sc[0], mn[0]);
         k4_scale_words(hdr[1], sc[1], mn[1]);
         float sum[4] = {}, mins[4] = {};  // this block's, before its d and dmin
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-            uint2 q0 = load8(w0 + 16 + 32 * c + 8 * q), q1 = load8(w1 + 16 + 32 * c + 8 * q);
+            uint2 qs[2] = {load8(w0 + QS + 32 * c + 8 * q), load8(w1 + QS + 32 * c + 8 * q)};
+            // the weights of row g + 8r at bytes 8q + 4j .. +3 of the chunk, sub-block 2c + h
+            auto a = [&](int r, int j, int h) {
+                uint32_t v = ((j ? qs[r].y : qs[r].x) >> (4 * h)) & M;
+                if constexpr (FIFTH) v |= (((j ? qh[r].y : qh[r].x) >> (2 * c + h)) & 0x01010101) << 4;
+                return (int)v;
+            };
             int lo[4], hi[4];
             if constexpr (NT == 8) {
                 uint2 xl = load8(xb + 64 * c + 8 * q), xh = load8(xb + 64 * c + 32 + 8 * q);
-                mma_k32(lo, q0.x & M, q1.x & M, q0.y & M, q1.y & M, xl.x, xl.y);
-                mma_k32(hi, (q0.x >> 4) & M, (q1.x >> 4) & M, (q0.y >> 4) & M, (q1.y >> 4) & M, xh.x, xh.y);
+                mma_k32(lo, a(0, 0, 0), a(1, 0, 0), a(0, 1, 0), a(1, 1, 0), xl.x, xl.y);
+                mma_k32(hi, a(0, 0, 1), a(1, 0, 1), a(0, 1, 1), a(1, 1, 1), xh.x, xh.y);
             } else {
                 int h = g & 1;
                 uint2 x = load8(xb + 64 * c + 32 * h + 8 * q);
-                mma_k32(lo, q0.x & M, q1.x & M, (q0.x >> 4) & M, (q1.x >> 4) & M, h ? 0 : x.x, h ? x.x : 0);
-                mma_k32(hi, q0.y & M, q1.y & M, (q0.y >> 4) & M, (q1.y >> 4) & M, h ? 0 : x.y, h ? x.y : 0);
+                mma_k32(lo, a(0, 0, 0), a(1, 0, 0), a(0, 0, 1), a(1, 0, 1), h ? 0 : x.x, h ? x.x : 0);
+                mma_k32(hi, a(0, 1, 0), a(1, 1, 0), a(0, 1, 1), a(1, 1, 1), h ? 0 : x.y, h ? x.y : 0);
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -101,6 +110,28 @@ struct Mma<Q4_K> {
         float dmin[2] = {half_bits(hdr[0].x >> 16), half_bits(hdr[1].x >> 16)};
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[e] += d[e >> 1] * sum[e] - dmin[e >> 1] * mins[e];
+    }
+};
+template <>
+struct Mma<Q4_K> : MmaK4<16, false> {};
+template <>
+struct Mma<Q5_K> : MmaK4<48, true> {};
+
+// Q8_0 (bulk qs, meta d): a block is one m16n8k32, B's columns the 8 tokens. NT = 8 only (its float work is one
+// scale a block: pairing halves of blocks for 4 tokens would save little).
+template <>
+struct Mma<Q8_0> {
+    template <int NT>
+    static __device__ __forceinline__ void block(const uint8_t* w0, const uint8_t* m0, const uint8_t* w1,
+                                                 const uint8_t* m1, const int8_t* xb, const float2* ds0,
+                                                 const float2* ds1, int, int q, float (&acc)[4]) {
+        static_assert(NT == 8, "Q8_0's Mma takes 8 token columns");
+        uint2 a0 = load8(w0 + 8 * q), a1 = load8(w1 + 8 * q), x = load8(xb + 8 * q);
+        int c[4];
+        mma_k32(c, a0.x, a1.x, a0.y, a1.y, x.x, x.y);
+        float d[2] = {half_at(m0), half_at(m1)}, xd[2] = {ds0[0].x, ds1[0].x};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[e] = fmaf(d[e >> 1] * xd[e & 1], (float)c[e], acc[e]);
     }
 };
 
