@@ -345,8 +345,9 @@ class CUDABackend:
 
     def argmax_rows(self, logits: cp.ndarray) -> cp.ndarray:
         """Each row's argmax (the smallest id on ties) of logits [n, n_vocab], on the device: a verify step's, so that
-        only n ints come to the host."""
-        out = self._empty((logits.shape[0],), cp.int32)
+        only n ints come to the host. Out of CuPy's pool, not a step's arena: it runs after the step (its graph)."""
+        with self.stream:
+            out = cp.empty(logits.shape[0], cp.int32)
         cuda_ops.argmax_rows(logits, out, stream=self.stream)
         return out
 

@@ -10,13 +10,13 @@ the position the model's states then reach.
 
 The block runs where the model's head does (the CPU engine's backend, or the GPU's last segment), on a backend of its
 layer alone that shares the model's head: the model's states stay on that device, and only a draft's logits row
-comes to the host (draft_from samples there).
+comes to the host (draft_from samples there), or under plain greedy sampling its argmax alone.
 """
 import numpy as np
 
 from inference.backend_cpu import CPUBackend
 from inference.forward import mtp
-from inference.sampling import SamplingParams
+from inference.sampling import SamplingParams, plain_greedy
 from inference.speculative import Draft, SpeculationError, common_prefix, draft_from
 from inference.weights import ModelWeights
 from models.config import ModelConfig
@@ -46,11 +46,15 @@ class MTPDrafter:
             mtp(self.be, self.cfg, self.weights, self.states[start:start + size])
             start += size
         tokens, h = history[start + 1:], self.states[start:pos]
-        draft = Draft([], [])
+        greedy = plain_greedy(params)  # a draft is the argmax: a point mass, taken on the device
+        draft = Draft([], None if greedy else [])
         for _ in range(k):
             self.be.set_input(np.array(tokens, np.int32), start)
             logits, h = mtp(self.be, self.cfg, self.weights, h)
-            draft_from(self.be.to_host(logits)[0], history, params, rng, draft)
+            if greedy:
+                draft.tokens.append(int(self.be.to_host(self.be.argmax_rows(logits))[0]))
+            else:
+                draft_from(self.be.to_host(logits)[0], history, params, rng, draft)
             # the block's state out of the step's buffers (a GPU step's arena is the next step's)
             start, tokens, h = start + len(tokens), draft.tokens[-1:], self.be.copy(h[-1:])
         return draft
