@@ -417,7 +417,7 @@ class CUDABackend:
     def rms_norm(self, x: cp.ndarray, weight: np.ndarray) -> cp.ndarray:
         out = self._empty(x.shape)
         rows = (self._fuses_q8 and x.ndim == 2 and x.shape[1] <= cuda_ops.NORM_Q8_MAX  # a step's hidden states
-                and x.flags.c_contiguous and x.data.ptr % 16 == 0)  # (read as float4)
+                and x.shape[1] % 32 == 0 and x.flags.c_contiguous and x.data.ptr % 16 == 0)  # whole q8_1 blocks
         xq = self._q8_out(out) if rows else None  # for the matvecs next
         cuda_ops.rms_norm(x, self._weight(weight), out, self.cfg.rms_eps, xq=xq, stream=self.stream)
         return out

@@ -100,8 +100,9 @@ def rms_norm(x: cp.ndarray, weight: cp.ndarray, out: cp.ndarray, eps: float, res
     rows = x.size // d
     threads = min(1024, (d + 31) // 32 * 32)
     if xq is not None:
-        if x.ndim != 2 or residual is not None or d > NORM_Q8_MAX:
-            raise ValueError(f"rms_norm: xq takes rows [n, d] of at most {NORM_Q8_MAX} values and no residual")
+        if x.ndim != 2 or residual is not None or d > NORM_Q8_MAX or d % 32:
+            raise ValueError(f"rms_norm: xq takes rows [n, d] of whole q8_1 blocks (d a multiple of 32), at most "
+                             f"{NORM_Q8_MAX} values, and no residual")
         if any(a.data.ptr % 16 for a in (x, weight, out)):
             raise ValueError("rms_norm: xq needs 16-byte-aligned x, weight and out (read as float4)")
         _check_q8(xq, rows * d)
