@@ -776,7 +776,8 @@ class CUDABackend:
     def _q8(self, x: cp.ndarray) -> Q8Vector:
         """x [n, cols] quantized to q8_1, once a step however many matrices read it (arena addresses are unique
         within a step; pool addresses come back, so outside a step a prompt chunk's every call quantizes)."""
-        if not self._fuses_q8 or self._q8_of is None or self._q8_of[0] != x.data.ptr:
+        if (not self._fuses_q8 or self._q8_of is None or self._q8_of[0] != x.data.ptr
+                or self._q8_of[1].qs.size != x.size):  # a view that starts where a remembered array does
             quantize_q8_1(x.reshape(-1), self._q8_out(x), stream=self.stream)
         return self._q8_of[1]
 

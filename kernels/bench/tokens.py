@@ -21,7 +21,7 @@ def bench_one(cp, cq, name: str, n_rows: int, n_cols: int) -> tuple[float, list[
     """us of one token's matvec, and of matvec_tokens for each count of TOKENS."""
     qtype = TYPES_BY_NAME[name]
     data = repack(random_weight_bytes(qtype, n_rows, n_cols, xp=cp, seed=1), qtype)
-    n_copies = max(1, min(16, math.ceil(200e6 / data.size)))  # 200 MB of weights: 4x the L2
+    n_copies = max(1, min(64, math.ceil(200e6 / data.size)))  # 200 MB of weights: 4x the L2
     weights = [cq.DeviceWeight(data if i == 0 else data.copy(), qtype, n_rows, n_cols) for i in range(n_copies)]
 
     def x_of(n: int):

@@ -473,7 +473,8 @@ def argmax(logits: cp.ndarray, scratch: cp.ndarray, token: cp.ndarray, history: 
 
 
 def argmax_rows(logits: cp.ndarray, out: cp.ndarray, stream=None) -> None:
-    """out int32 [n] = each row's argmax of logits [n, n_vocab] (the smallest id on ties)."""
+    """out int32 [n] = each row's argmax of logits [n, n_vocab] (the smallest id on ties; NaN ranks below -inf, as
+    in argmax, where numpy's takes the first NaN)."""
     n = logits.shape[0] if isinstance(logits, cp.ndarray) and logits.ndim == 2 else -1
     _check("logits", logits, cp.float32, (n, logits.shape[-1]) if n >= 0 else ())
     _check("out", out, cp.int32, (n,))
