@@ -149,15 +149,18 @@ class CUDABackend:
                 raise ValueError(f"{cfg.arch}'s KV-shared layers must run on the device of the layers whose K/V they "
                                  f"read (layers {self.layers.start}.. hold none of them)")
             # the recurrent layers' states (kernels/cuda/deltanet), updated in place by every step, in the graph too
+            # all layers' in one array of each kind, so that a rewind is two copies, not two a layer (~10 us each
+            # of the host's time, between a verify step and the next)
             recurrent = [i for i in self.layers if cfg.is_recurrent(i)]
-            self.conv_state = {i: cp.zeros((cfg.ssm_conv_kernel - 1, cfg.ssm_conv_dim), cp.float32) for i in recurrent}
-            self.delta_state = {i: cp.zeros((cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_state), cp.float32)
-                                for i in recurrent}
+            self._states = (cp.zeros((len(recurrent), cfg.ssm_conv_kernel - 1, cfg.ssm_conv_dim), cp.float32),
+                            cp.zeros((len(recurrent), cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_state), cp.float32))
+            self.conv_state = {i: self._states[0][j] for j, i in enumerate(recurrent)}
+            self.delta_state = {i: self._states[1][j] for j, i in enumerate(recurrent)}
             self.state_pos = 0  # tokens the recurrent states have taken in (set_input and DecodeStep keep it)
             self._snapshots = None  # set_input's or begin_verify's: the first token's position, where states are kept
-            # layer -> (conv [n, K - 1, C], delta [n, Hv, S, S]): the states after each token of a verify step, for
-            # rewind_states; grown to the longest (reserve_verify: to n_max at once, under captured steps)
-            self._snapshot_rows = {}
+            # (conv [layers, n, K - 1, C], delta [layers, n, Hv, S, S]): the states after each token of a verify
+            # step, for rewind_states; grown to the longest (reserve_verify: to n_max at once, under captured steps)
+            self._snapshot_rows = None
             self._verify = None  # VerifyBuffers (reserve_verify)
             self.token = cp.zeros(1, dtype=cp.int32)  # the decode step's input; the sampler writes the next
             self.pos = cp.zeros(1, dtype=cp.int32)  # position of tokens[0]
@@ -205,20 +208,30 @@ class CUDABackend:
 
     # ---- inputs ----
 
-    def set_input(self, tokens: np.ndarray, pos: int, snapshots: bool = False) -> None:
-        """The next forward runs tokens [n] at positions pos..pos+n-1 (eagerly). snapshots: its recurrent layers
-        keep a copy of their states after each token (a verify step's, speculative.py), for rewind_states."""
-        tokens = np.asarray(tokens, np.int32)
+    def set_input(self, tokens: np.ndarray | cp.ndarray, pos: int, snapshots: bool = False) -> None:
+        """The next forward runs tokens [n] at positions pos..pos+n-1 (eagerly). tokens on the host, or on this
+        device (an MTP draft's argmax: the next draft needs no wait for it). snapshots: its recurrent layers keep a
+        copy of their states after each token (a verify step's, speculative.py), for rewind_states."""
+        on_device = isinstance(tokens, cp.ndarray)
+        if not on_device:
+            tokens = np.asarray(tokens, np.int32)
         self._advance_state(pos, len(tokens))
         if self.rings:
             self.rings.wrote(pos, len(tokens))
         if len(tokens) == 1:
-            self.token.set(tokens, stream=self.stream)
+            if on_device:
+                with self.stream:
+                    self.token[...] = tokens
+            else:
+                self.token.set(tokens, stream=self.stream)
             self.begin_step()
         else:
             with self.stream:
                 self.ids = cp.empty(len(tokens), dtype=cp.int32)
-            self.ids.set(tokens, stream=self.stream)
+                if on_device:
+                    self.ids[...] = tokens
+            if not on_device:
+                self.ids.set(tokens, stream=self.stream)
             self.n = len(tokens)
             self._q8_of = self._f16_of = self._taking = None
             self._pos, self._lent = pos, None
@@ -238,8 +251,8 @@ class CUDABackend:
             scratch = {kind: cuda_ops.decode_scratch(*kind, n_tok=n_max) for kind in self._attn_scratch}
             self._verify = VerifyBuffers(n_max, Arena(2 * n_max * _step_arena_bytes(cfg, len(self.layers))),
                                          cp.zeros(n_max, cp.int32), scratch)
-        for i in self.conv_state:
-            self._snapshot_buffers(i, n_max)
+        if self.conv_state:
+            self._grow_snapshots(n_max)
 
     def set_verify_input(self, tokens: np.ndarray, pos: int) -> None:
         """The next verify step runs tokens [n] (n <= reserve_verify's n_max) at pos..: the states' and rings'
@@ -269,7 +282,7 @@ class CUDABackend:
             return
         if pos == 0:
             with self.stream:
-                for a in (*self.conv_state.values(), *self.delta_state.values()):
+                for a in self._states:
                     a.fill(0)
         elif self.state_pos != pos:
             raise RuntimeError(f"the recurrent state is at token {self.state_pos}, not at {pos}")
@@ -288,10 +301,8 @@ class CUDABackend:
             return
         row = n - self._snapshots - 1
         with self.stream:
-            for i in self.conv_state:
-                conv, delta = self._snapshot_rows[i]
-                self.conv_state[i][...] = conv[row]
-                self.delta_state[i][...] = delta[row]
+            for state, rows in zip(self._states, self._snapshot_rows):
+                state[...] = rows[:, row]
         self.state_pos = n
 
     def recurrent_state(self) -> dict:
@@ -673,15 +684,17 @@ class CUDABackend:
                                  stream=self.stream, snapshots=delta_rows)
         return out
 
-    def _snapshot_buffers(self, layer: int, n: int) -> tuple[cp.ndarray, cp.ndarray]:
-        """The layer's snapshot rows for n tokens (made or grown here, then reused)."""
-        rows = self._snapshot_rows.get(layer)
-        if rows is None or len(rows[0]) < n:
-            conv, delta = self.conv_state[layer], self.delta_state[layer]
+    def _grow_snapshots(self, n: int) -> None:
+        """The recurrent layers' snapshot rows for n tokens at least (all layers' at once: made or grown, else kept)."""
+        if self._snapshot_rows is None or self._snapshot_rows[0].shape[1] < n:
             with self.stream:
-                rows = self._snapshot_rows[layer] = (cp.empty((n, *conv.shape), cp.float32),
-                                                     cp.empty((n, *delta.shape), cp.float32))
-        return rows
+                self._snapshot_rows = tuple(cp.empty((len(a), n, *a.shape[1:]), cp.float32) for a in self._states)
+
+    def _snapshot_buffers(self, layer: int, n: int) -> tuple[cp.ndarray, cp.ndarray]:
+        """The layer's snapshot rows (conv [n, K - 1, C], delta [n, Hv, S, S]) for n tokens."""
+        self._grow_snapshots(n)
+        j = list(self.conv_state).index(layer)
+        return self._snapshot_rows[0][j, :n], self._snapshot_rows[1][j, :n]
 
     def glu(self, gate: cp.ndarray, up: cp.ndarray) -> cp.ndarray:
         """activation(gate) * up; up may be a strided view (gemma4's per-layer input of a layer)."""

@@ -47,16 +47,21 @@ class MTPDrafter:
             start += size
         tokens, h = history[start + 1:], self.states[start:pos]
         greedy = plain_greedy(params)  # a draft is the argmax: a point mass, taken on the device
-        draft = Draft([], None if greedy else [])
+        draft, picked = Draft([], None if greedy else []), []
+        tokens = np.array(tokens, np.int32)
         for _ in range(k):
-            self.be.set_input(np.array(tokens, np.int32), start)
+            self.be.set_input(tokens, start)
             logits, h = mtp(self.be, self.cfg, self.weights, h)
-            if greedy:
-                draft.tokens.append(int(self.be.to_host(self.be.argmax_rows(logits))[0]))
+            start += len(tokens)
+            if greedy:  # the argmax stays where it is, the next step's input: the host waits once, at the end
+                picked.append(self.be.argmax_rows(logits))
+                tokens = picked[-1]
             else:
                 draft_from(self.be.to_host(logits)[0], history, params, rng, draft)
-            # the block's state out of the step's buffers (a GPU step's arena is the next step's)
-            start, tokens, h = start + len(tokens), draft.tokens[-1:], self.be.copy(h[-1:])
+                tokens = np.array(draft.tokens[-1:], np.int32)
+            h = self.be.copy(h[-1:])  # the block's state out of the step's buffers (a GPU step's arena is the next's)
+        if greedy:
+            draft.tokens = [int(self.be.to_host(t)[0]) for t in picked]
         return draft
 
 
