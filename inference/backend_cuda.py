@@ -153,7 +153,8 @@ class CUDABackend:
             # of the host's time, between a verify step and the next)
             recurrent = [i for i in self.layers if cfg.is_recurrent(i)]
             self._states = (cp.zeros((len(recurrent), cfg.ssm_conv_kernel - 1, cfg.ssm_conv_dim), cp.float32),
-                            cp.zeros((len(recurrent), cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_state), cp.float32))
+                            cp.zeros((len(recurrent), cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_state), cp.float32)
+                            ) if recurrent else ()
             self.conv_state = {i: self._states[0][j] for j, i in enumerate(recurrent)}
             self.delta_state = {i: self._states[1][j] for j, i in enumerate(recurrent)}
             self.state_pos = 0  # tokens the recurrent states have taken in (set_input and DecodeStep keep it)
