@@ -10,6 +10,7 @@ and each kernel's time in the same step run eagerly, read by Nsight Compute.
     python3 tests/device_kernel_times.py FILE.gguf prompt_kernels [N]  # per kernel, one N-token prompt (512)
     python3 tests/device_kernel_times.py FILE.gguf prompt_host [N]  # the host's functions over one such prompt
     python3 tests/device_kernel_times.py FILE.gguf verify [N]  # verify steps of 1..8 tokens; per kernel at N (4)
+    python3 tests/device_kernel_times.py FILE.gguf draft [K]  # the MTP drafter's propose of 1..K drafts (3)
 
 A kernel runs as long in the graph as eagerly; the step's time less the kernels' sum is what launching and the
 gaps between nodes cost.
@@ -299,6 +300,29 @@ def verify(path: str, n_profiled: int = 4, depth: int = 300) -> None:
     report("eager decode step", _profiled(lambda: (eager_decode(), be.stream.synchronize())))
 
 
+def draft(path: str, k_max: int = 3, depth: int = 300) -> None:
+    """The MTP drafter's cost (a file with the block: synth_gguf.py --mtp): ms of a greedy propose of k = 1..k_max
+    drafts after a depth-token context and a 32-token reply, the same history each time (so a one-token catch-up,
+    then the draft steps), 20 waited for once, three runs."""
+    from inference import load
+    from inference.sampling import SamplingParams
+    engine = load(path, device="cuda", ctx=depth + 1024, spec="mtp", spec_k=k_max)
+    list(engine.generate(_prompt(depth), max_tokens=32, temperature=0))
+    drafter, history = engine.speculation.drafter, list(engine._cached[:-1])
+    params, rng = SamplingParams(temperature=0), np.random.default_rng(0)
+    for k in range(1, k_max + 1):
+        drafter.propose(history, k, params, rng)  # compiles, captures
+        times = []
+        for _ in range(3):
+            drafter.be.stream.synchronize()
+            t = time.perf_counter()
+            for _ in range(20):
+                tokens = drafter.propose(history, k, params, rng).tokens
+            drafter.be.stream.synchronize()
+            times.append((time.perf_counter() - t) / 20 * 1e3)
+        print(f"propose {k}: {' '.join(f'{t:.3f}' for t in times)} ms, drafts {tokens}")
+
+
 def report(title: str, rows: list[tuple[str, int, float]]) -> None:
     print(f"{title}: {sum(r[2] for r in rows):.3f} ms on the GPU")
     for kernel, count, ms in rows[:25]:
@@ -324,5 +348,5 @@ def table(csv_path: str) -> None:
 
 if __name__ == "__main__":
     {"step": step_ms, "kernels": kernels, "doubled": doubled, "table": table, "prefill": prefill,
-     "prompt_kernels": prompt_kernels, "prompt_host": prompt_host, "verify": verify}[sys.argv[2]](
+     "prompt_kernels": prompt_kernels, "prompt_host": prompt_host, "verify": verify, "draft": draft}[sys.argv[2]](
         sys.argv[1], *map(int, sys.argv[3:]))
