@@ -4,8 +4,9 @@ speculation against the same reply without it.
     python tests/inference/bench_speculative.py [MODEL] [--reps 5] [-n 128]      # prompt lookup, a code edit
     python tests/inference/bench_speculative.py MODEL --device cuda --replay 0.7  # forced acceptance
 
---replay F: drafts replayed from the model's own greedy reply, each right with probability F (random weights keep no
-real drafts; this is the issue's forced-acceptance mode). MODEL defaults to the default model (the packaged SmolLM2).
+--replay F: drafts replayed from the model's own greedy reply (as its verify steps give it: replayed_reply), each
+right with probability F (random weights keep no real drafts; this is the issue's forced-acceptance mode). MODEL
+defaults to the default model (the packaged SmolLM2).
 The step costs are verify steps of 1 to 5 tokens (engine._verify: captured on the GPU), each rewound to its first
 token as a step that kept no draft is, against the plain decode step (the GPU's graph) of a greedy reply. Replies
 alternate (plain, speculative, plain, ...) so that both see the same load; the load average is printed beside each.
@@ -63,6 +64,26 @@ def step_costs(engine, reps: int) -> tuple[dict[int, list[float]], list[float]]:
     return out, plain
 
 
+def replayed_reply(engine, prompt, n: int, k: int) -> list[int]:
+    """The context of a greedy reply of n tokens as speculative decoding gives it when every draft is kept: the plain
+    reply replayed as drafts, then that reply replayed, until it repeats (at most 4 rounds). On the GPU a verify
+    step's matmuls add in another order than a decode step's, and random weights are full of near-ties, so the plain
+    reply and the speculative one part within tens of tokens: drafts replayed from the plain one then go wrong from
+    there on and measure nothing."""
+    engine.reset()
+    list(engine.generate(prompt, max_tokens=n, temperature=0))
+    recorded = list(engine._cached)
+    for _ in range(4):
+        engine.reset()
+        engine.speculation = Speculation("replay", Replay(recorded), k)
+        list(engine.generate(prompt, max_tokens=n, temperature=0))
+        engine.speculation = None
+        if engine._cached == recorded:
+            break
+        recorded = list(engine._cached)
+    return recorded
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("model", nargs="?")
@@ -82,22 +103,25 @@ def main() -> None:
         print(f"verify step of {n} tokens: " + " ".join(f"{t * 1e3:.2f}" for t in times) + " ms"
               f" | {np.median(times) / min(plain):.2f}x a plain step")
     if args.replay is None:
-        drafter, name = PromptLookup(), "ngram"
+        drafter, name, recorded = PromptLookup(), "ngram", None
     else:
-        engine.reset()
-        list(engine.generate(prompt, max_tokens=args.n + 1, temperature=0))
-        drafter, name = Replay(list(engine._cached), args.replay), f"replay {args.replay}"
-    texts = {}
+        recorded = replayed_reply(engine, prompt, args.n + 1, args.spec_k)
+        drafter, name = Replay(recorded, args.replay), f"replay {args.replay}"
+    texts, replayed = {}, []
     for rep in range(args.reps):
         for name, spec in (("plain", None), (name, Speculation(name, drafter, args.spec_k))):
             engine.reset()
             engine.speculation = spec
             *pieces, stats = engine.generate(prompt, max_tokens=args.n, temperature=0)
             texts.setdefault(name, "".join(pieces))
+            if spec and recorded:
+                replayed.append(engine._cached == recorded[:len(engine._cached)])
             print(f"{rep} {name}: {stats.generated_tokens} tokens, {stats.generation_tok_s:.1f} tok/s, drafted "
                   f"{stats.drafted}, accepted {stats.accepted} | load average {os.getloadavg()[0]:.2f}", flush=True)
     engine.speculation = None
     print("the same text:", len(set(texts.values())) == 1)
+    if recorded:  # the drafts measured what they should only where the replies stayed on the recorded one
+        print("each speculative reply the replayed one:", all(replayed))
 
 
 if __name__ == "__main__":
