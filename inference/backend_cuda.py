@@ -209,30 +209,20 @@ class CUDABackend:
 
     # ---- inputs ----
 
-    def set_input(self, tokens: np.ndarray | cp.ndarray, pos: int, snapshots: bool = False) -> None:
-        """The next forward runs tokens [n] at positions pos..pos+n-1 (eagerly). tokens on the host, or on this
-        device (an MTP draft's argmax: the next draft needs no wait for it). snapshots: its recurrent layers keep a
-        copy of their states after each token (a verify step's, speculative.py), for rewind_states."""
-        on_device = isinstance(tokens, cp.ndarray)
-        if not on_device:
-            tokens = np.asarray(tokens, np.int32)
+    def set_input(self, tokens: np.ndarray, pos: int, snapshots: bool = False) -> None:
+        """The next forward runs tokens [n] at positions pos..pos+n-1 (eagerly). snapshots: its recurrent layers
+        keep a copy of their states after each token (a verify step's, speculative.py), for rewind_states."""
+        tokens = np.asarray(tokens, np.int32)
         self._advance_state(pos, len(tokens))
         if self.rings:
             self.rings.wrote(pos, len(tokens))
         if len(tokens) == 1:
-            if on_device:
-                with self.stream:
-                    self.token[...] = tokens
-            else:
-                self.token.set(tokens, stream=self.stream)
+            self.token.set(tokens, stream=self.stream)
             self.begin_step()
         else:
             with self.stream:
                 self.ids = cp.empty(len(tokens), dtype=cp.int32)
-                if on_device:
-                    self.ids[...] = tokens
-            if not on_device:
-                self.ids.set(tokens, stream=self.stream)
+            self.ids.set(tokens, stream=self.stream)
             self.n = len(tokens)
             self._q8_of = self._f16_of = self._taking = None
             self._pos, self._lent = pos, None

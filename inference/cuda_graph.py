@@ -20,7 +20,8 @@ the model's graph, then the host's work (the grammar takes the token just read a
 into pinned memory) while the GPU runs that graph, then a graph that copies the mask up, applies it to the logits
 and samples. The mask costs the step the launch of a second graph, not its own time.
 
-Speculative decoding's verify step (VerifyStep) is captured the same way, a graph for each count of tokens.
+Speculative decoding's verify step (VerifyStep) is captured the same way, a graph for each count of tokens, and so is
+the MTP block's greedy draft step (DraftStep), which feeds its argmax to the next as a decode step does.
 """
 from collections.abc import Iterator
 
@@ -29,7 +30,7 @@ import numpy as np
 
 from inference.backend_cpu import CPUBackend
 from inference.backend_cuda import CUDABackend
-from inference.forward import head, inputs, layers
+from inference.forward import head, inputs, layers, mtp
 from inference.grammar import Guide
 from inference.sampling import SamplingParams
 from inference.weights import ModelWeights
@@ -176,15 +177,8 @@ class VerifyStep:
             return self.outs[n]
         self.outs[n] = self._forward(n)
         if self.use_graph:
-            stream = self.be.stream
-            stream.begin_capture()
-            try:
-                with programmatic_launches(), cp.cuda.using_allocator(_no_allocation):
-                    out = self._forward(n)
-            finally:
-                graph = stream.end_capture()
+            self.graphs[n], out = _captured(self.be.stream, lambda: self._forward(n))
             assert out[0].data.ptr == self.outs[n][0].data.ptr, "the captured step must reuse the warm-up's buffers"
-            self.graphs[n] = graph
         return self.outs[n]
 
     def _forward(self, n: int) -> tuple:
@@ -196,7 +190,60 @@ class VerifyStep:
         return out if self.hidden else (out, None)
 
 
+class DraftStep:
+    """A greedy draft step of the MTP block (mtp.py) on the GPU: the block on token[0] at pos[0] of its backend and the
+    block's state in its own buffer h, then the argmax into token[0] and the history ring at pos[0] + 1, pos[0] + 1, and
+    the block's new state into h: each launch drafts the token after the last with no host traffic, so the host
+    launches a chain of them and waits once. The first launch runs eagerly and is captured, as DecodeStep's. For the
+    block's layer, a full attention one (no ring, no recurrent state)."""
+
+    def __init__(self, be: CUDABackend, cfg: ModelConfig, weights: ModelWeights, use_graph: bool = True):
+        self.be, self.cfg, self.weights, self.use_graph = be, cfg, weights, use_graph
+        with be.stream:
+            self.h = cp.empty((1, cfg.n_embd), cp.float32)
+        self.graph = None
+
+    def chain(self, logits: cp.ndarray, h: cp.ndarray, pos: int, k: int) -> list[int]:
+        """k greedy drafts: the argmax of logits [n_vocab], the block's logits at its entry pos (run eagerly, h [1,
+        n_embd] its state there), then k - 1 steps each on the draft before, at entries pos + 1..; read from the
+        history ring, one wait."""
+        be = self.be
+        be.pos.set(np.array([pos], np.int32), stream=be.stream)
+        be.sample(logits, greedy=True)
+        with be.stream:
+            self.h[...] = h
+        for _ in range(k - 1):
+            if self.graph is not None:
+                self.graph.launch(be.stream)
+                continue
+            self._forward()  # the warm-up, a real step
+            if self.use_graph:
+                self.graph, _ = _captured(be.stream, self._forward)
+        ring = be.history.get(stream=be.stream)
+        return [int(ring[(pos + 1 + j) % len(ring)]) for j in range(k)]
+
+    def _forward(self) -> None:
+        be = self.be
+        be.begin_step()
+        logits, h = mtp(be, self.cfg, self.weights, self.h)
+        be.sample(logits[0], greedy=True)
+        with be.stream:
+            self.h[...] = h
+
+
+def _captured(stream: cp.cuda.Stream, forward):
+    """(the graph of forward's ops on stream, forward's result): captured, not run, under launches that overlap the
+    one ahead and an allocator that raises."""
+    stream.begin_capture()
+    try:
+        with programmatic_launches(), cp.cuda.using_allocator(_no_allocation):
+            out = forward()
+    finally:
+        graph = stream.end_capture()
+    return graph, out
+
+
 def _no_allocation(size: int):
-    """CuPy's allocator while a verify step is captured: an address from the pool would stay in the graph after the
-    pool had handed it to another array."""
-    raise RuntimeError(f"a captured verify step asked CuPy's pool for {size} bytes")
+    """CuPy's allocator while a verify or draft step is captured: an address from the pool would stay in the graph
+    after the pool had handed it to another array."""
+    raise RuntimeError(f"a captured step asked CuPy's pool for {size} bytes")

@@ -10,7 +10,9 @@ the position the model's states then reach.
 
 The block runs where the model's head does (the CPU engine's backend, or the GPU's last segment), on a backend of its
 layer alone that shares the model's head: the model's states stay on that device, and only a draft's logits row
-comes to the host (draft_from samples there), or under plain greedy sampling its argmax alone.
+comes to the host (draft_from samples there). Under plain greedy sampling on the GPU a draft's steps after the first
+are a captured step (cuda_graph.DraftStep) that feeds each argmax to the next on the device, and the host reads the
+drafts once; on the CPU each argmax is taken in turn.
 """
 import numpy as np
 
@@ -23,10 +25,11 @@ from models.config import ModelConfig
 
 
 class MTPDrafter:
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, be, cost: float):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, be, cost: float, step=None):
         self.cfg, self.weights = cfg, weights
         self.cost = cost  # what a step of the block costs, as a share of one step of the model
         self.be = be  # a backend of the block's layer alone (mtp_drafter's), on the device of the model's head
+        self.step = step  # on the GPU, cuda_graph.DraftStep: a greedy draft's steps after the first
         self.states = be.rows(cfg.n_embd)  # the model's state after the output norm at each position (be's device)
         self.entered: list[int] = []  # the history the cache's entries up to len - 2 were made from
 
@@ -47,21 +50,19 @@ class MTPDrafter:
             start += size
         tokens, h = history[start + 1:], self.states[start:pos]
         greedy = plain_greedy(params)  # a draft is the argmax: a point mass, taken on the device
-        draft, picked = Draft([], None if greedy else []), []
-        tokens = np.array(tokens, np.int32)
+        draft = Draft([], None if greedy else [])
         for _ in range(k):
-            self.be.set_input(tokens, start)
+            self.be.set_input(np.array(tokens, np.int32), start)
             logits, h = mtp(self.be, self.cfg, self.weights, h)
-            start += len(tokens)
-            if greedy:  # the argmax stays where it is, the next step's input: the host waits once, at the end
-                picked.append(self.be.argmax_rows(logits))
-                tokens = picked[-1]
+            if greedy and self.step is not None:  # the GPU: the others are its captured draft steps
+                draft.tokens = self.step.chain(logits[-1], h[-1:], start + len(tokens) - 1, k)
+                return draft
+            if greedy:
+                draft.tokens.append(int(self.be.to_host(self.be.argmax_rows(logits))[0]))
             else:
                 draft_from(self.be.to_host(logits)[0], history, params, rng, draft)
-                tokens = np.array(draft.tokens[-1:], np.int32)
-            h = self.be.copy(h[-1:])  # the block's state out of the step's buffers (a GPU step's arena is the next's)
-        if greedy:
-            draft.tokens = [int(self.be.to_host(t)[0]) for t in picked]
+            # the block's state out of the step's buffers (a GPU step's arena is the next step's)
+            start, tokens, h = start + len(tokens), draft.tokens[-1:], self.be.copy(h[-1:])
         return draft
 
 
@@ -75,16 +76,18 @@ def mtp_drafter(engine, gguf) -> MTPDrafter:
     cost = (block + engine._weights.nextn.head.data.nbytes) / gguf.file_size
     layers, model = range(n, n + 1), engine._be  # the model's backend that runs its head
     if isinstance(model, CPUBackend):
-        be = CPUBackend(config, engine._weights, engine.n_ctx, layers, head=model._head)
-    else:
-        from inference.backend_cuda import CUDABackend, out_of_vram  # noqa: PLC0415  (CuPy only on this path)
-        try:
-            be = CUDABackend(config, engine._weights, engine.n_ctx, layers, prefill_chunk=model.prefill_chunk,
-                             shares=model)
-        except Exception as e:
-            if not out_of_vram(e):
-                raise
-            # placement sets aside an estimate of the block's VRAM (mtp_block_bytes); past it, a one-line refusal
-            raise SpeculationError("the MTP block does not fit in VRAM beside the model: use --spec off, or fewer "
-                                   "--gpu-layers") from None
-    return MTPDrafter(config, engine._weights, be, cost)
+        return MTPDrafter(config, engine._weights, CPUBackend(config, engine._weights, engine.n_ctx, layers,
+                                                              head=model._head), cost)
+    from inference.backend_cuda import CUDABackend, out_of_vram  # noqa: PLC0415  (CuPy only on this path)
+    from inference.cuda_graph import DraftStep  # noqa: PLC0415
+    try:
+        be = CUDABackend(config, engine._weights, engine.n_ctx, layers, prefill_chunk=model.prefill_chunk,
+                         shares=model)
+        step = DraftStep(be, config, engine._weights, engine._cuda_graph)
+    except Exception as e:
+        if not out_of_vram(e):
+            raise
+        # placement sets aside an estimate of the block's VRAM (mtp_block_bytes); past it, a one-line refusal
+        raise SpeculationError("the MTP block does not fit in VRAM beside the model: use --spec off, or fewer "
+                               "--gpu-layers") from None
+    return MTPDrafter(config, engine._weights, be, cost, step)

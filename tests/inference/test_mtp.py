@@ -225,6 +225,48 @@ def test_greedy_reply_is_the_same_with_mtp_drafts_on_the_gpu(name, request):
     assert engine._be.state_pos == len(engine._cached)
 
 
+def _eager_chain(engine, history: list[int], k: int) -> list[int]:
+    """The block's k greedy drafts after history (the model's states kept up to its last token but one), a step at a
+    time on its backend: a catch-up over the whole history, then one-token steps, each argmax read back before the
+    next step. Its entries are this chain's after it: the drafter's next propose makes them all again."""
+    drafter, cfg, w = engine.speculation.drafter, engine.config, engine._weights
+    be, pos = drafter.be, len(history) - 1
+    be.set_input(np.array(history[1:], np.int32), 0)
+    logits, h = mtp(be, cfg, w, drafter.states[:pos])
+    out = [int(be.to_host(be.argmax_rows(logits[-1:]))[0])]
+    for j in range(k - 1):
+        h = be.copy(h[-1:])  # out of the step's arena, which the next step takes again
+        be.set_input(np.array(out[-1:], np.int32), pos + j)
+        logits, h = mtp(be, cfg, w, h)
+        out.append(int(be.to_host(be.argmax_rows(logits))[0]))
+    drafter.entered = []
+    return out
+
+
+@pytest.mark.gpu
+def test_captured_draft_steps_chain_as_eager_block_steps(qwen35_mtp_gpu):
+    """Greedy drafts on the GPU, the block's first step eager and each next one a launch of its captured draft step
+    (cuda_graph.DraftStep: the argmax fed to the next step on the device, the drafts read once), are the chain of
+    eager block steps that _eager_chain runs on the same kernels: 4 drafts after a prompt and a token, then 4 after
+    two tokens more (the graph replayed at other positions). Planted in reasoning, not run (no GPU where this was
+    written): DraftStep not copying the block's new state into its h, so every step after the second ran on the
+    first step's state: random weights' argmax then moves within 4 drafts."""
+    engine = qwen35_mtp_gpu
+    drafter = engine.speculation.drafter
+
+    def drafts_as_eager(history: list[int]) -> list[int]:
+        drafter.entered = []
+        got = drafter.propose(history, 4, GREEDY, np.random.default_rng(0)).tokens
+        assert drafter.step.graph is not None
+        assert got == _eager_chain(engine, history, 4)
+        return got
+
+    history = _prefilled(engine)[0] + [7]
+    history += drafts_as_eager(history)[:2]
+    engine.logits(history[:-1])  # the model's states at the two new positions
+    drafts_as_eager(history)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["qwen35", "qwen35moe"])
 def test_gpu_block_matches_the_cpu_block(name, request, monkeypatch):
