@@ -244,14 +244,16 @@ def _eager_chain(engine, history: list[int], k: int) -> list[int]:
 
 
 @pytest.mark.gpu
-def test_captured_draft_steps_chain_as_eager_block_steps(qwen35_mtp_gpu):
+@pytest.mark.parametrize("name", ["qwen35", "qwen35moe"])
+def test_captured_draft_steps_chain_as_eager_block_steps(name, request):
     """Greedy drafts on the GPU, the block's first step eager and each next one a launch of its captured draft step
     (cuda_graph.DraftStep: the argmax fed to the next step on the device, the drafts read once), are the chain of
     eager block steps that _eager_chain runs on the same kernels: 4 drafts after a prompt and a token, then 4 after
     two tokens more (the graph replayed at other positions). Planted in reasoning, not run (no GPU where this was
     written): DraftStep not copying the block's new state into its h, so every step after the second ran on the
-    first step's state: random weights' argmax then moves within 4 drafts."""
-    engine = qwen35_mtp_gpu
+    first step's state: random weights' argmax then moves within 4 drafts. qwen35moe's block has experts: their
+    router and choice run inside the graph too."""
+    engine = request.getfixturevalue(f"{name}_mtp_gpu")
     drafter = engine.speculation.drafter
 
     def drafts_as_eager(history: list[int]) -> list[int]:
