@@ -173,7 +173,8 @@ class CUDABackend:
             self._argmax_scratch = cuda_ops.argmax_scratch()
             self._sample_scratch = cuda_ops.sample_scratch(cfg.n_vocab)
             # the MTP block's embedding, norms and projection take less than a layer's share
-            self._arena = Arena(_step_arena_bytes(cfg, len(self.layers) + 1 if shares else cfg.n_layers))
+            self._arena_layers = len(self.layers) + 1 if shares else cfg.n_layers
+            self._arena = Arena(_step_arena_bytes(cfg, self._arena_layers))
             self._taking = None  # the arena _empty takes from now (a step's), or None: CuPy's pool (a prompt chunk)
             self._route_done = cp.zeros(1, dtype=cp.uint32)  # cuda_moe.norm_router_route's count of finished blocks
         self._sampled = cp.cuda.Event(block=False, disable_timing=True)  # mark_sampled's point (spin-waited)
@@ -240,7 +241,7 @@ class CUDABackend:
         # (its row groups' members apart, its outputs' q8_1 copies), the factor a margin; the arena raises when full
         with self.stream:
             scratch = {kind: cuda_ops.decode_scratch(*kind, n_tok=n_max) for kind in self._attn_scratch}
-            self._verify = VerifyBuffers(n_max, Arena(2 * n_max * _step_arena_bytes(cfg, len(self.layers))),
+            self._verify = VerifyBuffers(n_max, Arena(2 * n_max * _step_arena_bytes(cfg, self._arena_layers)),
                                          cp.zeros(n_max, cp.int32), scratch)
         if self.conv_state:
             self._grow_snapshots(n_max)

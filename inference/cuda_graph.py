@@ -191,44 +191,61 @@ class VerifyStep:
 
 
 class DraftStep:
-    """A greedy draft step of the MTP block (mtp.py) on the GPU: the block on token[0] at pos[0] of its backend and the
-    block's state in its own buffer h, then the argmax into token[0] and the history ring at pos[0] + 1, pos[0] + 1, and
-    the block's new state into h: each launch drafts the token after the last with no host traffic, so the host
-    launches a chain of them and waits once. The first launch runs eagerly and is captured, as DecodeStep's. For the
-    block's layer, a full attention one (no ring, no recurrent state)."""
+    """The MTP block's greedy drafts (mtp.py) on the GPU as captured steps, one wait a propose. A catch-up step: the
+    block on the verify buffers' n tokens at pos[0].. (its backend's reserve_verify) and the model's states there
+    (copied into h_in), the last row's argmax into token[0] and the history ring. A draft step: the block on token[0]
+    at pos[0] and its own state in h, the argmax likewise. Each moves pos[0] past its tokens and leaves the block's
+    new state in h, so the host launches a catch-up and a chain of draft steps and reads the drafts once from the
+    ring. The first launch of each runs eagerly and is captured, as DecodeStep's. For the block's layer, a full
+    attention one (no ring, no recurrent state)."""
 
-    def __init__(self, be: CUDABackend, cfg: ModelConfig, weights: ModelWeights, use_graph: bool = True):
-        self.be, self.cfg, self.weights, self.use_graph = be, cfg, weights, use_graph
+    def __init__(self, be: CUDABackend, cfg: ModelConfig, weights: ModelWeights, n_max: int, use_graph: bool = True):
+        be.reserve_verify(n_max)
+        self.be, self.cfg, self.weights, self.n_max, self.use_graph = be, cfg, weights, n_max, use_graph
         with be.stream:
+            self.h_in = cp.empty((n_max, cfg.n_embd), cp.float32)
             self.h = cp.empty((1, cfg.n_embd), cp.float32)
-        self.graph = None
+        self.graphs = {}  # n -> the catch-up of n tokens; 0 -> the draft step
 
-    def chain(self, logits: cp.ndarray, h: cp.ndarray, pos: int, k: int) -> list[int]:
-        """k greedy drafts: the argmax of logits [n_vocab], the block's logits at its entry pos (run eagerly, h [1,
-        n_embd] its state there), then k - 1 steps each on the draft before, at entries pos + 1..; read from the
-        history ring, one wait."""
-        be = self.be
-        be.pos.set(np.array([pos], np.int32), stream=be.stream)
-        be.sample(logits, greedy=True)
+    def drafts(self, tokens: list[int], pos: int, h: cp.ndarray, k: int) -> list[int]:
+        """k greedy drafts after the block's catch-up on tokens (1 to n_max) at its entries pos.. (h [n, n_embd] the
+        model's states there): the catch-up's argmax, then k - 1 draft steps each on the draft before."""
+        be, n = self.be, len(tokens)
+        be.set_verify_input(np.asarray(tokens, np.int32), pos)
         with be.stream:
-            self.h[...] = h
+            self.h_in[:n] = h
+        self._run(n, lambda: self._catch_up(n))
         for _ in range(k - 1):
-            if self.graph is not None:
-                self.graph.launch(be.stream)
-                continue
-            self._forward()  # the warm-up, a real step
-            if self.use_graph:
-                self.graph, _ = _captured(be.stream, self._forward)
+            self._run(0, self._draft_step)
         ring = be.history.get(stream=be.stream)
-        return [int(ring[(pos + 1 + j) % len(ring)]) for j in range(k)]
+        return [int(ring[(pos + n + j) % len(ring)]) for j in range(k)]
 
-    def _forward(self) -> None:
+    def _run(self, key: int, forward) -> None:
+        graph = self.graphs.get(key)
+        if graph is not None:
+            graph.launch(self.be.stream)
+            return
+        forward()  # the warm-up, a real step
+        if self.use_graph:
+            self.graphs[key], _ = _captured(self.be.stream, forward)
+
+    def _catch_up(self, n: int) -> None:
         be = self.be
-        be.begin_step()
-        logits, h = mtp(be, self.cfg, self.weights, self.h)
-        be.sample(logits[0], greedy=True)
-        with be.stream:
-            self.h[...] = h
+        be.begin_verify(n)
+        logits, h = mtp(be, self.cfg, self.weights, self.h_in[:n])
+        if n > 1:
+            with be.stream:
+                be.pos += n - 1  # the last token's, whose argmax the sampler writes after it
+        self._sampled(logits, h)
+
+    def _draft_step(self) -> None:
+        self.be.begin_step()
+        self._sampled(*mtp(self.be, self.cfg, self.weights, self.h))
+
+    def _sampled(self, logits: cp.ndarray, h: cp.ndarray) -> None:
+        self.be.sample(logits[0], greedy=True)
+        with self.be.stream:
+            self.h[...] = h[-1:]
 
 
 def _captured(stream: cp.cuda.Stream, forward):

@@ -216,7 +216,7 @@ class Engine:
             self._place(self._with_gpu_layers(_fewer_layers(self.placement.n_gpu_layers, self._notify,
                                                             "processing the prompt")))
             if remake:
-                self.speculation.drafter = mtp_drafter(self, self._gguf)
+                self.speculation.drafter = mtp_drafter(self, self._gguf, self.speculation.k_max)
 
     def _prefill_chunks(self, ids: list[int], all_logits: bool, cancelled=None):
         cached = common_prefix(ids, self._cached)
@@ -710,6 +710,6 @@ def _speculation(engine: Engine, spec: str, spec_k: int, draft, progress) -> Spe
     # auto leaves the GPU's block off until it is measured to pay there (its verify step runs eagerly, a plain
     # step is one graph launch; a mixture of experts' verify reads more experts than its step does)
     if spec == "mtp" or (spec == "auto" and engine._weights.nextn is not None and engine.device == "cpu"):
-        return Speculation("mtp", mtp_drafter(engine, engine._gguf), spec_k, measured=spec == "auto")
+        return Speculation("mtp", mtp_drafter(engine, engine._gguf, spec_k), spec_k, measured=spec == "auto")
     return None
 

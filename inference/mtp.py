@@ -10,9 +10,9 @@ the position the model's states then reach.
 
 The block runs where the model's head does (the CPU engine's backend, or the GPU's last segment), on a backend of its
 layer alone that shares the model's head: the model's states stay on that device, and only a draft's logits row
-comes to the host (draft_from samples there). Under plain greedy sampling on the GPU a draft's steps after the first
-are a captured step (cuda_graph.DraftStep) that feeds each argmax to the next on the device, and the host reads the
-drafts once; on the CPU each argmax is taken in turn.
+comes to the host (draft_from samples there). Under plain greedy sampling on the GPU the catch-up's last few tokens
+and each draft's step are captured steps (cuda_graph.DraftStep) that feed each argmax to the next on the device, and
+the host reads the drafts once; on the CPU each argmax is taken in turn.
 """
 import numpy as np
 
@@ -45,18 +45,16 @@ class MTPDrafter:
         self.entered = list(history)
         size = self.be.prefill_chunk
         while pos - start > size:  # a long catch-up (a prompt's) a chunk at a time, as a prompt runs
-            self.be.set_input(np.array(history[start + 1:start + 1 + size], np.int32), start)
-            mtp(self.be, self.cfg, self.weights, self.states[start:start + size])
-            start += size
-        tokens, h = history[start + 1:], self.states[start:pos]
+            start = self._catch_up(history, start, size)
         greedy = plain_greedy(params)  # a draft is the argmax: a point mass, taken on the device
+        if greedy and self.step is not None:  # the GPU: the catch-up's last tokens and the drafts are captured steps
+            start = self._catch_up(history, start, max(0, pos - start - self.step.n_max))
+            return Draft(self.step.drafts(history[start + 1:], start, self.states[start:pos], k), None)
+        tokens, h = history[start + 1:], self.states[start:pos]
         draft = Draft([], None if greedy else [])
         for _ in range(k):
             self.be.set_input(np.array(tokens, np.int32), start)
             logits, h = mtp(self.be, self.cfg, self.weights, h)
-            if greedy and self.step is not None:  # the GPU: the others are its captured draft steps
-                draft.tokens = self.step.chain(logits[-1], h[-1:], start + len(tokens) - 1, k)
-                return draft
             if greedy:
                 draft.tokens.append(int(self.be.to_host(self.be.argmax_rows(logits))[0]))
             else:
@@ -65,9 +63,18 @@ class MTPDrafter:
             start, tokens, h = start + len(tokens), draft.tokens[-1:], self.be.copy(h[-1:])
         return draft
 
+    def _catch_up(self, history: list[int], start: int, n: int) -> int:
+        """The block's entries start..start + n - 1 from history and the model's states there, eagerly (its logits
+        unused); the next entry's position."""
+        if n:
+            self.be.set_input(np.array(history[start + 1:start + 1 + n], np.int32), start)
+            mtp(self.be, self.cfg, self.weights, self.states[start:start + n])
+        return start + n
 
-def mtp_drafter(engine, gguf) -> MTPDrafter:
-    """The drafter of --spec mtp for an engine.Engine of the file gguf, or the one-line reason there is none."""
+
+def mtp_drafter(engine, gguf, k_max: int) -> MTPDrafter:
+    """The drafter of --spec mtp for an engine.Engine of the file gguf, at most k_max drafts a propose, or the one-line
+    reason there is none."""
     config, n = engine.config, engine.config.n_layers
     if engine._weights.nextn is None:
         raise SpeculationError(f"this model file has no MTP block (blk.{n}.nextn.*): use --spec ngram or --draft")
@@ -80,10 +87,12 @@ def mtp_drafter(engine, gguf) -> MTPDrafter:
                                                               head=model._head), cost)
     from inference.backend_cuda import CUDABackend, out_of_vram  # noqa: PLC0415  (CuPy only on this path)
     from inference.cuda_graph import DraftStep  # noqa: PLC0415
+    from kernels.cuda.quant import MATVEC_MAX_TOKENS  # noqa: PLC0415
     try:
         be = CUDABackend(config, engine._weights, engine.n_ctx, layers, prefill_chunk=model.prefill_chunk,
                          shares=model)
-        step = DraftStep(be, config, engine._weights, engine._cuda_graph)
+        # a catch-up after a verify step takes the kept drafts and the token after them
+        step = DraftStep(be, config, engine._weights, min(k_max + 1, MATVEC_MAX_TOKENS), engine._cuda_graph)
     except Exception as e:
         if not out_of_vram(e):
             raise

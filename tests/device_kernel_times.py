@@ -302,8 +302,8 @@ def verify(path: str, n_profiled: int = 4, depth: int = 300) -> None:
 
 def draft(path: str, k_max: int = 3, depth: int = 300) -> None:
     """The MTP drafter's cost (a file with the block: synth_gguf.py --mtp): ms of a greedy propose of k = 1..k_max
-    drafts after a depth-token context and a 32-token reply, the same history each time (so a one-token catch-up,
-    then the draft steps), 20 waited for once, three runs."""
+    drafts after a depth-token context and a 32-token reply, the same history each time, after a catch-up of one
+    token (a round that kept no draft) and of k + 1 (one that kept all), 20 waited for once, three runs."""
     from inference import load
     from inference.sampling import SamplingParams
     engine = load(path, device="cuda", ctx=depth + 1024, spec="mtp", spec_k=k_max)
@@ -311,16 +311,20 @@ def draft(path: str, k_max: int = 3, depth: int = 300) -> None:
     drafter, history = engine.speculation.drafter, list(engine._cached[:-1])
     params, rng = SamplingParams(temperature=0), np.random.default_rng(0)
     for k in range(1, k_max + 1):
-        drafter.propose(history, k, params, rng)  # compiles, captures
-        times = []
-        for _ in range(3):
-            drafter.be.stream.synchronize()
-            t = time.perf_counter()
-            for _ in range(20):
-                tokens = drafter.propose(history, k, params, rng).tokens
-            drafter.be.stream.synchronize()
-            times.append((time.perf_counter() - t) / 20 * 1e3)
-        print(f"propose {k}: {' '.join(f'{t:.3f}' for t in times)} ms, drafts {tokens}")
+        for n in (1, k + 1):
+            entered = history[:len(history) - n]  # the block's entries hold up to the catch-up's n tokens
+            drafter.entered = entered
+            drafter.propose(history, k, params, rng)  # compiles, captures
+            times = []
+            for _ in range(3):
+                drafter.be.stream.synchronize()
+                t = time.perf_counter()
+                for _ in range(20):
+                    drafter.entered = entered
+                    tokens = drafter.propose(history, k, params, rng).tokens
+                drafter.be.stream.synchronize()
+                times.append((time.perf_counter() - t) / 20 * 1e3)
+            print(f"propose {k} after {n}: {' '.join(f'{t:.3f}' for t in times)} ms, drafts {tokens}")
 
 
 def report(title: str, rows: list[tuple[str, int, float]]) -> None:

@@ -227,12 +227,16 @@ def test_greedy_reply_is_the_same_with_mtp_drafts_on_the_gpu(name, request):
 
 def _eager_chain(engine, history: list[int], k: int) -> list[int]:
     """The block's k greedy drafts after history (the model's states kept up to its last token but one), a step at a
-    time on its backend: a catch-up over the whole history, then one-token steps, each argmax read back before the
-    next step. Its entries are this chain's after it: the drafter's next propose makes them all again."""
+    time on its backend: a catch-up over the whole history, its last n_max tokens a verify step as DraftStep's
+    catch-up (the same kernels), then one-token steps, each argmax read back before the next step. Its entries are
+    this chain's after it: the drafter's next propose makes them all again."""
     drafter, cfg, w = engine.speculation.drafter, engine.config, engine._weights
-    be, pos = drafter.be, len(history) - 1
-    be.set_input(np.array(history[1:], np.int32), 0)
-    logits, h = mtp(be, cfg, w, drafter.states[:pos])
+    be, pos, n = drafter.be, len(history) - 1, drafter.step.n_max
+    be.set_input(np.array(history[1:pos - n + 1], np.int32), 0)
+    mtp(be, cfg, w, drafter.states[:pos - n])
+    be.set_verify_input(np.array(history[pos - n + 1:], np.int32), pos - n)
+    be.begin_verify(n)
+    logits, h = mtp(be, cfg, w, drafter.states[pos - n:pos])
     out = [int(be.to_host(be.argmax_rows(logits[-1:]))[0])]
     for j in range(k - 1):
         h = be.copy(h[-1:])  # out of the step's arena, which the next step takes again
@@ -246,20 +250,20 @@ def _eager_chain(engine, history: list[int], k: int) -> list[int]:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["qwen35", "qwen35moe"])
 def test_captured_draft_steps_chain_as_eager_block_steps(name, request):
-    """Greedy drafts on the GPU, the block's first step eager and each next one a launch of its captured draft step
-    (cuda_graph.DraftStep: the argmax fed to the next step on the device, the drafts read once), are the chain of
-    eager block steps that _eager_chain runs on the same kernels: 4 drafts after a prompt and a token, then 4 after
-    two tokens more (the graph replayed at other positions). Planted in reasoning, not run (no GPU where this was
-    written): DraftStep not copying the block's new state into its h, so every step after the second ran on the
-    first step's state: random weights' argmax then moves within 4 drafts. qwen35moe's block has experts: their
-    router and choice run inside the graph too."""
+    """Greedy drafts on the GPU, the block's catch-up and draft steps captured (cuda_graph.DraftStep: each argmax fed
+    to the next step on the device, the drafts read once), are the chain of eager block steps that _eager_chain runs
+    on the same kernels: 4 drafts after a prompt and a token, then 4 after two tokens more (the graphs replayed at
+    other positions). Planted in reasoning, not run: DraftStep not copying the block's new state into its h (every
+    step after the second ran on the first step's state), or not moving pos[0] to the catch-up's last token (each
+    draft step at the wrong position): random weights' argmax then moves within 4 drafts. qwen35moe's block has
+    experts: their router and choice run inside the graphs too."""
     engine = request.getfixturevalue(f"{name}_mtp_gpu")
     drafter = engine.speculation.drafter
 
     def drafts_as_eager(history: list[int]) -> list[int]:
         drafter.entered = []
         got = drafter.propose(history, 4, GREEDY, np.random.default_rng(0)).tokens
-        assert drafter.step.graph is not None
+        assert set(drafter.step.graphs) == {0, drafter.step.n_max}
         assert got == _eager_chain(engine, history, 4)
         return got
 
@@ -267,6 +271,40 @@ def test_captured_draft_steps_chain_as_eager_block_steps(name, request):
     history += drafts_as_eager(history)[:2]
     engine.logits(history[:-1])  # the model's states at the two new positions
     drafts_as_eager(history)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["qwen35", "qwen35moe"])
+def test_captured_catch_ups_give_the_eager_steps_drafts(name, request):
+    """After a verify step the block catches up on the drafts kept and the token after them (1 to k_max + 1 tokens),
+    a captured step for each count (cuda_graph.DraftStep). Through a reply's rounds that keep 0 to 3 drafts, twice
+    (every graph replayed at other positions), the captured steps' drafts are those of the same steps run eagerly
+    (use_graph=False) on the same entries. Planted in reasoning, not run: the catch-up's graph reading the states
+    where the warm-up found them (h not copied into h_in), so a replay drafts from an old round's states."""
+    from inference.cuda_graph import DraftStep  # noqa: PLC0415  (CuPy only on this path)
+    engine = request.getfixturevalue(f"{name}_mtp_gpu")
+    drafter, rng = engine.speculation.drafter, np.random.default_rng(0)
+    captured = drafter.step
+    eager = DraftStep(captured.be, engine.config, engine._weights, captured.n_max, use_graph=False)
+    assert captured.n_max == engine.speculation.k_max + 1 == 4
+
+    def drafts(history: list[int]) -> list[int]:
+        entered = drafter.entered
+        got = drafter.propose(history, 3, GREEDY, rng).tokens
+        drafter.entered, drafter.step = entered, eager  # the same entries made again, eagerly
+        try:
+            assert drafter.propose(history, 3, GREEDY, rng).tokens == got
+        finally:
+            drafter.step = captured
+        return got
+
+    history = _prefilled(engine)[0] + [7]
+    got = drafts(history)
+    for kept in [0, 1, 2, 3] * 2:
+        history += got[:kept] + [int(rng.integers(engine.config.n_vocab))]
+        engine.logits(history[:-1])
+        got = drafts(history)
+    assert set(captured.graphs) == {0, 1, 2, 3, 4} and not eager.graphs
 
 
 @pytest.mark.gpu
