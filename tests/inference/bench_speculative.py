@@ -1,12 +1,17 @@
 """Speculative decoding's speed: what a forward of n tokens costs against a one-token step, and a greedy reply with
 speculation against the same reply without it.
 
-    python tests/inference/bench_speculative.py [MODEL] [--reps 5] [-n 128]      # prompt lookup, a code edit
-    python tests/inference/bench_speculative.py MODEL --device cuda --replay 0.7  # forced acceptance
+    python tests/inference/bench_speculative.py [MODEL] [--reps 5] [-n 128]                 # prompt lookup, a code edit
+    python tests/inference/bench_speculative.py MODEL --device cuda --spec mtp --synth 0.7  # 70% of drafts kept
 
---replay F: drafts replayed from the model's own greedy reply (as its verify steps give it: replayed_reply), each
-right with probability F (random weights keep no real drafts; this is the issue's forced-acceptance mode). MODEL
-defaults to the default model (the packaged SmolLM2).
+--synth F: llama.cpp's synthetic acceptance (llama-server --spec-synth-rates F,F^2,..., benchmarking only): each draft
+is kept with probability F while those before it were, whatever the model says, and the model's own token follows the
+kept ones; every step drafts --spec-k tokens. The reply's text is then not the model's, but each step does the work
+of a real one (the verify step, the rewind of what it rejected, the drafter's catch-up on what it kept), so the reply's
+speed is that of a reply whose drafts agree at that rate: random weights, whose drafts agree with nothing, measure it
+so, and llama.cpp's server measures its own the same way (tests/inference/bench_llamacpp_spec.py).
+--spec mtp: drafts from the file's MTP block; ngram (the default): prompt lookup. MODEL defaults to the default model
+(the packaged SmolLM2).
 The step costs are verify steps of 1 to 5 tokens (engine._verify: captured on the GPU), each rewound to its first
 token as a step that kept no draft is, against the plain decode step (the GPU's graph) of a greedy reply. Replies
 alternate (plain, speculative, plain, ...) so that both see the same load; the load average is printed beside each.
@@ -16,15 +21,16 @@ import os
 import statistics
 import sys
 import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from inference import load  # noqa: E402
+from inference import load, speculative  # noqa: E402
 from inference.speculative import PromptLookup, Speculation  # noqa: E402
-from tests.inference.test_speculative import Replay  # noqa: E402
 
 CODE = '''def moving_average(values, window):
     result = []
@@ -64,24 +70,22 @@ def step_costs(engine, reps: int) -> tuple[dict[int, list[float]], list[float]]:
     return out, plain
 
 
-def replayed_reply(engine, prompt, n: int, k: int) -> list[int]:
-    """The context of a greedy reply of n tokens as speculative decoding gives it when every draft is kept: the plain
-    reply replayed as drafts, then that reply replayed, until it repeats (at most 4 rounds). On the GPU a verify
-    step's matmuls add in another order than a decode step's, and random weights are full of near-ties, so the plain
-    reply and the speculative one part within tens of tokens: drafts replayed from the plain one then go wrong from
-    there on and measure nothing."""
-    engine.reset()
-    list(engine.generate(prompt, max_tokens=n, temperature=0))
-    recorded = list(engine._cached)
-    for _ in range(4):
-        engine.reset()
-        engine.speculation = Speculation("replay", Replay(recorded), k)
-        list(engine.generate(prompt, max_tokens=n, temperature=0))
-        engine.speculation = None
-        if engine._cached == recorded:
-            break
-        recorded = list(engine._cached)
-    return recorded
+@contextmanager
+def synthetic_acceptance(rate: float, seed: int = 0):
+    """Greedy speculative replies under --synth rate (llama.cpp's server_sample_and_accept_synth, server-context.cpp):
+    the drafts kept are a run of draws below rate, the token after them the model's argmax there; DraftLength held at
+    k_max, as llama.cpp drafts its n_max under --spec-draft-p-min 0."""
+    rng = np.random.default_rng(seed)
+
+    def kept_tokens(argmax: np.ndarray, drafts: list[int]) -> list[int]:
+        kept = 0
+        while kept < len(drafts) and rng.random() < rate:
+            kept += 1
+        return drafts[:kept] + [int(argmax[kept])]
+
+    with (mock.patch.object(speculative, "greedy_tokens", kept_tokens),
+          mock.patch.object(speculative.DraftLength, "__call__", lambda self: self.k_max)):
+        yield
 
 
 def main() -> None:
@@ -90,10 +94,13 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("-n", type=int, default=128)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--replay", type=float, metavar="F", help="forced acceptance: replayed drafts right with prob. F")
+    p.add_argument("--spec", choices=("ngram", "mtp"), default="ngram")
+    p.add_argument("--synth", type=float, metavar="F", help="synthetic acceptance: each draft kept with prob. F")
     p.add_argument("--spec-k", type=int, default=3)
     args = p.parse_args()
-    engine = load(args.model, device=args.device, ctx=2048)
+    engine = load(args.model, device=args.device, ctx=2048, spec="mtp" if args.spec == "mtp" else "off",
+                  spec_k=args.spec_k)
+    spec, engine.speculation = engine.speculation or Speculation("ngram", PromptLookup(), args.spec_k), None
     engine.warm_up()
     prompt = EDIT if engine.chat_template else EDIT[0]["content"]  # tests/synth_gguf.py's files have no template
     print(f"{engine.device}, load average {os.getloadavg()[0]:.2f}")
@@ -102,26 +109,20 @@ def main() -> None:
     for n, times in costs.items():  # against the best round's plain step: the first one's reply captures its graph
         print(f"verify step of {n} tokens: " + " ".join(f"{t * 1e3:.2f}" for t in times) + " ms"
               f" | {np.median(times) / min(plain):.2f}x a plain step")
-    if args.replay is None:
-        drafter, name, recorded = PromptLookup(), "ngram", None
-    else:
-        recorded = replayed_reply(engine, prompt, args.n + 1, args.spec_k)
-        drafter, name = Replay(recorded, args.replay), f"replay {args.replay}"
-    texts, replayed = {}, []
+    name = spec.kind if args.synth is None else f"{spec.kind}, {args.synth:.0%} kept (synthetic)"
+    texts = {}
     for rep in range(args.reps):
-        for name, spec in (("plain", None), (name, Speculation(name, drafter, args.spec_k))):
+        for label, speculation in (("plain", None), (name, spec)):
             engine.reset()
-            engine.speculation = spec
-            *pieces, stats = engine.generate(prompt, max_tokens=args.n, temperature=0)
-            texts.setdefault(name, "".join(pieces))
-            if spec and recorded:
-                replayed.append(engine._cached == recorded[:len(engine._cached)])
-            print(f"{rep} {name}: {stats.generated_tokens} tokens, {stats.generation_tok_s:.1f} tok/s, drafted "
+            engine.speculation = speculation
+            with synthetic_acceptance(args.synth, rep) if speculation and args.synth is not None else nullcontext():
+                *pieces, stats = engine.generate(prompt, max_tokens=args.n, temperature=0)
+            texts.setdefault(label, "".join(pieces))
+            print(f"{rep} {label}: {stats.generated_tokens} tokens, {stats.generation_tok_s:.1f} tok/s, drafted "
                   f"{stats.drafted}, accepted {stats.accepted} | load average {os.getloadavg()[0]:.2f}", flush=True)
     engine.speculation = None
-    print("the same text:", len(set(texts.values())) == 1)
-    if recorded:  # the drafts measured what they should only where the replies stayed on the recorded one
-        print("each speculative reply the replayed one:", all(replayed))
+    if args.synth is None:  # a synthetic acceptance's reply is not the model's
+        print("the same text:", len(set(texts.values())) == 1)
 
 
 if __name__ == "__main__":
