@@ -707,8 +707,9 @@ def _speculation(engine: Engine, spec: str, spec_k: int, draft, progress) -> Spe
         # decode reads the weights once a token: a draft token costs what its file's share of the bytes says
         cost = drafter._gguf.file_size / engine._gguf.file_size
         return Speculation("draft", DraftModel(drafter, engine.config.n_vocab, cost), spec_k)
-    # auto leaves the GPU's block off until it is measured to pay there (its verify step runs eagerly, a plain
-    # step is one graph launch; a mixture of experts' verify reads more experts than its step does)
+    # auto leaves the GPU's block off until it is measured to pay there: DraftLength's cost is linear in the drafts,
+    # the GPU's verify step is not (a fixed ~0.3 of a step more at any length), and a step that drafts nothing is a
+    # one-token verify step with a host round trip, slower than the decode graph (inference/NOTES_gpu.md)
     if spec == "mtp" or (spec == "auto" and engine._weights.nextn is not None and engine.device == "cpu"):
         return Speculation("mtp", mtp_drafter(engine, engine._gguf, spec_k), spec_k, measured=spec == "auto")
     return None

@@ -29,7 +29,7 @@ class MTPDrafter:
         self.cfg, self.weights = cfg, weights
         self.cost = cost  # what a step of the block costs, as a share of one step of the model
         self.be = be  # a backend of the block's layer alone (mtp_drafter's), on the device of the model's head
-        self.step = step  # on the GPU, cuda_graph.DraftStep: a greedy draft's steps after the first
+        self.step = step  # on the GPU, cuda_graph.DraftStep: a greedy propose's captured steps
         self.states = be.rows(cfg.n_embd)  # the model's state after the output norm at each position (be's device)
         self.entered: list[int] = []  # the history the cache's entries up to len - 2 were made from
 
