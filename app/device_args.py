@@ -19,9 +19,9 @@ def add_spec_args(p) -> None:
     """Speculative decoding (inference/speculative.py)."""
     p.add_argument("--spec", default="auto", choices=["auto", "draft", "mtp", "ngram", "off"],
                    help="speculative decoding: draft tokens and check them in one step (default auto: with --draft "
-                        "when one is given, else with the model's own MTP block where its file has one (CPU), else "
-                        "off; mtp: that block (Qwen3.5); ngram: drafts copied from the prompt and reply, pays where "
-                        "the reply quotes them)")
+                        "when one is given, else with the model's own MTP block where its file has one and it pays "
+                        "(CPU: measured before the first reply), else off; mtp: that block (Qwen3.5); ngram: drafts "
+                        "copied from the prompt and reply, pays where the reply quotes them)")
     p.add_argument("--spec-k", type=int, default=None, metavar="N",
                    help="at most N drafts a step (default 3: a CPU step of up to 4 tokens costs about one token's)")
     p.add_argument("--draft", metavar="MODEL",

@@ -17,7 +17,8 @@ from inference.placement import (DEFAULT_GPU_SHARE, OFFLOAD_MIN_TOKENS, PREFILL_
 from inference.sampling import Sampler, SamplingParams
 from inference.mtp import MTPDrafter, mtp_drafter
 from inference.speculative import (SPEC_K, VERIFY_TOKEN_COST, DraftModel, PromptLookup, Speculation, SpecCounts,
-                                   check_draft_vocabulary, check_spec_options, common_prefix, speculative_tokens)
+                                   check_draft_vocabulary, check_spec_options, common_prefix, drafts_can_pay,
+                                   speculative_tokens)
 from inference.weights import load_weights
 from kernels.cuda.shapes import ATTENTION_HEAD_DIMS, DELTANET_CONV_K, DELTANET_HEAD_SIZES
 from models.chat_template import load_chat_template
@@ -457,6 +458,9 @@ class Engine:
         spec = self.speculation if not guide else None  # a grammar's masks go a token at a time: no speculation
         # measured before the prompt runs: measuring clears the context
         verify_cost = self.verify_token_cost(spec.k_max) if spec and spec.measured else VERIFY_TOKEN_COST
+        if spec and spec.measured and not drafts_can_pay(spec.k_max, spec.drafter.cost, verify_cost):
+            # --spec auto's drafter where a checked token costs too much of a step here: plain decoding from now on
+            self.speculation = spec = None
         t0 = time.perf_counter()
         logits = self._prefill(ids, all_logits=False, cancelled=cancelled)
         n_reused = self._prefill_start

@@ -43,6 +43,11 @@ RATE_PRIOR, RATE_PRIOR_WEIGHT, RATE_DECAY = 0.5, 2.0, 0.9
 # while no draft length pays (plain steps give more tokens per unit of cost), one step in PROBE_EVERY still drafts a
 # token, so that the rate can tell when drafting pays again (the text turns to quoting, the drafts start to agree)
 PROBE_EVERY = 16
+# --spec auto keeps its measured drafter (Engine.generate) only where some draft length would pay at this acceptance
+# rate, a good one for a model's own MTP block: on the 2-core VM a 0.8B Qwen3.5 with K-quants verifies a token more
+# at 0.55-0.75 of a step and its block drafts at 0.33, where 80% of drafts kept still gives fewer tokens per unit of
+# cost than plain steps, and its probes cost ~5% of a reply (BENCHMARKS.md, session 34, CPU)
+AUTO_RATE = 0.8
 
 
 @dataclass
@@ -65,7 +70,8 @@ class Speculation:
     drafter: Drafter
     k_max: int
     # --spec auto's choice: what a verified token costs is measured (Engine.verify_token_cost), so that drafting stops
-    # where it cannot pay; a --spec asked for by name takes VERIFY_TOKEN_COST
+    # where it cannot pay, and the drafter is dropped where it could not at AUTO_RATE; a --spec asked for by name
+    # takes VERIFY_TOKEN_COST
     measured: bool = False
 
 
@@ -168,8 +174,7 @@ class DraftLength:
         self.plain_steps = 0  # in a row, since the last draft
 
     def __call__(self) -> int:
-        a = self.kept / self.reached
-        gain = [sum(a ** j for j in range(k + 1)) / (1 + self.cost * k) for k in range(1, self.k_max + 1)]
+        gain = _gains(self.kept / self.reached, self.k_max, self.cost)
         if max(gain) > 1 or (self.plain_steps + 1 == PROBE_EVERY and self.cost < 1):
             self.plain_steps = 0
             return 1 + int(np.argmax(gain))
@@ -181,6 +186,18 @@ class DraftLength:
         first rejected one was reached."""
         self.kept = self.kept * RATE_DECAY + kept
         self.reached = self.reached * RATE_DECAY + kept + (kept < drafted)
+
+
+def drafts_can_pay(k_max: int, draft_cost: float, verify_cost: float, rate: float = AUTO_RATE) -> bool:
+    """Whether drafting up to k_max tokens gives more tokens per unit of cost than plain steps (DraftLength's
+    measure) where a draft is kept at rate."""
+    return max(_gains(rate, k_max, verify_cost + draft_cost)) > 1
+
+
+def _gains(a: float, k_max: int, cost: float) -> list[float]:
+    """Of k = 1..k_max drafts: the expected tokens of a verify step (1 + a + ... + a^k, each draft reached kept at
+    rate a) over its cost (a step and cost a draft), against a plain step's one token a step."""
+    return [sum(a ** j for j in range(k + 1)) / (1 + cost * k) for k in range(1, k_max + 1)]
 
 
 def speculative_tokens(logits: np.ndarray, history: list[int], params: SamplingParams, seed: int | None,

@@ -10,7 +10,7 @@ from inference import load
 from inference.backend_cpu import CPUBackend
 from inference.forward import mtp
 from inference.sampling import SamplingParams
-from inference.speculative import SpeculationError
+from inference.speculative import SpeculationError, drafts_can_pay
 from kernels.cpu.ops import rope_inv_freq
 from models.dequant import dequantize
 from tests.inference.conftest import _write_small
@@ -158,6 +158,26 @@ def test_spec_mtp_needs_the_block(synth_qwen35, qwen35_mtp):
     assert auto.speculation.kind == "mtp" and auto.speculation.measured  # auto picks the block, and weighs its cost
     list(auto.generate([5, 6, 7, 8], max_tokens=3, temperature=0))
     assert auto._verify_cost is not None and not qwen35_mtp.speculation.measured  # --spec mtp: the constant
+
+
+@pytest.mark.parametrize("cost, kept", [(0.8, False), (0.1, True)])
+def test_auto_keeps_the_block_where_its_drafts_can_pay(qwen35_mtp, monkeypatch, cost, kept):
+    """--spec auto measures what a checked token costs before its first reply (Engine.verify_token_cost) and drops the
+    block's drafts where no draft length would pay with AUTO_RATE of them kept (this file's block and head cost 0.33
+    of a step a draft): at 0.8 of a step a token (a K-quant Qwen3.5 on few cores) the reply is plain decoding, the
+    same tokens; at 0.1 it drafts."""
+    engine = load(qwen35_mtp.path, device="cpu", ctx=256, spec="auto")
+    assert engine.speculation.kind == "mtp" and engine.speculation.measured
+    assert drafts_can_pay(3, 0.0, 0.15) and not drafts_can_pay(3, 0.33, 0.55)  # 1.8 tokens for 1.88 steps at k = 1
+    assert drafts_can_pay(3, 0.33, 0.55, rate=0.95)
+    ids, spec = engine.tokenizer.encode(PROMPT), engine.speculation
+    plain, _ = reply(engine, ids, n=N_TOKENS)  # without speculation
+    engine.speculation = spec
+    monkeypatch.setattr(engine, "verify_token_cost", lambda k: cost)
+    engine.reset()
+    *_, stats = engine.generate(ids, max_tokens=N_TOKENS, temperature=0, stop=())
+    assert (engine.speculation is not None) == kept and (stats.drafted > 0) == kept
+    assert engine._cached[len(ids):] == plain[:len(engine._cached) - len(ids)]
 
 
 def test_sampled_drafts_repeat_with_a_seed(qwen35_mtp):
