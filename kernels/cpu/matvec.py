@@ -32,7 +32,11 @@ INLINED_DIGEST = "3732db04b7fc29f3"
 # global would be frozen into numba's cached kernel, and one compiled with fewer threads would leave cores idle.
 N_WORKERS = nb.config.NUMBA_NUM_THREADS
 MATVEC_CHUNKS = 16 * N_WORKERS  # chunks of a matvec: 16 a thread (64 and 256 on 16 threads: 256 faster)
-TOKEN_PASS_ROWS = 16  # rows that each of a few tokens passes over in turn (see matvecs_int8)
+# rows that each of a few tokens passes over in turn (see matvecs_int8): they stay in L2 while each token passes over
+# them. 16 (in L1) made a pass's row pairs neighbours and restarted the prefetch streams every 16 rows: on the 2-core
+# VM a 248320 x 1024 Q6_K head for 2 tokens took 8.9 ms against 6.5 for two 1-token passes; 256: 5.4 (BENCHMARKS.md,
+# session 34, CPU)
+TOKEN_PASS_ROWS = 256
 
 
 @intrinsic
@@ -140,7 +144,7 @@ def _chunk(first, n_rows, c):
 @fast
 def _dot_rows(tid, w, r0, r1, xs, t0, t1, out, o, f16):
     """out[o + t - t0, r] = x[t] . row r of w (type tid) for rows r0..r1 - 1, tokens t0..t1 - 1; xs: _quantize_x's
-    arrays of x. A few tokens: TOKEN_PASS_ROWS rows at a time, which stay in L1 while each token passes over them."""
+    arrays of x. A few tokens: TOKEN_PASS_ROWS rows at a time, which stay in L2 while each token passes over them."""
     xq, xd, xs16, xq4, xq8, xd8, xs8 = xs
     step = r1 - r0 if t1 - t0 == 1 else TOKEN_PASS_ROWS
     for ra in range(r0, r1, step):
