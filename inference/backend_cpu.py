@@ -304,17 +304,17 @@ class CPUBackend:
             raise RuntimeError(f"layer {layer}'s recurrent state is at token {self.state_pos[layer]}, "
                                f"not at {self.pos}")
         conv, delta = self.conv_state[layer], self.delta_state[layer]
-        if not self._snapshots:
-            out = self._delta_net(layer, dn, qkv, z, alpha, beta, conv, delta)
-        else:  # a token at a time (the kernels' loop over tokens, the same floats), the states kept after each
-            conv_rows, delta_rows = self._snapshot_buffers(layer, len(qkv))
-            out = []
-            for t in range(len(qkv)):
-                out.append(self._delta_net(layer, dn, qkv[t:t + 1], z[t:t + 1], alpha[t:t + 1], beta[t:t + 1], conv,
-                                           delta))
-                conv_rows[t], delta_rows[t] = conv, delta
-            out = np.concatenate(out)
-        self.state_pos[layer] = self.pos + len(qkv)
+        n, snapshots = len(qkv), None
+        if self._snapshots:  # the states after each token: the conv's are its last K - 1 inputs, the delta rule's
+            conv_rows, delta_rows = self._snapshot_buffers(layer, n)  # the kernel writes as it goes
+            inputs = np.concatenate([conv, qkv])
+            for t in range(n):
+                conv_rows[t] = inputs[t + 1:t + 1 + len(conv)]
+            snapshots = delta_rows[:n]
+        y = cpu_deltanet.conv_silu(qkv, conv, self._conv_taps[layer])
+        out = cpu_deltanet.delta_rule(y, alpha, beta, dn.dt_bias, dn.a, z, dn.norm, delta, self.cfg.ssm_k_heads,
+                                      self.cfg.rms_eps, snapshots)
+        self.state_pos[layer] = self.pos + n
         return out
 
     def _snapshot_buffers(self, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -325,12 +325,6 @@ class CPUBackend:
             rows = self._snapshot_rows[layer] = (np.empty((n, *conv.shape), np.float32),
                                                  np.empty((n, *delta.shape), np.float32))
         return rows
-
-    def _delta_net(self, layer: int, dn: DeltaNetWeights, qkv: np.ndarray, z: np.ndarray, alpha: np.ndarray,
-                   beta: np.ndarray, conv: np.ndarray, delta: np.ndarray) -> np.ndarray:
-        y = cpu_deltanet.conv_silu(qkv, conv, self._conv_taps[layer])
-        return cpu_deltanet.delta_rule(y, alpha, beta, dn.dt_bias, dn.a, z, dn.norm, delta, self.cfg.ssm_k_heads,
-                                       self.cfg.rms_eps)
 
     def rewind_states(self, n: int) -> None:
         """The recurrent states back to after the context's first n tokens, from the copies the last forward kept

@@ -103,8 +103,9 @@ def _gated_norm(o, z, weight, eps, out):  # o, z, out [S]: rms_norm(o) * weight 
 
 
 @nb.njit(cache=True, nogil=True, fastmath=True, parallel=True, error_model="numpy")
-def _delta_rule_tokens(y, alpha, beta, dt_bias, a, z, norm_w, state, n_k, eps, out):
-    """Token by token: y [n, C], alpha, beta [n, Hv], z, out [n, Hv * S], state [Hv, S, S]. Heads in parallel."""
+def _delta_rule_tokens(y, alpha, beta, dt_bias, a, z, norm_w, state, n_k, eps, out, snapshots):
+    """Token by token: y [n, C], alpha, beta [n, Hv], z, out [n, Hv * S], state [Hv, S, S]; snapshots [n, Hv, S, S]
+    the state after each token, or [0, ...]: none. Heads in parallel."""
     n = y.shape[0]
     Hv, S = state.shape[0], state.shape[1]
     scale = 1.0 / math.sqrt(S)
@@ -133,15 +134,23 @@ def _delta_rule_tokens(y, alpha, beta, dt_bias, a, z, norm_w, state, n_k, eps, o
                     acc += M[j, i] * q[i]
                 o[j] = acc * scale
             _gated_norm(o, z[t, h * S:(h + 1) * S], norm_w, eps, out[t, h * S:(h + 1) * S])
+            if snapshots.shape[0]:
+                snapshots[t, h] = M
 
 
 def delta_rule(y: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bias: np.ndarray, a: np.ndarray,
-               z: np.ndarray, norm_w: np.ndarray, state: np.ndarray, n_k_heads: int, eps: float) -> np.ndarray:
+               z: np.ndarray, norm_w: np.ndarray, state: np.ndarray, n_k_heads: int, eps: float,
+               snapshots: np.ndarray | None = None) -> np.ndarray:
     """The delta rule and the gated norm (module doc) of the conv's output y [n, C] (C = (2 Hk + Hv) S: q, k,
     v heads), alpha, beta [n, Hv] (the projections), dt_bias, a [Hv], z [n, Hv * S], norm_w [S], over the
-    state [Hv, S, S] (moved on in place): out [n, Hv * S]."""
+    state [Hv, S, S] (moved on in place): out [n, Hv * S]. snapshots: float32 [n, Hv, S, S] that takes the state
+    after each token (a verify step's, for a rewind)."""
     n, C = y.shape
     Hv, S = state.shape[0], state.shape[2]
+    if snapshots is None:
+        snapshots = np.empty((0, Hv, S, S), np.float32)
+    elif snapshots.shape != (n, Hv, S, S) or snapshots.dtype != np.float32 or not snapshots.flags.c_contiguous:
+        raise ValueError(f"delta_rule: snapshots {snapshots.dtype} {snapshots.shape} for {n} tokens of {Hv} heads")
     if (state.shape != (Hv, S, S) or state.dtype != np.float32 or not state.flags.c_contiguous
             or C != (2 * n_k_heads + Hv) * S or Hv % n_k_heads or alpha.shape != (n, Hv) or beta.shape != (n, Hv)
             or z.shape != (n, Hv * S) or norm_w.shape != (S,) or dt_bias.shape != (Hv,) or a.shape != (Hv,)):
@@ -150,5 +159,5 @@ def delta_rule(y: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bias: np.n
     f32 = lambda t: np.ascontiguousarray(t, np.float32)  # noqa: E731
     y, alpha, beta, z = f32(y), f32(alpha), f32(beta), f32(z)
     out = np.empty((n, Hv * S), np.float32)
-    _delta_rule_tokens(y, alpha, beta, f32(dt_bias), f32(a), z, f32(norm_w), state, n_k_heads, eps, out)
+    _delta_rule_tokens(y, alpha, beta, f32(dt_bias), f32(a), z, f32(norm_w), state, n_k_heads, eps, out, snapshots)
     return out

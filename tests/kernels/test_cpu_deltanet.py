@@ -104,3 +104,24 @@ def test_decode_steps_equal_one_prompt():
                                      d["z"][t:t + 1], d["norm_w"], state, n_k, EPS) for t in range(24)]
     np.testing.assert_allclose(np.concatenate(steps), whole, rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(state, whole_state, rtol=1e-3, atol=1e-4)
+
+
+def test_snapshots_are_the_states_a_token_at_a_time_gives():
+    """A verify step's delta rule keeps the state after each of its tokens (snapshots) in one call: the same floats
+    as calls of one token each (a decode step's), its outputs too, so that a rewind to any of them and the reply
+    after it are decode's."""
+    n_k, n_v, S, n = 2, 4, 32, 5
+    d = inputs(np.random.default_rng(4), n, n_k, n_v, S)
+    state, snapshots = d["state"].copy(), np.zeros((n, n_v, S, S), np.float32)
+    whole = cpu_deltanet.delta_rule(d["y"], d["alpha"], d["beta"], d["dt_bias"], d["a"], d["z"], d["norm_w"], state,
+                                    n_k, EPS, snapshots)
+    state1 = d["state"].copy()
+    for t in range(n):
+        step = cpu_deltanet.delta_rule(d["y"][t:t + 1], d["alpha"][t:t + 1], d["beta"][t:t + 1], d["dt_bias"], d["a"],
+                                       d["z"][t:t + 1], d["norm_w"], state1, n_k, EPS)
+        np.testing.assert_array_equal(whole[t:t + 1], step)
+        np.testing.assert_array_equal(snapshots[t], state1)
+    np.testing.assert_array_equal(state, state1)
+    with pytest.raises(ValueError, match="snapshots"):
+        cpu_deltanet.delta_rule(d["y"], d["alpha"], d["beta"], d["dt_bias"], d["a"], d["z"], d["norm_w"], state, n_k,
+                                EPS, snapshots[:2])
