@@ -305,12 +305,13 @@ class CPUBackend:
                                f"not at {self.pos}")
         conv, delta = self.conv_state[layer], self.delta_state[layer]
         n, snapshots = len(qkv), None
-        if self._snapshots:  # the states after each token: the conv's are its last K - 1 inputs, the delta rule's
-            conv_rows, delta_rows = self._snapshot_buffers(layer, n)  # the kernel writes as it goes
+        if self._snapshots:  # the states after each token but the last (a rewind keeps one token at least and
+            # drops one at least): the conv's are its last K - 1 inputs, the delta rule's the kernel writes as it goes
+            conv_rows, delta_rows = self._snapshot_buffers(layer, n - 1)
             inputs = np.concatenate([conv, qkv])
-            for t in range(n):
+            for t in range(n - 1):
                 conv_rows[t] = inputs[t + 1:t + 1 + len(conv)]
-            snapshots = delta_rows[:n]
+            snapshots = delta_rows[:n - 1]
         y = cpu_deltanet.conv_silu(qkv, conv, self._conv_taps[layer])
         out = cpu_deltanet.delta_rule(y, alpha, beta, dn.dt_bias, dn.a, z, dn.norm, delta, self.cfg.ssm_k_heads,
                                       self.cfg.rms_eps, snapshots)

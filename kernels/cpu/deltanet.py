@@ -104,8 +104,8 @@ def _gated_norm(o, z, weight, eps, out):  # o, z, out [S]: rms_norm(o) * weight 
 
 @nb.njit(cache=True, nogil=True, fastmath=True, parallel=True, error_model="numpy")
 def _delta_rule_tokens(y, alpha, beta, dt_bias, a, z, norm_w, state, n_k, eps, out, snapshots):
-    """Token by token: y [n, C], alpha, beta [n, Hv], z, out [n, Hv * S], state [Hv, S, S]; snapshots [n, Hv, S, S]
-    the state after each token, or [0, ...]: none. Heads in parallel."""
+    """Token by token: y [n, C], alpha, beta [n, Hv], z, out [n, Hv * S], state [Hv, S, S]; snapshots [m, Hv, S, S]
+    the state after each of the first m <= n tokens (m = 0: none). Heads in parallel."""
     n = y.shape[0]
     Hv, S = state.shape[0], state.shape[1]
     scale = 1.0 / math.sqrt(S)
@@ -134,7 +134,7 @@ def _delta_rule_tokens(y, alpha, beta, dt_bias, a, z, norm_w, state, n_k, eps, o
                     acc += M[j, i] * q[i]
                 o[j] = acc * scale
             _gated_norm(o, z[t, h * S:(h + 1) * S], norm_w, eps, out[t, h * S:(h + 1) * S])
-            if snapshots.shape[0]:
+            if t < snapshots.shape[0]:
                 snapshots[t, h] = M
 
 
@@ -143,13 +143,14 @@ def delta_rule(y: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bias: np.n
                snapshots: np.ndarray | None = None) -> np.ndarray:
     """The delta rule and the gated norm (module doc) of the conv's output y [n, C] (C = (2 Hk + Hv) S: q, k,
     v heads), alpha, beta [n, Hv] (the projections), dt_bias, a [Hv], z [n, Hv * S], norm_w [S], over the
-    state [Hv, S, S] (moved on in place): out [n, Hv * S]. snapshots: float32 [n, Hv, S, S] that takes the state
-    after each token (a verify step's, for a rewind)."""
+    state [Hv, S, S] (moved on in place): out [n, Hv * S]. snapshots: float32 [m, Hv, S, S] that takes the state
+    after each of the first m <= n tokens (a verify step's, for a rewind)."""
     n, C = y.shape
     Hv, S = state.shape[0], state.shape[2]
     if snapshots is None:
         snapshots = np.empty((0, Hv, S, S), np.float32)
-    elif snapshots.shape != (n, Hv, S, S) or snapshots.dtype != np.float32 or not snapshots.flags.c_contiguous:
+    elif (snapshots.shape[0] > n or snapshots.shape[1:] != (Hv, S, S) or snapshots.dtype != np.float32
+          or not snapshots.flags.c_contiguous):
         raise ValueError(f"delta_rule: snapshots {snapshots.dtype} {snapshots.shape} for {n} tokens of {Hv} heads")
     if (state.shape != (Hv, S, S) or state.dtype != np.float32 or not state.flags.c_contiguous
             or C != (2 * n_k_heads + Hv) * S or Hv % n_k_heads or alpha.shape != (n, Hv) or beta.shape != (n, Hv)

@@ -122,6 +122,6 @@ def test_snapshots_are_the_states_a_token_at_a_time_gives():
         np.testing.assert_array_equal(whole[t:t + 1], step)
         np.testing.assert_array_equal(snapshots[t], state1)
     np.testing.assert_array_equal(state, state1)
-    with pytest.raises(ValueError, match="snapshots"):
-        cpu_deltanet.delta_rule(d["y"], d["alpha"], d["beta"], d["dt_bias"], d["a"], d["z"], d["norm_w"], state, n_k,
-                                EPS, snapshots[:2])
+    with pytest.raises(ValueError, match="snapshots"):  # more rows than tokens
+        cpu_deltanet.delta_rule(d["y"][:2], d["alpha"][:2], d["beta"][:2], d["dt_bias"], d["a"], d["z"][:2],
+                                d["norm_w"], state, n_k, EPS, snapshots[:3])
