@@ -32,7 +32,7 @@ from inference.backend_cpu import CPUBackend
 from inference.backend_cuda import CUDABackend
 from inference.forward import head, inputs, layers, mtp
 from inference.grammar import Guide
-from inference.sampling import SamplingParams
+from inference.sampling import SamplingParams, plain_greedy
 from inference.weights import ModelWeights
 from kernels.cuda.module import programmatic_launches
 from models.config import ModelConfig
@@ -118,7 +118,7 @@ class DecodeStep:
         leaves one step done for nothing: its cache row lies past the engine's cached tokens, so a later
         prompt overwrites it before anything reads it.
         guide: each token is among those its grammar allows, and taken in by it before the next is sampled."""
-        greedy = params.temperature <= 0 and params.repeat_penalty == 1.0  # argmax; else the sampler kernel
+        greedy = plain_greedy(params)  # argmax; else the sampler kernel
         masked, self.guide = guide is not None, guide
         self.be.start_sampling(params, seed, history)
         if masked:

@@ -4,9 +4,10 @@
 # llama-cpp-python sdist (a registry package).
 #
 #   here:        bash tests/llamacpp_peer.sh prepare .carry   # .carry/ is ignored (.gitignore); needs PyPI
-#   device run:  bash tests/llamacpp_peer.sh build .carry     (carry [".carry"]; ~5 min on 16 cores; prints the binary path)
-#   then:        /tmp/peer/build/bin/llama-bench -m FILE.gguf -ngl 99 -fa 1 -p 512 -n 128
-#                python3 tests/inference/bench_llamacpp_spec.py /tmp/peer/build/bin/llama-server FILE.gguf --synth 0.7
+#   device run:  bash tests/llamacpp_peer.sh build .carry     (carry [".carry"]; ~5 min on 16 cores)
+#                it prints the paths of BENCH (llama-bench) and SERVER (llama-server)
+#   then:        BENCH -m FILE.gguf -ngl 99 -fa 1 -p 512 -n 128
+#                python3 tests/inference/bench_llamacpp_spec.py SERVER FILE.gguf --synth 0.7
 # The build runs detached, so a build cut by the command limit goes on while the machine stays warm:
 # call `build` again and it waits for the same build instead of starting another.
 set -eu
@@ -37,5 +38,6 @@ build)
       && cmake --build build -j \$(nproc) --target llama-bench llama-server > build.log 2>&1; echo \$? > done" >/dev/null 2>&1 &
   fi
   for _ in $(seq 1 110); do [ -e done ] && break; sleep 5; done
-  if [ -e done ]; then tail -2 build.log; echo /tmp/peer/build/bin/llama-bench; else echo "still building: call build again"; fi ;;
+  if [ -e done ]; then tail -2 build.log; echo "$PWD"/build/bin/llama-bench "$PWD"/build/bin/llama-server
+  else echo "still building: call build again"; fi ;;
 esac

@@ -14,20 +14,24 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 PROMPT = "Rename the variable `chunk` to `segment` in this Python function and show the whole function:\n\n"
 
 
 def serve(server: str, model: str, port: int, spec: list[str]) -> subprocess.Popen:
-    """llama-server on model, all layers on the GPU, flash attention on, one slot; ready when /health says so."""
+    """llama-server on model, all layers on the GPU, flash attention on, one slot; ready when /health says so. Its
+    log goes to the temporary directory."""
+    log = Path(tempfile.gettempdir()) / f"llama-server-{port}.log"
     proc = subprocess.Popen([server, "-m", model, "-ngl", "99", "-fa", "on", "-c", "4096", "-np", "1",
                              "--host", "127.0.0.1", "--port", str(port), *spec],
-                            stdout=subprocess.DEVNULL, stderr=open(f"/tmp/llama-server-{port}.log", "w"))
+                            stdout=subprocess.DEVNULL, stderr=open(log, "w"))
     for _ in range(600):
         if proc.poll() is not None:
-            sys.exit(f"llama-server exited ({proc.returncode}): see /tmp/llama-server-{port}.log")
+            sys.exit(f"llama-server exited ({proc.returncode}): see {log}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
                 if r.status == 200:
