@@ -9,7 +9,9 @@ is kept with probability F while those before it were, whatever the model says, 
 kept ones; every step drafts --spec-k tokens. The reply's text is then not the model's, but each step does the work
 of a real one (the verify step, the rewind of what it rejected, the drafter's catch-up on what it kept), so the reply's
 speed is that of a reply whose drafts agree at that rate: random weights, whose drafts agree with nothing, measure it
-so, and llama.cpp's server measures its own the same way (tests/inference/bench_llamacpp_spec.py).
+so, and llama.cpp's server measures its own the same way (tests/inference/bench_llamacpp_spec.py). With
+--temperature T > 0 (sampled replies, both of them) a kept run is drawn the same way, and each row the rule would read
+still gets its distribution (speculative.accepted_tokens' host work), the token after the run drawn from the model's.
 --spec mtp: drafts from the file's MTP block; ngram (the default): prompt lookup. MODEL defaults to the default model
 (the packaged SmolLM2).
 The step costs are verify steps of 1 to 5 tokens (engine._verify: captured on the GPU), each rewound to its first
@@ -77,13 +79,25 @@ def synthetic_acceptance(rate: float, seed: int = 0):
     k_max, as llama.cpp drafts its n_max under --spec-draft-p-min 0."""
     rng = np.random.default_rng(seed)
 
-    def kept_tokens(argmax: np.ndarray, drafts: list[int]) -> list[int]:
+    def kept_run(n_drafts: int) -> int:
         kept = 0
-        while kept < len(drafts) and rng.random() < rate:
+        while kept < n_drafts and rng.random() < rate:
             kept += 1
+        return kept
+
+    def kept_tokens(argmax: np.ndarray, drafts: list[int]) -> list[int]:
+        kept = kept_run(len(drafts))
         return drafts[:kept] + [int(argmax[kept])]
 
+    def kept_sampled(logits, history, draft, params, rng_) -> list[int]:
+        kept = kept_run(len(draft.tokens))
+        for i in range(kept):  # the rows the rule reads before it keeps each draft
+            speculative.distribution(logits[i], params, speculative._recent(history + draft.tokens[:i]))
+        ids, p = speculative.distribution(logits[kept], params, speculative._recent(history + draft.tokens[:kept]))
+        return draft.tokens[:kept] + [speculative._draw(ids, p, rng_)]
+
     with (mock.patch.object(speculative, "greedy_tokens", kept_tokens),
+          mock.patch.object(speculative, "accepted_tokens", kept_sampled),
           mock.patch.object(speculative.DraftLength, "__call__", lambda self: self.k_max)):
         yield
 
@@ -97,6 +111,7 @@ def main() -> None:
     p.add_argument("--spec", choices=("ngram", "mtp"), default="ngram")
     p.add_argument("--synth", type=float, metavar="F", help="synthetic acceptance: each draft kept with prob. F")
     p.add_argument("--spec-k", type=int, default=3)
+    p.add_argument("--temperature", type=float, default=0.0, help="of both replies (default 0: greedy)")
     args = p.parse_args()
     engine = load(args.model, device=args.device, ctx=2048, spec="mtp" if args.spec == "mtp" else "off",
                   spec_k=args.spec_k)
@@ -110,18 +125,24 @@ def main() -> None:
         print(f"verify step of {n} tokens: " + " ".join(f"{t * 1e3:.2f}" for t in times) + " ms"
               f" | {np.median(times) / min(plain):.2f}x a plain step")
     name = spec.kind if args.synth is None else f"{spec.kind}, {args.synth:.0%} kept (synthetic)"
+    for speculation in (None, spec):  # the first reply of each captures what it runs (the GPU's graphs): not timed
+        engine.reset()
+        engine.speculation = speculation
+        with synthetic_acceptance(args.synth) if speculation and args.synth is not None else nullcontext():
+            list(engine.generate(prompt, max_tokens=16, temperature=args.temperature, seed=0, stop=()))
     texts = {}
     for rep in range(args.reps):
         for label, speculation in (("plain", None), (name, spec)):
             engine.reset()
             engine.speculation = speculation
             with synthetic_acceptance(args.synth, rep) if speculation and args.synth is not None else nullcontext():
-                *pieces, stats = engine.generate(prompt, max_tokens=args.n, temperature=0)
+                *pieces, stats = engine.generate(prompt, max_tokens=args.n, temperature=args.temperature,
+                                                 seed=rep, stop=())
             texts.setdefault(label, "".join(pieces))
             print(f"{rep} {label}: {stats.generated_tokens} tokens, {stats.generation_tok_s:.1f} tok/s, drafted "
                   f"{stats.drafted}, accepted {stats.accepted} | load average {os.getloadavg()[0]:.2f}", flush=True)
     engine.speculation = None
-    if args.synth is None:  # a synthetic acceptance's reply is not the model's
+    if args.synth is None and args.temperature <= 0:  # a synthetic acceptance's reply is not the model's
         print("the same text:", len(set(texts.values())) == 1)
 
 
