@@ -20,10 +20,10 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from kernels.cpu.iq_grid import grid_sub_block, iq1_m_d
-from kernels.cpu.ir import (abs_signed, array_data, call, fold, fsum, half_ir, i64, ir_loop, load, load_bytes, lookup16,
-                            madd, madd32, madd_scaled, prefetch, ptr, shuffle, splat, splat_f)
+from kernels.cpu.ir import (abs_signed, array_data, call, fma, fold, fsum, half_ir, i64, ir_loop, load, load_bytes,
+                            lookup16, madd, madd32, madd_scaled, prefetch, ptr, shuffle, splat, splat_f)
 from kernels.cpu.types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q4_0, Q4_1,
-                               Q5_0, Q6_K, fast)
+                               Q4_K, Q5_0, Q6_K, fast)
 from models.dequant import KVALUES_MXFP4
 from models.iq_grids import KVALUES_IQ4NL
 
@@ -55,10 +55,11 @@ def _high_bits32(context, builder, row_t, row, off):
                           splat(builder, 0, 32))
 
 
-def _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
-    """[<8 x i32> summing to sum over its 8 runs j of sc_j * (q . xq), one summing to sum over j of
-    m_j * (sum of xq over run j)] of the Q4_K block at row[o:o + 144] and x's block i (xq[256 i:256 i + 256],
-    in q4_k_order; xs16[16 i:16 i + 16])."""
+def _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, idx):
+    """For each block i of x in idx (one a token: _k_rows), [<8 x i32> summing to sum over its 8 runs j of
+    sc_j * (q . xq), one summing to sum over j of m_j * (sum of xq over run j)] of the Q4_K block at row[o:o + 144]
+    and x's block i (xq[256 i:256 i + 256], in q4_k_order; xs16[16 i:16 i + 16]). The block's scales and nibbles are
+    decoded once for all of idx."""
     i32, v4 = ir.IntType(32), ir.VectorType(ir.IntType(32), 4)
     # the 12 scale bytes as <4 x i32> u (its last lane quants) -> 8 scales, then 8 mins, a byte each: ggml's
     # utmp lane-wise, word k = ((u[a_k] >> s_k) & mask_k) | ((u[b_k] >> 6) & top_k) << 4
@@ -74,29 +75,36 @@ def _q4_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
     zero_bytes = ir.VectorType(ir.IntType(8), 16)([0] * 16)
     scales = builder.bitcast(shuffle(builder, scale_bytes, zero_bytes, [k // 2 + 16 * (k % 2) for k in range(32)]),
                              ir.VectorType(ir.IntType(16), 16))
-    x0 = builder.mul(i, i64(256))
-    acc = ir.VectorType(i32, 16)([0] * 16)
-    for h in range(2):  # 128 values from 64 bytes: runs 4h and 4h + 2 in the low nibbles, 4h + 1 and 4h + 3 high
+    # 128 values from each 64 bytes: runs 4h and 4h + 2 in the low nibbles, 4h + 1 and 4h + 3 high (k = 0, 1)
+    runs = []
+    for h in range(2):
         q = load(context, builder, row_t, row, builder.add(o, i64(16 + 64 * h)), 64)
         nibbles = builder.and_(q, splat(builder, 0xF, 64)), builder.lshr(q, splat(builder, 4, 64))
-        for k, quants in enumerate(nibbles):  # xq in Q4_K order (see q4_k_order): runs 4h + k and 4h + k + 2
-            x = load(context, builder, xq_t, xq, builder.add(x0, i64(128 * h + 64 * k)), 64)
+        for k, quants in enumerate(nibbles):
             run_scales = shuffle(builder, scales, None, [4 * h + k] * 16 + [4 * h + k + 2] * 16)
-            acc = builder.add(acc, madd_scaled(context, builder, quants, x, run_scales))
+            runs.append((128 * h + 64 * k, quants, run_scales))
     mins = shuffle(builder, scales, None, [8 + k // 2 for k in range(16)])  # each twice: runs of 32 = 2 x 16
-    sums16 = load(context, builder, xs_t, xs16, builder.mul(i, i64(16)), 16, bits=16)
-    return [fold(builder, acc), madd(builder, mins, sums16)]
+    out = []
+    for i in idx:
+        x0 = builder.mul(i, i64(256))
+        acc = ir.VectorType(i32, 16)([0] * 16)
+        for at, quants, run_scales in runs:  # xq in Q4_K order (see q4_k_order): runs 4h + k and 4h + k + 2
+            x = load(context, builder, xq_t, xq, builder.add(x0, i64(at)), 64)
+            acc = builder.add(acc, madd_scaled(context, builder, quants, x, run_scales))
+        sums16 = load(context, builder, xs_t, xs16, builder.mul(i, i64(16)), 16, bits=16)
+        out.append([fold(builder, acc), madd(builder, mins, sums16)])
+    return out
 
 
-def _q6_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
-    """[<8 x i32> summing to sum over its 16 runs g of 16 values of sc_g * ((q - 32) . xq)] of the Q6_K block
-    at row[o:o + 210] and x's block i (xq[256 i:256 i + 256], xs16[16 i:16 i + 16])."""
+def _q6_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, idx):
+    """For each block i of x in idx (one a token: _k_rows), [<8 x i32> summing to sum over its 16 runs g of 16
+    values of sc_g * ((q - 32) . xq)] of the Q6_K block at row[o:o + 210] and x's block i (xq[256 i:256 i + 256],
+    xs16[16 i:16 i + 16]). The block's scales and 6-bit values are decoded once for all of idx."""
     i32 = ir.IntType(32)
     scale_bytes = load(context, builder, row_t, row, builder.add(o, i64(192)), 16)  # int8, a run each
     scales = builder.sext(scale_bytes, ir.VectorType(ir.IntType(16), 16))
     c = lambda v: splat(builder, v, 32)  # noqa: E731
-    x0 = builder.mul(i, i64(256))
-    acc = ir.VectorType(i32, 16)([0] * 16)
+    runs = []
     for n in range(2):  # 128 values: 4 runs of 32 from ql[64 n:64 n + 64] and qh[32 n:32 n + 32], see decode_q6_k
         ql0 = load(context, builder, row_t, row, builder.add(o, i64(64 * n)), 32)
         ql1 = load(context, builder, row_t, row, builder.add(o, i64(64 * n + 32)), 32)
@@ -106,13 +114,20 @@ def _q6_k_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
         for h in range(2):  # runs 2h and 2h + 1: x[128 n + 64 h:][:64]
             quants = shuffle(builder, builder.or_(low[2 * h], high[2 * h]),
                              builder.or_(low[2 * h + 1], high[2 * h + 1]), range(64))
-            x = load(context, builder, xq_t, xq, builder.add(x0, i64(128 * n + 64 * h)), 64)
             g = 8 * n + 4 * h  # the scales of these 4 runs of 16
-            run_scales = shuffle(builder, scales, None, [g] * 8 + [g + 1] * 8 + [g + 2] * 8 + [g + 3] * 8)
+            runs.append((128 * n + 64 * h, quants,
+                         shuffle(builder, scales, None, [g] * 8 + [g + 1] * 8 + [g + 2] * 8 + [g + 3] * 8)))
+    out = []
+    for i in idx:
+        x0 = builder.mul(i, i64(256))
+        acc = ir.VectorType(i32, 16)([0] * 16)
+        for at, quants, run_scales in runs:
+            x = load(context, builder, xq_t, xq, builder.add(x0, i64(at)), 64)
             acc = builder.add(acc, madd_scaled(context, builder, quants, x, run_scales))
-    sums16 = load(context, builder, xs_t, xs16, builder.mul(i, i64(16)), 16, bits=16)
-    offset = builder.shl(madd(builder, scales, sums16), ir.VectorType(i32, 8)([5] * 8))  # 32 * sc_g * sum
-    return [builder.sub(fold(builder, acc), offset)]
+        sums16 = load(context, builder, xs_t, xs16, builder.mul(i, i64(16)), 16, bits=16)
+        offset = builder.shl(madd(builder, scales, sums16), ir.VectorType(i32, 8)([5] * 8))  # 32 * sc_g * sum
+        out.append([builder.sub(fold(builder, acc), offset)])
+    return out
 
 
 def iq4_xs_scales(context, builder, row_t, row, o):
@@ -168,7 +183,7 @@ def _grid_block(tid):
             scales = shuffle(builder, lanes(builder, la), lanes(builder, lb), range(32))
             acc = builder.add(acc, madd_scaled(context, builder, shuffle(builder, va, vb, range(64)), signed, scales))
         return [fold(builder, acc)]
-    return block
+    return _each_token(block)
 
 
 def _row_at(context, builder, w_t, w, r_t, r, block_bytes):
@@ -181,53 +196,82 @@ def _row_at(context, builder, w_t, w, r_t, r, block_bytes):
     return builder.mul(r, row_bytes), builder.udiv(row_bytes, i64(block_bytes))
 
 
-def _k_rows(block, block_bytes, scales_at, factor=1.0):
+def _each_token(block):
+    """A block function of _k_rows from one that dots one token's block i: called for each of idx."""
+    def each(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, idx):
+        return [block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i) for i in idx]
+    return each
+
+
+def _k_rows(block, block_bytes, scales_at, factor=1.0, n_tokens=1):
     """An intrinsic f(w, ra, rb, xq, xd, xs16, f16) -> (w[ra] . x8, w[rb] . x8) for two rows of a k-quant's matrix
     w (uint8 [n_rows, row_bytes], see _row_at) and one token's x8 (xq in the block's order, xd [n_blocks], xs16): a
     loop over the blocks in IR that scales the int32 vectors of block(...) by their f16 scale at scales_at (byte
     offset, or a function of the block that gives it, as iq1_m_d; sign) times xd (times factor) into one float
     vector a row, summed once a row. A numba loop over the blocks reduced every block's vectors to scalars first: a
-    shuffle tree a block, on the shuffle port that Q4_K is bound by on the Xeon (llvm-mca)."""
-    @intrinsic
-    def rows_dot(typingctx, w, ra, rb, xq, xd, xs16, f16):
-        def codegen(context, builder, sig, args):
-            row_t, ra_t, rb_t, xq_t, xd_t, xs_t, f16_t = sig.args
-            row, ra, rb, xq, xd, xs16, f16 = args
-            vec = ir.VectorType(ir.FloatType(), 8)
-            base_a, n_blocks = _row_at(context, builder, row_t, row, ra_t, ra, block_bytes)
-            base_b = _row_at(context, builder, row_t, row, rb_t, rb, block_bytes)[0]
+    shuffle tree a block, on the shuffle port that Q4_K is bound by on the Xeon (llvm-mca).
+    n_tokens > 1: f(w, ra, rb, xq, xd, xs16, f16, t0) -> the n_tokens dots of row ra with tokens t0.. of x8 (xq, xd,
+    xs16 the [n_tokens, ...] arrays, C-contiguous), then those of row rb: each block of both rows read and decoded
+    once for all of them (block(..., idx) gives each token's vectors; token t's blocks are x's i + t * n_blocks).
+    A verify step's few tokens then cost their dots, not a decode each (kernels/cpu/NOTES_cpu.md, session 35)."""
+    def codegen(context, builder, sig, args):
+        row_t, ra_t, rb_t, xq_t, xd_t, xs_t, f16_t = sig.args[:7]
+        row, ra, rb, xq, xd, xs16, f16 = args[:7]
+        t0 = context.cast(builder, args[7], sig.args[7], types.int64) if n_tokens > 1 else i64(0)
+        vec = ir.VectorType(ir.FloatType(), 8)
+        base_a, n_blocks = _row_at(context, builder, row_t, row, ra_t, ra, block_bytes)
+        base_b = _row_at(context, builder, row_t, row, rb_t, rb, block_bytes)[0]
 
-            def body(i, accs):  # one block of both rows: their accumulators plus the block's scaled vectors
-                xd_i = builder.load(builder.gep(array_data(context, builder, xd_t, xd).data, [i]))
-                new = []
-                for base, acc in ((base_a, accs[0]), (base_b, accs[1])):
-                    o = builder.add(base, builder.mul(i, i64(block_bytes)))
-                    for ahead in (K_PREFETCH_BYTES, K_PREFETCH_BYTES + 64):
-                        prefetch(context, builder, row_t, row, builder.add(o, i64(ahead)))
-                    vecs = block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i)
-                    for v, (at, sign) in zip(vecs, scales_at):
-                        d = (at(context, builder, row_t, row, o, f16_t, f16) if callable(at) else
-                             half_ir(context, builder, row_t, row, builder.add(o, i64(at)), f16_t, f16))
-                        scale = builder.fmul(d, xd_i)
+        def body(i, accs):  # one block of both rows: their accumulators plus the block's scaled vectors
+            idx = [builder.add(i, builder.mul(builder.add(t0, i64(t)), n_blocks)) for t in range(n_tokens)]
+            xd_data = array_data(context, builder, xd_t, xd).data
+            xds = [builder.load(builder.gep(xd_data, [k])) for k in idx]
+            new = []
+            for r, base in enumerate((base_a, base_b)):
+                o = builder.add(base, builder.mul(i, i64(block_bytes)))
+                for ahead in (K_PREFETCH_BYTES, K_PREFETCH_BYTES + 64):
+                    prefetch(context, builder, row_t, row, builder.add(o, i64(ahead)))
+                ds = [(at(context, builder, row_t, row, o, f16_t, f16) if callable(at) else
+                       half_ir(context, builder, row_t, row, builder.add(o, i64(at)), f16_t, f16), sign)
+                      for at, sign in scales_at]
+                for t, vecs in enumerate(block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, idx)):
+                    acc = accs[r * n_tokens + t]
+                    for v, (d, sign) in zip(vecs, ds):
+                        scale = builder.fmul(d, xds[t])
                         if factor != 1.0:
                             scale = builder.fmul(scale, ir.Constant(ir.FloatType(), factor))
-                        scaled = builder.fmul(builder.sitofp(v, vec), splat_f(builder, scale, 8))
-                        acc = builder.fadd(acc, scaled) if sign > 0 else builder.fsub(acc, scaled)
+                        # one fused multiply-add (a call, which numba's fast-math flags do not reach): each token's
+                        # sum rounds as one token's does whatever else the loop holds, so that a few tokens' dots are
+                        # bit for bit their one-token dots (a verify step's logits are the decode step's)
+                        v = v if sign > 0 else builder.neg(v)
+                        acc = fma(builder, builder.sitofp(v, vec), splat_f(builder, scale, 8), acc)
                     new.append(acc)
-                return new
+            return new
 
-            totals = ir_loop(builder, n_blocks, [vec([0.0] * 8)] * 2, body)
-            return context.make_tuple(builder, sig.return_type, [fsum(builder, total) for total in totals])
+        totals = ir_loop(builder, n_blocks, [vec([0.0] * 8)] * (2 * n_tokens), body)
+        return context.make_tuple(builder, sig.return_type, [fsum(builder, total) for total in totals])
 
-        return types.UniTuple(types.float32, 2)(w, ra, rb, xq, xd, xs16, f16), codegen
-
+    returns = types.UniTuple(types.float32, 2 * n_tokens)
+    if n_tokens == 1:
+        @intrinsic
+        def rows_dot(typingctx, w, ra, rb, xq, xd, xs16, f16):
+            return returns(w, ra, rb, xq, xd, xs16, f16), codegen
+    else:
+        @intrinsic
+        def rows_dot(typingctx, w, ra, rb, xq, xd, xs16, f16, t0):
+            return returns(w, ra, rb, xq, xd, xs16, f16, t0), codegen
     return rows_dot
 
 
 # xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq)) a block; Q6_K: xd * d * sum of sc * ((q - 32) . xq)
 dot_q4_k_rows = _k_rows(_q4_k_block, 144, ((0, 1), (2, -1)))
 dot_q6_k_rows = _k_rows(_q6_k_block, 210, ((208, 1),))
-dot_iq4_xs_rows = _k_rows(_iq4_xs_block, 136, ((0, 1),))  # xd * d * sum of (ls - 32) * (v . xq) a block
+# two rows with 2, 3 or 4 tokens at once (a verify step's: dot8_k_tokens)
+dot_q4_k_rows_2, dot_q4_k_rows_3, dot_q4_k_rows_4 = (_k_rows(_q4_k_block, 144, ((0, 1), (2, -1)), n_tokens=n)
+                                                     for n in (2, 3, 4))
+dot_q6_k_rows_2, dot_q6_k_rows_3, dot_q6_k_rows_4 = (_k_rows(_q6_k_block, 210, ((208, 1),), n_tokens=n)
+                                                     for n in (2, 3, 4))
+dot_iq4_xs_rows = _k_rows(_each_token(_iq4_xs_block), 136, ((0, 1),))  # xd * d * sum of (ls - 32) * (v . xq) a block
 # xd * d * sum of (2 ls + 1) * (v . xq) / 8 (IQ2_XXS), / 4 (IQ3_XXS) a block
 dot_iq2_xxs_rows = _k_rows(_grid_block(IQ2_XXS), 66, ((0, 1),), 0.125)
 dot_iq3_xxs_rows = _k_rows(_grid_block(IQ3_XXS), 98, ((0, 1),), 0.25)
@@ -420,6 +464,37 @@ def dot8_q4_k(w, r0, r1, xq, xd, xs16, out, f16):
     for r in range(r0, r0 + half_rows):  # xd * (d * sum of sc * (q . xq) - dmin * sum of m * (sum of xq)) a block
         r_b = r + half_rows if r + half_rows < r1 else r
         out[r], out[r_b] = dot_q4_k_rows(w, r, r_b, xq, xd, xs16, f16)
+
+
+@fast
+def dot8_k_tokens(tid, w, r0, r1, xq, xd, xs16, out, o, t0, n, f16):
+    """out[o + j, r] = w[r] . x8 of token t0 + j, j < n (2 to 4), for the Q4_K or Q6_K (tid) rows r0..r1 - 1 of w:
+    as dot8_q4_k and dot8_k256, but each row pair's blocks read and decoded once for all n tokens (_k_rows'
+    n_tokens). x8's arrays are all tokens' (xq [n_tokens, n_cols], Q4_K's in q4_k_order)."""
+    half_rows = (r1 - r0 + 1) // 2
+    for r in range(r0, r0 + half_rows):
+        r_b = r + half_rows if r + half_rows < r1 else r
+        if n == 2:
+            if tid == Q4_K:
+                a0, a1, b0, b1 = dot_q4_k_rows_2(w, r, r_b, xq, xd, xs16, f16, t0)
+            else:
+                a0, a1, b0, b1 = dot_q6_k_rows_2(w, r, r_b, xq, xd, xs16, f16, t0)
+            out[o, r], out[o + 1, r] = a0, a1
+            out[o, r_b], out[o + 1, r_b] = b0, b1
+        elif n == 3:
+            if tid == Q4_K:
+                a0, a1, a2, b0, b1, b2 = dot_q4_k_rows_3(w, r, r_b, xq, xd, xs16, f16, t0)
+            else:
+                a0, a1, a2, b0, b1, b2 = dot_q6_k_rows_3(w, r, r_b, xq, xd, xs16, f16, t0)
+            out[o, r], out[o + 1, r], out[o + 2, r] = a0, a1, a2
+            out[o, r_b], out[o + 1, r_b], out[o + 2, r_b] = b0, b1, b2
+        else:
+            if tid == Q4_K:
+                a0, a1, a2, a3, b0, b1, b2, b3 = dot_q4_k_rows_4(w, r, r_b, xq, xd, xs16, f16, t0)
+            else:
+                a0, a1, a2, a3, b0, b1, b2, b3 = dot_q6_k_rows_4(w, r, r_b, xq, xd, xs16, f16, t0)
+            out[o, r], out[o + 1, r], out[o + 2, r], out[o + 3, r] = a0, a1, a2, a3
+            out[o, r_b], out[o + 1, r_b], out[o + 2, r_b], out[o + 3, r_b] = b0, b1, b2, b3
 
 
 @fast

@@ -179,6 +179,19 @@ def test_matmul_writes_into_out_and_takes_strided_x(n_tokens):
     assert np.all(np.abs(out - want) <= bound)
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q5_K", "Q8_0", "IQ4_XS"])
+def test_a_few_tokens_dots_are_their_one_token_dots_bit_for_bit(name):
+    """2 to 4 tokens in one call (a verify step's; Q4_K and Q6_K decode each block once for all of them:
+    dot_int8.dot8_k_tokens) give each token's one-token dots exactly, so that a verify step's logits are the decode
+    step's. Planted, seen once: the few-token kernel's float multiply and add apart, not one fma (numba's fast-math
+    flags let LLVM reassociate them): 58 of Q4_K's 201 rows moved in the last bits for the second token."""
+    w = random_weight(name, 201, 512, seed=3)
+    for n in (2, 3, 4):
+        x = np.random.default_rng(n).standard_normal((n, 512), np.float32)
+        one_at_a_time = np.stack([quantized_matmul(w, TYPES_BY_NAME[name], x[t:t + 1])[0] for t in range(n)])
+        np.testing.assert_array_equal(quantized_matmul(w, TYPES_BY_NAME[name], x), one_at_a_time)
+
+
 @pytest.mark.parametrize("n_tokens", [1, 3, 7])
 @pytest.mark.parametrize("names", [("Q4_K", "Q4_K", "Q6_K"), ("Q6_K", "Q8_0", "Q4_K", "Q5_K"), ("Q8_0", "Q8_0")])
 def test_matmuls_of_one_x_equal_one_matmul_each_bit_for_bit(names, n_tokens):
