@@ -34,8 +34,8 @@ SPEC_VOCAB_SLACK = 128  # tokens a draft's vocabulary may have more or fewer tha
 
 # What one more verified token costs, as a share of a one-token step, where it is not measured (the GPU's): a 4-token
 # forward of SmolLM2 took ~1.4x a one-token one on the 2-core VM (the matvecs read the weights once for all of them),
-# so ~0.15 a token. The CPU engine measures its own (Engine.verify_token_cost): on a 0.8B qwen35 with K-quants the
-# few-token matvecs decode each row again a token, and a token more costs ~0.8 of a step there
+# so ~0.15 a token. The CPU engine measures its own (Engine.verify_token_cost): ~0.2 on a 0.8B qwen35 with K-quants
+# (0.55-0.8 while its few-token matvecs decoded each block again a token, before session 35)
 VERIFY_TOKEN_COST = 0.15
 # the prior of the acceptance rate (kept / reached drafts): worth RATE_PRIOR_WEIGHT drafts, and older drafts' weight
 # decays by RATE_DECAY a verify step, so the rate follows what the text is doing now
@@ -44,9 +44,10 @@ RATE_PRIOR, RATE_PRIOR_WEIGHT, RATE_DECAY = 0.5, 2.0, 0.9
 # token, so that the rate can tell when drafting pays again (the text turns to quoting, the drafts start to agree)
 PROBE_EVERY = 16
 # --spec auto keeps its measured drafter (Engine.generate) only where some draft length would pay at this acceptance
-# rate, a good one for a model's own MTP block: on the 2-core VM a 0.8B Qwen3.5 with K-quants verifies a token more
-# at 0.55-0.75 of a step and its block drafts at 0.33, where 80% of drafts kept still gives fewer tokens per unit of
-# cost than plain steps, and its probes cost ~5% of a reply (BENCHMARKS.md, session 34, CPU)
+# rate, a good one for a model's own MTP block: on the 2-core VM a 0.8B Qwen3.5 with K-quants verified a token more
+# at 0.55-0.75 of a step and its block drafts at 0.33, where 80% of drafts kept still gave fewer tokens per unit of
+# cost than plain steps and its probes cost ~5% of a reply (BENCHMARKS.md, session 34, CPU); since its K-quant blocks
+# are decoded once for a verify step's tokens, a token more costs ~0.2 of a step and the block pays (session 35)
 AUTO_RATE = 0.8
 
 
