@@ -6,13 +6,15 @@ speculation against the same reply without it.
 
 --synth F: llama.cpp's synthetic acceptance (llama-server --spec-synth-rates F,F^2,..., benchmarking only): each draft
 is kept with probability F while those before it were, whatever the model says, and the model's own token follows the
-kept ones; every step drafts --spec-k tokens. The reply's text is then not the model's, but each step does the work
-of a real one (the verify step, the rewind of what it rejected, the drafter's catch-up on what it kept), so the reply's
-speed is that of a reply whose drafts agree at that rate: random weights, whose drafts agree with nothing, measure it
-so, and llama.cpp's server measures its own the same way (tests/inference/bench_llamacpp_spec.py). With
+kept ones; every step drafts --spec-k tokens (--spec auto: as many as its running rate says). The reply's text is
+then not the model's, but each step does the work of a real one (the verify step, the rewind of what it rejected, the
+drafter's catch-up on what it kept), so the reply's speed is that of a reply whose drafts agree at that rate: random
+weights, whose drafts agree with nothing, measure it so, and llama.cpp's server measures its own the same way
+(tests/inference/bench_llamacpp_spec.py). With
 --temperature T > 0 (sampled replies, both of them) a kept run is drawn the same way, and each row the rule would read
 still gets its distribution (speculative.accepted_tokens' host work), the token after the run drawn from the model's.
---spec mtp: drafts from the file's MTP block; ngram (the default): prompt lookup. MODEL defaults to the default model
+--spec mtp: drafts from the file's MTP block; auto: the block as --spec auto takes it (its costs measured, dropped
+where it cannot pay); ngram (the default): prompt lookup. MODEL defaults to the default model
 (the packaged SmolLM2).
 The step costs are verify steps of 1 to 5 tokens (engine._verify: captured on the GPU), each rewound to its first
 token as a step that kept no draft is, against the plain decode step (the GPU's graph) of a greedy reply. Replies
@@ -73,10 +75,11 @@ def step_costs(engine, reps: int) -> tuple[dict[int, list[float]], list[float]]:
 
 
 @contextmanager
-def synthetic_acceptance(rate: float, seed: int = 0):
+def synthetic_acceptance(rate: float, seed: int = 0, fixed_length: bool = True):
     """Greedy speculative replies under --synth rate (llama.cpp's server_sample_and_accept_synth, server-context.cpp):
-    the drafts kept are a run of draws below rate, the token after them the model's argmax there; DraftLength held at
-    k_max, as llama.cpp drafts its n_max under --spec-draft-p-min 0."""
+    the drafts kept are a run of draws below rate, the token after them the model's argmax there; fixed_length:
+    DraftLength held at k_max, as llama.cpp drafts its n_max under --spec-draft-p-min 0 (else its own choice, as
+    --spec auto's)."""
     rng = np.random.default_rng(seed)
 
     def kept_run(n_drafts: int) -> int:
@@ -96,9 +99,11 @@ def synthetic_acceptance(rate: float, seed: int = 0):
         ids, p = speculative.distribution(logits[kept], params, speculative._recent(history + draft.tokens[:kept]))
         return draft.tokens[:kept] + [speculative._draw(ids, p, rng_)]
 
+    length = speculative.DraftLength.__call__
     with (mock.patch.object(speculative, "greedy_tokens", kept_tokens),
           mock.patch.object(speculative, "accepted_tokens", kept_sampled),
-          mock.patch.object(speculative.DraftLength, "__call__", lambda self: self.k_max)):
+          mock.patch.object(speculative.DraftLength, "__call__",
+                            (lambda self: self.k_max) if fixed_length else length)):
         yield
 
 
@@ -108,12 +113,14 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("-n", type=int, default=128)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--spec", choices=("ngram", "mtp"), default="ngram")
+    # auto: the file's MTP block as --spec auto takes it (measured costs; dropped where it cannot pay), each step's
+    # draft length its own
+    p.add_argument("--spec", choices=("ngram", "mtp", "auto"), default="ngram")
     p.add_argument("--synth", type=float, metavar="F", help="synthetic acceptance: each draft kept with prob. F")
     p.add_argument("--spec-k", type=int, default=3)
     p.add_argument("--temperature", type=float, default=0.0, help="of both replies (default 0: greedy)")
     args = p.parse_args()
-    engine = load(args.model, device=args.device, ctx=2048, spec="mtp" if args.spec == "mtp" else "off",
+    engine = load(args.model, device=args.device, ctx=2048, spec="off" if args.spec == "ngram" else args.spec,
                   spec_k=args.spec_k)
     spec, engine.speculation = engine.speculation or Speculation("ngram", PromptLookup(), args.spec_k), None
     engine.warm_up()
@@ -128,14 +135,16 @@ def main() -> None:
     for speculation in (None, spec):  # the first reply of each captures what it runs (the GPU's graphs): not timed
         engine.reset()
         engine.speculation = speculation
-        with synthetic_acceptance(args.synth) if speculation and args.synth is not None else nullcontext():
+        with synthetic_acceptance(args.synth, 0, args.spec != "auto") if speculation and args.synth is not None \
+                else nullcontext():
             list(engine.generate(prompt, max_tokens=16, temperature=args.temperature, seed=0, stop=()))
     texts = {}
     for rep in range(args.reps):
         for label, speculation in (("plain", None), (name, spec)):
             engine.reset()
             engine.speculation = speculation
-            with synthetic_acceptance(args.synth, rep) if speculation and args.synth is not None else nullcontext():
+            with synthetic_acceptance(args.synth, rep, args.spec != "auto") if speculation and args.synth is not None \
+                    else nullcontext():
                 *pieces, stats = engine.generate(prompt, max_tokens=args.n, temperature=args.temperature,
                                                  seed=rep, stop=())
             texts.setdefault(label, "".join(pieces))
