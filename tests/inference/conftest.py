@@ -118,7 +118,7 @@ def _synth(factory, preset: str, ftype: str):
     return path
 
 
-def _write_small(factory, arch: str, own_output: bool = False, mtp: bool = False):
+def _write_small(factory, arch: str, own_output: bool = False, mtp: bool = False, k_quants: bool = False):
     """The path of a small random model (tests/inference/synthetic.py) with a made-up SentencePiece vocabulary of
     its own (nothing outside the repository), its matrices Q8_0, Q5_0, Q4_1 and F16 so that the GPU runs several matvec and prefill types. gemma3: 6 layers,
     five of them with a 16-token sliding window, head_dim 256; qwen2: qkv biases, its own output matrix;
@@ -126,14 +126,17 @@ def _write_small(factory, arch: str, own_output: bool = False, mtp: bool = False
     qwen35moe: 3 layers, the first two Gated DeltaNet (projections of attn_q's type, output of attn_output's); 6 of
     them amplified the 8-bit rounding of activations past the parity bar (mean correlation 0.998). own_output: an
     output matrix of its own, not tied to the embeddings (see write_synthetic); mtp: an MTP block after the layers
-    (qwen35, qwen35moe)."""
+    (qwen35, qwen35moe); k_quants: q4_k_m's types instead (Q4_K, Q6_K attn_v and ffn_down)."""
     from gguf import GGMLQuantizationType as T  # noqa: PLC0415
 
     gemma = arch == "gemma3"
     types = dict(attn_q=T.Q8_0, attn_k=T.Q8_0, attn_v=T.Q5_0, attn_output=T.Q8_0, ffn_gate=T.F16 if gemma else T.Q4_1,
                  ffn_up=T.F16 if gemma else T.Q4_1, ffn_down=T.Q5_0)
+    if k_quants:
+        types = dict(attn_q=T.Q4_K, attn_k=T.Q4_K, attn_v=T.Q6_K, attn_output=T.Q4_K, ffn_gate=T.Q4_K,
+                     ffn_up=T.Q4_K, ffn_down=T.Q6_K)
     shapes = (None if gemma else (3, *SHAPES[arch][1:]) if arch.startswith("qwen35")  # a layer of each kind's 3
               else (2, 256, 256 if arch == "qwen3moe" else 512, 4, 2, 64))
-    path = factory.mktemp("synth") / f"{arch}.gguf"
+    path = factory.mktemp("synth") / f"{arch}{'_k' if k_quants else ''}.gguf"
     write_synthetic(path, arch, shapes=shapes, types=types, own_output=own_output, mtp=mtp)
     return path

@@ -50,6 +50,11 @@ def qwen35_engine(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def qwen35_k_engine(tmp_path_factory):  # q4_k_m's types: the CPU's few-token matvecs decode its blocks once
+    return load(_write_small(tmp_path_factory, "qwen35", own_output=True, k_quants=True), device="cpu", ctx=256)
+
+
+@pytest.fixture(scope="module")
 def qwen3moe_engine(tmp_path_factory):
     return load(_write_small(tmp_path_factory, "qwen3moe", own_output=True), device="cpu", ctx=256)
 
@@ -57,7 +62,7 @@ def qwen3moe_engine(tmp_path_factory):
 PROMPT = "one two three four five six seven one two three four"
 
 
-@pytest.mark.parametrize("name", ["smollm2", "qwen3moe", "qwen35"])
+@pytest.mark.parametrize("name", ["smollm2", "qwen3moe", "qwen35", "qwen35_k"])
 def test_greedy_reply_is_the_same_with_every_drafter(name, request, smollm2_engine):
     """Replayed drafts all right, a third wrong, all wrong; prompt lookup; a draft model (the model itself: most kept,
     and for the synthetic files the other synthetic model, same made-up vocabulary: almost nothing kept), each priced
@@ -69,7 +74,7 @@ def test_greedy_reply_is_the_same_with_every_drafter(name, request, smollm2_engi
     drafters = [Replay(ids + plain, 1.0), Replay(ids + plain, 0.67), Replay(ids + plain, 0.0), PromptLookup(),
                 DraftModel(load(engine.path, device="cpu", ctx=256), engine.config.n_vocab, 0.05)]
     if name != "smollm2":
-        other = "qwen35" if name == "qwen3moe" else "qwen3moe"
+        other = "qwen35" if name == "qwen3moe" else "qwen3moe"  # qwen35_k's: its vocabulary is qwen35's
         drafters.append(DraftModel(request.getfixturevalue(f"{other}_engine"), engine.config.n_vocab, 0.05))
     for drafter in drafters:
         ours, stats = reply(engine, ids, Speculation("test", drafter, 3), n=N_TOKENS + 1)
