@@ -143,23 +143,30 @@ def iq4_xs_scales(context, builder, row_t, row, o):
     return builder.sub(builder.or_(low, high), v8([32] * 8))
 
 
-def _iq4_xs_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, i):
-    """[<8 x i32> summing to sum over its 8 sub-blocks j of (ls_j - 32) * (v . xq)] of the IQ4_XS block at
-    row[o:o + 136] (values v from IQ4_NL's table) and x's block i (xq[256 i:256 i + 256]): each 64 values (two
-    sub-blocks, 32 bytes of codes) looked up, dotted as Q8_0's (abs_signed), their int16 pair sums times the
-    sub-block's scale summed to int32 (pmaddwd), as llama.cpp's ggml_vec_dot_iq4_xs_q8_K does."""
+def _iq4_xs_block(context, builder, row_t, row, o, xq_t, xq, xs_t, xs16, idx):
+    """For each block i of x in idx (one a token: _k_rows), [<8 x i32> summing to sum over its 8 sub-blocks j of
+    (ls_j - 32) * (v . xq)] of the IQ4_XS block at row[o:o + 136] (values v from IQ4_NL's table) and x's block i
+    (xq[256 i:256 i + 256]): each 64 values (two sub-blocks, 32 bytes of codes) looked up, dotted as Q8_0's
+    (abs_signed), their int16 pair sums times the sub-block's scale summed to int32 (pmaddwd), as llama.cpp's
+    ggml_vec_dot_iq4_xs_q8_K does. The block's scales and values are looked up once for all of idx."""
     scales = iq4_xs_scales(context, builder, row_t, row, o)
-    x0 = builder.mul(i, i64(256))
-    acc = ir.VectorType(ir.IntType(32), 16)([0] * 16)
+    runs = []
     for h in range(4):  # sub-blocks 2h, 2h + 1: codes at qs[32 h:32 h + 32], low nibbles then high of each 16
         q = load_bytes(context, builder, row_t, row, builder.add(o, i64(8 + 32 * h)), 32)
         low, high = builder.and_(q, splat(builder, 0xF, 32)), builder.lshr(q, splat(builder, 4, 32))
         codes = shuffle(builder, low, high, [*range(16), *range(32, 48), *range(16, 32), *range(48, 64)])
-        x = load(context, builder, xq_t, xq, builder.add(x0, i64(64 * h)), 64)
-        unsigned, signed = abs_signed(context, builder, lookup16(context, builder, IQ4_NL_TABLE, codes), x)
-        run_scales = shuffle(builder, scales, None, [2 * h] * 16 + [2 * h + 1] * 16)
-        acc = builder.add(acc, madd_scaled(context, builder, unsigned, signed, run_scales))
-    return [fold(builder, acc)]
+        runs.append((64 * h, lookup16(context, builder, IQ4_NL_TABLE, codes),
+                     shuffle(builder, scales, None, [2 * h] * 16 + [2 * h + 1] * 16)))
+    out = []
+    for i in idx:
+        x0 = builder.mul(i, i64(256))
+        acc = ir.VectorType(ir.IntType(32), 16)([0] * 16)
+        for at, values, run_scales in runs:
+            x = load(context, builder, xq_t, xq, builder.add(x0, i64(at)), 64)
+            unsigned, signed = abs_signed(context, builder, values, x)
+            acc = builder.add(acc, madd_scaled(context, builder, unsigned, signed, run_scales))
+        out.append([fold(builder, acc)])
+    return out
 
 
 def _grid_block(tid):
@@ -271,7 +278,9 @@ dot_q4_k_rows_2, dot_q4_k_rows_3, dot_q4_k_rows_4 = (_k_rows(_q4_k_block, 144, (
                                                      for n in (2, 3, 4))
 dot_q6_k_rows_2, dot_q6_k_rows_3, dot_q6_k_rows_4 = (_k_rows(_q6_k_block, 210, ((208, 1),), n_tokens=n)
                                                      for n in (2, 3, 4))
-dot_iq4_xs_rows = _k_rows(_each_token(_iq4_xs_block), 136, ((0, 1),))  # xd * d * sum of (ls - 32) * (v . xq) a block
+dot_iq4_xs_rows_2, dot_iq4_xs_rows_3, dot_iq4_xs_rows_4 = (_k_rows(_iq4_xs_block, 136, ((0, 1),), n_tokens=n)
+                                                           for n in (2, 3, 4))
+dot_iq4_xs_rows = _k_rows(_iq4_xs_block, 136, ((0, 1),))  # xd * d * sum of (ls - 32) * (v . xq) a block
 # xd * d * sum of (2 ls + 1) * (v . xq) / 8 (IQ2_XXS), / 4 (IQ3_XXS) a block
 dot_iq2_xxs_rows = _k_rows(_grid_block(IQ2_XXS), 66, ((0, 1),), 0.125)
 dot_iq3_xxs_rows = _k_rows(_grid_block(IQ3_XXS), 98, ((0, 1),), 0.25)
@@ -468,8 +477,8 @@ def dot8_q4_k(w, r0, r1, xq, xd, xs16, out, f16):
 
 @fast
 def dot8_k_tokens(tid, w, r0, r1, xq, xd, xs16, out, o, t0, n, f16):
-    """out[o + j, r] = w[r] . x8 of token t0 + j, j < n (2 to 4), for the Q4_K or Q6_K (tid) rows r0..r1 - 1 of w:
-    as dot8_q4_k and dot8_k256, but each row pair's blocks read and decoded once for all n tokens (_k_rows'
+    """out[o + j, r] = w[r] . x8 of token t0 + j, j < n (2 to 4), for the Q4_K, Q6_K or IQ4_XS (tid) rows r0..r1 - 1
+    of w: as dot8_q4_k and dot8_k256, but each row pair's blocks read and decoded once for all n tokens (_k_rows'
     n_tokens). x8's arrays are all tokens' (xq [n_tokens, n_cols], Q4_K's in q4_k_order)."""
     half_rows = (r1 - r0 + 1) // 2
     for r in range(r0, r0 + half_rows):
@@ -477,22 +486,28 @@ def dot8_k_tokens(tid, w, r0, r1, xq, xd, xs16, out, o, t0, n, f16):
         if n == 2:
             if tid == Q4_K:
                 a0, a1, b0, b1 = dot_q4_k_rows_2(w, r, r_b, xq, xd, xs16, f16, t0)
-            else:
+            elif tid == Q6_K:
                 a0, a1, b0, b1 = dot_q6_k_rows_2(w, r, r_b, xq, xd, xs16, f16, t0)
+            else:
+                a0, a1, b0, b1 = dot_iq4_xs_rows_2(w, r, r_b, xq, xd, xs16, f16, t0)
             out[o, r], out[o + 1, r] = a0, a1
             out[o, r_b], out[o + 1, r_b] = b0, b1
         elif n == 3:
             if tid == Q4_K:
                 a0, a1, a2, b0, b1, b2 = dot_q4_k_rows_3(w, r, r_b, xq, xd, xs16, f16, t0)
-            else:
+            elif tid == Q6_K:
                 a0, a1, a2, b0, b1, b2 = dot_q6_k_rows_3(w, r, r_b, xq, xd, xs16, f16, t0)
+            else:
+                a0, a1, a2, b0, b1, b2 = dot_iq4_xs_rows_3(w, r, r_b, xq, xd, xs16, f16, t0)
             out[o, r], out[o + 1, r], out[o + 2, r] = a0, a1, a2
             out[o, r_b], out[o + 1, r_b], out[o + 2, r_b] = b0, b1, b2
         else:
             if tid == Q4_K:
                 a0, a1, a2, a3, b0, b1, b2, b3 = dot_q4_k_rows_4(w, r, r_b, xq, xd, xs16, f16, t0)
-            else:
+            elif tid == Q6_K:
                 a0, a1, a2, a3, b0, b1, b2, b3 = dot_q6_k_rows_4(w, r, r_b, xq, xd, xs16, f16, t0)
+            else:
+                a0, a1, a2, a3, b0, b1, b2, b3 = dot_iq4_xs_rows_4(w, r, r_b, xq, xd, xs16, f16, t0)
             out[o, r], out[o + 1, r], out[o + 2, r], out[o + 3, r] = a0, a1, a2, a3
             out[o, r_b], out[o + 1, r_b], out[o + 2, r_b], out[o + 3, r_b] = b0, b1, b2, b3
 

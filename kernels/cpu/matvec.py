@@ -19,12 +19,12 @@ from kernels.cpu.dot_int8 import (dot8_b32, dot8_k256, dot8_k_tokens, dot8_q4_k,
 from kernels.cpu.dot_x8 import dot8_x8  # noqa: E402
 from kernels.cpu.ir import prefetch  # noqa: E402
 from kernels.cpu.ops import _glu_act, _glu_one  # noqa: E402
-from kernels.cpu.types import K256_IDS, Q4_K, Q6_K, Q8_0, X8, fast  # noqa: E402
+from kernels.cpu.types import IQ4_XS, K256_IDS, Q4_K, Q6_K, Q8_0, X8, fast  # noqa: E402
 
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "dequant", "dot_float", "dot_int8", "dot_x8", "ir", "ops")
-INLINED_DIGEST = "54519598d184a770"
+INLINED_DIGEST = "7b0dc06c85c4f923"
 
 # A matvec's rows go in chunks that the threads claim one at a time (claim) until none are left: numba's prange
 # hands each thread an equal share up front, and on the 16-core host one slow thread then held up the region
@@ -147,7 +147,7 @@ def _dot_rows(tid, w, r0, r1, xs, t0, t1, out, o, f16):
     """out[o + t - t0, r] = x[t] . row r of w (type tid) for rows r0..r1 - 1, tokens t0..t1 - 1; xs: _quantize_x's
     arrays of x. A few tokens: TOKEN_PASS_ROWS rows at a time, which stay in L2 while each token passes over them."""
     xq, xd, xs16, xq4, xq8, xd8, xs8 = xs
-    if 1 < t1 - t0 <= 4 and (tid == Q4_K or tid == Q6_K):  # dot8_k_tokens: each block decoded once for them all
+    if 1 < t1 - t0 <= 4 and (tid == Q4_K or tid == Q6_K or tid == IQ4_XS):  # dot8_k_tokens: a block decoded once
         dot8_k_tokens(tid, w, r0, r1, xq4 if tid == Q4_K else xq, xd, xs16, out, o, t0, t1 - t0, f16)
         return
     step = r1 - r0 if t1 - t0 == 1 else TOKEN_PASS_ROWS
