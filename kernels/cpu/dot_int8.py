@@ -484,32 +484,26 @@ def dot8_k_tokens(tid, w, r0, r1, xq, xd, xs16, out, o, t0, n, f16):
     for r in range(r0, r0 + half_rows):
         r_b = r + half_rows if r + half_rows < r1 else r
         if n == 2:
-            if tid == Q4_K:
-                a0, a1, b0, b1 = dot_q4_k_rows_2(w, r, r_b, xq, xd, xs16, f16, t0)
-            elif tid == Q6_K:
-                a0, a1, b0, b1 = dot_q6_k_rows_2(w, r, r_b, xq, xd, xs16, f16, t0)
-            else:
-                a0, a1, b0, b1 = dot_iq4_xs_rows_2(w, r, r_b, xq, xd, xs16, f16, t0)
-            out[o, r], out[o + 1, r] = a0, a1
-            out[o, r_b], out[o + 1, r_b] = b0, b1
+            _put_rows(out, o, r, r_b, dot_q4_k_rows_2(w, r, r_b, xq, xd, xs16, f16, t0) if tid == Q4_K else
+                      dot_q6_k_rows_2(w, r, r_b, xq, xd, xs16, f16, t0) if tid == Q6_K else
+                      dot_iq4_xs_rows_2(w, r, r_b, xq, xd, xs16, f16, t0))
         elif n == 3:
-            if tid == Q4_K:
-                a0, a1, a2, b0, b1, b2 = dot_q4_k_rows_3(w, r, r_b, xq, xd, xs16, f16, t0)
-            elif tid == Q6_K:
-                a0, a1, a2, b0, b1, b2 = dot_q6_k_rows_3(w, r, r_b, xq, xd, xs16, f16, t0)
-            else:
-                a0, a1, a2, b0, b1, b2 = dot_iq4_xs_rows_3(w, r, r_b, xq, xd, xs16, f16, t0)
-            out[o, r], out[o + 1, r], out[o + 2, r] = a0, a1, a2
-            out[o, r_b], out[o + 1, r_b], out[o + 2, r_b] = b0, b1, b2
+            _put_rows(out, o, r, r_b, dot_q4_k_rows_3(w, r, r_b, xq, xd, xs16, f16, t0) if tid == Q4_K else
+                      dot_q6_k_rows_3(w, r, r_b, xq, xd, xs16, f16, t0) if tid == Q6_K else
+                      dot_iq4_xs_rows_3(w, r, r_b, xq, xd, xs16, f16, t0))
         else:
-            if tid == Q4_K:
-                a0, a1, a2, a3, b0, b1, b2, b3 = dot_q4_k_rows_4(w, r, r_b, xq, xd, xs16, f16, t0)
-            elif tid == Q6_K:
-                a0, a1, a2, a3, b0, b1, b2, b3 = dot_q6_k_rows_4(w, r, r_b, xq, xd, xs16, f16, t0)
-            else:
-                a0, a1, a2, a3, b0, b1, b2, b3 = dot_iq4_xs_rows_4(w, r, r_b, xq, xd, xs16, f16, t0)
-            out[o, r], out[o + 1, r], out[o + 2, r], out[o + 3, r] = a0, a1, a2, a3
-            out[o, r_b], out[o + 1, r_b], out[o + 2, r_b], out[o + 3, r_b] = b0, b1, b2, b3
+            _put_rows(out, o, r, r_b, dot_q4_k_rows_4(w, r, r_b, xq, xd, xs16, f16, t0) if tid == Q4_K else
+                      dot_q6_k_rows_4(w, r, r_b, xq, xd, xs16, f16, t0) if tid == Q6_K else
+                      dot_iq4_xs_rows_4(w, r, r_b, xq, xd, xs16, f16, t0))
+
+
+@fast
+def _put_rows(out, o, r, r_b, dots):
+    """dots (row r's with n tokens, then row r_b's: _k_rows' n_tokens) into out[o:o + n, r] and out[o:o + n, r_b]."""
+    n = len(dots) // 2
+    for j in range(n):
+        out[o + j, r] = dots[j]
+        out[o + j, r_b] = dots[n + j]
 
 
 @fast

@@ -33,7 +33,7 @@ from kernels.cpu.types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "ir", "dot_int8", "iq_grid")
-INLINED_DIGEST = "27ee277d051946fe"
+INLINED_DIGEST = "a77d43e303777bbf"
 
 # values up to 128 in size: their tile (tile_q8_0) takes x's bytes signed (xq) where signed_x, else biased (xq + 128)
 SIGNED_X_IDS = (Q8_0, IQ4_NL, IQ4_XS)

@@ -24,7 +24,7 @@ from kernels.cpu.types import IQ4_XS, K256_IDS, Q4_K, Q6_K, Q8_0, X8, fast  # no
 # numba's cache keys these kernels on this file alone: kernels/cpu/cache.py says how edits to the modules they
 # inline reach them (INLINED, INLINED_DIGEST, checked by tests/kernels/test_cpu_cache.py)
 INLINED = ("types", "claim", "dequant", "dot_float", "dot_int8", "dot_x8", "ir", "ops")
-INLINED_DIGEST = "7b0dc06c85c4f923"
+INLINED_DIGEST = "0daab2d6e1d2d4a2"
 
 # A matvec's rows go in chunks that the threads claim one at a time (claim) until none are left: numba's prange
 # hands each thread an equal share up front, and on the 16-core host one slow thread then held up the region

@@ -10,9 +10,9 @@ kept ones; every step drafts --spec-k tokens (--spec auto: as many as its runnin
 then not the model's, but each step does the work of a real one (the verify step, the rewind of what it rejected, the
 drafter's catch-up on what it kept), so the reply's speed is that of a reply whose drafts agree at that rate: random
 weights, whose drafts agree with nothing, measure it so, and llama.cpp's server measures its own the same way
-(tests/inference/bench_llamacpp_spec.py). With
---temperature T > 0 (sampled replies, both of them) a kept run is drawn the same way, and each row the rule would read
-still gets its distribution (speculative.accepted_tokens' host work), the token after the run drawn from the model's.
+(tests/inference/bench_llamacpp_spec.py). With --temperature T > 0 (sampled replies, both of them) a kept run is drawn
+the same way, and each row the rule would read still gets its distribution (speculative.accepted_tokens' host work),
+the token after the run drawn from the model's.
 --spec mtp: drafts from the file's MTP block; auto: the block as --spec auto takes it (its costs measured, dropped
 where it cannot pay); ngram (the default): prompt lookup. MODEL defaults to the default model
 (the packaged SmolLM2).
@@ -99,11 +99,10 @@ def synthetic_acceptance(rate: float, seed: int = 0, fixed_length: bool = True):
         ids, p = speculative.distribution(logits[kept], params, speculative._recent(history + draft.tokens[:kept]))
         return draft.tokens[:kept] + [speculative._draw(ids, p, rng_)]
 
-    length = speculative.DraftLength.__call__
     with (mock.patch.object(speculative, "greedy_tokens", kept_tokens),
           mock.patch.object(speculative, "accepted_tokens", kept_sampled),
-          mock.patch.object(speculative.DraftLength, "__call__",
-                            (lambda self: self.k_max) if fixed_length else length)):
+          mock.patch.object(speculative.DraftLength, "__call__", lambda self: self.k_max) if fixed_length
+          else nullcontext()):
         yield
 
 

@@ -181,7 +181,7 @@ def test_matmul_writes_into_out_and_takes_strided_x(n_tokens):
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q5_K", "Q8_0", "IQ4_XS"])
 def test_a_few_tokens_dots_are_their_one_token_dots_bit_for_bit(name):
-    """2 to 4 tokens in one call (a verify step's; Q4_K and Q6_K decode each block once for all of them:
+    """2 to 4 tokens in one call (a verify step's; Q4_K, Q6_K and IQ4_XS decode each block once for all of them:
     dot_int8.dot8_k_tokens) give each token's one-token dots exactly, so that a verify step's logits are the decode
     step's. Planted, seen once: the few-token kernel's float multiply and add apart, not one fma (numba's fast-math
     flags let LLVM reassociate them): 58 of Q4_K's 201 rows moved in the last bits for the second token."""
